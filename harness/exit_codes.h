@@ -1,0 +1,13 @@
+// Process exit codes (README "Exit codes"); 125 is what CTest's SKIP_RETURN_CODE
+// and `git bisect run` treat as "cannot test here".
+#pragma once
+
+namespace bp {
+enum ExitCode : int {
+  kExitExact = 0,
+  kExitMismatch = 1,
+  kExitBadInput = 2,
+  kExitInternal = 3,
+  kExitCannotTest = 125,
+};
+}  // namespace bp

@@ -1,0 +1,45 @@
+// Contracts: named, versioned definitions of the bits of every op (SPEC.md §1).
+// The knobs are plain data so kernels take them by value; the name and the knob
+// hash stamp every report and golden digest.
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "reference/numerics/dot.h"
+#include "reference/numerics/reduce.h"
+
+namespace bp {
+
+struct Knobs {
+  DotModel dot;           // how every bf16·bf16 -> fp32 dot is accumulated
+  LaneShape row_reduce;   // shape of full-row fp32 sums (RMSNorm, softmax sums)
+  int attn_kv_block;      // keys per online-softmax block
+  int attn_kv_split;      // keys per flash-decoding split (a multiple of the block)
+  int tp_tree_width;      // fixed chunks of a shardable reduction, combined by pairwise_tree
+  int grad_token_chunk;   // tokens per weight-gradient chunk
+};
+
+struct Contract {
+  std::string name;  // e.g. "bf16-sm90tc-v1": a new version for any change of bits
+  Knobs knobs;
+
+  // Canonical text of the knobs (sorted keys, no spaces): what the hash covers.
+  std::string canonical_knobs() const;
+  // First 16 hex digits of SHA-256(canonical_knobs()).
+  std::string knob_hash() const;
+};
+
+std::string_view dot_model_name(DotModel m);
+std::optional<DotModel> parse_dot_model(std::string_view name);
+
+// The named contracts, in a stable order.
+const std::vector<Contract>& contracts();
+// nullptr if there is no contract of that name.
+const Contract* find_contract(std::string_view name);
+
+// Empty if the knobs are consistent, otherwise a message naming the bad knob.
+std::string validate(const Knobs& k);
+
+}  // namespace bp

@@ -1,0 +1,75 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "reference/common/sha256.h"
+#include "reference/contract/contract.h"
+
+namespace bp {
+namespace {
+
+TEST(Sha256, FipsVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 h;
+  const std::string chunk(1000, 'a');
+  for (int i = 0; i < 1000; ++i) h.update(chunk);
+  EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Contract, NamedContractsExistAndValidate) {
+  ASSERT_NE(find_contract("bf16-sm90tc-v1"), nullptr);
+  ASSERT_NE(find_contract("bf16-fmaseq-v1"), nullptr);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v2"), nullptr);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knobs.dot, DotModel::Sm90Tc);
+  EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knobs.dot, DotModel::FmaSeq);
+  for (const Contract& c : contracts()) EXPECT_EQ(validate(c.knobs), "") << c.name;
+}
+
+// The hashes are pinned: a change of any v1 knob must be a new contract version.
+TEST(Contract, KnobHashesArePinned) {
+  EXPECT_EQ(find_contract("bf16-sm90tc-v1")->canonical_knobs(),
+            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
+            "\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"tp_tree_width\":8}");
+  EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knob_hash(), "43a602a29cdd98f8");
+  EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knob_hash(), "833bb4d7d43b7bb1");
+}
+
+TEST(Contract, EveryKnobChangesTheHash) {
+  const Contract base = *find_contract("bf16-sm90tc-v1");
+  std::set<std::string> seen{base.knob_hash()};
+  auto variant = [&](auto mutate) {
+    Contract c = base;
+    mutate(c.knobs);
+    return c.knob_hash();
+  };
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.dot = DotModel::FmaSeq; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.row_reduce.lanes = 128; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.row_reduce.vec = 4; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.attn_kv_block = 128; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.attn_kv_split = 1024; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.tp_tree_width = 16; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.grad_token_chunk = 64; })).second);
+}
+
+TEST(Contract, ValidateNamesTheBadKnob) {
+  Knobs k = find_contract("bf16-sm90tc-v1")->knobs;
+  k.attn_kv_split = 100;
+  EXPECT_NE(validate(k).find("attn_kv_split"), std::string::npos);
+  k = find_contract("bf16-sm90tc-v1")->knobs;
+  k.row_reduce.lanes = 48;
+  EXPECT_NE(validate(k).find("row_reduce_lanes"), std::string::npos);
+  k = find_contract("bf16-sm90tc-v1")->knobs;
+  k.tp_tree_width = 6;
+  EXPECT_NE(validate(k).find("tp_tree_width"), std::string::npos);
+}
+
+TEST(DotModelNames, RoundTrip) {
+  for (DotModel m : {DotModel::FmaSeq, DotModel::Sm90Tc}) EXPECT_EQ(parse_dot_model(dot_model_name(m)), m);
+  EXPECT_FALSE(parse_dot_model("sm80-tc").has_value());
+}
+
+}  // namespace
+}  // namespace bp
