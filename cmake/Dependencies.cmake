@@ -2,6 +2,7 @@
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 
 if(BITPARITY_TESTS)
   find_package(GTest QUIET)

@@ -1,0 +1,174 @@
+// linear: accuracy against float64 truth (derived bound), batch invariance,
+// chunked-K semantics with negative controls, golden digests, edge inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "reference/common/rng.h"
+#include "reference/ops/linear.h"
+#include "reference/truth/linear.h"
+#include "support/bounds.h"
+#include "support/golden.h"
+
+namespace bp {
+namespace {
+
+using truth::MatD;
+
+struct Shape {
+  int T, K, N, chunks;
+};
+
+class LinearTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  const Contract& contract() const { return *find_contract(GetParam()); }
+  const Knobs& knobs() const { return contract().knobs; }
+};
+
+// Checks every element of a bf16 result against truth with the bound of a dot
+// over k terms: |y - t| <= u16|t| + (1+u16)·gamma·sum|a b|, sum|a b| from |A|·|B|.
+void expect_within_dot_bound(const std::vector<bf16>& y, const MatD& truth, const MatD& abs_sum, DotModel model,
+                             int k, int chunks) {
+  const double gamma = test::dot_gamma(model, k, chunks);
+  int bad = 0;
+  for (int r = 0; r < truth.rows(); ++r)
+    for (int c = 0; c < truth.cols(); ++c) {
+      const double got = widen(y[static_cast<size_t>(r) * truth.cols() + c]);
+      const double bound = test::bf16_output_bound(truth(r, c), gamma * abs_sum(r, c));
+      if (std::fabs(got - truth(r, c)) > bound && ++bad < 5)
+        ADD_FAILURE() << "(" << r << "," << c << ") got " << got << " truth " << truth(r, c) << " bound " << bound;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_P(LinearTest, ForwardWithinDerivedBound) {
+  for (const Shape s : {Shape{5, 64, 24, 1}, Shape{3, 2048, 16, 1}, Shape{2, 4096, 8, 8}, Shape{4, 768, 12, 8}}) {
+    const auto x = random_bf16(size_t(s.T) * s.K, 1, 1.0f), w = random_bf16(size_t(s.N) * s.K, 2, 0.05f);
+    std::vector<bf16> y(size_t(s.T) * s.N);
+    ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), s.T, s.K, s.N, s.chunks);
+    const MatD X = truth::widen(x, s.T, s.K), W = truth::widen(w, s.N, s.K);
+    expect_within_dot_bound(y, truth::linear_fwd(X, W), truth::linear_fwd(X.cwiseAbs(), W.cwiseAbs()), knobs().dot,
+                            s.K, s.chunks);
+  }
+}
+
+TEST_P(LinearTest, GradientsWithinDerivedBound) {
+  const int T = 37, K = 48, N = 40;  // T over several token chunks of a small contract variant
+  Knobs kn = knobs();
+  kn.grad_token_chunk = 16;
+  const auto x = random_bf16(size_t(T) * K, 3, 1.0f), w = random_bf16(size_t(N) * K, 4, 0.1f),
+             dy = random_bf16(size_t(T) * N, 5, 1.0f);
+  std::vector<bf16> dx(size_t(T) * K);
+  std::vector<float> dw(size_t(N) * K);
+  ref::linear_dgrad(kn, dy.data(), w.data(), dx.data(), T, K, N, 8);
+  ref::linear_wgrad(kn, dy.data(), x.data(), dw.data(), T, K, N);
+  const MatD X = truth::widen(x, T, K), W = truth::widen(w, N, K), DY = truth::widen(dy, T, N);
+  expect_within_dot_bound(dx, truth::linear_dgrad(DY, W), truth::linear_dgrad(DY.cwiseAbs(), W.cwiseAbs()), kn.dot,
+                          N, 8);
+  // wgrad stays fp32: chunks of 16 tokens each from +0, then the tree over 3 chunks.
+  const MatD tw = truth::linear_wgrad(DY, X), aw = truth::linear_wgrad(DY.cwiseAbs(), X.cwiseAbs());
+  const double gamma = test::dot_gamma(kn.dot, 16) + 2 * test::kU32 * (1 + test::dot_gamma(kn.dot, 16));
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) ASSERT_LE(std::fabs(dw[size_t(n) * K + k] - tw(n, k)), gamma * aw(n, k));
+}
+
+// Truth's gradients against central differences of L = sum c·y (exact in
+// float64 up to O(h^2) = 0 for a linear map, so only cancellation error remains).
+TEST(LinearTruth, GradientsMatchFiniteDifferences) {
+  const int T = 3, K = 5, N = 4;
+  const MatD X = MatD::Random(T, K), W = MatD::Random(N, K), C = MatD::Random(T, N);
+  const double h = 1e-6;
+  const MatD dX = truth::linear_dgrad(C, W), dW = truth::linear_wgrad(C, X);
+  auto loss = [&](const MatD& x, const MatD& w) { return (truth::linear_fwd(x, w).array() * C.array()).sum(); };
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) {
+      MatD xp = X, xm = X;
+      xp(t, k) += h;
+      xm(t, k) -= h;
+      EXPECT_NEAR((loss(xp, W) - loss(xm, W)) / (2 * h), dX(t, k), 1e-8);
+    }
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      MatD wp = W, wm = W;
+      wp(n, k) += h;
+      wm(n, k) -= h;
+      EXPECT_NEAR((loss(X, wp) - loss(X, wm)) / (2 * h), dW(n, k), 1e-8);
+    }
+}
+
+// One row alone equals the same row inside batches of 2..64 other rows.
+TEST_P(LinearTest, BatchInvariance) {
+  const int K = 256, N = 32;
+  const auto w = random_bf16(size_t(N) * K, 7, 0.1f), row = random_bf16(K, 8, 1.0f);
+  std::vector<bf16> alone(N);
+  ref::linear_fwd(knobs(), row.data(), w.data(), alone.data(), 1, K, N, 8);
+  for (int batch : {2, 3, 17, 64}) {
+    auto x = random_bf16(size_t(batch) * K, 100 + batch, 1.0f);
+    const int at = batch / 2;
+    std::copy(row.begin(), row.end(), x.begin() + size_t(at) * K);
+    std::vector<bf16> y(size_t(batch) * N);
+    ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), batch, K, N, 8);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y.begin() + size_t(at) * N)) << "batch " << batch;
+  }
+}
+
+// Negative controls: another chunking of K (split-K) and the other dot model
+// give other bits on the same inputs, so the equality checks above can fail.
+TEST_P(LinearTest, NegativeControlSplitKAndModelChangeBits) {
+  const int T = 16, K = 1024, N = 64;
+  const auto x = random_bf16(size_t(T) * K, 9, 1.0f), w = random_bf16(size_t(N) * K, 10, 1.0f);
+  std::vector<float> one(size_t(T) * N), split(size_t(T) * N), other(size_t(T) * N);
+  ref::linear_acc(knobs(), x.data(), w.data(), one.data(), T, K, N, 1);
+  ref::linear_acc(knobs(), x.data(), w.data(), split.data(), T, K, N, 2);
+  Knobs flipped = knobs();
+  flipped.dot = knobs().dot == DotModel::Sm90Tc ? DotModel::FmaSeq : DotModel::Sm90Tc;
+  ref::linear_acc(flipped, x.data(), w.data(), other.data(), T, K, N, 1);
+  EXPECT_NE(test::digest(one), test::digest(split));
+  EXPECT_NE(test::digest(one), test::digest(other));
+}
+
+TEST_P(LinearTest, RejectsIndivisibleChunks) {
+  std::vector<bf16> x(10), w(10), y(1);
+  EXPECT_THROW(ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, 10, 1, 8), std::invalid_argument);
+}
+
+TEST_P(LinearTest, EdgeInputs) {
+  const int K = 32, N = 2;
+  std::vector<bf16> w(size_t(N) * K, round_bf16(1.0f));
+  std::vector<bf16> x(K, round_bf16(-0.0f)), y(N);
+  ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, K, N, 1);
+  EXPECT_EQ(y[0].bits, 0x0000) << "a sum of -0 products is +0 under both models";
+  x[3] = round_bf16(INFINITY);
+  ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, K, N, 1);
+  EXPECT_EQ(y[0].bits, 0x7f80);
+  x[4] = round_bf16(-INFINITY);
+  ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, K, N, 1);
+  EXPECT_EQ(y[0].bits, kCanonicalNanBf16);
+  x.assign(K, bf16{0x0001});  // smallest bf16 subnormal: products underflow fp32
+  ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, K, N, 1);
+  EXPECT_EQ(y[0].bits, 0x0020) << "32 · 2^-133 = 2^-128, representable as a bf16 subnormal";
+}
+
+TEST_P(LinearTest, GoldenDigests) {
+  const int T = 9, K = 96, N = 24;
+  Knobs kn = knobs();
+  const auto x = random_bf16(size_t(T) * K, 11, 1.0f), w = random_bf16(size_t(N) * K, 12, 0.1f),
+             dy = random_bf16(size_t(T) * N, 13, 1.0f);
+  std::vector<bf16> y(size_t(T) * N), dx(size_t(T) * K);
+  std::vector<float> acc(size_t(T) * N), dw(size_t(N) * K);
+  ref::linear_acc(kn, x.data(), w.data(), acc.data(), T, K, N, 1);  // fp32: where the dot models differ
+  ref::linear_fwd(kn, x.data(), w.data(), y.data(), T, K, N, 8);
+  ref::linear_dgrad(kn, dy.data(), w.data(), dx.data(), T, K, N, 8);
+  ref::linear_wgrad(kn, dy.data(), x.data(), dw.data(), T, K, N);
+  const std::string c = contract().name;
+  test::expect_golden("ops/linear.txt", c + ".acc", test::digest(acc));
+  test::expect_golden("ops/linear.txt", c + ".fwd", test::digest(y));
+  test::expect_golden("ops/linear.txt", c + ".dgrad", test::digest(dx));
+  test::expect_golden("ops/linear.txt", c + ".wgrad", test::digest(dw));
+}
+
+INSTANTIATE_TEST_SUITE_P(Contracts, LinearTest, ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1"),
+                         [](const auto& info) { return std::string(info.param).substr(5, 6); });
+
+}  // namespace
+}  // namespace bp
