@@ -13,6 +13,11 @@ if(NOT BITPARITY_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90)
     endif()
     enable_language(CUDA)
+    # CMake < 3.26 knows no C++20 flag for nvcc; nvcc >= 12 takes -std=c++20.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
@@ -39,5 +44,7 @@ function(bp_cuda_target target)
     target_compile_options(${target} PRIVATE
       "$<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90,code=sm_90;-gencode=arch=compute_90a,code=sm_90a>")
   endif()
-  target_link_libraries(${target} PRIVATE bp_strict_fp CUDA::cudart)
+  # The static runtime: builds are carried to the GPU machine, whose CUDA
+  # libraries need not sit where they sit on the build machine.
+  target_link_libraries(${target} PRIVATE bp_strict_fp CUDA::cudart_static)
 endfunction()
