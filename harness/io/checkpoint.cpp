@@ -1,0 +1,365 @@
+#include "harness/io/checkpoint.h"
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "harness/io/json_strict.h"
+
+namespace bp::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
+// "a, b, c and 7 more"
+std::string name_list(const std::vector<std::string>& v, size_t shown = 8) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < shown; ++i) s += (i ? ", " : "") + v[i];
+  if (v.size() > shown) s += " and " + std::to_string(v.size() - shown) + " more";
+  return s;
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+std::string shape_str(const std::vector<uint64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
+  return r + "]";
+}
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
+  return r + "]";
+}
+
+bool same_shape(const std::vector<uint64_t>& a, const std::vector<int64_t>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (b[i] < 0 || a[i] != static_cast<uint64_t>(b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+const Checkpoint::Entry* Checkpoint::find(const std::string& name) const {
+  const auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  Checkpoint ck;
+  std::error_code ec;
+  std::string index, single;
+  if (fs::is_directory(path, ec)) {
+    const fs::path d(path);
+    const bool has_index = fs::exists(d / kIndexName, ec), has_single = fs::exists(d / kSingleName, ec);
+    if (has_index && has_single)
+      throw BadInput(path, "", std::string("holds both ") + kIndexName + " and " + kSingleName +
+                                   "; remove one (bitparity will not guess which is the checkpoint)");
+    if (has_index) index = (d / kIndexName).string();
+    else if (has_single) single = (d / kSingleName).string();
+    else throw BadInput(path, "", std::string("no ") + kSingleName + " or " + kIndexName + " in this directory");
+  } else if (ends_with(path, ".json")) {
+    index = path;
+  } else {
+    single = path;
+  }
+
+  if (!single.empty()) {
+    ck.path_ = single;
+    ck.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single)));
+    const SafetensorsFile* f = ck.files_.back().get();
+    for (const TensorInfo& t : f->tensors()) ck.entries_[t.name] = Entry{f, &t};
+    return ck;
+  }
+
+  ck.path_ = index;
+  if (!fs::exists(index, ec)) throw BadInput(index, "", "no such file");
+  const json j = parse_json_strict(read_text_file(index), index);
+  if (!j.is_object()) throw BadInput(index, "", std::string("index is ") + json_type_word(j) + ", not an object");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "metadata" && it.key() != "weight_map")
+      throw BadInput(index, it.key(), "unknown key in a safetensors index (expected metadata, weight_map)");
+  if (j.contains("metadata") && !j["metadata"].is_object() && !j["metadata"].is_null())
+    throw BadInput(index, "metadata", std::string("is ") + json_type_word(j["metadata"]) + ", not an object");
+  if (!j.contains("weight_map")) throw BadInput(index, "weight_map", "missing");
+  const json& wm = j["weight_map"];
+  if (!wm.is_object()) throw BadInput(index, "weight_map", std::string("is ") + json_type_word(wm) + ", not an object");
+
+  const fs::path dir = fs::path(index).parent_path();
+  std::map<std::string, std::string> tensor_file;  // tensor -> shard name
+  std::set<std::string> shard_names;
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    const std::string field = "weight_map." + it.key();
+    if (it.key().empty()) throw BadInput(index, "weight_map", "a tensor has an empty name");
+    if (!it.value().is_string())
+      throw BadInput(index, field, std::string("shard file is ") + json_type_word(it.value()) + ", not a string");
+    const std::string f = it.value().get<std::string>();
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos || f.find('\\') != std::string::npos ||
+        f.find('\0') != std::string::npos)
+      throw BadInput(index, field, "shard file \"" + f + "\" is not a plain file name in the index's directory");
+    tensor_file[it.key()] = f;
+    shard_names.insert(f);
+  }
+
+  std::map<std::string, const SafetensorsFile*> shards;
+  for (const std::string& s : shard_names) {
+    const std::string p = (dir / s).string();
+    if (!fs::exists(p, ec)) {
+      std::string example;
+      for (const auto& [t, f] : tensor_file)
+        if (f == s) {
+          example = t;
+          break;
+        }
+      throw BadInput(index, "weight_map." + example, "shard file " + s + " does not exist (" + p + ")");
+    }
+    ck.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(p)));
+    shards[s] = ck.files_.back().get();
+  }
+
+  std::vector<std::string> missing;
+  for (const auto& [t, s] : tensor_file) {
+    const SafetensorsFile* f = shards.at(s);
+    const TensorInfo* info = f->find(t);
+    if (info == nullptr) missing.push_back(t + " (in " + s + ")");
+    else ck.entries_[t] = Entry{f, info};
+  }
+  if (!missing.empty())
+    throw BadInput(index, missing.front().substr(0, missing.front().find(' ')),
+                   std::to_string(missing.size()) + " tensor(s) named in the weight map are missing from their shard files: " +
+                       name_list(missing));
+  std::vector<std::string> extra;
+  std::string extra_file;
+  for (const auto& [s, f] : shards)
+    for (const TensorInfo& t : f->tensors()) {
+      const auto it = tensor_file.find(t.name);
+      if (it == tensor_file.end() || it->second != s) {
+        if (extra.empty()) extra_file = f->path();
+        extra.push_back(t.name + " (in " + s + (it == tensor_file.end() ? ")" : ", mapped to " + it->second + ")"));
+      }
+    }
+  if (!extra.empty())
+    throw BadInput(extra_file, extra.front().substr(0, extra.front().find(' ')),
+                   std::to_string(extra.size()) + " tensor(s) in shard files are not listed under that shard in " +
+                       std::string(kIndexName) + ": " + name_list(extra));
+  return ck;
+}
+
+// --- load_weights -------------------------------------------------------------
+
+namespace {
+
+bool float_dtype(DType d) { return d == DType::BF16 || d == DType::F32 || d == DType::F16; }
+
+const Checkpoint::Entry& checked(const Checkpoint::Entry& e, const std::string& name, const std::vector<int64_t>& shape,
+                                 const std::string& shape_origin) {
+  if (!float_dtype(e.info->dtype))
+    throw BadInput(e.file->path(), name,
+                   std::string("wrong dtype ") + dtype_name(e.info->dtype) + " for a weight (expected BF16, F32 or F16)");
+  if (!same_shape(e.info->shape, shape))
+    throw BadInput(e.file->path(), name,
+                   "wrong shape " + shape_str(e.info->shape) + "; " + shape_origin + " needs " + shape_str(shape));
+  return e;
+}
+
+Tensor to_tensor(const Checkpoint::Entry& e, const std::vector<int64_t>& shape) {
+  Tensor t;
+  t.shape = shape;
+  t.data = e.file->read_bf16(*e.info);
+  return t;
+}
+
+}  // namespace
+
+Weights load_weights(const std::string& path, const ModelConfig& cfg) {
+  const Checkpoint ck = Checkpoint::open(path);
+  const std::string origin = "config.json (" + cfg.model_type + ")";
+  Weights w;
+  std::set<std::string> consumed;
+  std::vector<std::string> missing;
+
+  // Fused MoE experts (transformers 5.x in-memory layout), split per expert.
+  std::set<int64_t> fused_layers;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    if (!cfg.is_moe_layer(i)) continue;
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.experts.";
+    const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
+    const Checkpoint::Entry* egu = ck.find(gu);
+    const Checkpoint::Entry* edn = ck.find(dn);
+    if (egu == nullptr && edn == nullptr) continue;
+    for (const auto& [name, e] : ck.entries())
+      if (name.compare(0, p.size(), p) == 0 && name != gu && name != dn)
+        throw BadInput(e.file->path(), name,
+                       "layer " + std::to_string(i) + " stores experts both fused (" + (egu ? gu : dn) +
+                           ") and per expert; refusing the ambiguous checkpoint");
+    if (egu == nullptr || edn == nullptr) {
+      missing.push_back(egu == nullptr ? gu : dn);
+      fused_layers.insert(i);
+      continue;
+    }
+    const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+    checked(*egu, gu, {E, 2 * I, H}, origin);
+    checked(*edn, dn, {E, H, I}, origin);
+    const std::vector<bf16> a = egu->file->read_bf16(*egu->info);
+    const std::vector<bf16> b = edn->file->read_bf16(*edn->info);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = p + std::to_string(e) + ".";
+      const size_t base = static_cast<size_t>(e * 2 * I * H), half = static_cast<size_t>(I * H);
+      Tensor g{{I, H}, std::vector<bf16>(a.begin() + base, a.begin() + base + half)};
+      Tensor u{{I, H}, std::vector<bf16>(a.begin() + base + half, a.begin() + base + 2 * half)};
+      const size_t db = static_cast<size_t>(e * H * I), dl = static_cast<size_t>(H * I);
+      Tensor d{{H, I}, std::vector<bf16>(b.begin() + db, b.begin() + db + dl)};
+      w.insert(q + "gate_proj.weight", std::move(g));
+      w.insert(q + "up_proj.weight", std::move(u));
+      w.insert(q + "down_proj.weight", std::move(d));
+    }
+    consumed.insert(gu);
+    consumed.insert(dn);
+    fused_layers.insert(i);
+  }
+
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    if (w.contains(s.name)) continue;  // from a fused tensor
+    const Checkpoint::Entry* e = ck.find(s.name);
+    if (e == nullptr) {
+      // A per-expert name of a layer already reported as fused-but-incomplete is not repeated.
+      const bool in_fused = s.name.find(".mlp.experts.") != std::string::npos &&
+                            fused_layers.count(std::stoll(s.name.substr(13))) != 0;
+      if (!in_fused) missing.push_back(s.name);
+      continue;
+    }
+    w.insert(s.name, to_tensor(checked(*e, s.name, s.shape, origin), s.shape));
+    consumed.insert(s.name);
+  }
+  if (!missing.empty())
+    throw BadInput(ck.path(), missing.front(),
+                   std::to_string(missing.size()) + " tensor(s) that " + origin + " implies are missing: " + name_list(missing));
+
+  if (cfg.tie_word_embeddings) {
+    if (const Checkpoint::Entry* e = ck.find("lm_head.weight")) {
+      const Tensor& emb = w.at("model.embed_tokens.weight");
+      checked(*e, "lm_head.weight", emb.shape, origin);
+      const std::vector<bf16> lm = e->file->read_bf16(*e->info);
+      if (lm.size() != emb.data.size() || std::memcmp(lm.data(), emb.data.data(), lm.size() * sizeof(bf16)) != 0)
+        throw BadInput(e->file->path(), "lm_head.weight",
+                       "present and different from model.embed_tokens.weight although tie_word_embeddings is true");
+      consumed.insert("lm_head.weight");
+    }
+  }
+
+  std::vector<std::string> extra;
+  std::string extra_file;
+  for (const auto& [name, e] : ck.entries())
+    if (!consumed.count(name)) {
+      if (extra.empty()) extra_file = e.file->path();
+      extra.push_back(name);
+    }
+  if (!extra.empty())
+    throw BadInput(extra_file, extra.front(),
+                   std::to_string(extra.size()) + " unexpected tensor(s) that " + origin +
+                       " does not imply (a checkpoint of another model or config?): " + name_list(extra));
+  return w;
+}
+
+// --- save_weights --------------------------------------------------------------
+
+void save_weights(const std::string& dir, const Weights& w, const ModelConfig& cfg, const SaveOptions& opt) {
+  if (opt.num_shards < 1) throw std::invalid_argument("save_weights: num_shards must be >= 1");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(dir + ": cannot create directory: " + ec.message());
+
+  struct Item {
+    std::string name;
+    std::vector<uint64_t> shape;
+    std::vector<bf16> owned;         // for fused tensors
+    const std::vector<bf16>* data;   // the bytes to write
+  };
+  std::vector<Item> items;
+  auto add = [&](const std::string& name, const Tensor& t) {
+    items.push_back(Item{name, std::vector<uint64_t>(t.shape.begin(), t.shape.end()), {}, &t.data});
+  };
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    const Tensor& t = w.at(s.name);
+    if (t.shape != s.shape || static_cast<int64_t>(t.data.size()) != s.numel())
+      throw std::invalid_argument("save_weights: " + s.name + " has shape " + shape_str(t.shape) + ", expected " +
+                                  shape_str(s.shape));
+    const size_t pos = s.name.find(".mlp.experts.");
+    if (opt.fused_experts && pos != std::string::npos) {
+      // Emit the fused pair once per layer, at expert 0's gate_proj.
+      const std::string p = s.name.substr(0, pos) + ".mlp.experts.";
+      if (s.name != p + "0.gate_proj.weight") continue;
+      const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+      Item gu{p + "gate_up_proj", {uint64_t(E), uint64_t(2 * I), uint64_t(H)}, {}, nullptr};
+      Item dn{p + "down_proj", {uint64_t(E), uint64_t(H), uint64_t(I)}, {}, nullptr};
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string q = p + std::to_string(e) + ".";
+        const auto& g = w.at(q + "gate_proj.weight").data;
+        const auto& u = w.at(q + "up_proj.weight").data;
+        const auto& d = w.at(q + "down_proj.weight").data;
+        gu.owned.insert(gu.owned.end(), g.begin(), g.end());
+        gu.owned.insert(gu.owned.end(), u.begin(), u.end());
+        dn.owned.insert(dn.owned.end(), d.begin(), d.end());
+      }
+      items.push_back(std::move(gu));
+      items.push_back(std::move(dn));
+      continue;
+    }
+    add(s.name, t);
+  }
+  for (Item& it : items)
+    if (it.data == nullptr) it.data = &it.owned;
+
+  auto write_tensors = [&](const std::string& file, size_t lo, size_t hi) {
+    std::vector<WriteTensor> ts;
+    for (size_t k = lo; k < hi; ++k)
+      ts.push_back(WriteTensor{items[k].name, DType::BF16, items[k].shape,
+                               {reinterpret_cast<const uint8_t*>(items[k].data->data()), items[k].data->size() * 2}});
+    write_safetensors((fs::path(dir) / file).string(), std::move(ts), opt.metadata);
+  };
+
+  if (opt.num_shards == 1) {
+    write_tensors(kSingleName, 0, items.size());
+    return;
+  }
+  // Contiguous runs of roughly equal bytes, in state_dict order.
+  uint64_t total = 0;
+  for (const Item& it : items) total += it.data->size() * 2;
+  const int n = opt.num_shards;
+  json wm = json::object();
+  size_t lo = 0;
+  uint64_t acc = 0;
+  for (int s = 0; s < n; ++s) {
+    size_t hi = lo;
+    const uint64_t target = total * static_cast<uint64_t>(s + 1) / static_cast<uint64_t>(n);
+    while (hi < items.size() && (acc < target || s == n - 1)) {
+      acc += items[hi].data->size() * 2;
+      ++hi;
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n);
+    write_tensors(name, lo, hi);
+    for (size_t k = lo; k < hi; ++k) wm[items[k].name] = name;
+    lo = hi;
+  }
+  json idx = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
+  write_file_atomic((fs::path(dir) / kIndexName).string(), idx.dump(2) + "\n");
+}
+
+}  // namespace bp::io

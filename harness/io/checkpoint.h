@@ -1,0 +1,73 @@
+// Hugging Face checkpoints: one model.safetensors, or shards named by
+// model.safetensors.index.json ({"metadata": {...}, "weight_map": {tensor: file}}),
+// and loading them as bp::Weights for a ModelConfig.
+//
+// Strictness (all BadInput naming the file and the tensor or field):
+//   index: a JSON object with "weight_map" (object of tensor -> shard file name) and
+//     optional "metadata" (object, not checked further); no other keys; shard file
+//     names are plain names in the same directory (no '/', '.' or '..'); every
+//     referenced shard exists and is a valid safetensors file; every tensor in the
+//     map is in the shard the map names ("missing"), and every tensor in a shard is
+//     in the map under that shard ("extra"); all offenders are listed.
+//   directory: model.safetensors.index.json or model.safetensors, not both.
+//   load_weights: every tensor weight_specs(cfg) names is present ("missing", all
+//     listed), with the exact shape, in BF16, F32 (-> bf16 by RNE) or F16 (exactly
+//     widened, then RNE) -- any other dtype is refused; no tensor is left over
+//     ("unexpected", all listed). With tie_word_embeddings a stored lm_head.weight is
+//     accepted only if bit-identical to model.embed_tokens.weight.
+//   MoE experts may be stored per expert (mlp.experts.{e}.{gate,up,down}_proj.weight,
+//     as Qwen publishes them and as transformers 5.x's save_pretrained writes by
+//     default, save_original_format=True) or fused as transformers 5.x holds them in
+//     memory (save_original_format=False): mlp.experts.gate_up_proj [E][2*Im][H] whose
+//     rows [0, Im) of expert e are gate_proj and rows [Im, 2*Im) are up_proj
+//     (torch.cat([gate, up], dim=1); forward does .chunk(2, dim=-1) -> gate, up), and
+//     mlp.experts.down_proj [E][H][Im]. Both layouts in one layer is refused.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/io/errors.h"
+#include "harness/io/safetensors.h"
+#include "reference/model/config.h"
+#include "reference/model/weights.h"
+
+namespace bp::io {
+
+class Checkpoint {
+ public:
+  struct Entry {
+    const SafetensorsFile* file;
+    const TensorInfo* info;
+  };
+
+  // `path`: a directory (holding model.safetensors.index.json or model.safetensors),
+  // an index .json, or a single .safetensors file.
+  static Checkpoint open(const std::string& path);
+
+  const std::string& path() const { return path_; }  // the index or the single file
+  const Entry* find(const std::string& name) const;
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  size_t num_files() const { return files_.size(); }
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Entry> entries_;
+};
+
+// Loads and checks the weights of `cfg` from `path` (see above).
+Weights load_weights(const std::string& path, const ModelConfig& cfg);
+
+struct SaveOptions {
+  int num_shards = 1;          // 1: model.safetensors; n > 1: model-0000k-of-0000n.safetensors + index
+  bool fused_experts = false;  // write MoE experts in transformers 5.x's fused layout
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};  // what transformers writes
+};
+
+// Writes `w` (every tensor weight_specs(cfg) names) as a Hugging Face checkpoint in
+// `dir` (created if needed). Each file is written atomically, the index last.
+void save_weights(const std::string& dir, const Weights& w, const ModelConfig& cfg, const SaveOptions& opt = {});
+
+}  // namespace bp::io
