@@ -5,6 +5,7 @@
 
 #include "reference/contract/contract.h"
 #include "reference/numerics/dot.h"
+#include "reference/numerics/math.h"
 #include "reference/numerics/sm90_vectors.h"
 
 namespace bp {
@@ -54,10 +55,77 @@ CheckResult check_contracts() {
   return {"contracts", ok, out.str()};
 }
 
+CheckResult check_math() {
+  // SPEC.md §2.2: special values, then every 65521st fp32 input against double-precision
+  // libm within the documented ulp bounds (ulp of the true value t: 2^(floor(log2|t|)-23),
+  // 2^-149 below 2^-126; NaN must be the canonical NaN exactly where libm gives NaN).
+  struct Fn {
+    const char* name;
+    float (*f)(float);
+    double (*ref)(double);
+    double bound;
+  };
+  const Fn fns[] = {
+      {"exp", math::exp, [](double x) { return std::exp(x); }, math::kMaxUlpExp},
+      {"exp2", math::exp2, [](double x) { return std::exp2(x); }, math::kMaxUlpExp2},
+      {"log", math::log, [](double x) { return std::log(x); }, math::kMaxUlpLog},
+      {"rsqrt", math::rsqrt, [](double x) { return 1.0 / std::sqrt(x); }, math::kMaxUlpRsqrt},
+      {"sigmoid", math::sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, math::kMaxUlpSigmoid},
+      {"silu", math::silu, [](double x) { return x == -INFINITY ? -0.0 : x / (1.0 + std::exp(-x)); }, math::kMaxUlpSilu},
+      {"sin", math::sin, [](double x) { return std::sin(x); }, math::kMaxUlpSinCos},
+      {"cos", math::cos, [](double x) { return std::cos(x); }, math::kMaxUlpSinCos}};
+  struct Case { float (*f)(float); uint32_t in, out; } cases[] = {
+      {math::exp, 0xff800000u, 0x00000000u}, {math::exp, 0x42b17218u, 0x7f800000u}, {math::exp, 0xc2cff1b4u, 0x00000001u},
+      {math::exp2, 0xc3160000u, 0x00000000u}, {math::log, 0x80000000u, 0xff800000u}, {math::log, 0x3f800000u, 0x00000000u},
+      {math::log, 0xbf800000u, kCanonicalNanF32}, {math::rsqrt, 0x80000000u, 0xff800000u}, {math::rsqrt, 0x00000001u, 0x64b504f3u},
+      {math::sigmoid, 0xc2c80000u, 0x0000001bu}, {math::silu, 0xff800000u, 0x80000000u}, {math::silu, 0xc2c80000u, 0x80000a5fu},
+      {math::sin, 0x80000000u, 0x80000000u}, {math::sin, 0x40490fdbu, 0xb3bbbd2eu}, {math::cos, 0x7f800000u, kCanonicalNanF32},
+      {math::cos, 0x3fc90fdbu, 0xb33bbd2eu}, {math::sin, 0xffc01234u, kCanonicalNanF32}};
+  int bad_special = 0;
+  for (const Case& c : cases) bad_special += bits_of(c.f(float_of(c.in))) != c.out;
+  std::ostringstream out;
+  bool ok = bad_special == 0;
+  uint64_t sampled = 0;
+  for (const Fn& fn : fns) {
+    double worst = 0;
+    uint32_t worst_at = 0;
+    int bad_nan = 0;
+    for (uint64_t v = 0; v < (uint64_t{1} << 32); v += 65521) {
+      const float x = float_of(static_cast<uint32_t>(v)), y = fn.f(x);
+      const double t = fn.ref(x);
+      ++sampled;
+      if (std::isnan(t) || std::isnan(y)) {
+        bad_nan += !(std::isnan(t) && bits_of(y) == kCanonicalNanF32);
+        continue;
+      }
+      double e = 0;
+      if (std::isinf(y) || std::isinf(t)) {
+        e = static_cast<float>(t) == y ? 0.0 : INFINITY;
+      } else {
+        const double at = std::fabs(t);
+        const double ulp = at < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::ilogb(at) - 23);
+        e = std::fabs(y - t) / ulp;
+      }
+      if (e > worst) {
+        worst = e;
+        worst_at = static_cast<uint32_t>(v);
+      }
+    }
+    if (worst > fn.bound || bad_nan) {
+      ok = false;
+      out << fn.name << ": " << worst << " ulp at 0x" << std::hex << worst_at << std::dec << " (bound " << fn.bound
+          << "), " << bad_nan << " NaN mismatches; ";
+    }
+  }
+  out << (sizeof cases / sizeof cases[0]) - bad_special << "/" << (sizeof cases / sizeof cases[0])
+      << " special values, " << sampled << " sampled inputs within the SPEC §2.2 ulp bounds";
+  return {"elementary functions", ok, out.str()};
+}
+
 }  // namespace
 
 std::vector<CheckResult> run_selfcheck() {
-  return {check_bf16_rounding(), check_sm90_vectors(), check_fma_seq(), check_contracts()};
+  return {check_bf16_rounding(), check_sm90_vectors(), check_fma_seq(), check_math(), check_contracts()};
 }
 
 }  // namespace bp
