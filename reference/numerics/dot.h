@@ -20,10 +20,11 @@ BP_HD inline int msb_index(uint64_t x) {  // x != 0
 }
 
 // (-1)^neg · mag · 2^e converted to fp32 rounding toward zero: fp32 subnormals
-// are kept, overflow gives ±Inf (the tensor core's conversion, SPEC.md §2.3).
+// are kept, overflow gives ±Inf, and a result that truncates to zero is +0 whatever
+// its sign (the tensor core's conversion, measured on an H100: SPEC.md §2.3.3).
 BP_HD inline float rz_to_f32(bool neg, uint64_t mag, int e) {
   const uint32_t sign = neg ? 0x80000000u : 0u;
-  if (mag == 0) return float_of(sign);
+  if (mag == 0) return 0.0f;
   const int p = msb_index(mag);
   const int ue = p + e;  // value in [2^ue, 2^(ue+1))
   if (ue > 127) return float_of(sign | 0x7f800000u);
@@ -34,7 +35,7 @@ BP_HD inline float rz_to_f32(bool neg, uint64_t mag, int e) {
   }
   const int sh = e + 149;  // quantum of fp32 subnormals is 2^-149
   const uint64_t m = sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0 : (mag >> -sh));
-  return float_of(sign | static_cast<uint32_t>(m));
+  return m == 0 ? 0.0f : float_of(sign | static_cast<uint32_t>(m));
 }
 
 // Significand as an integer and unbiased exponent of the leading position, for a
@@ -74,6 +75,11 @@ struct Sm90Tc {
   static constexpr DotModel kModel = DotModel::Sm90Tc;
   static constexpr int kGroup = 16;
   static constexpr int kFracBits = 25;  // alignment width below 2^E
+  // E never goes below the exponent of the smallest bf16 subnormal: terms are
+  // never kept below 2^(-133-25) (measured on an H100, SPEC.md §2.3.3).
+  static constexpr int kMinAlignExponent = -133;
+  // The NaN the tensor cores produce (any NaN operand, Inf·0, Inf − Inf).
+  static constexpr uint32_t kNanBits = 0x7fffffffu;
 
   // d = c + sum_{i<n} f(a_i)·f(b_i) for n <= 16, as one instruction computes it.
   BP_HD static float group(float c, const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb, int n) {
@@ -88,7 +94,7 @@ struct Sm90Tc {
       if (is_nan(bf16{x}) || is_nan(bf16{y}) || (xinf && yzero) || (yinf && xzero)) nan = true;
       else if (xinf || yinf) (((x ^ y) >> 15) ? neg_inf : pos_inf) = true;
     }
-    if (nan || (pos_inf && neg_inf)) return float_of(kCanonicalNanF32);
+    if (nan || (pos_inf && neg_inf)) return float_of(kNanBits);
     if (pos_inf || neg_inf) return float_of(neg_inf ? 0xff800000u : 0x7f800000u);
 
     // Terms: exact unnormalised products (significand in [1,4) at exponent ea+eb)
@@ -119,6 +125,7 @@ struct Sm90Tc {
       if (cexp > E) E = cexp;
     }
     if (count == 0 && !has_c) return 0.0f;
+    if (E < kMinAlignExponent) E = kMinAlignExponent;
 
     // Align every term to 25 fraction bits below 2^E, truncating its magnitude,
     // and add the integers exactly: |sum| < 17 · 2^27.

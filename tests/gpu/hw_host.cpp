@@ -290,6 +290,16 @@ void add_e_floor_probes(std::vector<Probe>& v) {
     p.name = "borrow_below_2^" + std::to_string(e0);
     v.push_back(p);
   }
+  // Dense sweep: which borrows 2^(e0-d) survive beside 2^e0 near the bottom of
+  // the range pins the floor exactly (the result stays below 2^e0 iff kept).
+  for (int e0 = -150; e0 <= -118; ++e0)
+    for (int d = 20; d <= 25; ++d) {
+      const int x = e0 / 2, y = e0 - x, x1 = (e0 - d) / 2, y1 = e0 - d - x1;
+      Probe p = probe("e_floor", "", 0, {{0, bf_pow2(x), bf_pow2(y)}, {1, neg16(bf_pow2(x1)), bf_pow2(y1)}},
+                      "2^e0 - 2^(e0-d) sweep");
+      p.name = "sweep_e" + std::to_string(e0) + "_d" + std::to_string(d);
+      v.push_back(p);
+    }
   const char* q = "e_floor";
   v.push_back(probe(q, "borrow_subnormal_factor", 0,
                     {{0, bf_pow2(-70), bf_pow2(-70)}, {1, neg16(0x0001), bf_pow2(-31)}},
