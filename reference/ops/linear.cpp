@@ -58,11 +58,26 @@ void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, i
                [&](int t, int n, float v) { y[static_cast<size_t>(t) * N + n] = round_bf16(v); });
 }
 
-void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks) {
+namespace {
+
+// dx[t][k] = chunked dot over N of dy[t][:] · w[:][k], handed to `store`.
+template <class Store>
+void dgrad_rows(const Knobs& kn, const bf16* dy, const bf16* w, int T, int K, int N, int n_chunks, Store store) {
   check_chunks(N, n_chunks, "N");
   const std::vector<bf16> wt = transpose(w, N, K);  // [K][N]
-  chunked_rows(kn.dot, dy, wt.data(), T, K, N, n_chunks,
-               [&](int t, int k, float v) { dx[static_cast<size_t>(t) * K + k] = round_bf16(v); });
+  chunked_rows(kn.dot, dy, wt.data(), T, K, N, n_chunks, store);
+}
+
+}  // namespace
+
+void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks) {
+  dgrad_rows(kn, dy, w, T, K, N, n_chunks,
+             [&](int t, int k, float v) { dx[static_cast<size_t>(t) * K + k] = round_bf16(v); });
+}
+
+void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks) {
+  dgrad_rows(kn, dy, w, T, K, N, n_chunks,
+             [&](int t, int k, float v) { acc[static_cast<size_t>(t) * K + k] = v; });
 }
 
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N) {

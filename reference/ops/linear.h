@@ -14,6 +14,10 @@ void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, i
 // dx[t][k] = R(dot over N of dy[t][:] · w[:][k]), cut into n_chunks.
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks);
 
+// The same dot before rounding, fp32: for inputs that receive gradient from more
+// than one path, whose fp32 accumulators are added before one rounding.
+void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks);
+
 // dw[n][k] = token-chunked dot over t of dy[t][n] · x[t][k] (grad_token_chunk), fp32.
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N);
 

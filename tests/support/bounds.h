@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "reference/numerics/dot.h"
+#include "reference/numerics/reduce.h"
 
 namespace bp::test {
 
@@ -30,6 +31,19 @@ inline double dot_gamma(DotModel model, int k, int chunks = 1) {
   int levels = 0;
   while ((1 << levels) < chunks) ++levels;
   return g + levels * kU32 * (1.0 + g);
+}
+
+// gamma_m = m·u/(1 − m·u): |computed − exact| <= gamma_m · sum |terms| for an fp32
+// sum in which every term passes through at most m rounding additions.
+inline double gamma_n(int m) { return m * kU32 / (1.0 - m * kU32); }
+
+// The lane tree of SPEC.md §2.4.2 over n terms: a term passes through at most
+// ceil(n / (lanes·vec))·vec adds in its lane, then log2(lanes) tree levels.
+inline double lane_sum_gamma(int n, LaneShape shape) {
+  int levels = 0;
+  while ((1 << levels) < shape.lanes) ++levels;
+  const int per_lane = (n + shape.lanes * shape.vec - 1) / (shape.lanes * shape.vec) * shape.vec;
+  return gamma_n(per_lane + levels);
 }
 
 // |R(d) - t| <= u16·|t| + (1 + u16)·|d - t| : the bound of a bf16 output whose

@@ -1,0 +1,80 @@
+// attention: causal GQA softmax attention with a fixed-block online softmax and
+// fixed KV splits, forward and backward (SPEC.md §5.6). One entry point serves
+// full extend, extend with a prefix KV cache, chunked prefill, decode and ragged
+// batches: the bits of a query's output depend only on its q, the keys and values
+// at positions 0..p (p its absolute position) and the contract.
+#pragma once
+#include "reference/contract/contract.h"
+
+namespace bp::ref {
+
+// Head geometry: query head h reads kv head h / (Hq / Hkv).
+struct AttnDims {
+  int Hq;   // query heads
+  int Hkv;  // kv heads (divides Hq)
+  int D;    // head_dim
+};
+
+// One sequence of a packed batch (plain data, so the CUDA twin can copy it).
+// Activations are [T][Hq][D] (q, o, dout, dq) and stats [T][Hq], T packing all
+// sequences; keys and values are [rows][Hkv][D] (k, v, dk, dv).
+struct AttnSeq {
+  int q_begin;   // first token of this sequence in q / o / stats
+  int q_len;     // its queries sit at absolute positions past_len .. past_len + q_len - 1
+  int past_len;  // keys cached before the first query (0 for a full extend)
+  int kv_begin;  // row of key 0 in k / v; keys 0 .. past_len + q_len - 1 follow contiguously
+};
+
+// o = attention output (bf16); m, l = the query's final running max and sum
+// (fp32, [T][Hq]): the statistics backward recomputes P from. Decode is q_len = 1
+// with the new token's key and value already appended to the cache.
+void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                   const bf16* v, bf16* o, float* m, float* l);
+
+// Gradients of L with respect to q, k, v given dout = dL/do, the forward's o, m
+// and l. dq is [T][Hq][D]; dk and dv are written at each sequence's key rows
+// (which must not overlap between sequences); other rows are left untouched.
+void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                   const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
+                   bf16* dv);
+
+// ---- Scalar rules shared by forward, backward and the CUDA twin ----
+
+// The fp32 softmax scale D^-0.5 as sqrt(1/D): correctly rounded whenever D is a
+// power of two (1/D is then exact), so it equals float(D ** -0.5) for 64 and 128.
+BP_HD inline float attn_scale(int D) { return sqrt_rn(div_rn(1.0f, static_cast<float>(D))); }
+
+// IEEE 754-2019 maximumNumber: a NaN operand is ignored, +0 > -0. Commutative and
+// associative, so a running max has the same bits in any reduction order.
+BP_HD inline float max_num(float a, float b) {
+  if (is_nan(a)) return b;
+  if (is_nan(b)) return a;
+  if (a == b) return (bits_of(a) >> 31) ? b : a;
+  return a > b ? a : b;
+}
+
+// Model::chain over a frame of n slots of which only [lo, hi) are present; absent
+// slots are the product +0·+0 (never read). a and b point at slot lo. sm90-tc groups
+// sit at fixed offsets 0, 16, ... of the frame. This is what a kernel computes over a
+// zero-padded tile, and it makes the bits independent of whatever lies in absent
+// slots (future keys, other sequences, padding).
+template <class Model>
+BP_HD float framed_chain(float c, const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb, int lo, int hi, int n) {
+  if constexpr (Model::kModel == DotModel::Sm90Tc) {
+    for (int g = 0; g < n; g += Model::kGroup) {
+      const int g_end = g + Model::kGroup < n ? g + Model::kGroup : n;
+      const int v0 = g > lo ? g : lo, v1 = g_end < hi ? g_end : hi;
+      const int count = v1 > v0 ? v1 - v0 : 0;  // an empty group still runs: +-0 becomes +0
+      c = Model::group(c, a + (v0 - lo) * sa, sa, b + (v0 - lo) * sb, sb, count);
+    }
+    return c;
+  } else {
+    // fma(+0, +0, c) = c + (+0): only a -0 accumulator changes (to +0).
+    if (lo > 0) c = add_rn(c, 0.0f);
+    c = Model::chain(c, a, sa, b, sb, hi - lo);
+    if (hi < n) c = add_rn(c, 0.0f);
+    return c;
+  }
+}
+
+}  // namespace bp::ref

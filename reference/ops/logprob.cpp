@@ -1,0 +1,169 @@
+#include "logprob.h"
+
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "reference/numerics/reduce.h"
+
+namespace bp::ref {
+namespace {
+
+[[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("logprob: " + why); }
+
+void check_temperature(float temp) {
+  if (!(temp > 0.0f) || is_inf(temp)) refuse("temperature must be finite and > 0, got " + std::to_string(temp));
+}
+
+void check_vocab(int V, int chunks) {
+  if (V < 1 || chunks < 1 || V % chunks != 0)
+    refuse("V = " + std::to_string(V) + " is not divisible into tp_tree_width = " + std::to_string(chunks) +
+           " chunks");
+}
+
+void check_targets(const int32_t* targets, int T, int V) {
+  for (int t = 0; t < T; ++t)
+    if (targets[t] < 0 || targets[t] >= V)
+      refuse("target " + std::to_string(targets[t]) + " of row " + std::to_string(t) + " is outside [0, " +
+             std::to_string(V) + ")");
+}
+
+void check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp) {
+  check_temperature(temp);
+  check_vocab(V, kn.tp_tree_width);
+  check_targets(targets, T, V);
+}
+
+// Stored fp32 results carry the one canonical NaN (SPEC.md §4), whatever NaN the
+// arithmetic produced.
+float canonical(float x) { return float_of(canonical_bits(x)); }
+
+// The identity of max_nan: a fold over a chunk starts here.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+const bf16* chunk_start(const bf16* logits, int64_t ld, int t, int j, int chunk_len) {
+  return logits + t * ld + static_cast<int64_t>(j) * chunk_len;
+}
+
+// body(t, j, scratch) for every row t and slice chunk j, in parallel over these
+// independent outputs; each thread owns a lane scratch of `lanes` floats.
+template <class Body>
+void for_each_chunk(int T, int n_chunks, int lanes, Body body) {
+#pragma omp parallel
+  {
+    std::vector<float> scratch(lanes);
+#pragma omp for collapse(2) schedule(static)
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < n_chunks; ++j) body(t, j, scratch.data());
+  }
+}
+
+}  // namespace
+
+void logprob_chunk_max(const Knobs&, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+                       float* chunk_max, int out_ld) {
+  check_temperature(temp);
+  for_each_chunk(T, n_chunks, 0, [&](int t, int j, float*) {
+    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
+    float m = kNegInf;
+    for (int i = 0; i < chunk_len; ++i) m = max_nan(m, scaled_logit(c[i], temp));
+    chunk_max[static_cast<int64_t>(t) * out_ld + j] = m;
+  });
+}
+
+void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_max) {
+  const int C = kn.tp_tree_width;
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) {
+    float m = kNegInf;
+    for (int c = 0; c < C; ++c) m = max_nan(m, chunk_max[static_cast<int64_t>(t) * C + c]);
+    row_max[t] = m;
+  }
+}
+
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                        float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
+  check_temperature(temp);
+  for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
+    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
+    const float M = row_max[t];
+    const int64_t out = static_cast<int64_t>(t) * out_ld + j;
+    chunk_sum[out] = canonical(
+        lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) { return shifted_exp(scaled_logit(c[i], temp), M); }));
+    if (chunk_tsum)
+      chunk_tsum[out] = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) {
+        const float d = shifted_diff(scaled_logit(c[i], temp), M);
+        return entropy_term(math::exp(d), d);
+      }));
+  });
+}
+
+void logprob_target_logit(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                          const int32_t* targets, float temp, float* x_target) {
+  check_temperature(temp);
+  for (int t = 0; t < T; ++t) {
+    const int local = targets[t] - vocab_begin;
+    if (local >= 0 && local < vocab_len) x_target[t] = scaled_logit(logits[t * ld + local], temp);
+  }
+}
+
+void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk_tsum, const float* x_target,
+                     const float* row_max, int T, float* row_sum, float* logprob, float* entropy) {
+  if (entropy && !chunk_tsum) refuse("entropy needs the chunk sums of the entropy terms");
+  const int C = kn.tp_tree_width;
+#pragma omp parallel
+  {
+    std::vector<float> tree(C);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      const float* s = chunk_sum + static_cast<int64_t>(t) * C;
+      tree.assign(s, s + C);
+      const float S = pairwise_tree(tree.data(), C);
+      const float log_s = math::log(S);
+      row_sum[t] = canonical(S);
+      logprob[t] = canonical(sub_rn(sub_rn(x_target[t], row_max[t]), log_s));
+      if (entropy) {
+        const float* w = chunk_tsum + static_cast<int64_t>(t) * C;
+        tree.assign(w, w + C);
+        entropy[t] = canonical(sub_rn(log_s, div_rn(pairwise_tree(tree.data(), C), S)));
+      }
+    }
+  }
+}
+
+void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
+                 float* logprob, float* row_max, float* row_sum, float* entropy) {
+  check_whole_op(kn, targets, T, V, temp);
+  const int C = kn.tp_tree_width;
+  const size_t partials = static_cast<size_t>(T) * C;
+  std::vector<float> chunk_max(partials), chunk_sum(partials), chunk_tsum(entropy ? partials : 0), x_target(T);
+  float* tsum = entropy ? chunk_tsum.data() : nullptr;
+  logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.data(), C);
+  logprob_row_max(kn, chunk_max.data(), T, row_max);
+  logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.data(), tsum, C);
+  logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.data());
+  logprob_combine(kn, chunk_sum.data(), tsum, x_target.data(), row_max, T, row_sum, logprob, entropy);
+}
+
+void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                       const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
+                       float temp, bf16* dlogits) {
+  check_temperature(temp);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int t = 0; t < T; ++t)
+    for (int v = 0; v < vocab_len; ++v) {
+      const int64_t at = t * ld + v;
+      const float p = div_rn(shifted_exp(scaled_logit(logits[at], temp), row_max[t]), row_sum[t]);
+      const float delta = vocab_begin + v == targets[t] ? 1.0f : 0.0f;
+      dlogits[at] = round_bf16(div_rn(mul_rn(coef[t], sub_rn(delta, p)), temp));
+    }
+}
+
+void logprob_bwd(const Knobs& kn, const bf16* logits, const int32_t* targets, const float* coef,
+                 const float* row_max, const float* row_sum, int T, int V, float temp, bf16* dlogits) {
+  check_whole_op(kn, targets, T, V, temp);
+  logprob_bwd_slice(kn, logits, V, T, 0, V, targets, coef, row_max, row_sum, temp, dlogits);
+}
+
+}  // namespace bp::ref

@@ -1,0 +1,89 @@
+// logprob: log-softmax over the vocabulary, the target's log-probability, the
+// entropy, and the gradient of L = sum_t c_t·logprob_t (SPEC.md §5.10).
+// Logits [T][V] bf16 row-major; every per-token result is fp32.
+//
+// The vocabulary is cut into C = tp_tree_width equal chunks. The forward runs in
+// stages so that a vocab-parallel rank holding chunks [a, b) computes its partials
+// alone and the combines run after a gather:
+//   1. logprob_chunk_max    (per rank)  -> gather -> logprob_row_max
+//   2. logprob_chunk_sums   (per rank)  + logprob_target_logit (the target's owner)
+//                                       -> gather -> logprob_combine
+// logprob_fwd is these stages over the whole row. The backward is elementwise given
+// the saved row max M and row sum S, so a rank runs logprob_bwd_slice on its chunks.
+#pragma once
+#include <cstdint>
+
+#include "reference/contract/contract.h"
+#include "reference/numerics/math.h"
+
+namespace bp::ref {
+
+// x = f(l) ÷ temp: the scaled logit every stage reads (exact when temp = 1).
+BP_HD inline float scaled_logit(bf16 logit, float temp) { return div_rn(widen(logit), temp); }
+
+// IEEE 754-2019 maximum: NaN (canonical) if either input is NaN, and −0 < +0.
+// Commutative and associative, so every max tree over a row gives these bits.
+BP_HD inline float max_nan(float a, float b) {
+  if (is_nan(a) || is_nan(b)) return float_of(kCanonicalNanF32);
+  if (a == b) return float_of(bits_of(a) & bits_of(b));  // only ±0 differ: +0 unless both are −0
+  return a > b ? a : b;
+}
+
+// d = x − M and e = exp(d): the shifted exponential the forward sums and the
+// backward divides by S. d <= 0 for every finite row, so e is in [0, 1].
+BP_HD inline float shifted_diff(float x, float row_max) { return sub_rn(x, row_max); }
+BP_HD inline float shifted_exp(float x, float row_max) { return math::exp(shifted_diff(x, row_max)); }
+
+// e·d, the entropy sum's term (<= 0); a masked entry (e = 0, d = −Inf) adds +0,
+// the limit of p·log p at p = 0, instead of 0·(−Inf) = NaN.
+BP_HD inline float entropy_term(float e, float d) { return e == 0.0f ? 0.0f : mul_rn(e, d); }
+
+// ---- Stages (vocab-parallel layouts call these directly) ----------------------
+// A rank's slice is n_chunks whole chunks of chunk_len logits: `logits` points at
+// its first logit in row 0, rows are `ld` elements apart. Partials are written to
+// out[t·out_ld + j] for the slice's j-th chunk (pass out + first_chunk and
+// out_ld = C to write straight into the gathered [T][C] layout).
+
+// Stage 1: chunk_max = max over the chunk of x (max_nan).
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                       float temp, float* chunk_max, int out_ld);
+
+// Combine 1: row_max[t] = max_nan over the C gathered chunk maxima chunk_max[t][0..C).
+void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_max);
+
+// Stage 2: chunk_sum = lane_sum over the chunk of exp(x − M) (row_reduce shape,
+// chunk-local indices); chunk_tsum (nullable) = lane_sum of entropy_term.
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                        float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld);
+
+// x_target[t] = scaled_logit(target) for every row whose target lies in this
+// slice [vocab_begin, vocab_begin + vocab_len); other rows are left untouched.
+void logprob_target_logit(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                          const int32_t* targets, float temp, float* x_target);
+
+// Combine 2 over gathered [T][C] partials: row_sum = pairwise_tree(chunk sums);
+// logprob = (x_target − M) − log(S); entropy (nullable, needs chunk_tsum) =
+// log(S) − pairwise_tree(chunk tsums) ÷ S.
+void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk_tsum, const float* x_target,
+                     const float* row_max, int T, float* row_sum, float* logprob, float* entropy);
+
+// ---- Whole op ------------------------------------------------------------------
+
+// Forward over [T][V] (V divisible by C, 0 <= targets < V, temp finite > 0, else
+// std::invalid_argument). Saves row_max (M) and row_sum (S) for the backward;
+// entropy may be nullptr.
+void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
+                 float* logprob, float* row_max, float* row_sum, float* entropy);
+
+// dlogits[t][v] = R(c_t·(δ(v, target) − p_v) ÷ temp), p_v = exp(x_v − M) ÷ S,
+// for the vocabulary slice [vocab_begin, vocab_begin + vocab_len) held at
+// `logits` (row stride ld) into `dlogits` (same stride).
+void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                       const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
+                       float temp, bf16* dlogits);
+
+// The backward over the whole vocabulary (same checks as the forward).
+void logprob_bwd(const Knobs& kn, const bf16* logits, const int32_t* targets, const float* coef,
+                 const float* row_max, const float* row_sum, int T, int V, float temp, bf16* dlogits);
+
+}  // namespace bp::ref

@@ -1,0 +1,15 @@
+// residual add: h' = R(f(h) + f(o)) in bf16 storage (SPEC.md §5.3).
+#pragma once
+#include <cstddef>
+
+#include "reference/contract/contract.h"
+
+namespace bp::ref {
+
+// out[i] = R(f(h[i]) + f(o[i])) for i in [0, n): the correctly rounded bf16 sum.
+// out may be h or o (in place); no knob changes its bits. The backward is the
+// identity to both inputs; where a gradient has two contributions (the residual
+// stream feeds both the skip and the branch), the model adds them with this op.
+void residual_fwd(const Knobs& kn, const bf16* h, const bf16* o, bf16* out, size_t n);
+
+}  // namespace bp::ref
