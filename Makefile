@@ -21,10 +21,10 @@ build: configure
 demo: build
 	$(BUILD)/harness/bitparity selfcheck
 
-# Every CPU test (CTest label cpu), then the numerics core rebuilt with clang and
+# Every CPU test (CTest label cpu; gpu tests report skipped without a GPU), then the numerics core rebuilt with clang and
 # at -O0 against the same golden digests (scripts/check-variants).
 test: build
-	cd $(BUILD) && ctest -L cpu --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest -L 'cpu|gpu' --output-on-failure -j $(JOBS)
 	JOBS=$(JOBS) ./scripts/check-variants $(BUILD)
 
 test-slow: build

@@ -5,6 +5,12 @@ find_package(CLI11 REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 
 if(BITPARITY_TESTS)
+  # fast-cpp-csv-parser (header only) reads the captured hardware vectors.
+  find_path(BP_FCCP_INCLUDE libfccp/csv.h)
+  if(NOT BP_FCCP_INCLUDE)
+    message(FATAL_ERROR "fast-cpp-csv-parser not found: install libfccp-dev (scripts/setup) "
+                        "or set BP_FCCP_INCLUDE to the folder holding libfccp/csv.h")
+  endif()
   find_package(GTest QUIET)
   if(NOT GTest_FOUND)
     # Some images ship GoogleTest as sources only (/usr/src/googletest).
