@@ -346,30 +346,34 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+namespace {
+
+// out[i] = convert(element i of the raw little-endian buffer, read as In).
+template <class In, class Out, class Convert>
+void convert_each(const uint8_t* p, int64_t n, Out* out, Convert convert) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    In v;
+    std::memcpy(&v, p + sizeof(In) * i, sizeof(In));
+    out[i] = convert(v);
+  }
+}
+
+}  // namespace
+
 std::vector<bf16> SafetensorsFile::read_bf16(const TensorInfo& t) const {
-  const std::span<const uint8_t> b = bytes(t);
+  const uint8_t* p = bytes(t).data();
   const int64_t n = static_cast<int64_t>(t.numel());
   std::vector<bf16> out(static_cast<size_t>(n));
-  const uint8_t* p = b.data();
   switch (t.dtype) {
     case DType::BF16:
       if (n > 0) std::memcpy(out.data(), p, static_cast<size_t>(n) * 2);
       break;
     case DType::F32:
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        float f;
-        std::memcpy(&f, p + 4 * i, 4);
-        out[static_cast<size_t>(i)] = round_bf16(f);
-      }
+      convert_each<float>(p, n, out.data(), [](float f) { return round_bf16(f); });
       break;
     case DType::F16:
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[static_cast<size_t>(i)] = round_bf16(f16_to_f32(h));
-      }
+      convert_each<uint16_t>(p, n, out.data(), [](uint16_t h) { return round_bf16(f16_to_f32(h)); });
       break;
     default:
       throw BadInput(path_, t.name,
@@ -379,29 +383,18 @@ std::vector<bf16> SafetensorsFile::read_bf16(const TensorInfo& t) const {
 }
 
 std::vector<float> SafetensorsFile::read_f32(const TensorInfo& t) const {
-  const std::span<const uint8_t> b = bytes(t);
+  const uint8_t* p = bytes(t).data();
   const int64_t n = static_cast<int64_t>(t.numel());
   std::vector<float> out(static_cast<size_t>(n));
-  const uint8_t* p = b.data();
   switch (t.dtype) {
     case DType::F32:
       if (n > 0) std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
       break;
     case DType::BF16:
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[static_cast<size_t>(i)] = widen(bf16{h});
-      }
+      convert_each<uint16_t>(p, n, out.data(), [](uint16_t h) { return widen(bf16{h}); });
       break;
     case DType::F16:
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[static_cast<size_t>(i)] = f16_to_f32(h);
-      }
+      convert_each<uint16_t>(p, n, out.data(), [](uint16_t h) { return f16_to_f32(h); });
       break;
     default:
       throw BadInput(path_, t.name,
