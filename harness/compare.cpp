@@ -1,0 +1,144 @@
+#include "harness/compare.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace bp::harness {
+
+const char* cmp_type_name(CmpType t) { return t == CmpType::BF16 ? "BF16" : "F32"; }
+size_t cmp_type_size(CmpType t) { return t == CmpType::BF16 ? 2 : 4; }
+
+size_t ulp_bucket(double ulp) {
+  if (!(ulp == ulp) || std::isinf(ulp)) return kUlpBuckets - 1;
+  if (ulp <= 0) return 0;
+  // Distances are exact integers < 2^32: bucket k holds [2^(k-1), 2^k).
+  const uint64_t u = static_cast<uint64_t>(ulp);
+  size_t k = 0;
+  for (uint64_t v = u; v; v >>= 1) ++k;  // bit length
+  return std::min(k, kUlpBuckets - 2);
+}
+
+std::string ulp_bucket_label(size_t bucket) {
+  if (bucket == 0) return "0";
+  if (bucket == 1) return "1";
+  if (bucket >= kUlpBuckets - 1) return "inf";
+  return "[" + std::to_string(1ull << (bucket - 1)) + "," + std::to_string(1ull << bucket) + ")";
+}
+
+uint64_t ordered_key_f32(uint32_t bits) {
+  return (bits & 0x80000000u) ? static_cast<uint32_t>(~bits) : (bits | 0x80000000u);
+}
+uint64_t ordered_key_bf16(uint16_t bits) {
+  return (bits & 0x8000u) ? static_cast<uint16_t>(~bits) : static_cast<uint16_t>(bits | 0x8000u);
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One element type's view: bits, NaN/Inf tests, widening to double, ordered key.
+struct F32Traits {
+  using Bits = uint32_t;
+  static bool nan(Bits u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+  static bool inf(Bits u) { return (u & 0x7fffffffu) == 0x7f800000u; }
+  static double value(Bits u) { return static_cast<double>(float_of(u)); }
+  static uint64_t key(Bits u) { return ordered_key_f32(u); }
+};
+struct BF16Traits {
+  using Bits = uint16_t;
+  static bool nan(Bits u) { return (u & 0x7fffu) > 0x7f80u; }
+  static bool inf(Bits u) { return (u & 0x7fffu) == 0x7f80u; }
+  static double value(Bits u) { return static_cast<double>(float_of(static_cast<uint32_t>(u) << 16)); }
+  static uint64_t key(Bits u) { return ordered_key_bf16(u); }
+};
+
+template <class T>
+double ulp_distance(typename T::Bits a, typename T::Bits b) {
+  const bool na = T::nan(a), nb = T::nan(b);
+  if (na || nb) return (na && nb) ? 0.0 : kInf;
+  const uint64_t ka = T::key(a), kb = T::key(b);
+  return static_cast<double>(ka > kb ? ka - kb : kb - ka);
+}
+
+template <class T>
+TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<uint64_t> shape, const char* dtype) {
+  using Bits = typename T::Bits;
+  TensorMetrics m;
+  m.dtype = dtype;
+  m.shape = std::move(shape);
+  m.elements = n;
+  double sum_abs = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    Bits x, y;
+    std::memcpy(&x, a + i * sizeof(Bits), sizeof(Bits));
+    std::memcpy(&y, b + i * sizeof(Bits), sizeof(Bits));
+    const bool nx = T::nan(x), ny = T::nan(y);
+    m.nan_a += nx;
+    m.nan_b += ny;
+    m.inf_a += T::inf(x);
+    m.inf_b += T::inf(y);
+    const bool equal = (nx && ny) || (!nx && !ny && x == y);
+    if (equal) {
+      ++m.ulp_histogram[0];
+      continue;
+    }
+    ++m.mismatches;
+    if (m.first_mismatch < 0) m.first_mismatch = static_cast<int64_t>(i);
+    double abs_diff, ulp;
+    if (nx || ny) {
+      abs_diff = kInf;
+      ulp = kInf;
+    } else {
+      const double vx = T::value(x), vy = T::value(y);
+      // Same-signed infinities were caught by the bit compare; any other pair with
+      // an Inf differs by +inf (Inf - Inf of opposite signs is +-inf, never NaN).
+      abs_diff = std::fabs(vx - vy);
+      ulp = ulp_distance<T>(x, y);
+    }
+    m.max_abs_diff = std::max(m.max_abs_diff, abs_diff);
+    m.max_ulp_diff = std::max(m.max_ulp_diff, ulp);
+    sum_abs += abs_diff;
+    ++m.ulp_histogram[ulp_bucket(ulp)];
+  }
+  m.bit_identical = m.mismatches == 0;
+  m.mean_abs_diff = n ? sum_abs / static_cast<double>(n) : 0.0;
+  return m;
+}
+
+}  // namespace
+
+double ulp_distance_f32(float a, float b) { return ulp_distance<F32Traits>(bits_of(a), bits_of(b)); }
+double ulp_distance_bf16(bf16 a, bf16 b) { return ulp_distance<BF16Traits>(a.bits, b.bits); }
+
+TensorMetrics compare_bytes(CmpType t, const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<uint64_t> shape) {
+  switch (t) {
+    case CmpType::F32: return run<F32Traits>(a, b, n, std::move(shape), "F32");
+    case CmpType::BF16: return run<BF16Traits>(a, b, n, std::move(shape), "BF16");
+  }
+  throw std::invalid_argument("compare: unsupported element type");
+}
+
+TensorMetrics compare(std::span<const float> a, std::span<const float> b, std::vector<uint64_t> shape) {
+  if (a.size() != b.size()) throw std::invalid_argument("compare: tensors of different sizes");
+  if (shape.empty()) shape = {a.size()};
+  return compare_bytes(CmpType::F32, reinterpret_cast<const uint8_t*>(a.data()),
+                       reinterpret_cast<const uint8_t*>(b.data()), a.size(), std::move(shape));
+}
+
+TensorMetrics compare(std::span<const bf16> a, std::span<const bf16> b, std::vector<uint64_t> shape) {
+  if (a.size() != b.size()) throw std::invalid_argument("compare: tensors of different sizes");
+  if (shape.empty()) shape = {a.size()};
+  return compare_bytes(CmpType::BF16, reinterpret_cast<const uint8_t*>(a.data()),
+                       reinterpret_cast<const uint8_t*>(b.data()), a.size(), std::move(shape));
+}
+
+bool looks_like_logprob(const std::string& name) {
+  std::string s = name;
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s.find("logprob") != std::string::npos;
+}
+
+}  // namespace bp::harness

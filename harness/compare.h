@@ -1,0 +1,85 @@
+// Per-tensor comparison metrics (BRIEF §6): what every bitparity report says about
+// two tensors of the same shape and dtype. BF16 and F32 only; other dtypes are
+// refused (std::invalid_argument from compare_bytes, which callers turn into bad input).
+//
+// NaN policy ("nan_equal", recorded in every metric record and report):
+//   - every NaN is canonicalised before the bit compare: two NaNs are equal,
+//     whatever their sign or payload;
+//   - NaN against a number (finite or infinite) is a mismatch whose abs diff and
+//     ULP distance are +infinity.
+// Everything else is compared by bits: +0 and -0 are a mismatch (abs diff 0, ULP 1).
+//
+// ULP distance: |ord(a) - ord(b)| on the ordered-integer mapping of the bits of the
+// same type (ord(x) = sign ? ~bits : bits | signbit), a total order in which -0 and
+// +0 are one apart, +-max finite and +-Inf one apart. So for non-NaN values, ULP
+// distance 0 <=> bits equal. Distances are exact integers held in a double (< 2^32).
+//
+// abs diff: |double(a) - double(b)| (both widened exactly); Inf vs anything but the
+// same Inf is +infinity. mean_abs_diff sums in double in element order.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "reference/numerics/bf16.h"
+
+namespace bp::harness {
+
+inline constexpr const char* kNanPolicy = "nan_equal";
+inline constexpr const char* kNanPolicyText =
+    "NaNs are canonicalised before the bit compare (two NaNs are equal); NaN against a "
+    "number is a mismatch with infinite abs and ULP difference; +0 and -0 differ";
+
+enum class CmpType : uint8_t { BF16, F32 };
+const char* cmp_type_name(CmpType t);  // "BF16", "F32"
+size_t cmp_type_size(CmpType t);
+
+// ULP-distance histogram in log2 buckets: [0] distance 0 (equal under the NaN
+// policy), [k] for k = 1..32 distance in [2^(k-1), 2^k), [33] infinite (NaN vs number).
+inline constexpr size_t kUlpBuckets = 34;
+using UlpHistogram = std::array<uint64_t, kUlpBuckets>;
+size_t ulp_bucket(double ulp);                  // the bucket of one distance
+std::string ulp_bucket_label(size_t bucket);    // "0", "1", "[2,4)", ..., "inf"
+
+struct TensorMetrics {
+  std::string dtype;            // "BF16" | "F32"
+  std::vector<uint64_t> shape;
+  bool bit_identical = true;
+  uint64_t elements = 0;
+  uint64_t mismatches = 0;
+  double max_abs_diff = 0;      // may be +inf
+  double max_ulp_diff = 0;      // an exact integer, or +inf
+  double mean_abs_diff = 0;     // may be +inf
+  int64_t first_mismatch = -1;  // flat (row-major) index, -1 when none
+  uint64_t nan_a = 0, nan_b = 0, inf_a = 0, inf_b = 0;
+  std::string nan_policy = kNanPolicy;
+  UlpHistogram ulp_histogram{};
+  // Logprob tensors also carry train_rollout_logprob_abs_diff (== mean_abs_diff).
+  bool is_logprob = false;
+  double train_rollout_logprob_abs_diff() const { return mean_abs_diff; }
+};
+
+// The ordered-integer key of one value's bits (see above).
+uint64_t ordered_key_f32(uint32_t bits);
+uint64_t ordered_key_bf16(uint16_t bits);
+// ULP distance between two values of one type under the NaN policy (+inf for NaN
+// vs number, 0 for NaN vs NaN).
+double ulp_distance_f32(float a, float b);
+double ulp_distance_bf16(bf16 a, bf16 b);
+
+// Compares n elements stored little-endian at a and b (unaligned is fine); `shape`
+// is recorded as given (the span overloads default it to {size}).
+TensorMetrics compare_bytes(CmpType t, const uint8_t* a, const uint8_t* b, uint64_t n,
+                            std::vector<uint64_t> shape = {});
+TensorMetrics compare(std::span<const float> a, std::span<const float> b, std::vector<uint64_t> shape = {});
+TensorMetrics compare(std::span<const bf16> a, std::span<const bf16> b, std::vector<uint64_t> shape = {});
+
+// Heuristic used by `bitparity diff`: the tensor holds log-probabilities when its
+// name contains "logprob" (any case).
+bool looks_like_logprob(const std::string& name);
+
+}  // namespace bp::harness

@@ -1,0 +1,95 @@
+// CSV rendering: one row per case x tensor, RFC 4180.
+#include <cmath>
+#include <cstdio>
+
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+const std::vector<std::string> kCsvColumns = {
+    "case_id", "case_verdict", "parameters", "tensor", "tensor_b", "status", "dtype_a", "dtype_b",
+    "shape_a", "shape_b", "bit_identical", "is_logprob", "elements", "mismatches", "max_abs_diff",
+    "max_ulp_diff", "mean_abs_diff", "train_rollout_logprob_abs_diff", "first_mismatch",
+    "nan_a", "nan_b", "inf_a", "inf_b", "nan_policy",
+};
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q(1, '"');
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  q += '"';
+  return q;
+}
+
+namespace {
+
+// Round-trippable (%.17g); non-finite as "inf" (pandas reads it as float inf).
+std::string num(double v) {
+  if (!std::isfinite(v)) return v > 0 ? "inf" : (v < 0 ? "-inf" : "nan");
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string shape_text(const std::optional<std::vector<uint64_t>>& s) {
+  if (!s) return "";
+  std::string t = "[";
+  for (size_t i = 0; i < s->size(); ++i) {
+    if (i) t += ',';
+    t += std::to_string((*s)[i]);
+  }
+  t += ']';
+  return t;
+}
+
+}  // namespace
+
+std::string render_csv(const Report& r) {
+  std::string out;
+  auto row = [&out](const std::vector<std::string>& fields) {
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (i) out += ',';
+      out += csv_field(fields[i]);
+    }
+    out += "\r\n";
+  };
+  row(kCsvColumns);
+  for (const Case& c : r.cases) {
+    std::string params;
+    for (const auto& [k, v] : c.parameters) {
+      if (!params.empty()) params += ';';
+      params += k;
+      params += '=';
+      params += v;
+    }
+    const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
+    if (c.tensors.empty()) {
+      std::vector<std::string> f = head;
+      f.resize(kCsvColumns.size());
+      row(f);
+      continue;
+    }
+    for (const TensorRecord& t : c.tensors) {
+      std::vector<std::string> f = head;
+      f.insert(f.end(), {t.name, t.name_b, tensor_status_name(t.status), t.dtype_a, t.dtype_b,
+                         shape_text(t.shape_a), shape_text(t.shape_b), t.matches() ? "true" : "false",
+                         t.is_logprob ? "true" : "false"});
+      if (const auto& m = t.metrics) {
+        f.insert(f.end(), {std::to_string(m->elements), std::to_string(m->mismatches), num(m->max_abs_diff),
+                           num(m->max_ulp_diff), num(m->mean_abs_diff),
+                           t.is_logprob ? num(m->train_rollout_logprob_abs_diff()) : "",
+                           m->first_mismatch < 0 ? "" : std::to_string(m->first_mismatch),
+                           std::to_string(m->nan_a), std::to_string(m->nan_b), std::to_string(m->inf_a),
+                           std::to_string(m->inf_b), m->nan_policy});
+      }
+      f.resize(kCsvColumns.size());
+      row(f);
+    }
+  }
+  return out;
+}
+
+}  // namespace bp::harness

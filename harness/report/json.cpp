@@ -1,0 +1,112 @@
+// JSON rendering (reports/schema/report.schema.json, schema_version 1).
+#include <cmath>
+
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json number(double v) { return std::isfinite(v) ? json(v) : json("inf"); }
+json ulp_number(double v) { return std::isfinite(v) ? json(static_cast<uint64_t>(v)) : json("inf"); }
+template <class T>
+json or_null(const std::optional<T>& v) { return v ? json(*v) : json(nullptr); }
+json str_or_null(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
+json metrics_json(const TensorMetrics& m, bool is_logprob) {
+  json j = {
+      {"elements", m.elements},
+      {"mismatches", m.mismatches},
+      {"max_abs_diff", number(m.max_abs_diff)},
+      {"max_ulp_diff", ulp_number(m.max_ulp_diff)},
+      {"mean_abs_diff", number(m.mean_abs_diff)},
+      {"first_mismatch", m.first_mismatch < 0 ? json(nullptr) : json(m.first_mismatch)},
+      {"nan_a", m.nan_a}, {"nan_b", m.nan_b}, {"inf_a", m.inf_a}, {"inf_b", m.inf_b},
+      {"nan_policy", m.nan_policy},
+      {"ulp_histogram", m.ulp_histogram},
+  };
+  if (is_logprob) j["train_rollout_logprob_abs_diff"] = number(m.train_rollout_logprob_abs_diff());
+  return j;
+}
+
+json tensor_json(const TensorRecord& t) {
+  return {
+      {"name", t.name},
+      {"name_b", str_or_null(t.name_b)},
+      {"status", tensor_status_name(t.status)},
+      {"dtype_a", str_or_null(t.dtype_a)},
+      {"dtype_b", str_or_null(t.dtype_b)},
+      {"shape_a", or_null(t.shape_a)},
+      {"shape_b", or_null(t.shape_b)},
+      {"bit_identical", t.matches()},
+      {"is_logprob", t.is_logprob},
+      {"metrics", t.metrics ? metrics_json(*t.metrics, t.is_logprob) : json(nullptr)},
+  };
+}
+
+json environment_json(const Environment& e) {
+  return {
+      {"git_commit", e.git_commit},
+      {"git_dirty", or_null(e.git_dirty)},
+      {"bitparity_version", e.bitparity_version},
+      {"compiler_id", e.compiler_id},
+      {"compiler_version", e.compiler_version},
+      {"compiler_flags", e.compiler_flags},
+      {"build_type", e.build_type},
+      {"contract_name", or_null(e.contract_name)},
+      {"contract_knob_hash", or_null(e.contract_knob_hash)},
+      {"cpu_model", e.cpu_model},
+      {"gpu_name", or_null(e.gpu_name)},
+      {"gpu_driver", or_null(e.gpu_driver)},
+      {"cuda_version", or_null(e.cuda_version)},
+      {"nccl_version", or_null(e.nccl_version)},
+  };
+}
+
+}  // namespace
+
+json to_json(const Report& r) {
+  json cases = json::array();
+  uint64_t n_exact = 0, n_mismatch = 0, n_skipped = 0, n_tensors = 0, n_tensors_bad = 0;
+  for (const Case& c : r.cases) {
+    json tensors = json::array();
+    for (const TensorRecord& t : c.tensors) {
+      tensors.push_back(tensor_json(t));
+      ++n_tensors;
+      n_tensors_bad += !t.matches();
+    }
+    n_exact += c.verdict == Verdict::kExact;
+    n_mismatch += c.verdict == Verdict::kMismatch;
+    n_skipped += c.verdict == Verdict::kSkipped;
+    cases.push_back({
+        {"id", c.id},
+        {"parameters", c.parameters},
+        {"verdict", verdict_name(c.verdict)},
+        {"skip_reason", c.verdict == Verdict::kSkipped ? json(c.skip_reason) : json(nullptr)},
+        {"tensors", std::move(tensors)},
+    });
+  }
+  return {
+      {"schema_version", kReportSchemaVersion},
+      {"tool", "bitparity"},
+      {"command", r.command},
+      {"created_utc", r.created_utc},
+      {"status", r.interrupted ? "interrupted" : "complete"},
+      {"verdict", verdict_name(r.overall())},
+      {"nan_policy", {{"id", kNanPolicy}, {"text", kNanPolicyText}}},
+      {"environment", environment_json(r.environment)},
+      {"summary",
+       {{"cases", r.cases.size()}, {"exact", n_exact}, {"mismatch", n_mismatch}, {"skipped", n_skipped},
+        {"tensors", n_tensors}, {"tensors_mismatch", n_tensors_bad}}},
+      {"cases", std::move(cases)},
+  };
+}
+
+std::string render_json(const Report& r) {
+  // Invalid UTF-8 in a user-supplied name is replaced, never a throw.
+  return to_json(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace bp::harness

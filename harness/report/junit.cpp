@@ -1,0 +1,104 @@
+// JUnit XML rendering: one <testcase> per case.
+#include <cmath>
+#include <cstdio>
+
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+namespace {
+
+// XML 1.0 attribute/text escape; control characters XML cannot carry become '?'.
+std::string xml(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      case '\n': o += "&#10;"; break;
+      case '\t': o += "&#9;"; break;
+      default: o += (c < 0x20 || c == 0x7f) ? '?' : ch;
+    }
+  }
+  return o;
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "inf";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string describe(const TensorRecord& t) {
+  std::string s = "tensor '" + t.name + "'";
+  if (!t.name_b.empty()) s += " (B: '" + t.name_b + "')";
+  switch (t.status) {
+    case TensorStatus::kOnlyInA: return s + ": only in A";
+    case TensorStatus::kOnlyInB: return s + ": only in B";
+    case TensorStatus::kDtypeMismatch: return s + ": dtype " + t.dtype_a + " vs " + t.dtype_b;
+    case TensorStatus::kShapeMismatch: return s + ": shapes differ";
+    case TensorStatus::kCompared: break;
+  }
+  const TensorMetrics& m = *t.metrics;
+  return s + ": " + std::to_string(m.mismatches) + "/" + std::to_string(m.elements) +
+         " elements differ, first at " + std::to_string(m.first_mismatch) + ", max ulp " + num(m.max_ulp_diff) +
+         ", max |diff| " + num(m.max_abs_diff) + ", mean |diff| " + num(m.mean_abs_diff);
+}
+
+}  // namespace
+
+std::string render_junit(const Report& r) {
+  size_t failures = 0, skipped = 0;
+  for (const Case& c : r.cases) {
+    failures += c.verdict == Verdict::kMismatch;
+    skipped += c.verdict == Verdict::kSkipped;
+  }
+  const std::string suite = "bitparity." + r.command;
+  const std::string counts = " tests=\"" + std::to_string(r.cases.size()) + "\" failures=\"" +
+                             std::to_string(failures) + "\" errors=\"0\" skipped=\"" + std::to_string(skipped) + "\"";
+  const Environment& e = r.environment;
+  std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  o += "<testsuites name=\"bitparity\"" + counts + ">\n";
+  o += "  <testsuite name=\"" + xml(suite) + "\"" + counts + " timestamp=\"" + xml(r.created_utc) + "\">\n";
+  o += "    <properties>\n";
+  auto prop = [&o](const std::string& k, const std::string& v) {
+    o += "      <property name=\"" + xml(k) + "\" value=\"" + xml(v) + "\"/>\n";
+  };
+  prop("status", r.interrupted ? "interrupted" : "complete");
+  prop("verdict", verdict_name(r.overall()));
+  prop("schema_version", std::to_string(kReportSchemaVersion));
+  prop("git_commit", e.git_commit);
+  prop("git_dirty", e.git_dirty ? (*e.git_dirty ? "true" : "false") : "unknown");
+  prop("compiler", e.compiler_id + " " + e.compiler_version);
+  prop("compiler_flags", e.compiler_flags);
+  if (e.contract_name) prop("contract", *e.contract_name + " " + e.contract_knob_hash.value_or(""));
+  prop("cpu_model", e.cpu_model);
+  prop("nan_policy", kNanPolicy);
+  o += "    </properties>\n";
+  for (const Case& c : r.cases) {
+    o += "    <testcase classname=\"" + xml(suite) + "\" name=\"" + xml(c.id) + "\"";
+    const TensorRecord* bad = c.verdict == Verdict::kMismatch ? c.first_mismatch() : nullptr;
+    if (c.verdict == Verdict::kSkipped) {
+      o += ">\n      <skipped message=\"" + xml(c.skip_reason) + "\"/>\n    </testcase>\n";
+    } else if (bad) {
+      size_t n_bad = 0;
+      for (const TensorRecord& t : c.tensors) n_bad += !t.matches();
+      const std::string msg = describe(*bad);
+      o += ">\n      <failure type=\"mismatch\" message=\"" + xml(msg) + "\">" +
+           xml(std::to_string(n_bad) + " of " + std::to_string(c.tensors.size()) +
+               " tensors differ; first: " + msg) +
+           "</failure>\n    </testcase>\n";
+    } else {
+      o += "/>\n";
+    }
+  }
+  o += "  </testsuite>\n</testsuites>\n";
+  return o;
+}
+
+}  // namespace bp::harness

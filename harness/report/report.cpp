@@ -1,0 +1,168 @@
+// Report model, environment detection and atomic writes.
+#include "harness/report/report.h"
+
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/io/safetensors.h"
+
+#ifndef BP_COMPILER_ID
+#define BP_COMPILER_ID "unknown"
+#endif
+#ifndef BP_COMPILER_VERSION
+#define BP_COMPILER_VERSION "unknown"
+#endif
+#ifndef BP_COMPILER_FLAGS
+#define BP_COMPILER_FLAGS ""
+#endif
+#ifndef BP_BUILD_TYPE
+#define BP_BUILD_TYPE ""
+#endif
+#ifndef BP_VERSION
+#define BP_VERSION "unknown"
+#endif
+#ifndef BP_CONFIGURED_SOURCE_DIR
+#define BP_CONFIGURED_SOURCE_DIR ""
+#endif
+
+namespace bp::harness {
+
+namespace {
+
+// Runs a shell command; its stdout (trimmed) when it exits 0, else nullopt.
+std::optional<std::string> capture(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q(1, '\'');
+  for (char c : s) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  q += '\'';
+  return q;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string v = line.substr(colon + 1);
+      while (!v.empty() && v.front() == ' ') v.erase(v.begin());
+      return v;
+    }
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+Environment detect_environment() {
+  Environment e;
+  e.compiler_id = BP_COMPILER_ID;
+  e.compiler_version = BP_COMPILER_VERSION;
+  e.compiler_flags = BP_COMPILER_FLAGS;
+  while (!e.compiler_flags.empty() && e.compiler_flags.front() == ' ') e.compiler_flags.erase(0, 1);
+  while (!e.compiler_flags.empty() && e.compiler_flags.back() == ' ') e.compiler_flags.pop_back();
+  e.build_type = BP_BUILD_TYPE;
+  e.bitparity_version = BP_VERSION;
+  e.cpu_model = cpu_model();
+  const std::string src = BP_CONFIGURED_SOURCE_DIR;
+  if (!src.empty()) {
+    const std::string git = "git -C " + shell_quote(src);
+    if (auto head = capture(git + " rev-parse HEAD 2>/dev/null"); head && head->size() == 40) {
+      e.git_commit = *head;
+      if (auto st = capture(git + " status --porcelain --untracked-files=no 2>/dev/null")) e.git_dirty = !st->empty();
+    }
+  }
+  return e;
+}
+
+const char* tensor_status_name(TensorStatus s) {
+  switch (s) {
+    case TensorStatus::kCompared: return "compared";
+    case TensorStatus::kOnlyInA: return "only_in_a";
+    case TensorStatus::kOnlyInB: return "only_in_b";
+    case TensorStatus::kDtypeMismatch: return "dtype_mismatch";
+    case TensorStatus::kShapeMismatch: return "shape_mismatch";
+  }
+  return "?";
+}
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kExact: return "exact";
+    case Verdict::kMismatch: return "mismatch";
+    case Verdict::kSkipped: return "skipped";
+  }
+  return "?";
+}
+
+void Case::settle() {
+  if (verdict == Verdict::kSkipped) return;
+  verdict = first_mismatch() ? Verdict::kMismatch : Verdict::kExact;
+}
+
+const TensorRecord* Case::first_mismatch() const {
+  for (const TensorRecord& t : tensors)
+    if (!t.matches()) return &t;
+  return nullptr;
+}
+
+Verdict Report::overall() const {
+  bool any_exact = false;
+  for (const Case& c : cases) {
+    if (c.verdict == Verdict::kMismatch) return Verdict::kMismatch;
+    any_exact |= c.verdict == Verdict::kExact;
+  }
+  return any_exact ? Verdict::kExact : Verdict::kSkipped;
+}
+
+Report make_report(std::string command) {
+  Report r;
+  r.command = std::move(command);
+  r.environment = detect_environment();
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  r.created_utc = buf;
+  return r;
+}
+
+std::string report_path_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (path.empty()) return "empty path";
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) return "directory " + dir.string() + " does not exist";
+  if (fs::is_directory(p, ec)) return "is a directory";
+  return "";
+}
+
+void write_json(const Report& r, const std::string& path) { io::write_file_atomic(path, render_json(r)); }
+void write_csv(const Report& r, const std::string& path) { io::write_file_atomic(path, render_csv(r)); }
+void write_junit(const Report& r, const std::string& path) { io::write_file_atomic(path, render_junit(r)); }
+
+}  // namespace bp::harness

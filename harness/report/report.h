@@ -1,0 +1,101 @@
+// The report every bitparity command writes: an environment block, a status, one
+// entry per case with its compared tensors, and an overall verdict. Three renderings,
+// each written atomically (temporary in the same directory + fsync + rename, via
+// bp::io::write_file_atomic), so an error never leaves a partial report and never
+// destroys an earlier one:
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 1
+//   CSV    one row per case x tensor (a case with no tensors: one row with empty
+//          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
+//          quoting, CRLF line ends; non-finite numbers are written "inf".
+//   JUnit  one <testcase> per case; a mismatching case has one <failure> naming its
+//          first mismatching tensor; a skipped case has <skipped/>.
+// In JSON non-finite metrics (NaN against a number) are the string "inf".
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/compare.h"
+
+namespace bp::harness {
+
+inline constexpr int kReportSchemaVersion = 1;
+
+struct Environment {
+  std::string git_commit = "unknown";
+  std::optional<bool> git_dirty;      // null when unknown
+  std::string compiler_id, compiler_version, compiler_flags, build_type;
+  std::string bitparity_version;
+  std::optional<std::string> contract_name, contract_knob_hash;  // null when no contract applies
+  std::string cpu_model = "unknown";
+  std::optional<std::string> gpu_name, gpu_driver, cuda_version, nccl_version;  // null when unused
+};
+
+// The build's compiler (from CMake-configured definitions), the CPU model
+// (/proc/cpuinfo), and the git commit and dirty flag of the source tree the binary
+// was configured from (via `git`, when both exist; else "unknown" / null).
+Environment detect_environment();
+
+// How one named tensor came out. Only kCompared carries metrics.
+enum class TensorStatus { kCompared, kOnlyInA, kOnlyInB, kDtypeMismatch, kShapeMismatch };
+const char* tensor_status_name(TensorStatus s);  // "compared", "only_in_a", ...
+
+struct TensorRecord {
+  std::string name;    // the tensor's name in A (or in B when only in B)
+  std::string name_b;  // its name in B when renamed (--map), else ""
+  TensorStatus status = TensorStatus::kCompared;
+  std::string dtype_a, dtype_b;  // "" when absent on that side
+  std::optional<std::vector<uint64_t>> shape_a, shape_b;
+  std::optional<TensorMetrics> metrics;
+  bool is_logprob = false;
+  bool matches() const { return status == TensorStatus::kCompared && metrics && metrics->bit_identical; }
+};
+
+enum class Verdict { kExact, kMismatch, kSkipped };
+const char* verdict_name(Verdict v);  // "exact", "mismatch", "skipped"
+
+struct Case {
+  std::string id;
+  std::map<std::string, std::string> parameters;
+  Verdict verdict = Verdict::kExact;
+  std::string skip_reason;  // when kSkipped
+  std::vector<TensorRecord> tensors;
+  // kMismatch if any tensor does not match, else kExact (leaves kSkipped alone).
+  void settle();
+  const TensorRecord* first_mismatch() const;  // in record order; nullptr when none
+};
+
+struct Report {
+  std::string command;  // "diff", "sweep", ...
+  std::string created_utc;  // ISO 8601, set by make_report
+  bool interrupted = false;
+  Environment environment;
+  std::vector<Case> cases;
+  // kMismatch if any case mismatches; else kExact if any case is exact; else kSkipped
+  // (also for no cases at all).
+  Verdict overall() const;
+};
+
+Report make_report(std::string command);  // environment detected, timestamp now
+
+nlohmann::ordered_json to_json(const Report& r);  // keys in schema order
+std::string render_json(const Report& r);   // to_json(r).dump(2) + "\n"
+std::string render_csv(const Report& r);
+std::string render_junit(const Report& r);
+extern const std::vector<std::string> kCsvColumns;
+std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
+
+// "" when `path` can take a report (its directory exists, it is not a directory),
+// else the reason. Commands check every report path before writing any, so that
+// a bad path never leaves one report new and another old.
+std::string report_path_problem(const std::string& path);
+
+// Atomic writes (throw bp::io::IoError; `path` is then untouched).
+void write_json(const Report& r, const std::string& path);
+void write_csv(const Report& r, const std::string& path);
+void write_junit(const Report& r, const std::string& path);
+
+}  // namespace bp::harness

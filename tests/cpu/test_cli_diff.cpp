@@ -1,0 +1,217 @@
+// `bitparity diff` end to end: files written by the safetensors writer, the REAL
+// binary run through the shell, exit codes 0/1/2 checked, reports validated
+// against the schema, and an earlier report left untouched by a bad-input run.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/io/safetensors.h"
+#include "support/golden.h"
+#include "support/json_schema.h"
+
+#ifndef BP_BITPARITY_EXE
+#error "BP_BITPARITY_EXE must name the bitparity binary"
+#endif
+
+namespace bp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class CliDiff : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("bp_cli_diff_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
+
+  // Writes a dump: F32 "logprobs" [4], BF16 "w" [2,2], F32 "bias" [3], with hooks to vary.
+  std::string dump(const std::string& leaf, std::vector<float> lp = {-1.0f, -2.5f, -0.125f, -7.0f},
+                   std::vector<uint16_t> w = {0x3f80, 0x0000, 0x8000, 0x7fc0}, const std::string& bias_name = "bias",
+                   bool with_bias = true) {
+    static const std::vector<float> bias = {0.5f, 1e-40f, -3.0f};
+    std::vector<io::WriteTensor> t;
+    t.push_back({"logprobs", io::DType::F32, {4}, {reinterpret_cast<const uint8_t*>(lp.data()), 16}});
+    t.push_back({"w", io::DType::BF16, {2, 2}, {reinterpret_cast<const uint8_t*>(w.data()), 8}});
+    if (with_bias) t.push_back({bias_name, io::DType::F32, {3}, {reinterpret_cast<const uint8_t*>(bias.data()), 12}});
+    const std::string p = path(leaf);
+    io::write_safetensors(p, std::move(t));
+    return p;
+  }
+
+  // Runs bitparity with `args`; returns its exit code, stdout and stderr in out_/err_.
+  int run(const std::string& args) {
+    const std::string o = path("stdout.txt"), e = path("stderr.txt");
+    const std::string cmd = std::string("'") + BP_BITPARITY_EXE + "' " + args + " >'" + o + "' 2>'" + e + "'";
+    const int st = std::system(cmd.c_str());
+    out_ = read(o);
+    err_ = read(e);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+
+  static std::string read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  static json schema() {
+    std::ifstream in(test::source_path("reports/schema/report.schema.json"));
+    return json::parse(in);
+  }
+
+  fs::path dir_;
+  std::string out_, err_;
+};
+
+TEST_F(CliDiff, IdenticalDumpsExitZeroAndReportsValidate) {
+  const std::string a = dump("a.safetensors"), b = dump("b.safetensors");
+  ASSERT_EQ(run("diff " + a + " " + b + " --json " + path("r.json") + " --csv " + path("r.csv") + " --junit " +
+                path("r.xml")),
+            0)
+      << out_ << err_;
+  EXPECT_NE(out_.find("all identical"), std::string::npos) << out_;
+  const json j = json::parse(read(path("r.json")));
+  std::string errs;
+  for (const auto& e : test::schema_errors(schema(), j)) errs += e + "\n";
+  EXPECT_EQ(errs, "");
+  EXPECT_EQ(j["verdict"], "exact");
+  EXPECT_EQ(j["cases"][0]["tensors"].size(), 3u);
+  EXPECT_EQ(j["cases"][0]["tensors"][0]["name"], "bias");  // file order of A (the writer sorts by name)
+  EXPECT_TRUE(j["cases"][0]["tensors"][1]["metrics"].contains("train_rollout_logprob_abs_diff"));
+  EXPECT_EQ(read(path("r.csv")).rfind("case_id,case_verdict,", 0), 0u);
+  EXPECT_NE(read(path("r.xml")).find("<testcase classname=\"bitparity.diff\" name=\"diff\"/>"), std::string::npos);
+  EXPECT_EQ(run("diff -q " + a + " " + b), 0);
+  EXPECT_EQ(out_, "");
+}
+
+TEST_F(CliDiff, OneDifferingElementExitsOneAndNamesIt) {
+  const std::string a = dump("a.safetensors");
+  const std::string b = dump("b.safetensors", {-1.0f, -2.5f, -0.125f, -7.0f}, {0x3f80, 0x0000, 0x0000, 0x7fc1});
+  ASSERT_EQ(run("diff " + a + " " + b + " --json " + path("r.json") + " --junit " + path("r.xml")), 1) << out_ << err_;
+  EXPECT_NE(out_.find("first differing tensor (file order of A): w, element 2: A 0x8000"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("MISMATCH"), std::string::npos);
+  const json j = json::parse(read(path("r.json")));
+  EXPECT_TRUE(test::schema_errors(schema(), j).empty());
+  const json& w = j["cases"][0]["tensors"][2];
+  EXPECT_EQ(w["name"], "w");
+  EXPECT_EQ(w["metrics"]["mismatches"], 1);  // -0 vs +0; the NaNs are equal
+  EXPECT_EQ(w["metrics"]["max_ulp_diff"], 1);
+  EXPECT_EQ(w["metrics"]["first_mismatch"], 2);
+  EXPECT_NE(read(path("r.xml")).find("<failure type=\"mismatch\" message=\"tensor &apos;w&apos;"), std::string::npos);
+}
+
+TEST_F(CliDiff, MissingTensorsAndRenames) {
+  const std::string a = dump("a.safetensors");
+  const std::string b = dump("b.safetensors", {-1.0f, -2.5f, -0.125f, -7.0f}, {0x3f80, 0x0000, 0x8000, 0x7fc0},
+                             "model.bias");
+  EXPECT_EQ(run("diff " + a + " " + b), 1);
+  EXPECT_NE(out_.find("only in A: bias"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("only in B: model.bias"), std::string::npos) << out_;
+  EXPECT_EQ(run("diff " + a + " " + b + " --map bias=model.bias"), 0) << out_ << err_;
+  EXPECT_NE(out_.find("bias -> model.bias"), std::string::npos) << out_;
+  const std::string c = dump("c.safetensors", {-1.0f, -2.5f, -0.125f, -7.0f}, {0x3f80, 0x0000, 0x8000, 0x7fc0},
+                             "bias", false);
+  EXPECT_EQ(run("diff " + c + " " + a), 1);
+  EXPECT_NE(out_.find("only in B: bias"), std::string::npos) << out_;
+  // Bad maps are bad usage.
+  EXPECT_EQ(run("diff " + a + " " + b + " --map bias"), 2);
+  EXPECT_EQ(run("diff " + a + " " + b + " --map nothere=model.bias"), 2);
+  EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;
+  // B's "w" would be matched twice: by --map and by name.
+  EXPECT_EQ(run("diff " + a + " " + b + " --map bias=w"), 2);
+  EXPECT_NE(err_.find("matched twice"), std::string::npos) << err_;
+  EXPECT_EQ(run("diff " + a + " " + b + " --map bias=model.bias --map w=model.bias"), 2);
+}
+
+TEST_F(CliDiff, BadInputExitsTwoAndLeavesEarlierReportsUntouched) {
+  const std::string a = dump("a.safetensors"), b = dump("b.safetensors");
+  const std::string report = path("r.json"), csv = path("r.csv");
+  ASSERT_EQ(run("diff " + a + " " + b + " --json " + report + " --csv " + csv), 0);
+  const std::string before = read(report), before_csv = read(csv);
+  ASSERT_FALSE(before.empty());
+
+  // Truncated file.
+  const std::string full = read(b);
+  const std::string trunc = path("trunc.safetensors");
+  std::ofstream(trunc, std::ios::binary) << full.substr(0, full.size() - 3);
+  EXPECT_EQ(run("diff " + a + " " + trunc + " --json " + report + " --csv " + csv), 2);
+  EXPECT_NE(err_.find("trunc.safetensors"), std::string::npos) << err_;
+  EXPECT_EQ(err_.find('\n'), err_.size() - 1) << "one message line: " << err_;
+  // Header that is not JSON.
+  const std::string junk = path("junk.safetensors");
+  {
+    std::ofstream f(junk, std::ios::binary);
+    const uint64_t n = 4;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{{{{";
+  }
+  EXPECT_EQ(run("diff " + junk + " " + b + " --json " + report), 2);
+  EXPECT_NE(err_.find("junk.safetensors"), std::string::npos) << err_;
+  // Missing file, and a dtype bitparity does not compare.
+  EXPECT_EQ(run("diff " + a + " " + path("none.safetensors") + " --json " + report), 2);
+  EXPECT_NE(err_.find("none.safetensors"), std::string::npos) << err_;
+  const int32_t ints[2] = {1, 2};
+  const std::string i1 = path("i1.safetensors"), i2 = path("i2.safetensors");
+  io::write_safetensors(i1, {{"ids", io::DType::I32, {2}, {reinterpret_cast<const uint8_t*>(ints), 8}}});
+  io::write_safetensors(i2, {{"ids", io::DType::I32, {2}, {reinterpret_cast<const uint8_t*>(ints), 8}}});
+  EXPECT_EQ(run("diff " + i1 + " " + i2 + " --json " + report), 2);
+  EXPECT_NE(err_.find("ids"), std::string::npos) << err_;
+  // Bad usage.
+  EXPECT_EQ(run("diff " + a), 2);
+  EXPECT_EQ(run("diff " + a + " " + b + " --frobnicate"), 2);
+  // An unwritable report path is refused without touching anything else.
+  EXPECT_EQ(run("diff " + a + " " + b + " --json " + path("nodir/r.json")), 2);
+  EXPECT_NE(err_.find("nodir"), std::string::npos) << err_;
+  // ... also when it comes after a good one: no report of the set is written.
+  EXPECT_EQ(run("diff " + a + " " + b + " --json " + report + " --csv " + path("nodir/r.csv")), 2);
+  EXPECT_EQ(run("diff " + a + " " + b + " --json " + report + " --junit " + dir_.string()), 2);
+
+  EXPECT_EQ(read(report), before);
+  EXPECT_EQ(read(csv), before_csv);
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+TEST_F(CliDiff, ShapeAndDtypeDifferencesAreMismatches) {
+  const std::string a = dump("a.safetensors");
+  const float lp3[3] = {1, 2, 3};
+  const uint16_t lpb[4] = {0, 0, 0, 0};
+  std::vector<uint16_t> w = {0x3f80, 0x0000, 0x8000, 0x7fc0};
+  const std::string b = path("b.safetensors");
+  io::write_safetensors(b, {{"logprobs", io::DType::F32, {3}, {reinterpret_cast<const uint8_t*>(lp3), 12}},
+                            {"w", io::DType::BF16, {2, 2}, {reinterpret_cast<const uint8_t*>(w.data()), 8}}});
+  EXPECT_EQ(run("diff " + a + " " + b + " --json " + path("r.json")), 1);
+  EXPECT_NE(out_.find("shape-diff"), std::string::npos) << out_;
+  const std::string c = path("c.safetensors");
+  io::write_safetensors(c, {{"logprobs", io::DType::BF16, {4}, {reinterpret_cast<const uint8_t*>(lpb), 8}}});
+  EXPECT_EQ(run("diff " + a + " " + c), 1);
+  EXPECT_NE(out_.find("dtype-diff"), std::string::npos) << out_;
+  EXPECT_TRUE(test::schema_errors(schema(), json::parse(read(path("r.json")))).empty());
+}
+
+TEST_F(CliDiff, HelpListsTheExitCodes) {
+  EXPECT_EQ(run("--help"), 0);
+  EXPECT_NE(out_.find("125 cannot test here"), std::string::npos) << out_;
+  EXPECT_EQ(run("diff --help"), 0);
+  EXPECT_NE(out_.find("--map"), std::string::npos) << out_;
+}
+
+}  // namespace
+}  // namespace bp

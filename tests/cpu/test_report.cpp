@@ -1,0 +1,329 @@
+// Reports (harness/report/): JSON validated against reports/schema/report.schema.json
+// by tests/support/json_schema (itself tested here, with negative controls), CSV
+// (RFC 4180, stable columns), JUnit XML, atomic writes, environment block.
+#include <gtest/gtest.h>
+// csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-truncation"
+#endif
+#include <libfccp/csv.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/io/errors.h"
+#include "harness/report/report.h"
+#include "support/golden.h"
+#include "support/json_schema.h"
+
+namespace bp::harness {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json load_schema() {
+  std::ifstream in(test::source_path("reports/schema/report.schema.json"));
+  EXPECT_TRUE(in.good());
+  return json::parse(in);
+}
+
+std::string read_all(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path d = fs::temp_directory_path() / ("bp_test_report_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string joined(const std::vector<std::string>& e) {
+  std::string s;
+  for (const auto& x : e) s += x + "\n";
+  return s;
+}
+
+// A report with every kind of record: exact, mismatching (NaN -> inf metrics,
+// logprob), one-sided, dtype/shape mismatch, a skipped case, hostile names.
+Report sample_report() {
+  Report r = make_report("test");
+  Case exact;
+  exact.id = "exact";
+  exact.parameters = {{"tp", "2"}, {"path", "decode"}};
+  TensorRecord t;
+  t.name = "w";
+  t.dtype_a = t.dtype_b = "F32";
+  t.shape_a = t.shape_b = std::vector<uint64_t>{2};
+  t.metrics = compare(std::vector<float>{1, 2}, std::vector<float>{1, 2});
+  exact.tensors.push_back(t);
+  exact.settle();
+
+  Case bad;
+  bad.id = "mis,match \"<&>\"";
+  bad.parameters = {{"note", "a,b\r\nc"}};
+  TensorRecord lp;
+  lp.name = "logprobs";
+  lp.is_logprob = true;
+  lp.dtype_a = lp.dtype_b = "F32";
+  lp.shape_a = lp.shape_b = std::vector<uint64_t>{3};
+  lp.metrics = compare(std::vector<float>{1, NAN, 3}, std::vector<float>{1, 2, 3.5f});
+  lp.metrics->is_logprob = true;
+  bad.tensors.push_back(lp);
+  TensorRecord only;
+  only.name = "gone\x01<x>";
+  only.status = TensorStatus::kOnlyInA;
+  only.dtype_a = "BF16";
+  only.shape_a = std::vector<uint64_t>{};
+  bad.tensors.push_back(only);
+  TensorRecord dt;
+  dt.name = "a";
+  dt.name_b = "b";
+  dt.status = TensorStatus::kDtypeMismatch;
+  dt.dtype_a = "F32";
+  dt.dtype_b = "BF16";
+  dt.shape_a = dt.shape_b = std::vector<uint64_t>{1};
+  bad.tensors.push_back(dt);
+  bad.settle();
+
+  Case skipped;
+  skipped.id = "cuda";
+  skipped.verdict = Verdict::kSkipped;
+  skipped.skip_reason = "no GPU";
+  r.cases = {exact, bad, skipped};
+  return r;
+}
+
+// --- the validator itself ----------------------------------------------------
+
+TEST(JsonSchemaLite, AcceptsValidAndRejectsEachViolation) {
+  const json schema = json::parse(R"({
+    "type": "object", "required": ["n", "s"], "additionalProperties": false,
+    "properties": {
+      "n": {"type": "integer", "minimum": 1},
+      "s": {"enum": ["x", "y"]},
+      "a": {"type": "array", "items": {"$ref": "#/$defs/small"}, "minItems": 1, "maxItems": 2},
+      "o": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+      "m": {"type": "object", "additionalProperties": {"type": "string"}}
+    },
+    "$defs": {"small": {"type": "number", "minimum": 0}}})");
+  EXPECT_EQ(joined(test::schema_errors(schema, json::parse(R"({"n": 1, "s": "x", "a": [0.5], "o": null, "m": {"k": "v"}})"))), "");
+  const char* bad[] = {
+      R"({"s": "x"})",                               // required
+      R"({"n": 0, "s": "x"})",                       // minimum
+      R"({"n": 1.5, "s": "x"})",                     // integer
+      R"({"n": 1, "s": "z"})",                       // enum
+      R"({"n": 1, "s": "x", "extra": 1})",           // additionalProperties false
+      R"({"n": 1, "s": "x", "a": [-1]})",            // items via $ref, minimum
+      R"({"n": 1, "s": "x", "a": []})",              // minItems
+      R"({"n": 1, "s": "x", "a": [1, 2, 3]})",       // maxItems
+      R"({"n": 1, "s": "x", "o": 3})",               // anyOf
+      R"({"n": 1, "s": "x", "m": {"k": 1}})",        // additionalProperties schema
+      R"([1])",                                      // type
+  };
+  for (const char* b : bad) EXPECT_FALSE(test::schema_errors(schema, json::parse(b)).empty()) << b;
+  // The schema may not use keywords the validator does not implement, nor dangling refs.
+  EXPECT_FALSE(test::schema_errors(json::parse(R"({"pattern": "x"})"), json("x")).empty());
+  EXPECT_FALSE(test::schema_errors(json::parse(R"({"$ref": "#/$defs/none"})"), json("x")).empty());
+}
+
+// --- JSON --------------------------------------------------------------------
+
+TEST(Report, JsonValidatesAgainstTheSchema) {
+  const Report r = sample_report();
+  const json j = json::parse(render_json(r));
+  EXPECT_EQ(joined(test::schema_errors(load_schema(), j)), "");
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["status"], "complete");
+  EXPECT_EQ(j["verdict"], "mismatch");
+  EXPECT_EQ(j["summary"]["cases"], 3);
+  EXPECT_EQ(j["summary"]["mismatch"], 1);
+  EXPECT_EQ(j["summary"]["skipped"], 1);
+  EXPECT_EQ(j["summary"]["tensors_mismatch"], 3);
+  const json& lp = j["cases"][1]["tensors"][0]["metrics"];
+  EXPECT_EQ(lp["max_abs_diff"], "inf");
+  EXPECT_EQ(lp["max_ulp_diff"], "inf");
+  EXPECT_EQ(lp["train_rollout_logprob_abs_diff"], "inf");
+  EXPECT_EQ(lp["first_mismatch"], 1);
+  EXPECT_EQ(lp["nan_a"], 1);
+  EXPECT_FALSE(j["cases"][0]["tensors"][0]["metrics"].contains("train_rollout_logprob_abs_diff"));
+  EXPECT_TRUE(j["cases"][1]["tensors"][1]["metrics"].is_null());
+  EXPECT_EQ(j["environment"]["gpu_name"], nullptr);
+  EXPECT_EQ(j["cases"][2]["skip_reason"], "no GPU");
+}
+
+TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real schema
+  const json schema = load_schema();
+  const json good = json::parse(render_json(sample_report()));
+  auto broken = [&](auto mutate) {
+    json j = good;
+    mutate(j);
+    return !test::schema_errors(schema, j).empty();
+  };
+  EXPECT_TRUE(broken([](json& j) { j["environment"].erase("git_commit"); }));
+  EXPECT_TRUE(broken([](json& j) { j["status"] = "partial"; }));
+  EXPECT_TRUE(broken([](json& j) { j["schema_version"] = 2; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["mismatches"] = -1; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["max_abs_diff"] = "nan"; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["ulp_histogram"].erase(0); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["surprise"] = true; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["parameters"]["tp"] = 2; }));
+}
+
+TEST(Report, InterruptedAndEmpty) {
+  Report r = make_report("sweep");
+  r.interrupted = true;
+  const json j = json::parse(render_json(r));
+  EXPECT_EQ(joined(test::schema_errors(load_schema(), j)), "");
+  EXPECT_EQ(j["status"], "interrupted");
+  EXPECT_EQ(j["verdict"], "skipped");
+}
+
+TEST(Report, Environment) {
+  const Environment e = detect_environment();
+  EXPECT_FALSE(e.compiler_id.empty());
+  EXPECT_FALSE(e.compiler_version.empty());
+  EXPECT_FALSE(e.cpu_model.empty());
+  EXPECT_TRUE(e.git_commit == "unknown" || e.git_commit.size() == 40) << e.git_commit;
+  EXPECT_FALSE(e.gpu_name.has_value());
+}
+
+// --- CSV ---------------------------------------------------------------------
+
+// A strict RFC 4180 reader (CRLF records, quoted fields with doubled quotes).
+std::vector<std::vector<std::string>> parse_csv(const std::string& s) {
+  std::vector<std::vector<std::string>> rows(1, std::vector<std::string>(1));
+  bool quoted = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < s.size() && s[i + 1] == '"') rows.back().back() += '"', ++i;
+      else if (c == '"') quoted = false;
+      else rows.back().back() += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      rows.back().emplace_back();
+    } else if (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n') {
+      ++i;
+      rows.emplace_back(1);
+    } else {
+      rows.back().back() += c;
+    }
+  }
+  if (rows.back().size() == 1 && rows.back()[0].empty()) rows.pop_back();
+  return rows;
+}
+
+TEST(Report, CsvRowsColumnsAndQuoting) {
+  EXPECT_EQ(csv_field("plain"), "plain");
+  EXPECT_EQ(csv_field("a,b"), "\"a,b\"");
+  EXPECT_EQ(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+  EXPECT_EQ(csv_field("l1\nl2"), "\"l1\nl2\"");
+  const Report r = sample_report();
+  const auto rows = parse_csv(render_csv(r));
+  ASSERT_EQ(rows.size(), 1u + 1 + 3 + 1);  // header, exact(1), mismatch(3), skipped(1 empty)
+  EXPECT_EQ(rows[0], kCsvColumns);
+  for (const auto& row : rows) EXPECT_EQ(row.size(), kCsvColumns.size());
+  EXPECT_EQ(rows[2][0], "mis,match \"<&>\"");
+  EXPECT_EQ(rows[2][2], "note=a,b\r\nc");
+  EXPECT_EQ(rows[2][3], "logprobs");
+  EXPECT_EQ(rows[2][14], "inf");  // max_abs_diff
+  EXPECT_EQ(rows[2][17], "inf");  // train_rollout_logprob_abs_diff
+  EXPECT_EQ(rows[1][8], "[2]");
+  EXPECT_EQ(rows[3][8], "[]");
+  EXPECT_EQ(rows[5][1], "skipped");
+  // The column order is stable (readers index by position).
+  EXPECT_EQ(kCsvColumns[0], "case_id");
+  EXPECT_EQ(kCsvColumns[14], "max_abs_diff");
+  EXPECT_EQ(kCsvColumns.back(), "nan_policy");
+}
+
+// fast-cpp-csv-parser (what `report --baseline` will read back) parses every row by
+// column name. It reads line by line, so fields holding line breaks are out of its
+// reach; the sample's multi-line parameter is dropped here.
+TEST(Report, CsvReadableByFastCppCsvParser) {
+  Report r = sample_report();
+  r.cases[1].parameters = {{"note", "a,b \"q\""}};
+  const fs::path d = temp_dir("fccp");
+  const std::string p = (d / "r.csv").string();
+  write_csv(r, p);
+  constexpr size_t kN = 24;
+  ASSERT_EQ(kCsvColumns.size(), kN);
+  std::array<std::string, kN> names;
+  std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
+  ::io::CSVReader<kN, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>> in(p);
+  std::apply([&](const auto&... n) { in.read_header(::io::ignore_no_column, n...); }, names);
+  std::array<std::string, kN> f;
+  std::vector<std::array<std::string, kN>> rows;
+  while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) rows.push_back(f);
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[1][0], "mis,match \"<&>\"");
+  EXPECT_EQ(rows[1][2], "note=a,b \"q\"");
+  EXPECT_EQ(rows[1][14], "inf");
+  EXPECT_EQ(rows[0][15], "0");
+  fs::remove_all(d);
+}
+
+// --- JUnit -------------------------------------------------------------------
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(Report, JunitOneTestcasePerCase) {
+  const std::string x = render_junit(sample_report());
+  EXPECT_EQ(count(x, "<testcase "), 3u);
+  EXPECT_EQ(count(x, "<failure "), 1u);
+  EXPECT_EQ(count(x, "<skipped "), 1u);
+  EXPECT_NE(x.find("tests=\"3\" failures=\"1\" errors=\"0\" skipped=\"1\""), std::string::npos);
+  EXPECT_NE(x.find("name=\"mis,match &quot;&lt;&amp;&gt;&quot;\""), std::string::npos);
+  EXPECT_NE(x.find("message=\"tensor &apos;logprobs&apos;: 2/3 elements differ"), std::string::npos);
+  EXPECT_EQ(x.find('\x01'), std::string::npos);
+  EXPECT_EQ(x.find("<x>"), std::string::npos);  // escaped
+}
+
+// --- atomic writes -----------------------------------------------------------
+
+TEST(Report, WritesAreAtomicAndFailuresLeaveNoTrace) {
+  const fs::path d = temp_dir("atomic");
+  const Report r = sample_report();
+  const std::string p = (d / "r.json").string();
+  write_json(r, p);
+  write_csv(r, (d / "r.csv").string());
+  write_junit(r, (d / "r.xml").string());
+  EXPECT_EQ(read_all(p), render_json(r));
+  EXPECT_EQ(read_all((d / "r.csv").string()), render_csv(r));
+  // Target is a directory: rename fails, the directory and its contents survive,
+  // no temporary is left behind.
+  fs::create_directory(d / "busy");
+  std::ofstream(d / "busy" / "keep") << "keep";
+  EXPECT_THROW(write_json(r, (d / "busy").string()), io::IoError);
+  EXPECT_EQ(read_all((d / "busy" / "keep").string()), "keep");
+  // Missing directory: nothing created.
+  EXPECT_THROW(write_csv(r, (d / "nodir" / "r.csv").string()), io::IoError);
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(d)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+    ++entries;
+  }
+  EXPECT_EQ(entries, 4u);  // r.json, r.csv, r.xml, busy
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace bp::harness
