@@ -151,5 +151,23 @@ TEST(ResidualTruth, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Contracts, ResidualTest, ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1"),
                          [](const auto& info) { return std::string(info.param).substr(5, 6); });
 
+// sum_round: the parts in the given order from +0, one rounding; another order
+// gives other bits on values spanning more than 24 bits (negative control).
+TEST(SumRound, OrderFromZeroThenOneRounding) {
+  const std::vector<float> a = {1.0f, -0.0f}, b = {0x1p-24f, -0.0f}, c = {0x1p-24f, -0.0f};
+  const float* in_order[3] = {a.data(), b.data(), c.data()};
+  const float* reversed[3] = {c.data(), b.data(), a.data()};
+  std::vector<bf16> x(2), y(2);
+  ref::sum_round(in_order, 3, x.data(), 2);
+  ref::sum_round(reversed, 3, y.data(), 2);
+  EXPECT_EQ(x[0].bits, round_bf16((0.0f + 1.0f) + 0x1p-24f + 0x1p-24f).bits);
+  EXPECT_EQ(x[1].bits, 0x0000) << "sums start at +0, so -0 parts give +0";
+  const float* f32_order[3] = {a.data(), b.data(), c.data()};
+  float acc_fwd = 0.0f, acc_rev = 0.0f;
+  for (const float* p : f32_order) acc_fwd += p[0];
+  for (const float* p : reversed) acc_rev += p[0];
+  EXPECT_NE(bits_of(acc_fwd), bits_of(acc_rev)) << "the fp32 order matters before the rounding";
+}
+
 }  // namespace
 }  // namespace bp
