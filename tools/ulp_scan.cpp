@@ -24,11 +24,13 @@
 #include <vector>
 
 #include "reference/numerics/math.h"
+#include "reference/truth/math.h"
 
 namespace {
 
 using bp::bits_of;
 using bp::float_of;
+namespace truth = bp::truth;
 
 struct Fn {
   const char* name;
@@ -38,50 +40,18 @@ struct Fn {
   bool rope;  // also report |x| <= 2^17
 };
 
-double ref_exp(double x) { return std::exp(x); }
-double ref_exp2(double x) { return std::exp2(x); }
-double ref_log(double x) { return std::log(x); }
-double ref_rsqrt(double x) { return 1.0 / std::sqrt(x); }
-double ref_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + std::exp(-x)); }
-double ref_sin(double x) { return std::sin(x); }
-double ref_cos(double x) { return std::cos(x); }
 
 const Fn kFns[] = {
-    {"exp", bp::math::exp, ref_exp, 1, false},
-    {"exp2", bp::math::exp2, ref_exp2, 1, false},
-    {"log", bp::math::log, ref_log, 1, false},
-    {"rsqrt", bp::math::rsqrt, ref_rsqrt, -1, false},
-    {"sigmoid", bp::math::sigmoid, ref_sigmoid, 1, false},
-    {"silu", bp::math::silu, ref_silu, 0, false},
-    {"sin", bp::math::sin, ref_sin, 0, true},
-    {"cos", bp::math::cos, ref_cos, 0, true},
+    {"exp", bp::math::exp, truth::exp, 1, false},
+    {"exp2", bp::math::exp2, truth::exp2, 1, false},
+    {"log", bp::math::log, truth::log, 1, false},
+    {"rsqrt", bp::math::rsqrt, truth::rsqrt, -1, false},
+    {"sigmoid", bp::math::sigmoid, truth::sigmoid, 1, false},
+    {"silu", bp::math::silu, truth::silu, 0, false},
+    {"sin", bp::math::sin, truth::sin, 0, true},
+    {"cos", bp::math::cos, truth::cos, 0, true},
 };
 
-// Error of y against the true value t in ulps of t; both are not NaN.
-double ulp_error(float y, double t) {
-  if (std::isinf(t)) return y == static_cast<float>(t) ? 0.0 : INFINITY;
-  double ay = y;
-  if (std::isinf(y)) {
-    if (static_cast<float>(t) == y) return 0.0;  // t rounds to this infinity
-    ay = std::copysign(0x1p128, ay);             // otherwise count Inf as 2^128
-  }
-  const double at = std::fabs(t);
-  int ex = 0;
-  std::frexp(at, &ex);
-  const double ulp = at < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(ex - 1, 127) - 23);
-  return std::fabs(ay - t) / ulp;
-}
-
-bool special_mismatch(float y, double t) {
-  const bool yn = std::isnan(y), tn = std::isnan(t);
-  if (yn != tn) return true;
-  if (yn) return bits_of(y) != bp::kCanonicalNanF32;
-  if (std::isinf(t) && static_cast<double>(y) != t) return true;
-  if (t == 0.0 && !(y == 0.0f && std::signbit(y) == std::signbit(t))) return true;
-  if (y == 0.0f && std::signbit(y) != std::signbit(t)) return true;
-  return false;
-}
 
 struct Stats {
   double max_err = 0, max_rope = 0;
@@ -100,11 +70,11 @@ Stats scan_chunk(const Fn& fn, uint64_t lo, uint64_t hi, uint64_t stride) {
     const float y = fn.f(x);
     const double t = fn.ref(static_cast<double>(x));
     ++s.evaluated;
-    if (special_mismatch(y, t)) {
+    if (truth::special_mismatch(y, t)) {
       if (s.special++ == 0) s.first_special = u;
     }
     if (!std::isnan(y) && !std::isnan(t)) {
-      const double e = ulp_error(y, t);
+      const double e = truth::ulp_error(y, t);
       if (e > s.max_err) { s.max_err = e; s.arg = u; }
       if (fn.rope && std::fabs(x) <= 0x1p17f && e > s.max_rope) { s.max_rope = e; s.arg_rope = u; }
       if (y != static_cast<float>(t)) ++s.not_rn;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "reference/numerics/math.h"
+#include "reference/truth/math.h"
 
 namespace bp {
 namespace {
@@ -24,14 +25,6 @@ namespace {
 using Fn = float (*)(float);
 using Ref = double (*)(double);
 
-double ref_exp(double x) { return std::exp(x); }
-double ref_exp2(double x) { return std::exp2(x); }
-double ref_log(double x) { return std::log(x); }
-double ref_rsqrt(double x) { return 1.0 / std::sqrt(x); }
-double ref_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + std::exp(-x)); }
-double ref_sin(double x) { return std::sin(x); }
-double ref_cos(double x) { return std::cos(x); }
 
 struct MathFn {
   const char* name;
@@ -44,51 +37,26 @@ struct MathFn {
 
 const std::vector<MathFn>& functions() {
   static const std::vector<MathFn> fns = {
-      {"exp", math::exp, ref_exp, math::kMaxUlpExp, 1,
+      {"exp", math::exp, truth::exp, math::kMaxUlpExp, 1,
        {0x3eb17218u, 0xbeb17218u, 0x42b17218u, 0xc2aeac50u, 0xc2cff1b5u, 0x41200000u}},
-      {"exp2", math::exp2, ref_exp2, math::kMaxUlpExp2, 1,
+      {"exp2", math::exp2, truth::exp2, math::kMaxUlpExp2, 1,
        {0x3f000000u, 0xbf000000u, 0x43000000u, 0xc2fc0000u, 0xc3150000u, 0xc3160000u}},
-      {"log", math::log, ref_log, math::kMaxUlpLog, 1,
+      {"log", math::log, truth::log, math::kMaxUlpLog, 1,
        {0x3f3504f3u, 0x3fb504f3u, 0x00800000u, 0x7f7e0000u, 0x402df854u, 0x3e800000u}},
-      {"rsqrt", math::rsqrt, ref_rsqrt, math::kMaxUlpRsqrt, -1,
+      {"rsqrt", math::rsqrt, truth::rsqrt, math::kMaxUlpRsqrt, -1,
        {0x00800000u, 0x7f7e0000u, 0x40800000u, 0x3f000000u, 0x358637bdu, 0x00400000u}},
-      {"sigmoid", math::sigmoid, ref_sigmoid, math::kMaxUlpSigmoid, 1,
+      {"sigmoid", math::sigmoid, truth::sigmoid, math::kMaxUlpSigmoid, 1,
        {0xc2aeac50u, 0xc2cff1b5u, 0x41880000u, 0xc1880000u, 0x3eb17218u, 0xbeb17218u}},
-      {"silu", math::silu, ref_silu, math::kMaxUlpSilu, 0,
+      {"silu", math::silu, truth::silu, math::kMaxUlpSilu, 0,
        {0xc2aeac50u, 0xc2cff1b5u, 0xc2d90000u, 0xc0000000u, 0xbeb17218u, 0x3eb17218u}},
-      {"sin", math::sin, ref_sin, math::kMaxUlpSinCos, 0,
+      {"sin", math::sin, truth::sin, math::kMaxUlpSinCos, 0,
        {0x3f490fdbu, 0x3fc90fdbu, 0x40490fdbu, 0x47c35000u, 0x46000000u, 0x7f7e0000u}},
-      {"cos", math::cos, ref_cos, math::kMaxUlpSinCos, 0,
+      {"cos", math::cos, truth::cos, math::kMaxUlpSinCos, 0,
        {0x3f490fdbu, 0x3fc90fdbu, 0x40490fdbu, 0x47c35000u, 0x46000000u, 0x7f7e0000u}},
   };
   return fns;
 }
 
-double ulp_error(float y, double t) {
-  if (std::isinf(t)) return y == static_cast<float>(t) ? 0.0 : INFINITY;
-  double ay = y;
-  if (std::isinf(y)) {
-    if (static_cast<float>(t) == y) return 0.0;
-    ay = std::copysign(0x1p128, ay);
-  }
-  const double at = std::fabs(t);
-  int ex = 0;
-  std::frexp(at, &ex);
-  const double ulp = at < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(ex - 1, 127) - 23);
-  return std::fabs(ay - t) / ulp;
-}
-
-// NaN where the reference has none (or the reverse), a non-canonical NaN, an
-// exact infinity or zero of the reference missed, a zero of the wrong sign.
-bool special_mismatch(float y, double t) {
-  const bool yn = std::isnan(y), tn = std::isnan(t);
-  if (yn != tn) return true;
-  if (yn) return bits_of(y) != kCanonicalNanF32;
-  if (std::isinf(t) && static_cast<double>(y) != t) return true;
-  if (t == 0.0 && !(y == 0.0f && std::signbit(y) == std::signbit(t))) return true;
-  if (y == 0.0f && std::signbit(y) != std::signbit(t)) return true;
-  return false;
-}
 
 struct Stats {
   double max_err = 0;
@@ -109,9 +77,9 @@ Stats scan_chunk(Fn f, Ref ref, int mono, uint64_t lo, uint64_t hi, uint64_t str
     const float y = f(x);
     const double t = ref(static_cast<double>(x));
     ++s.evaluated;
-    if (special_mismatch(y, t) && s.special++ == 0) s.first_special = u;
+    if (truth::special_mismatch(y, t) && s.special++ == 0) s.first_special = u;
     if (!std::isnan(y) && !std::isnan(t)) {
-      const double e = ulp_error(y, t);
+      const double e = truth::ulp_error(y, t);
       if (e > s.max_err) {
         s.max_err = e;
         s.arg = u;
@@ -269,12 +237,12 @@ TEST(Math, ThresholdsRoundCorrectly) {
     Fn f;
     Ref ref;
     uint32_t centre;
-  } thresholds[] = {{math::exp, ref_exp, 0x42b17218u},      {math::exp, ref_exp, 0xc2aeac50u},
-                    {math::exp, ref_exp, 0xc2cff1b5u},      {math::exp2, ref_exp2, 0x43000000u},
-                    {math::exp2, ref_exp2, 0xc2fc0000u},    {math::exp2, ref_exp2, 0xc3160000u},
-                    {math::log, ref_log, 0x00000001u},      {math::log, ref_log, 0x7f7fefffu},
-                    {math::sigmoid, ref_sigmoid, 0xc2cff1b5u}, {math::silu, ref_silu, 0xc2d90000u},
-                    {math::rsqrt, ref_rsqrt, 0x00001000u},  {math::rsqrt, ref_rsqrt, 0x7f7fefffu}};
+  } thresholds[] = {{math::exp, truth::exp, 0x42b17218u},      {math::exp, truth::exp, 0xc2aeac50u},
+                    {math::exp, truth::exp, 0xc2cff1b5u},      {math::exp2, truth::exp2, 0x43000000u},
+                    {math::exp2, truth::exp2, 0xc2fc0000u},    {math::exp2, truth::exp2, 0xc3160000u},
+                    {math::log, truth::log, 0x00000001u},      {math::log, truth::log, 0x7f7fefffu},
+                    {math::sigmoid, truth::sigmoid, 0xc2cff1b5u}, {math::silu, truth::silu, 0xc2d90000u},
+                    {math::rsqrt, truth::rsqrt, 0x00001000u},  {math::rsqrt, truth::rsqrt, 0x7f7fefffu}};
   for (const T& t : thresholds) {
     int bad = 0;
     for (uint32_t u = t.centre - 4096; u != t.centre + 4096; ++u) {
@@ -294,7 +262,7 @@ TEST(Math, SampledWithinDocumentedBounds) {
 // sin and cos over the RoPE range |x| <= 2^17: every 2053rd input.
 TEST(Math, RopeRangeWithinBound) {
   for (Fn f : {math::sin, math::cos}) {
-    const Ref ref = f == math::sin ? ref_sin : ref_cos;
+    const Ref ref = f == math::sin ? truth::sin : truth::cos;
     Stats all = scan(f, ref, 0, 0, 0x48000001u, 2053);           // +0 .. 2^17
     merge(all, scan(f, ref, 0, 0x80000000u, 0xc8000001u, 2053));  // -0 .. -2^17
     EXPECT_LE(all.max_err, math::kMaxUlpSinCosRope) << hex(all.arg);
@@ -310,7 +278,7 @@ float exp_one_ulp_up(float x) {
   return (std::isnan(y) || std::isinf(y) || y == 0.0f) ? y : float_of(bits_of(y) + 1);
 }
 TEST(Math, NegativeControlOneUlpWorseExpIsCaught) {
-  const Stats s = sampled(exp_one_ulp_up, ref_exp, 0, {});
+  const Stats s = sampled(exp_one_ulp_up, truth::exp, 0, {});
   EXPECT_GT(s.max_err, math::kMaxUlpExp);
   EXPECT_NE(bits_of(exp_one_ulp_up(0.5f)), bits_of(math::exp(0.5f)));
 }
@@ -319,13 +287,13 @@ TEST(Math, NegativeControlOneUlpWorseExpIsCaught) {
 // relatively, far outside the bound.
 float exp_via_exp2(float x) { return math::exp2(mul_rn(x, 0x1.715476p+0f)); }
 TEST(Math, NegativeControlPerturbedReductionIsCaught) {
-  EXPECT_GT(sampled(exp_via_exp2, ref_exp, 0, {}).max_err, math::kMaxUlpExp);
+  EXPECT_GT(sampled(exp_via_exp2, truth::exp, 0, {}).max_err, math::kMaxUlpExp);
 }
 
 // The textbook rsqrt 1/sqrt(x) (two roundings) exceeds rsqrt's bound.
 float rsqrt_naive(float x) { return div_rn(1.0f, sqrt_rn(x)); }
 TEST(Math, NegativeControlNaiveRsqrtIsCaught) {
-  const Stats s = sampled(rsqrt_naive, ref_rsqrt, 0, {});
+  const Stats s = sampled(rsqrt_naive, truth::rsqrt, 0, {});
   EXPECT_GT(s.max_err, math::kMaxUlpRsqrt);
 }
 
@@ -333,7 +301,7 @@ TEST(Math, NegativeControlNaiveRsqrtIsCaught) {
 // negative x (exp(-x) overflows): caught by the bound and the special-value check.
 float sigmoid_naive(float x) { return div_rn(1.0f, add_rn(1.0f, math::exp(-x))); }
 TEST(Math, NegativeControlNaiveSigmoidIsCaught) {
-  const Stats s = sampled(sigmoid_naive, ref_sigmoid, 0, {0xc2c80000u});
+  const Stats s = sampled(sigmoid_naive, truth::sigmoid, 0, {0xc2c80000u});
   EXPECT_GT(s.max_err, math::kMaxUlpSigmoid);
 }
 
@@ -344,8 +312,8 @@ float exp_not_monotonic(float x) {
   return (bits_of(x) & 1u) && y > 0.0f && !std::isinf(y) ? float_of(bits_of(y) - 1) : y;
 }
 TEST(Math, NegativeControlOrderCheckCatchesNonMonotonic) {
-  EXPECT_GT(scan(exp_not_monotonic, ref_exp, 1, 0x3a000000u, 0x3a010000u, 1).mono_bad, 0u);
-  EXPECT_EQ(scan(math::exp, ref_exp, 1, 0x3a000000u, 0x3a010000u, 1).mono_bad, 0u);
+  EXPECT_GT(scan(exp_not_monotonic, truth::exp, 1, 0x3a000000u, 0x3a010000u, 1).mono_bad, 0u);
+  EXPECT_EQ(scan(math::exp, truth::exp, 1, 0x3a000000u, 0x3a010000u, 1).mono_bad, 0u);
 }
 
 // --- exhaustive (label slow) ----------------------------------------------

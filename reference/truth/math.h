@@ -1,0 +1,50 @@
+// Float64 twins of the elementary functions (reference/numerics/math.h) and how
+// their error is measured (SPEC.md §2.2): shared by tests/cpu/test_math.cpp and
+// tools/ulp_scan.cpp so that both measure the same thing.
+#pragma once
+#include <algorithm>
+#include <cmath>
+
+#include "reference/numerics/fp.h"
+
+namespace bp::truth {
+
+inline double exp(double x) { return std::exp(x); }
+inline double exp2(double x) { return std::exp2(x); }
+inline double log(double x) { return std::log(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+inline double silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + std::exp(-x)); }
+inline double sin(double x) { return std::sin(x); }
+inline double cos(double x) { return std::cos(x); }
+
+// Error of y against the true value t in ulps of t (2^(floor(log2|t|) - 23), or
+// 2^-149 below 2^-126); neither is NaN. An infinite y counts as 2^128 unless t
+// rounds to that infinity.
+inline double ulp_error(float y, double t) {
+  if (std::isinf(t)) return y == static_cast<float>(t) ? 0.0 : INFINITY;
+  double ay = y;
+  if (std::isinf(y)) {
+    if (static_cast<float>(t) == y) return 0.0;
+    ay = std::copysign(0x1p128, ay);
+  }
+  const double at = std::fabs(t);
+  int ex = 0;
+  std::frexp(at, &ex);
+  const double ulp = at < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(ex - 1, 127) - 23);
+  return std::fabs(ay - t) / ulp;
+}
+
+// NaN where the reference has none (or the reverse), a non-canonical NaN, an
+// exact infinity or zero of the reference missed, a zero of the wrong sign.
+inline bool special_mismatch(float y, double t) {
+  const bool yn = std::isnan(y), tn = std::isnan(t);
+  if (yn != tn) return true;
+  if (yn) return bits_of(y) != kCanonicalNanF32;
+  if (std::isinf(t) && static_cast<double>(y) != t) return true;
+  if (t == 0.0 && !(y == 0.0f && std::signbit(y) == std::signbit(t))) return true;
+  if (y == 0.0f && std::signbit(y) != std::signbit(t)) return true;
+  return false;
+}
+
+}  // namespace bp::truth
