@@ -10,6 +10,7 @@
 
 #include "reference/numerics/dot.h"
 #include "reference/numerics/sm90_vectors.h"
+#include "support/float_gen.h"
 
 namespace bp {
 namespace {
@@ -127,27 +128,17 @@ const char* kind_name(Kind k) {
   return names[static_cast<int>(k)];
 }
 
-class Gen {
+class Gen : public test::FloatGen {
  public:
-  explicit Gen(uint64_t seed) : rng_(seed) {}
-  uint32_t bits(int n) { return static_cast<uint32_t>(rng_() >> (64 - n)); }
-  int range(int lo, int hi) { return lo + static_cast<int>(rng_() % static_cast<uint64_t>(hi - lo + 1)); }
-  bool chance(int one_in) { return rng_() % static_cast<uint64_t>(one_in) == 0; }
-  // bf16 with the given unbiased exponent (normal range), random sign and fraction.
-  bf16 bf16_exp(int e) {
-    const uint32_t ef = static_cast<uint32_t>(e + 127);
-    return bf16{static_cast<uint16_t>((bits(1) << 15) | (ef << 7) | bits(7))};
-  }
-  bf16 bf16_subnormal() { return bf16{static_cast<uint16_t>((bits(1) << 15) | (1 + bits(7) % 127))}; }
-  bf16 bf16_any_finite() { return bf16{static_cast<uint16_t>((bits(1) << 15) | (range(0, 254) << 7) | bits(7))}; }
-  float f32_exp(int e) { return float_of((bits(1) << 31) | (static_cast<uint32_t>(e + 127) << 23) | bits(23)); }
-  float f32_any_finite() { return float_of((bits(1) << 31) | (range(0, 254) << 23) | bits(23)); }
-  float f32_subnormal() { return float_of((bits(1) << 31) | (1 + bits(23) % 0x7fffff)); }
+  using FloatGen::FloatGen;
+  bf16 bf16_exp(int e) { return bf16{bf(e)}; }
+  bf16 bf16_subnormal() { return bf16{bf_subnormal()}; }
+  bf16 bf16_any_finite() { return bf16{bf_any_finite()}; }
+  float f32_exp(int e) { return float_of(f32(e)); }
+  float f32_any_finite() { return float_of(FloatGen::f32_any_finite()); }
+  float f32_subnormal() { return float_of(FloatGen::f32_subnormal()); }
 
   Case make(Kind kind, int k);
-
- private:
-  std::mt19937_64 rng_;  // raw 64-bit output only: defined by the standard
 };
 
 Case Gen::make(Kind kind, int k) {

@@ -13,6 +13,7 @@
 #include "reference/numerics/dot.h"
 #include "reference/numerics/math.h"
 #include "reference/numerics/sm90_vectors.h"
+#include "tests/support/float_gen.h"
 #include "tests/gpu/hw_truth.h"
 
 namespace bp::hw {
@@ -55,28 +56,7 @@ constexpr uint32_t kOne32 = 0x3f800000u;
 constexpr uint16_t kInf16 = 0x7f80u;
 constexpr uint32_t kInf32 = 0x7f800000u;
 
-// Random bits from std::mt19937_64's raw output (defined by the standard, unlike
-// the std:: distributions), so a seed names the same cases everywhere.
-class Gen {
- public:
-  explicit Gen(uint64_t seed) : rng_(seed) {}
-  uint32_t bits(int n) { return static_cast<uint32_t>(rng_() >> (64 - n)); }
-  int range(int lo, int hi) { return lo + static_cast<int>(rng_() % static_cast<uint64_t>(hi - lo + 1)); }
-  bool chance(int one_in) { return rng_() % static_cast<uint64_t>(one_in) == 0; }
-  template <class T>
-  T pick(std::initializer_list<T> v) { return v.begin()[rng_() % v.size()]; }
-
-  uint16_t bf(int e) { return static_cast<uint16_t>((bits(1) << 15) | ((e + 127) << 7) | bits(7)); }
-  uint16_t bf_subnormal() { return static_cast<uint16_t>((bits(1) << 15) | (1 + bits(7) % 127)); }
-  uint16_t bf_signed_zero() { return static_cast<uint16_t>(bits(1) << 15); }
-  uint16_t bf_any_finite() { return static_cast<uint16_t>((bits(1) << 15) | (range(0, 254) << 7) | bits(7)); }
-  uint32_t f32(int e) { return (bits(1) << 31) | (static_cast<uint32_t>(e + 127) << 23) | bits(23); }
-  uint32_t f32_subnormal() { return (bits(1) << 31) | (1 + bits(23) % 0x7fffffu); }
-  uint32_t f32_any_finite() { return (bits(1) << 31) | (static_cast<uint32_t>(range(0, 254)) << 23) | bits(23); }
-
- private:
-  std::mt19937_64 rng_;
-};
+using Gen = test::FloatGen;
 
 // One block's operands; each category fills them so that every (row, column)
 // pairing is a case of that category.
