@@ -34,15 +34,6 @@ bool cmp_type_of(DType d, CmpType* out) {
   return false;
 }
 
-std::string shape_str(const std::vector<uint64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) t += ',';
-    t += std::to_string(s[i]);
-  }
-  t += ']';
-  return t;
-}
 
 std::string num(double v, const char* fmt = "%.3g") {
   if (!std::isfinite(v)) return "inf";
@@ -162,7 +153,7 @@ int run_diff(const DiffOptions& o, std::FILE* out, std::FILE* err) {
                  "shape", "result", "mismatches", "max_ulp", "max_abs", "mean_abs", "first");
     for (const TensorRecord& t : c.tensors) {
       const std::string dtype = t.dtype_a.empty() ? t.dtype_b : t.dtype_a;
-      const std::string shape = t.shape_a ? shape_str(*t.shape_a) : (t.shape_b ? shape_str(*t.shape_b) : "");
+      const std::string shape = t.shape_a ? io::shape_str(*t.shape_a) : (t.shape_b ? io::shape_str(*t.shape_b) : "");
       std::string result, mism, ulp, mabs, mean, first;
       switch (t.status) {
         case TensorStatus::kOnlyInA: result = "only-in-A"; break;

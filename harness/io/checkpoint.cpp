@@ -26,26 +26,6 @@ std::string name_list(const std::vector<std::string>& v, size_t shown = 8) {
   return s;
 }
 
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
-
-std::string shape_str(const std::vector<uint64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ", ";
-    r += std::to_string(s[i]);
-  }
-  return r + "]";
-}
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ", ";
-    r += std::to_string(s[i]);
-  }
-  return r + "]";
-}
 
 bool same_shape(const std::vector<uint64_t>& a, const std::vector<int64_t>& b) {
   if (a.size() != b.size()) return false;
@@ -74,7 +54,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     if (has_index) index = (d / kIndexName).string();
     else if (has_single) single = (d / kSingleName).string();
     else throw BadInput(path, "", std::string("no ") + kSingleName + " or " + kIndexName + " in this directory");
-  } else if (ends_with(path, ".json")) {
+  } else if (path.ends_with(".json")) {
     index = path;
   } else {
     single = path;

@@ -68,15 +68,6 @@ uint64_t want_u64(const json& v, const std::string& path, const std::string& fie
   throw BadInput(path, field, std::string(what) + " is " + json_type_word(v) + ", not an integer");
 }
 
-std::string shape_str(const std::vector<uint64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ", ";
-    r += u64s(s[i]);
-  }
-  return cut(r + "]");
-}
-
 }  // namespace
 
 const char* dtype_name(DType d) {
@@ -194,7 +185,7 @@ SafetensorsHeader parse_safetensors(const uint8_t* data, size_t size, std::strin
     if (t.end - t.begin != nbytes)
       throw BadInput(path, name,
                      "data_offsets [" + u64s(t.begin) + ", " + u64s(t.end) + ") hold " + u64s(t.end - t.begin) +
-                         " bytes but shape " + shape_str(t.shape) + " of " + dts + " needs " + u64s(nbytes));
+                         " bytes but shape " + cut(shape_str(t.shape)) + " of " + dts + " needs " + u64s(nbytes));
     out.tensors.push_back(std::move(t));
   }
 

@@ -50,6 +50,17 @@ bool dtype_from_name(std::string_view s, DType* out);
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// "[d0, d1, ...]": a shape in messages and tables.
+template <class Int>
+std::string shape_str(const std::vector<Int>& shape) {
+  std::string r = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(shape[i]);
+  }
+  return r + "]";
+}
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;
