@@ -281,30 +281,24 @@ void Model::step(const std::vector<std::vector<int32_t>>& seqs, const std::vecto
   }
 }
 
-ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
-                             const ForwardOptions& opt) const {
-  State st;
-  const size_t B = seqs.size(), L = static_cast<size_t>(cfg_.num_hidden_layers);
-  st.kc.assign(B, std::vector<Buf>(L));
-  st.vc.assign(B, std::vector<Buf>(L));
+std::vector<std::vector<SchedulePiece>> schedule_steps(const std::vector<std::vector<int32_t>>& seqs,
+                                                       const Schedule& sched, int64_t max_positions) {
+  const size_t B = seqs.size();
   for (size_t s = 0; s < B; ++s) {
     if (seqs[s].empty()) throw std::invalid_argument("model: empty sequence " + std::to_string(s));
-    if (static_cast<int64_t>(seqs[s].size()) > cfg_.max_position_embeddings)
+    if (static_cast<int64_t>(seqs[s].size()) > max_positions)
       throw std::invalid_argument("model: sequence " + std::to_string(s) + " longer than max_position_embeddings");
-    st.seq_off.push_back(st.total);
-    st.total += static_cast<int64_t>(seqs[s].size());
-    st.logprob.emplace_back(seqs[s].size() - 1, 0.0f);
-    if (opt.entropy) st.entropy.emplace_back(seqs[s].size() - 1, 0.0f);
   }
   auto len = [&](size_t s) { return static_cast<int>(seqs[s].size()); };
+  std::vector<std::vector<SchedulePiece>> steps;
   switch (sched.kind) {
     case Schedule::Kind::Extend:
-      for (size_t s = 0; s < B; ++s) step(seqs, {{static_cast<int>(s), 0, len(s)}}, st, opt, nullptr);
+      for (size_t s = 0; s < B; ++s) steps.push_back({{static_cast<int>(s), 0, len(s)}});
       break;
     case Schedule::Kind::Ragged: {
-      std::vector<Piece> ps;
+      std::vector<SchedulePiece> ps;
       for (size_t s = 0; s < B; ++s) ps.push_back({static_cast<int>(s), 0, len(s)});
-      step(seqs, ps, st, opt, nullptr);
+      steps.push_back(std::move(ps));
       break;
     }
     case Schedule::Kind::Chunked: {
@@ -314,7 +308,7 @@ ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, cons
       for (size_t s = 0; s < B; ++s)
         for (int p = 0, j = 0; p < len(s); j = (j + 1) % static_cast<int>(sched.chunks.size())) {
           const int n = std::min(sched.chunks[static_cast<size_t>(j)], len(s) - p);
-          step(seqs, {{static_cast<int>(s), p, n}}, st, opt, nullptr);
+          steps.push_back({{static_cast<int>(s), p, n}});
           p += n;
         }
       break;
@@ -323,14 +317,31 @@ ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, cons
       int longest = 0;
       for (size_t s = 0; s < B; ++s) longest = std::max(longest, len(s));
       for (int p = 0; p < longest; ++p) {
-        std::vector<Piece> ps;
+        std::vector<SchedulePiece> ps;
         for (size_t s = 0; s < B; ++s)
           if (p < len(s)) ps.push_back({static_cast<int>(s), p, 1});
-        step(seqs, ps, st, opt, nullptr);
+        steps.push_back(std::move(ps));
       }
       break;
     }
   }
+  return steps;
+}
+
+ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+                             const ForwardOptions& opt) const {
+  const auto steps = schedule_steps(seqs, sched, cfg_.max_position_embeddings);
+  State st;
+  const size_t B = seqs.size(), L = static_cast<size_t>(cfg_.num_hidden_layers);
+  st.kc.assign(B, std::vector<Buf>(L));
+  st.vc.assign(B, std::vector<Buf>(L));
+  for (size_t s = 0; s < B; ++s) {
+    st.seq_off.push_back(st.total);
+    st.total += static_cast<int64_t>(seqs[s].size());
+    st.logprob.emplace_back(seqs[s].size() - 1, 0.0f);
+    if (opt.entropy) st.entropy.emplace_back(seqs[s].size() - 1, 0.0f);
+  }
+  for (const auto& pieces : steps) step(seqs, pieces, st, opt, nullptr);
   ForwardResult r;
   r.logprob = std::move(st.logprob);
   r.entropy = std::move(st.entropy);
@@ -350,13 +361,11 @@ BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, ui
   const size_t B = seqs.size(), L = static_cast<size_t>(cfg_.num_hidden_layers);
   st.kc.assign(B, std::vector<Buf>(L));
   st.vc.assign(B, std::vector<Buf>(L));
-  std::vector<Piece> ps;
+  const std::vector<Piece> ps = schedule_steps(seqs, Schedule::ragged(), cfg_.max_position_embeddings).at(0);
   for (size_t s = 0; s < B; ++s) {
-    if (seqs[s].empty()) throw std::invalid_argument("model: empty sequence " + std::to_string(s));
     st.seq_off.push_back(st.total);
     st.total += static_cast<int64_t>(seqs[s].size());
     st.logprob.emplace_back(seqs[s].size() - 1, 0.0f);
-    ps.push_back({static_cast<int>(s), 0, static_cast<int>(seqs[s].size())});
   }
   Saved sv;
   ForwardOptions fo;

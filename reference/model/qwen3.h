@@ -34,6 +34,20 @@ struct Schedule {
   static Schedule chunked(std::vector<int> c) { return {Kind::Chunked, std::move(c)}; }
 };
 
+// One model call of a schedule: `len` tokens of sequence `seq` (its index in the
+// batch) at absolute positions start .. start+len−1, extending its KV cache.
+struct SchedulePiece {
+  int seq;
+  int start;
+  int len;
+};
+
+// The calls a schedule makes, in order, each a list of pieces packed into one call.
+// Throws std::invalid_argument for an empty sequence, one longer than
+// max_positions, or a chunked schedule without chunks or with a size < 1.
+std::vector<std::vector<SchedulePiece>> schedule_steps(const std::vector<std::vector<int32_t>>& seqs,
+                                                       const Schedule& sched, int64_t max_positions);
+
 // One captured op output. Rows are tokens in canonical order — sequence by
 // sequence in batch order, positions increasing — whatever the path, so two paths'
 // captures compare row by row. Exactly one of bf16_bits / f32 is filled.
@@ -85,11 +99,7 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
 
  private:
-  struct Piece {
-    int seq;    // index in the batch
-    int start;  // absolute position of its first token (= cached keys)
-    int len;
-  };
+  using Piece = SchedulePiece;
   struct Saved;
   struct State;
   void step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,

@@ -201,37 +201,40 @@ std::vector<bf16> gather_group_rows(const Geometry& g, const AttnSeq& s, int kv_
   return out;
 }
 
-// dv_j = R(Σ R(P_ij) dO_i), dk_j = R(scale · Σ R(dS_ij) q_i) over the (query, head)
-// slots: positions cut into chunks of grad_token_chunk, each chunk's chain from +0
-// (slots query-major within the chunk), chunk partials by pairwise_tree.
+// Chunk partials of dv_j = Σ R(P_ij) dO_i and dk_j = Σ R(dS_ij) q_i over the (query,
+// head) slots: positions cut into chunks of grad_token_chunk, each chunk's chain
+// from +0 (slots query-major within the chunk). Chunks [c_begin, c_end) of the
+// sequence, written [c − c_begin][key j < S][Hkv][D] for this kv head; the
+// combine (attention_bwd_kv_combine) trees them.
 template <class Model>
-void key_value_grads(const Knobs& kn, const Geometry& g, const AttnSeq& s, int kv_head, const GroupProbs& gp,
-                     const bf16* q, const bf16* dout, bf16* dk, bf16* dv) {
-  const int C = kn.grad_token_chunk, S = gp.S, chunks = (S + C - 1) / C, frame = C * g.group;
+void kv_chunk_partials(const Knobs& kn, const Geometry& g, const AttnSeq& s, int kv_head, const GroupProbs& gp,
+                       const bf16* q, const bf16* dout, int c_begin, int c_end, float* dk_part, float* dv_part) {
+  const int C = kn.grad_token_chunk, S = gp.S, frame = C * g.group;
   const std::vector<bf16> qg = gather_group_rows(g, s, kv_head, q), dog = gather_group_rows(g, s, kv_head, dout);
-#pragma omp parallel
-  {
-    std::vector<float> dk_part(chunks), dv_part(chunks);
-#pragma omp for schedule(dynamic, 1)
-    for (int j = 0; j < S; ++j) {
-      for (int d = 0; d < g.D; ++d) {
-        for (int c = 0; c < chunks; ++c) {
-          const int first = std::max({j, s.past_len, c * C}), end = std::min(S, (c + 1) * C);
-          dk_part[c] = dv_part[c] = 0.0f;  // a chunk with no slot that sees key j
-          if (first >= end) continue;
-          const int lo = (first - c * C) * g.group, hi = (end - c * C) * g.group;
-          const size_t r0 = static_cast<size_t>(first - s.past_len) * g.group;
-          dv_part[c] =
-              framed_chain<Model>(0.0f, gp.pb.data() + r0 * S + j, S, dog.data() + r0 * g.D + d, g.D, lo, hi, frame);
-          dk_part[c] =
-              framed_chain<Model>(0.0f, gp.dsb.data() + r0 * S + j, S, qg.data() + r0 * g.D + d, g.D, lo, hi, frame);
-        }
-        const size_t out = (static_cast<size_t>(s.kv_begin + j) * g.Hkv + kv_head) * g.D + d;
-        dv[out] = round_bf16(pairwise_tree(dv_part.data(), chunks));
-        dk[out] = round_bf16(mul_rn(g.scale, pairwise_tree(dk_part.data(), chunks)));
+  const size_t chunk_stride = static_cast<size_t>(S) * g.Hkv * g.D;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < S; ++j) {
+    for (int d = 0; d < g.D; ++d) {
+      for (int c = c_begin; c < c_end; ++c) {
+        const size_t out = (c - c_begin) * chunk_stride + (static_cast<size_t>(j) * g.Hkv + kv_head) * g.D + d;
+        const int first = std::max({j, s.past_len, c * C}), end = std::min(S, (c + 1) * C);
+        dk_part[out] = dv_part[out] = 0.0f;  // a chunk with no slot that sees key j
+        if (first >= end) continue;
+        const int lo = (first - c * C) * g.group, hi = (end - c * C) * g.group;
+        const size_t r0 = static_cast<size_t>(first - s.past_len) * g.group;
+        dv_part[out] =
+            framed_chain<Model>(0.0f, gp.pb.data() + r0 * S + j, S, dog.data() + r0 * g.D + d, g.D, lo, hi, frame);
+        dk_part[out] =
+            framed_chain<Model>(0.0f, gp.dsb.data() + r0 * S + j, S, qg.data() + r0 * g.D + d, g.D, lo, hi, frame);
       }
     }
   }
+}
+
+// The query chunks a sequence's queries fall in: [past_len / C, ceil(S / C)).
+std::pair<int, int> query_chunks(const Knobs& kn, const AttnSeq& s) {
+  const int C = kn.grad_token_chunk, S = s.past_len + s.q_len;
+  return {s.past_len / C, (S + C - 1) / C};
 }
 
 }  // namespace
@@ -257,20 +260,70 @@ void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
   });
 }
 
-void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
-                   const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
-                   bf16* dv) {
+void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                      const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq) {
   check_args(kn, dims, seqs, n_seqs);
   const Geometry g(kn, dims);
   with_dot_model(kn.dot, [&](auto model) {
     using Model = decltype(model);
     for (int s = 0; s < n_seqs; ++s)
-      for (int kv_head = 0; kv_head < g.Hkv; ++kv_head) {
-        const GroupProbs gp = recompute_probs<Model>(g, seqs[s], kv_head, q, k, v, o, m, l, dout);
-        query_grads<Model>(g, seqs[s], kv_head, gp, q, k, v, dq);
-        key_value_grads<Model>(kn, g, seqs[s], kv_head, gp, q, dout, dk, dv);
-      }
+      for (int kv_head = 0; kv_head < g.Hkv; ++kv_head)
+        query_grads<Model>(g, seqs[s], kv_head, recompute_probs<Model>(g, seqs[s], kv_head, q, k, v, o, m, l, dout),
+                           q, k, v, dq);
   });
+}
+
+int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
+                              const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
+                              float* dk_part, float* dv_part) {
+  check_args(kn, dims, &seq, 1);
+  const Geometry g(kn, dims);
+  const auto [c_begin, c_end] = query_chunks(kn, seq);
+  with_dot_model(kn.dot, [&](auto model) {
+    using Model = decltype(model);
+    for (int kv_head = 0; kv_head < g.Hkv; ++kv_head) {
+      const GroupProbs gp = recompute_probs<Model>(g, seq, kv_head, q, k, v, o, m, l, dout);
+      kv_chunk_partials<Model>(kn, g, seq, kv_head, gp, q, dout, c_begin, c_end, dk_part, dv_part);
+    }
+  });
+  return c_end - c_begin;
+}
+
+void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunks, const float* dk_part,
+                              const float* dv_part, bf16* dk, bf16* dv) {
+  const Geometry g(kn, dims);
+  const size_t row = static_cast<size_t>(g.Hkv) * g.D, chunk_stride = static_cast<size_t>(S) * row;
+#pragma omp parallel
+  {
+    std::vector<float> dk_tree(n_chunks), dv_tree(n_chunks);
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < chunk_stride; ++i) {
+      for (int c = 0; c < n_chunks; ++c) {
+        dk_tree[c] = dk_part[c * chunk_stride + i];
+        dv_tree[c] = dv_part[c * chunk_stride + i];
+      }
+      dv[i] = round_bf16(pairwise_tree(dv_tree.data(), n_chunks));
+      dk[i] = round_bf16(mul_rn(g.scale, pairwise_tree(dk_tree.data(), n_chunks)));
+    }
+  }
+}
+
+void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                   const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
+                   bf16* dv) {
+  attention_bwd_dq(kn, dims, seqs, n_seqs, q, k, v, o, m, l, dout, dq);
+  for (int s = 0; s < n_seqs; ++s) {
+    // The sequence's keys see only its queries: chunks before past_len are +0.
+    const AttnSeq whole = seqs[s];
+    const int S = whole.past_len + whole.q_len, n_chunks = query_chunks(kn, {0, S, 0, 0}).second;
+    const size_t chunk_size = static_cast<size_t>(S) * dims.Hkv * dims.D;
+    std::vector<float> dk_part(n_chunks * chunk_size, 0.0f), dv_part(dk_part.size(), 0.0f);
+    const int first = query_chunks(kn, whole).first;
+    attention_bwd_kv_partials(kn, dims, whole, q, k, v, o, m, l, dout, dk_part.data() + first * chunk_size,
+                              dv_part.data() + first * chunk_size);
+    const size_t rows = static_cast<size_t>(whole.kv_begin) * dims.Hkv * dims.D;
+    attention_bwd_kv_combine(kn, dims, S, n_chunks, dk_part.data(), dv_part.data(), dk + rows, dv + rows);
+  }
 }
 
 }  // namespace bp::ref

@@ -38,6 +38,29 @@ void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
                    const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
                    bf16* dv);
 
+// ---- Backward stages: a context-parallel layout splits dk/dv by query chunk ----
+// attention_bwd is attention_bwd_dq, then per sequence attention_bwd_kv_partials
+// over its queries and attention_bwd_kv_combine over all ⌈S/C⌉ chunks (C =
+// grad_token_chunk); chunks no query of the sequence falls in are +0.
+
+// dq of every query of the sequences (dk, dv not computed).
+void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                      const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq);
+
+// The fp32 partials of dk (before the scale) and dv from one sequence's queries,
+// for the query chunks they fall in, [past_len/C, ⌈S/C⌉) with S = past_len + q_len:
+// written [chunk − past_len/C][key j < S][Hkv][D]. Whole chunks give their exact
+// partial: a layout computes each chunk on the rank that holds all its queries.
+// Returns the number of chunks written.
+int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
+                              const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
+                              float* dk_part, float* dv_part);
+
+// dk = R(scale · pairwise_tree over chunks), dv = R(pairwise_tree over chunks) from
+// partials [n_chunks][S][Hkv][D], written to S key rows at dk, dv.
+void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunks, const float* dk_part,
+                              const float* dv_part, bf16* dk, bf16* dv);
+
 // ---- Scalar rules shared by forward, backward and the CUDA twin ----
 
 // The fp32 softmax scale D^-0.5 as sqrt(1/D): correctly rounded whenever D is a

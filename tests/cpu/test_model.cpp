@@ -20,6 +20,7 @@
 #include "reference/common/rng.h"
 #include "reference/model/qwen3.h"
 #include "support/golden.h"
+#include "support/model_cases.h"
 
 namespace {
 
@@ -39,32 +40,13 @@ struct Case {
 std::string case_name(const Case& c) { return c.fixture + "/" + c.contract; }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
-bp::ModelConfig load(const std::string& fixture) {
-  return bp::io::load_hf_config(bp::test::source_path("fixtures/models/" + fixture));
-}
+bp::ModelConfig load(const std::string& fixture) { return bp::test::load_fixture(fixture); }
 
 // Three sequences: 23, 70 (crosses the 64-key block) and 41 tokens.
-Seqs make_seqs(int64_t vocab) {
-  Seqs s;
-  const int lens[] = {23, 70, 41};
-  for (int i = 0; i < 3; ++i) {
-    std::vector<int32_t> t;
-    for (int j = 0; j < lens[i]; ++j)
-      t.push_back(static_cast<int32_t>(bp::counter_hash(1000 + i, j) % static_cast<uint64_t>(vocab)));
-    s.push_back(t);
-  }
-  return s;
-}
+Seqs make_seqs(int64_t vocab) { return bp::test::make_seqs(vocab, {23, 70, 41}); }
 
-std::vector<float> flat(const Rows& r) {
-  std::vector<float> v;
-  for (const auto& x : r) v.insert(v.end(), x.begin(), x.end());
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using bp::test::flat;
+using bp::test::same_bits;
 
 class ModelTest : public ::testing::TestWithParam<Case> {
  protected:

@@ -1,0 +1,17 @@
+// Emulated ranks: one thread per rank on the CPU, collectives through shared
+// memory. The implementation of comm.h the reference runs; the rank program does
+// not know which implementation it talks to.
+#pragma once
+#include <functional>
+
+#include "reference/layouts/comm.h"
+#include "reference/layouts/layout.h"
+
+namespace bp::layouts {
+
+// Runs body(rank, comms) on layout.world() threads, rank = (e·cp + c)·tp + t, and
+// returns when all have finished. If a rank throws, the others are released from
+// their collectives and the first rank's exception (lowest rank) is rethrown.
+void run_emulated(const Layout& layout, const std::function<void(int rank, RankComms& comms)>& body);
+
+}  // namespace bp::layouts

@@ -1,0 +1,58 @@
+#include "reference/layouts/layout.h"
+
+#include <regex>
+
+namespace bp::layouts {
+
+std::string Layout::name() const {
+  std::string s = "tp" + std::to_string(tp) + "-ep" + std::to_string(ep) + "-cp" + std::to_string(cp);
+  if (cp_split == CpSplit::Zigzag) s += "z";
+  if (reduction == Reduction::Ring) s += "+ring";
+  return s;
+}
+
+std::optional<Layout> parse_layout(const std::string& s, std::string* why) {
+  static const std::regex form(R"(tp([1-9][0-9]{0,2})-ep([1-9][0-9]{0,2})-cp([1-9][0-9]{0,2})(z?)(\+ring)?)");
+  std::smatch m;
+  if (!std::regex_match(s, m, form)) {
+    if (why) *why = "layout '" + s + "' is not of the form tp<N>-ep<N>-cp<N>[z][+ring] (e.g. tp2-ep1-cp2z)";
+    return std::nullopt;
+  }
+  Layout l;
+  l.tp = std::stoi(m[1]);
+  l.ep = std::stoi(m[2]);
+  l.cp = std::stoi(m[3]);
+  l.cp_split = m[4].length() ? CpSplit::Zigzag : CpSplit::Contiguous;
+  l.reduction = m[5].length() ? Reduction::Ring : Reduction::Tree;
+  return l;
+}
+
+namespace {
+std::string not_dividing(const char* what, int n, const char* field, int64_t value) {
+  return std::string(what) + " " + std::to_string(n) + " does not divide " + field + " " + std::to_string(value);
+}
+}  // namespace
+
+std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn) {
+  if (l.tp < 1 || l.ep < 1 || l.cp < 1) return "layout sizes must be >= 1";
+  if (l.world() > 64) return "layout " + l.name() + " has " + std::to_string(l.world()) + " ranks; at most 64 are emulated";
+  const int C = kn.tp_tree_width;
+  // Row-parallel K and vocabulary reductions are C fixed chunks; a rank must hold
+  // whole chunks, so tp divides C (C a power of two: every aligned subtree is a tree).
+  if (C % l.tp != 0) return not_dividing("tp", l.tp, "the contract's tp_tree_width", C);
+  if (cfg.num_attention_heads % l.tp) return not_dividing("tp", l.tp, "num_attention_heads", cfg.num_attention_heads);
+  if (cfg.num_key_value_heads % l.tp)
+    return not_dividing("tp", l.tp, "num_key_value_heads", cfg.num_key_value_heads) +
+           " (replicated kv heads are not supported: dk/dv reduce over a whole GQA group)";
+  for (auto [field, value] : {std::pair{"q dim (heads x head_dim)", cfg.q_dim()},
+                              std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()},
+                              std::pair{"intermediate_size", cfg.intermediate_size},
+                              std::pair{"vocab_size", cfg.vocab_size}})
+    if (value % C) return std::string(field) + " " + std::to_string(value) + " is not a multiple of tp_tree_width " +
+                          std::to_string(C);
+  if (l.ep > 1 && !cfg.is_moe_model()) return "ep " + std::to_string(l.ep) + " needs a MoE model (model_type qwen3_moe)";
+  if (cfg.is_moe_model() && cfg.num_experts % l.ep) return not_dividing("ep", l.ep, "num_experts", cfg.num_experts);
+  return "";
+}
+
+}  // namespace bp::layouts

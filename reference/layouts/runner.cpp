@@ -1,0 +1,100 @@
+#include "reference/layouts/runner.h"
+
+#include <mutex>
+#include <stdexcept>
+
+#include "reference/layouts/emulated.h"
+#include "reference/layouts/rank_model.h"
+
+namespace bp::layouts {
+namespace {
+
+void check(const ModelConfig& cfg, const Knobs& knobs, const Layout& layout) {
+  const std::string why = shard_check(layout, cfg, knobs);
+  if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
+}
+
+// Runs the rank program on every emulated rank and returns the ranks' results.
+template <class F>
+std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                  const Layout& layout, F&& program) {
+  check(cfg, knobs, layout);
+  ref::Model(cfg, weights, knobs);  // the unsharded model's validation of config and weights
+  std::vector<RankResult> results(static_cast<size_t>(layout.world()));
+  run_emulated(layout, [&](int rank, RankComms& comms) {
+    RankModel model(cfg, weights, knobs, layout, rank, comms);
+    results[static_cast<size_t>(rank)] = program(model);
+  });
+  return results;
+}
+
+// Per-sequence logprobs (and entropies) from every rank's values.
+void place_values(const std::vector<RankResult>& ranks, const std::vector<std::vector<int32_t>>& seqs, bool entropy,
+                  std::vector<std::vector<float>>& logprob, std::vector<std::vector<float>>& ent) {
+  for (const auto& s : seqs) {
+    logprob.emplace_back(s.size() - 1, 0.0f);
+    if (entropy) ent.emplace_back(s.size() - 1, 0.0f);
+  }
+  for (const RankResult& r : ranks)
+    for (const RankResult::Value& v : r.values) {
+      logprob[static_cast<size_t>(v.seq)][static_cast<size_t>(v.pos)] = v.logprob;
+      if (entropy) ent[static_cast<size_t>(v.seq)][static_cast<size_t>(v.pos)] = v.entropy;
+    }
+}
+
+// Captures in the order rank 0 (which records every name) made them.
+std::vector<ref::Capture> place_captures(const std::vector<RankResult>& ranks, int64_t total) {
+  std::vector<ref::Capture> out;
+  std::map<std::string, size_t> index;
+  for (const RankResult::CaptureBlock& b : ranks.at(0).captures)
+    if (!index.count(b.name)) {
+      index[b.name] = out.size();
+      out.push_back({b.name, {total, b.width}, std::vector<bf16>(static_cast<size_t>(total * b.width), bf16{0}), {}});
+    }
+  for (const RankResult& r : ranks)
+    for (const RankResult::CaptureBlock& b : r.captures) {
+      ref::Capture& c = out.at(index.at(b.name));
+      for (size_t i = 0; i < b.rows.size(); ++i)
+        std::copy_n(b.data.begin() + static_cast<int64_t>(i) * b.cols, b.cols,
+                    c.bf16_data.begin() + b.rows[i] * b.width + b.col0);
+    }
+  return out;
+}
+
+}  // namespace
+
+ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const ref::ForwardOptions& opt) {
+  const auto ranks = run_ranks(cfg, weights, knobs, layout,
+                               [&](RankModel& m) { return m.forward(seqs, sched, opt); });
+  ref::ForwardResult r;
+  place_values(ranks, seqs, opt.entropy, r.logprob, r.entropy);
+  int64_t total = 0;
+  for (const auto& s : seqs) total += static_cast<int64_t>(s.size());
+  if (opt.capture) r.captures = place_captures(ranks, total);
+  return r;
+}
+
+ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
+  const auto ranks = run_ranks(cfg, weights, knobs, layout,
+                               [&](RankModel& m) { return m.backward(seqs, coef_seed, temperature); });
+  ref::BackwardResult r;
+  std::vector<std::vector<float>> unused;
+  place_values(ranks, seqs, false, r.logprob, unused);
+  for (size_t s = 0, row = 0; s < seqs.size(); ++s) {
+    r.coef.emplace_back();
+    for (size_t t = 0; t + 1 < seqs[s].size(); ++t) r.coef.back().push_back(ref::loss_coef(coef_seed, row++));
+  }
+  for (const RankResult& rank : ranks)
+    for (const RankResult::GradBlock& b : rank.grads) {
+      std::vector<float>& g = r.grads[b.name];
+      g.resize(static_cast<size_t>(weights.at(b.name).numel()), 0.0f);
+      for (int64_t i = 0; i < b.rows; ++i)
+        std::copy_n(b.data.begin() + i * b.cols, b.cols, g.begin() + (b.row0 + i) * b.width + b.col0);
+    }
+  return r;
+}
+
+}  // namespace bp::layouts

@@ -1,0 +1,27 @@
+// Runs the model under a layout: the sharded rank program (rank_model.h) executed
+// by layout.world() emulated ranks on the CPU (emulated.h), and the ranks' shards
+// put back together. The results have the shapes and meaning of ref::Model's, and
+// for every valid layout they are bit-identical to the unsharded model's
+// (SPEC.md §7); that is what tests/cpu/test_layouts.cpp proves.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "reference/layouts/layout.h"
+#include "reference/model/qwen3.h"
+
+namespace bp::layouts {
+
+// Throws std::invalid_argument when shard_check(layout, cfg, knobs) is not empty,
+// and what ref::Model throws for bad sequences or schedules.
+ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const ref::ForwardOptions& opt = {});
+
+// Backward of L = Σ c_t·logprob_t over the batch (the packed forward), as
+// ref::Model::backward: logprobs, coefficients and every parameter's gradient.
+ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                             float temperature = 1.0f);
+
+}  // namespace bp::layouts
