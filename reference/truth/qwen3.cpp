@@ -1,0 +1,229 @@
+#include "qwen3.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "attention.h"
+#include "embedding.h"
+#include "logprob.h"
+#include "moe_experts.h"
+#include "reference/model/qwen3.h"
+#include "residual.h"
+#include "rmsnorm.h"
+#include "rope.h"
+
+namespace bp::truth {
+
+namespace {
+
+std::string lname(int64_t i, const std::string& what) { return "model.layers." + std::to_string(i) + "." + what; }
+
+VecD vec(const MatD& row) { return row.row(0).transpose(); }
+
+// [T][H·D] viewed as [T·H][D] (per-head RMSNorm) and back.
+MatD heads(const MatD& x, int D) { return Eigen::Map<const MatD>(x.data(), x.size() / D, D); }
+MatD unheads(const MatD& x, Eigen::Index rows) { return Eigen::Map<const MatD>(x.data(), rows, x.size() / rows); }
+
+MatD to_fp32(const MatD& x) {
+  return x.unaryExpr([](double v) { return static_cast<double>(static_cast<float>(v)); });
+}
+
+}  // namespace
+
+// One sequence's forward; with `keep`, its activations for the backward.
+struct Model::Seq {
+  struct Layer {
+    MatD x_in, a1, q_pre, k_pre, q, k, v, o, x_mid, a2;
+    std::vector<int> ids;  // MoE top-k, [T][k]
+  };
+  std::vector<Layer> layers;
+  MatD cos, sin, x_final, hn, logits;
+};
+
+Model::Model(const ModelConfig& cfg, const Weights& weights) : cfg_(cfg) {
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    if (!weights.contains(s.name)) throw std::invalid_argument("truth model: missing weight " + s.name);
+    const Tensor& t = weights.at(s.name);
+    if (t.shape != s.shape) throw std::invalid_argument("truth model: wrong shape for " + s.name);
+    const int rows = s.shape.size() == 1 ? 1 : static_cast<int>(s.shape[0]);
+    w_[s.name] = widen(t.data, rows, static_cast<int>(t.numel() / rows));
+  }
+}
+
+Model::Model(const ModelConfig& cfg, WeightsD weights) : cfg_(cfg), w_(std::move(weights)) {
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    auto it = w_.find(s.name);
+    if (it == w_.end() || it->second.size() != s.numel())
+      throw std::invalid_argument("truth model: missing or mis-sized weight " + s.name);
+  }
+}
+
+const MatD& Model::w(const std::string& name) const { return w_.at(name); }
+const MatD& Model::lm_head() const { return w(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"); }
+
+Model::Seq Model::run(const std::vector<int32_t>& tok, bool keep, bool fp32_storage) const {
+  const int T = static_cast<int>(tok.size()), D = static_cast<int>(cfg_.head_dim);
+  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
+  const double eps = cfg_.rms_norm_eps;
+  const AttnGeometry geo{Hq, Hkv, D, 0};
+  auto st = [&](MatD m) { return fp32_storage ? to_fp32(m) : m; };
+  Seq sq;
+  const VecD inv = rope_inv_freq(cfg_.rope_theta, D);
+  sq.cos.resize(T, D / 2);
+  sq.sin.resize(T, D / 2);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < D / 2; ++j) {
+      sq.cos(t, j) = std::cos(t * inv(j));
+      sq.sin(t, j) = std::sin(t * inv(j));
+    }
+  sq.cos = st(sq.cos);
+  sq.sin = st(sq.sin);
+
+  MatD x = embedding_fwd(tok.data(), T, w("model.embed_tokens.weight"));
+  for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
+    Seq::Layer L;
+    L.x_in = x;
+    L.a1 = st(rmsnorm_fwd(x, vec(w(lname(li, "input_layernorm.weight"))), eps));
+    L.q_pre = st(linear_fwd(L.a1, w(lname(li, "self_attn.q_proj.weight"))));
+    L.k_pre = st(linear_fwd(L.a1, w(lname(li, "self_attn.k_proj.weight"))));
+    L.v = st(linear_fwd(L.a1, w(lname(li, "self_attn.v_proj.weight"))));
+    const MatD qn = st(unheads(rmsnorm_fwd(heads(L.q_pre, D), vec(w(lname(li, "self_attn.q_norm.weight"))), eps), T));
+    const MatD kn = st(unheads(rmsnorm_fwd(heads(L.k_pre, D), vec(w(lname(li, "self_attn.k_norm.weight"))), eps), T));
+    L.q = st(rope_fwd(qn, sq.cos, sq.sin, Hq, D));
+    L.k = st(rope_fwd(kn, sq.cos, sq.sin, Hkv, D));
+    L.o = st(attention_fwd(L.q, L.k, L.v, geo).o);
+    L.x_mid = st(residual_fwd(x, st(linear_fwd(L.o, w(lname(li, "self_attn.o_proj.weight"))))));
+    L.a2 = st(rmsnorm_fwd(L.x_mid, vec(w(lname(li, "post_attention_layernorm.weight"))), eps));
+    MatD mo;
+    if (cfg_.is_moe_layer(li)) {
+      const int K = static_cast<int>(cfg_.num_experts_per_tok);
+      const Experts exs = experts(li);
+      const MatD& wr = w(lname(li, "mlp.gate.weight"));
+      L.ids = topk_ids(softmax_rows(linear_fwd(L.a2, wr)), K);
+      mo = moe_layer_fwd(L.a2, wr, exs, L.ids, K, cfg_.norm_topk_prob);
+    } else {
+      mo = mlp_fwd(L.a2, w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+                   w(lname(li, "mlp.down_proj.weight")));
+    }
+    x = st(residual_fwd(L.x_mid, st(mo)));
+    if (keep) sq.layers.push_back(std::move(L));
+  }
+  sq.x_final = x;
+  sq.hn = st(rmsnorm_fwd(x, vec(w("model.norm.weight")), eps));
+  sq.logits = st(linear_fwd(sq.hn, lm_head()));
+  return sq;
+}
+
+Experts Model::experts(int64_t li) const {
+  Experts exs;
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    const std::string p = lname(li, "mlp.experts." + std::to_string(e) + ".");
+    exs.gate.push_back(w(p + "gate_proj.weight"));
+    exs.up.push_back(w(p + "up_proj.weight"));
+    exs.down.push_back(w(p + "down_proj.weight"));
+  }
+  return exs;
+}
+
+ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const ForwardOptions& opt) const {
+  ForwardResult r;
+  for (const auto& s : seqs) {
+    if (s.empty()) throw std::invalid_argument("truth model: empty sequence");
+    const Seq sq = run(s, false, opt.fp32_storage);
+    const int n = static_cast<int>(s.size()) - 1;
+    const MatD lg = sq.logits.topRows(n);
+    const VecD lp = logprob_fwd(lg, std::vector<int32_t>(s.begin() + 1, s.end()), opt.temperature);
+    r.logprob.emplace_back(lp.data(), lp.data() + n);
+    if (opt.entropy) {
+      const VecD h = entropy(lg, opt.temperature);
+      r.entropy.emplace_back(h.data(), h.data() + n);
+    }
+  }
+  return r;
+}
+
+BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                               double temperature, bool fp32_storage) const {
+  const int D = static_cast<int>(cfg_.head_dim), V = static_cast<int>(cfg_.vocab_size);
+  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
+  const double eps = cfg_.rms_norm_eps;
+  BackwardResult res;
+  WeightsD g;
+  for (const auto& [name, m] : w_) g[name] = MatD::Zero(m.rows(), m.cols());
+  MatD dlm = MatD::Zero(lm_head().rows(), lm_head().cols());
+  uint64_t row = 0;
+  for (const auto& s : seqs) {
+    if (s.empty()) throw std::invalid_argument("truth model: empty sequence");
+    const int T = static_cast<int>(s.size()), n = T - 1;
+    const Seq sq = run(s, true, fp32_storage);
+    const std::vector<int32_t> tgt(s.begin() + 1, s.end());
+    VecD c(n);
+    for (int t = 0; t < n; ++t) c(t) = ref::loss_coef(coef_seed, row++);
+    const VecD lp = logprob_fwd(sq.logits.topRows(n), tgt, temperature);
+    res.logprob.emplace_back(lp.data(), lp.data() + n);
+    res.coef.emplace_back(c.data(), c.data() + n);
+
+    MatD dlogits = MatD::Zero(T, V);
+    dlogits.topRows(n) = logprob_grad(sq.logits.topRows(n), tgt, c, temperature);
+    dlm += linear_wgrad(dlogits, sq.hn);
+    const RmsNormGrads fn = rmsnorm_bwd(sq.x_final, vec(w("model.norm.weight")), eps, linear_dgrad(dlogits, lm_head()));
+    g["model.norm.weight"] += fn.dw.transpose();
+    MatD dx = fn.dx;
+    for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
+      const Seq::Layer& L = sq.layers[static_cast<size_t>(li)];
+      MatD da2;
+      if (cfg_.is_moe_layer(li)) {
+        const int E = static_cast<int>(cfg_.num_experts), K = static_cast<int>(cfg_.num_experts_per_tok);
+        const MoeLayerGrads mg =
+            moe_layer_bwd(L.a2, w(lname(li, "mlp.gate.weight")), experts(li), L.ids, dx, K, cfg_.norm_topk_prob);
+        da2 = mg.da;
+        g[lname(li, "mlp.gate.weight")] += mg.dwr;
+        for (int e = 0; e < E; ++e) {
+          const std::string p = lname(li, "mlp.experts." + std::to_string(e) + ".");
+          g[p + "gate_proj.weight"] += mg.dgate[static_cast<size_t>(e)];
+          g[p + "up_proj.weight"] += mg.dup[static_cast<size_t>(e)];
+          g[p + "down_proj.weight"] += mg.ddown[static_cast<size_t>(e)];
+        }
+      } else {
+        const MlpGrads mg = mlp_bwd(L.a2, w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+                                    w(lname(li, "mlp.down_proj.weight")), dx);
+        da2 = mg.da;
+        g[lname(li, "mlp.gate_proj.weight")] += mg.dwg;
+        g[lname(li, "mlp.up_proj.weight")] += mg.dwu;
+        g[lname(li, "mlp.down_proj.weight")] += mg.dwd;
+      }
+      const RmsNormGrads pn = rmsnorm_bwd(L.x_mid, vec(w(lname(li, "post_attention_layernorm.weight"))), eps, da2);
+      g[lname(li, "post_attention_layernorm.weight")] += pn.dw.transpose();
+      dx += pn.dx;  // x_mid feeds the skip and the norm
+      const MatD& wo = w(lname(li, "self_attn.o_proj.weight"));
+      g[lname(li, "self_attn.o_proj.weight")] += linear_wgrad(dx, L.o);
+      const AttnBackward ab = attention_bwd(L.q, L.k, L.v, linear_dgrad(dx, wo), {Hq, Hkv, D, 0});
+      const MatD dqn = rope_bwd(ab.dq, sq.cos, sq.sin, Hq, D), dkn = rope_bwd(ab.dk, sq.cos, sq.sin, Hkv, D);
+      const RmsNormGrads qg =
+          rmsnorm_bwd(heads(L.q_pre, D), vec(w(lname(li, "self_attn.q_norm.weight"))), eps, heads(dqn, D));
+      const RmsNormGrads kg =
+          rmsnorm_bwd(heads(L.k_pre, D), vec(w(lname(li, "self_attn.k_norm.weight"))), eps, heads(dkn, D));
+      g[lname(li, "self_attn.q_norm.weight")] += qg.dw.transpose();
+      g[lname(li, "self_attn.k_norm.weight")] += kg.dw.transpose();
+      const MatD dq = unheads(qg.dx, T), dk = unheads(kg.dx, T);
+      const MatD &wq = w(lname(li, "self_attn.q_proj.weight")), &wk = w(lname(li, "self_attn.k_proj.weight")),
+                 &wv = w(lname(li, "self_attn.v_proj.weight"));
+      g[lname(li, "self_attn.q_proj.weight")] += linear_wgrad(dq, L.a1);
+      g[lname(li, "self_attn.k_proj.weight")] += linear_wgrad(dk, L.a1);
+      g[lname(li, "self_attn.v_proj.weight")] += linear_wgrad(ab.dv, L.a1);
+      const MatD da = linear_dgrad(dq, wq) + linear_dgrad(dk, wk) + linear_dgrad(ab.dv, wv);
+      const RmsNormGrads in = rmsnorm_bwd(L.x_in, vec(w(lname(li, "input_layernorm.weight"))), eps, da);
+      g[lname(li, "input_layernorm.weight")] += in.dw.transpose();
+      dx += in.dx;
+    }
+    g["model.embed_tokens.weight"] += embedding_bwd(s.data(), T, dx, V);
+  }
+  if (cfg_.tie_word_embeddings)
+    g["model.embed_tokens.weight"] += dlm;
+  else
+    g["lm_head.weight"] = dlm;
+  for (auto& [name, m] : g) res.grads[name].assign(m.data(), m.data() + m.size());
+  return res;
+}
+
+}  // namespace bp::truth
