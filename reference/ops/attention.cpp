@@ -278,7 +278,8 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
                               float* dk_part, float* dv_part) {
   check_args(kn, dims, &seq, 1);
   const Geometry g(kn, dims);
-  const auto [c_begin, c_end] = query_chunks(kn, seq);
+  const std::pair<int, int> chunks = query_chunks(kn, seq);
+  const int c_begin = chunks.first, c_end = chunks.second;  // not a structured binding: clang 14 cannot capture one
   with_dot_model(kn.dot, [&](auto model) {
     using Model = decltype(model);
     for (int kv_head = 0; kv_head < g.Hkv; ++kv_head) {
