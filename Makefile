@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build demo test test-slow test-gpu clean
+.PHONY: all setup configure build demo test test-slow test-gpu fuzz clean
 
 all: build
 
@@ -17,9 +17,11 @@ configure:
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: today the numerics self-check; the default sweep once it exists.
+# The main job: the numerics self-check, then the default sweep (both tiny fixtures,
+# both contracts, reference + emulated layouts, every path, gradients).
 demo: build
 	$(BUILD)/harness/bitparity selfcheck
+	OMP_WAIT_POLICY=passive $(BUILD)/harness/bitparity sweep
 
 # Every CPU test (CTest label cpu; gpu tests report skipped without a GPU), then the numerics core rebuilt with clang and
 # at -O0 against the same golden digests (scripts/check-variants).
@@ -33,5 +35,10 @@ test-slow: build
 test-gpu: build
 	cd $(BUILD) && ctest -L gpu --output-on-failure
 
+# libFuzzer on the input parsers in a separate clang build, $(BUILD)-fuzz (tests/fuzz/README.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	BP_FUZZ_BUILD=$(BUILD)-fuzz JOBS=$(JOBS) ./scripts/fuzz $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-variant-*
+	rm -rf $(BUILD) $(BUILD)-variant-* $(BUILD)-fuzz

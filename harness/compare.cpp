@@ -11,21 +11,20 @@ namespace bp::harness {
 const char* cmp_type_name(CmpType t) { return t == CmpType::BF16 ? "BF16" : "F32"; }
 size_t cmp_type_size(CmpType t) { return t == CmpType::BF16 ? 2 : 4; }
 
-size_t ulp_bucket(double ulp) {
-  if (!(ulp == ulp) || std::isinf(ulp)) return kUlpBuckets - 1;
-  if (ulp <= 0) return 0;
-  // Distances are exact integers < 2^32: bucket k holds [2^(k-1), 2^k).
-  const uint64_t u = static_cast<uint64_t>(ulp);
+size_t ulp_bin(double ulp) {
+  if (!(ulp == ulp) || std::isinf(ulp)) return kUlpBinNan;
+  // Distances are exact integers in [1, 2^32): bin k holds [2^k, 2^(k+1)).
+  const uint64_t u = static_cast<uint64_t>(std::max(ulp, 1.0));
   size_t k = 0;
-  for (uint64_t v = u; v; v >>= 1) ++k;  // bit length
-  return std::min(k, kUlpBuckets - 2);
+  for (uint64_t v = u >> 1; v; v >>= 1) ++k;  // floor(log2(u))
+  return std::min(k, kUlpBinNan - 1);
 }
 
-std::string ulp_bucket_label(size_t bucket) {
-  if (bucket == 0) return "0";
-  if (bucket == 1) return "1";
-  if (bucket >= kUlpBuckets - 1) return "inf";
-  return "[" + std::to_string(1ull << (bucket - 1)) + "," + std::to_string(1ull << bucket) + ")";
+std::string ulp_bin_label(size_t bin) {
+  if (bin == 0) return "1";
+  if (bin >= kUlpBinNan) return "NaN";
+  if (bin == kUlpBinNan - 1) return ">=" + std::to_string(1ull << bin);
+  return "[" + std::to_string(1ull << bin) + "," + std::to_string((2ull << bin) - 1) + "]";
 }
 
 uint64_t ordered_key_f32(uint32_t bits) {
@@ -81,11 +80,9 @@ TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<ui
     m.inf_a += T::inf(x);
     m.inf_b += T::inf(y);
     const bool equal = (nx && ny) || (!nx && !ny && x == y);
-    if (equal) {
-      ++m.ulp_histogram[0];
-      continue;
-    }
+    if (equal) continue;
     ++m.mismatches;
+    if (m.ulp_histogram.empty()) m.ulp_histogram.assign(kUlpBins, 0);
     if (m.first_mismatch < 0) m.first_mismatch = static_cast<int64_t>(i);
     double abs_diff, ulp;
     if (nx || ny) {
@@ -101,7 +98,7 @@ TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<ui
     m.max_abs_diff = std::max(m.max_abs_diff, abs_diff);
     m.max_ulp_diff = std::max(m.max_ulp_diff, ulp);
     sum_abs += abs_diff;
-    ++m.ulp_histogram[ulp_bucket(ulp)];
+    ++m.ulp_histogram[ulp_bin(ulp)];
   }
   m.bit_identical = m.mismatches == 0;
   m.mean_abs_diff = n ? sum_abs / static_cast<double>(n) : 0.0;

@@ -17,7 +17,6 @@
 // abs diff: |double(a) - double(b)| (both widened exactly); Inf vs anything but the
 // same Inf is +infinity. mean_abs_diff sums in double in element order.
 #pragma once
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -38,12 +37,14 @@ enum class CmpType : uint8_t { BF16, F32 };
 const char* cmp_type_name(CmpType t);  // "BF16", "F32"
 size_t cmp_type_size(CmpType t);
 
-// ULP-distance histogram in log2 buckets: [0] distance 0 (equal under the NaN
-// policy), [k] for k = 1..32 distance in [2^(k-1), 2^k), [33] infinite (NaN vs number).
-inline constexpr size_t kUlpBuckets = 34;
-using UlpHistogram = std::array<uint64_t, kUlpBuckets>;
-size_t ulp_bucket(double ulp);                  // the bucket of one distance
-std::string ulp_bucket_label(size_t bucket);    // "0", "1", "[2,4)", ..., "inf"
+// ULP-distance histogram of the MISMATCHING elements in log2 bins: bin k (k = 0..30)
+// counts distances in [2^k, 2^(k+1)) -- [1], [2,3], [4,7], ... --, bin 31 distances
+// >= 2^31, bin 32 NaN against a number (infinite distance). Equal elements are not
+// counted, so the bins sum to `mismatches`.
+inline constexpr size_t kUlpBins = 33;
+inline constexpr size_t kUlpBinNan = kUlpBins - 1;
+size_t ulp_bin(double ulp);           // the bin of one distance > 0
+std::string ulp_bin_label(size_t bin);  // "1", "[2,3]", "[4,7]", ..., ">=2147483648", "NaN"
 
 struct TensorMetrics {
   std::string dtype;            // "BF16" | "F32"
@@ -57,7 +58,7 @@ struct TensorMetrics {
   int64_t first_mismatch = -1;  // flat (row-major) index, -1 when none
   uint64_t nan_a = 0, nan_b = 0, inf_a = 0, inf_b = 0;
   std::string nan_policy = kNanPolicy;
-  UlpHistogram ulp_histogram{};
+  std::vector<uint64_t> ulp_histogram;  // kUlpBins counts; empty when bit identical
   // Logprob tensors also carry train_rollout_logprob_abs_diff (== mean_abs_diff).
   bool is_logprob = false;
   double train_rollout_logprob_abs_diff() const { return mean_abs_diff; }

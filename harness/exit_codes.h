@@ -9,5 +9,6 @@ enum ExitCode : int {
   kExitBadInput = 2,
   kExitInternal = 3,
   kExitCannotTest = 125,
+  kExitInterrupted = 130,  // SIGINT/SIGTERM stopped a sweep (128 + SIGINT, as shells report it)
 };
 }  // namespace bp

@@ -4,9 +4,11 @@
 #include <exception>
 #include <iostream>
 
+#include "commands.h"
 #include "diff.h"
 #include "exit_codes.h"
 #include "reference/contract/contract.h"
+#include "report_cmd.h"
 #include "selfcheck.h"
 
 namespace bp {
@@ -22,23 +24,20 @@ int cmd_selfcheck() {
   return failed ? kExitMismatch : kExitExact;
 }
 
-int cmd_list() {
-  std::printf("contracts:\n");
-  for (const Contract& c : contracts())
-    std::printf("  %-16s hash %s  %s\n", c.name.c_str(), c.knob_hash().c_str(), c.canonical_knobs().c_str());
-  return kExitExact;
-}
-
 }  // namespace
 }  // namespace bp
 
 int main(int argc, char** argv) {
   CLI::App app{"bitparity: a bit-exact oracle for LLM numerics.\n"
                "Exit codes: 0 all exact, 1 mismatch, 2 bad usage or input, 3 internal error, "
-               "125 cannot test here."};
+               "125 cannot test here (e.g. no GPU: CTest's SKIP_RETURN_CODE, `git bisect run`'s skip), "
+               "130 sweep interrupted (SIGINT/SIGTERM; its reports hold the finished cases).\n"
+               "With no subcommand: selfcheck. `bitparity sweep` with no arguments: the default sweep."};
   app.require_subcommand(0, 1);
   auto* selfcheck = app.add_subcommand("selfcheck", "check the numerics core (bf16, dot models, math, contracts)");
-  auto* list = app.add_subcommand("list", "list contracts");
+  const bp::harness::Subcommand model_commands[] = {
+      bp::harness::add_run_command(app), bp::harness::add_sweep_command(app), bp::harness::add_bisect_command(app),
+      bp::harness::add_list_command(app)};
   bp::harness::DiffOptions diff_opts;
   auto* diff = app.add_subcommand(
       "diff",
@@ -51,6 +50,20 @@ int main(int argc, char** argv) {
   diff->add_option("--csv", diff_opts.csv, "write a CSV report (one row per tensor)");
   diff->add_option("--junit", diff_opts.junit, "write a JUnit XML report");
   diff->add_flag("--quiet,-q", diff_opts.quiet, "print nothing but errors");
+  bp::harness::ReportOptions report_opts;
+  auto* report = app.add_subcommand(
+      "report",
+      "read a report back (JSON, or CSV by its .csv extension), print its summary, compare it against a baseline, "
+      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch); "
+      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch) or a case compared in "
+      "the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and field)");
+  report->add_option("REPORT", report_opts.report, "report to read (.json or .csv)")->required();
+  report->add_option("--baseline", report_opts.baseline,
+                     "earlier report (.json or .csv): cases matched by id, tensors by name; prints what newly fails, "
+                     "newly passes, changed metrics, was added or removed");
+  report->add_option("--html", report_opts.html,
+                     "write one self-contained HTML page (grids of layouts x paths, tensor tables, ULP histograms, "
+                     "the baseline comparison); written atomically, never on a failed run");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,8 +71,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? bp::kExitExact : bp::kExitBadInput;
   }
   try {
-    if (*list) return bp::cmd_list();
+    for (const bp::harness::Subcommand& c : model_commands)
+      if (*c.app) return c.run();
     if (*diff) return bp::harness::run_diff(diff_opts, stdout, stderr);
+    if (*report) return bp::harness::run_report(report_opts, stdout, stderr);
     if (*selfcheck || app.get_subcommands().empty()) return bp::cmd_selfcheck();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bitparity: internal error: %s\n", e.what());

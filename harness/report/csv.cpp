@@ -11,6 +11,8 @@ const std::vector<std::string> kCsvColumns = {
     "shape_a", "shape_b", "bit_identical", "is_logprob", "elements", "mismatches", "max_abs_diff",
     "max_ulp_diff", "mean_abs_diff", "train_rollout_logprob_abs_diff", "first_mismatch",
     "nan_a", "nan_b", "inf_a", "inf_b", "nan_policy",
+    // schema_version 2
+    "first_divergent_op", "ulp_histogram",
 };
 
 std::string csv_field(const std::string& s) {
@@ -34,16 +36,16 @@ std::string num(double v) {
   return buf;
 }
 
-std::string shape_text(const std::optional<std::vector<uint64_t>>& s) {
-  if (!s) return "";
+std::string list_text(const std::vector<uint64_t>& v) {
   std::string t = "[";
-  for (size_t i = 0; i < s->size(); ++i) {
+  for (size_t i = 0; i < v.size(); ++i) {
     if (i) t += ',';
-    t += std::to_string((*s)[i]);
+    t += std::to_string(v[i]);
   }
   t += ']';
   return t;
 }
+std::string shape_text(const std::optional<std::vector<uint64_t>>& s) { return s ? list_text(*s) : ""; }
 
 }  // namespace
 
@@ -66,9 +68,12 @@ std::string render_csv(const Report& r) {
       params += v;
     }
     const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
+    const size_t divergent_column = kCsvColumns.size() - 2;
+    const std::string divergent = c.first_divergent_op.value_or("");
     if (c.tensors.empty()) {
       std::vector<std::string> f = head;
       f.resize(kCsvColumns.size());
+      f[divergent_column] = divergent;
       row(f);
       continue;
     }
@@ -86,6 +91,9 @@ std::string render_csv(const Report& r) {
                            std::to_string(m->inf_b), m->nan_policy});
       }
       f.resize(kCsvColumns.size());
+      f[divergent_column] = divergent;
+      // An empty histogram (bit identical) is an empty field, as for absent metrics.
+      if (t.metrics && !t.metrics->ulp_histogram.empty()) f.back() = list_text(t.metrics->ulp_histogram);
       row(f);
     }
   }

@@ -1,4 +1,4 @@
-// JSON rendering (reports/schema/report.schema.json, schema_version 1).
+// JSON rendering (reports/schema/report.schema.json, schema_version 2).
 #include <cmath>
 
 #include "harness/report/report.h"
@@ -85,6 +85,7 @@ json to_json(const Report& r) {
         {"parameters", c.parameters},
         {"verdict", verdict_name(c.verdict)},
         {"skip_reason", c.verdict == Verdict::kSkipped ? json(c.skip_reason) : json(nullptr)},
+        {"first_divergent_op", or_null(c.first_divergent_op)},
         {"tensors", std::move(tensors)},
     });
   }

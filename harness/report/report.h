@@ -3,10 +3,12 @@
 // each written atomically (temporary in the same directory + fsync + rename, via
 // bp::io::write_file_atomic), so an error never leaves a partial report and never
 // destroys an earlier one:
-//   JSON   schema reports/schema/report.schema.json, "schema_version": 1
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 2 (2 changed
+//          ulp_histogram to the mismatch-only bins of compare.h, added first_divergent_op)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
-//          quoting, CRLF line ends; non-finite numbers are written "inf".
+//          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
+//          (shapes, ulp_histogram) as "[a,b,...]".
 //   JUnit  one <testcase> per case; a mismatching case has one <failure> naming its
 //          first mismatching tensor; a skipped case has <skipped/>.
 // In JSON non-finite metrics (NaN against a number) are the string "inf".
@@ -22,7 +24,7 @@
 
 namespace bp::harness {
 
-inline constexpr int kReportSchemaVersion = 1;
+inline constexpr int kReportSchemaVersion = 2;
 
 struct Environment {
   std::string git_commit = "unknown";
@@ -63,6 +65,9 @@ struct Case {
   Verdict verdict = Verdict::kExact;
   std::string skip_reason;  // when kSkipped
   std::vector<TensorRecord> tensors;
+  // The first (layer, op) whose output differs, e.g. "layer3.mlp.down_proj", when the
+  // command located it (sweep/bisect); nullopt when not looked for or not found.
+  std::optional<std::string> first_divergent_op;
   // kMismatch if any tensor does not match, else kExact (leaves kSkipped alone).
   void settle();
   const TensorRecord* first_mismatch() const;  // in record order; nullptr when none

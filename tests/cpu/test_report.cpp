@@ -96,6 +96,7 @@ Report sample_report() {
   dt.dtype_b = "BF16";
   dt.shape_a = dt.shape_b = std::vector<uint64_t>{1};
   bad.tensors.push_back(dt);
+  bad.first_divergent_op = "layer0.attn.o_proj";
   bad.settle();
 
   Case skipped;
@@ -145,7 +146,7 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
   EXPECT_EQ(joined(test::schema_errors(load_schema(), j)), "");
-  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["schema_version"], 2);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
   EXPECT_EQ(j["summary"]["cases"], 3);
@@ -162,6 +163,12 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   EXPECT_TRUE(j["cases"][1]["tensors"][1]["metrics"].is_null());
   EXPECT_EQ(j["environment"]["gpu_name"], nullptr);
   EXPECT_EQ(j["cases"][2]["skip_reason"], "no GPU");
+  EXPECT_EQ(j["cases"][0]["tensors"][0]["metrics"]["ulp_histogram"], json::array());  // bit identical
+  json hist = json::array();
+  for (size_t k = 0; k < kUlpBins; ++k) hist.push_back(k == 21 || k == kUlpBinNan ? 1 : 0);  // 3 vs 3.5: 2^21 ulp
+  EXPECT_EQ(lp["ulp_histogram"], hist);
+  EXPECT_EQ(j["cases"][1]["first_divergent_op"], "layer0.attn.o_proj");
+  EXPECT_EQ(j["cases"][0]["first_divergent_op"], nullptr);
 }
 
 TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real schema
@@ -174,10 +181,13 @@ TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real sch
   };
   EXPECT_TRUE(broken([](json& j) { j["environment"].erase("git_commit"); }));
   EXPECT_TRUE(broken([](json& j) { j["status"] = "partial"; }));
-  EXPECT_TRUE(broken([](json& j) { j["schema_version"] = 2; }));
+  EXPECT_TRUE(broken([](json& j) { j["schema_version"] = 1; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["mismatches"] = -1; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["max_abs_diff"] = "nan"; }));
-  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["ulp_histogram"].erase(0); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][1]["tensors"][0]["metrics"]["ulp_histogram"].erase(0); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["ulp_histogram"] = {1}; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0].erase("first_divergent_op"); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["first_divergent_op"] = 3; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["surprise"] = true; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["parameters"]["tp"] = 2; }));
 }
@@ -245,10 +255,16 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
   EXPECT_EQ(rows[1][8], "[2]");
   EXPECT_EQ(rows[3][8], "[]");
   EXPECT_EQ(rows[5][1], "skipped");
+  EXPECT_EQ(rows[2][24], "layer0.attn.o_proj");  // first_divergent_op, on every row of its case
+  EXPECT_EQ(rows[4][24], "layer0.attn.o_proj");
+  EXPECT_EQ(rows[1][24], "");
+  EXPECT_EQ(rows[1][25], "");  // ulp_histogram: empty when bit identical
+  EXPECT_EQ(rows[2][25], "[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1,0,0,0,0,0,0,0,0,0,0,1]");
   // The column order is stable (readers index by position).
   EXPECT_EQ(kCsvColumns[0], "case_id");
   EXPECT_EQ(kCsvColumns[14], "max_abs_diff");
-  EXPECT_EQ(kCsvColumns.back(), "nan_policy");
+  EXPECT_EQ(kCsvColumns[23], "nan_policy");
+  EXPECT_EQ(kCsvColumns.back(), "ulp_histogram");  // version 2 columns come last
 }
 
 // fast-cpp-csv-parser (what `report --baseline` will read back) parses every row by
@@ -260,7 +276,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 24;
+  constexpr size_t kN = 26;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());

@@ -1,0 +1,360 @@
+#include "harness/cases.h"
+
+#include <algorithm>
+#include <map>
+
+#include "harness/io/errors.h"
+#include "harness/models.h"
+#include "reference/layouts/runner.h"
+
+namespace bp::harness {
+
+namespace {
+
+// Model::step's captures inside one layer, in execution order (dense layers use
+// mlp_gate..mlp_act, MoE layers router_logits..expert_out).
+constexpr const char* kLayerOps[] = {"input_norm", "q_proj",        "k_proj",         "v_proj",     "q_norm",
+                                     "k_norm",     "q_rope",        "k_rope",         "attn",       "attn_out",
+                                     "resid_attn", "post_norm",     "router_logits",  "router_weights",
+                                     "expert_out", "mlp_gate",      "mlp_up",         "mlp_act",    "mlp_out",
+                                     "resid_mlp"};
+
+// "layers.<i>.<op>" -> (i, op); nullopt for other names.
+std::optional<std::pair<int, std::string>> split_layer_op(const std::string& name) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size()) return std::nullopt;
+  int layer = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || layer > 1'000'000) return std::nullopt;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return std::make_pair(layer, name.substr(dot + 1));
+}
+
+std::string layer_op(int layer, const char* op) { return "layers." + std::to_string(layer) + "." + op; }
+
+const Contract& contract_of(const std::string& name) {
+  const Contract* c = find_contract(name);
+  if (!c) throw std::logic_error("unknown contract " + name);  // the plan parser checked it
+  return *c;
+}
+
+constexpr const char* kTrivialLayout = "tp1-ep1-cp1";
+
+}  // namespace
+
+std::optional<OpPosition> op_position(const std::string& op, int num_layers) {
+  if (op == "embed") return OpPosition{-1, 0};
+  if (op == "final_norm") return OpPosition{num_layers, 0};
+  if (op == "logits") return OpPosition{num_layers, 1};
+  const auto lo = split_layer_op(op);
+  if (!lo) return std::nullopt;
+  const auto it = std::find(std::begin(kLayerOps), std::end(kLayerOps), lo->second);
+  if (it == std::end(kLayerOps)) return std::nullopt;
+  return OpPosition{lo->first, static_cast<int>(it - std::begin(kLayerOps))};
+}
+
+std::vector<std::string> op_inputs(const std::string& op, int num_layers) {
+  if (op == "final_norm") return {layer_op(num_layers - 1, "resid_mlp")};
+  if (op == "logits") return {"final_norm"};
+  const auto lo = split_layer_op(op);
+  if (!lo) return {};
+  const int i = lo->first;
+  const std::string& o = lo->second;
+  const std::string layer_in = i == 0 ? "embed" : layer_op(i - 1, "resid_mlp");
+  auto in = [&](const char* x) { return layer_op(i, x); };
+  static const std::map<std::string, std::vector<const char*>> inside = {
+      {"q_proj", {"input_norm"}},        {"k_proj", {"input_norm"}},
+      {"v_proj", {"input_norm"}},        {"q_norm", {"q_proj"}},
+      {"k_norm", {"k_proj"}},            {"q_rope", {"q_norm"}},
+      {"k_rope", {"k_norm"}},            {"attn", {"q_rope", "k_rope", "v_proj"}},
+      {"attn_out", {"attn"}},            {"post_norm", {"resid_attn"}},
+      {"router_logits", {"post_norm"}},  {"router_weights", {"router_logits"}},
+      {"expert_out", {"post_norm", "router_weights"}},
+      {"mlp_gate", {"post_norm"}},       {"mlp_up", {"post_norm"}},
+      {"mlp_act", {"mlp_gate", "mlp_up"}}, {"mlp_out", {"mlp_act", "expert_out"}},
+      {"resid_mlp", {"resid_attn", "mlp_out"}}};
+  if (o == "input_norm") return {layer_in};
+  if (o == "resid_attn") return {layer_in, in("attn_out")};
+  std::vector<std::string> r;
+  if (const auto it = inside.find(o); it != inside.end())
+    for (const char* x : it->second) r.push_back(in(x));
+  return r;
+}
+
+std::pair<std::pair<int, int>, std::string> execution_order_key(const std::string& tensor, int num_layers) {
+  const int after = num_layers + 1;  // past every op
+  auto starts = [&](std::string_view p) { return tensor.rfind(p, 0) == 0; };
+  if (starts("ops.")) {
+    const auto pos = op_position(tensor.substr(4), num_layers);
+    return pos ? std::make_pair(std::make_pair(pos->layer, pos->index), std::string())
+               : std::make_pair(std::make_pair(after, 0), tensor);
+  }
+  // Per-sequence outputs sort by sequence number, not as text ("logprobs.10" after ".9").
+  auto seq_key = [&](size_t prefix) {
+    const std::string n = tensor.substr(prefix);
+    return std::string(12 - std::min<size_t>(n.size(), 12), '0') + n;
+  };
+  if (starts("logprobs.")) return {{after, 1}, seq_key(9)};
+  if (starts("entropy.")) return {{after, 2}, seq_key(8)};
+  if (starts("grads.")) return {{after, 3}, tensor};
+  return {{after, 4}, tensor};
+}
+
+std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelConfig& cfg, const Knobs& kn,
+                                          std::vector<std::string>* dropped) {
+  std::vector<layouts::Layout> r;
+  for (int tp : grid.tp)
+    for (int ep : grid.ep)
+      for (int cp : grid.cp)
+        for (layouts::CpSplit split : grid.cp_split) {
+          if (cp == 1 && split != grid.cp_split.front()) continue;  // one way to cut a whole sequence
+          const layouts::Layout l{tp, ep, cp, cp == 1 ? layouts::CpSplit::Contiguous : split};
+          if (const std::string why = layouts::shard_check(l, cfg, kn); why.empty())
+            r.push_back(l);
+          else if (dropped)
+            dropped->push_back(l.name() + ": " + why);
+        }
+  return r;
+}
+
+// --- the engine -------------------------------------------------------------------
+
+struct CaseEngine::Loaded {
+  size_t model = 0;
+  Weights weights;
+  std::map<std::string, std::unique_ptr<ref::Model>> by_contract;
+  const ref::Model& model_for(const ModelConfig& cfg, const std::string& contract) {
+    auto& m = by_contract[contract];
+    if (!m) m = std::make_unique<ref::Model>(cfg, weights, contract_of(contract).knobs);
+    return *m;
+  }
+};
+
+struct CaseEngine::Canonical {
+  size_t model = 0;
+  std::string contract;
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, size_t> index;  // name -> tensors[i]
+};
+
+namespace {
+
+NamedTensor f32_tensor(std::string name, std::vector<float> v, std::vector<uint64_t> shape) {
+  NamedTensor t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.type = CmpType::F32;
+  t.f32_values = std::move(v);
+  return t;
+}
+
+// The named tensors of one run (see cases.h), in report order.
+std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&& fwd, ref::BackwardResult* bwd) {
+  std::vector<NamedTensor> out;
+  auto per_sequence = [&](const std::string& prefix, std::vector<std::vector<float>>& rows) {
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const uint64_t n = rows[s].size();
+      out.push_back(f32_tensor(prefix + std::to_string(s), std::move(rows[s]), {n}));
+    }
+  };
+  per_sequence("logprobs.", fwd.logprob);
+  per_sequence("entropy.", fwd.entropy);
+  for (ref::Capture& c : fwd.captures) {
+    NamedTensor t;
+    t.name = "ops." + c.name;
+    for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
+    if (c.f32_data.empty()) {
+      t.type = CmpType::BF16;
+      t.bf16_values = std::move(c.bf16_data);
+    } else {
+      t.f32_values = std::move(c.f32_data);
+    }
+    out.push_back(std::move(t));
+  }
+  if (bwd)
+    for (const WeightSpec& spec : weight_specs(cfg)) {
+      auto it = bwd->grads.find(spec.name);
+      if (it == bwd->grads.end()) continue;  // lm_head when tied
+      std::vector<uint64_t> shape(spec.shape.begin(), spec.shape.end());
+      out.push_back(f32_tensor("grads." + spec.name, std::move(it->second), std::move(shape)));
+    }
+  return out;
+}
+
+TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
+  TensorRecord rec;
+  rec.name = ref.name;
+  rec.dtype_a = cmp_type_name(ref.type);
+  rec.shape_a = ref.shape;
+  rec.is_logprob = ref.name.rfind("logprobs.", 0) == 0;
+  if (!got) {
+    rec.status = TensorStatus::kOnlyInA;
+    return rec;
+  }
+  rec.dtype_b = cmp_type_name(got->type);
+  rec.shape_b = got->shape;
+  if (got->type != ref.type) {
+    rec.status = TensorStatus::kDtypeMismatch;
+  } else if (got->shape != ref.shape) {
+    rec.status = TensorStatus::kShapeMismatch;
+  } else {
+    rec.metrics = ref.type == CmpType::F32 ? harness::compare(std::span<const float>(ref.f32_values),
+                                                              std::span<const float>(got->f32_values), ref.shape)
+                                           : harness::compare(std::span<const bf16>(ref.bf16_values),
+                                                              std::span<const bf16>(got->bf16_values), ref.shape);
+    rec.metrics->is_logprob = rec.is_logprob;
+  }
+  return rec;
+}
+
+}  // namespace
+
+CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
+  for (size_t m = 0; m < plan_.models.size(); ++m) {
+    const SweepPlan::Origin o = plan_.origin("models");
+    const std::string field = plan_field("models", o.flags) + "[" + std::to_string(m) + "]";
+    const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
+    names_.push_back(plan_.models[m]);
+    configs_.push_back(cfg);
+    tokens_.push_back(plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings));
+
+    for (const std::string& contract : plan_.contracts) {
+      const Knobs& kn = contract_of(contract).knobs;
+      // The sharded backends' layouts for this model and contract.
+      std::vector<layouts::Layout> sharded;
+      if (!plan_.layouts.empty()) {
+        for (size_t i = 0; i < plan_.layouts.size(); ++i) {
+          const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
+          if (!why.empty())
+            plan_.bad("layouts", "[" + std::to_string(i) + "]",
+                      "model " + names_[m] + " cannot run layout " + plan_.layouts[i].name() + ": " + why);
+        }
+        sharded = plan_.layouts;
+      } else {
+        std::vector<std::string> dropped;
+        sharded = grid_layouts(plan_.grid, cfg, kn, &dropped);
+        if (contract == plan_.contracts.front())
+          for (const std::string& d : dropped) dropped_.push_back(names_[m] + ": " + d);
+      }
+      const bool needs_layouts = std::any_of(plan_.backends.begin(), plan_.backends.end(),
+                                             [](Backend b) { return b != Backend::kReference; });
+      if (sharded.empty() && needs_layouts)
+        plan_.bad("tp", "", "no layout of the grid can run model " + names_[m] + " under " + contract);
+      for (Backend b : plan_.backends) {
+        const std::vector<layouts::Layout> ls =
+            b == Backend::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
+        for (const layouts::Layout& l : ls)
+          for (const ref::Schedule& p : plan_.paths) cases_.push_back({m, contract, b, l, p});
+      }
+    }
+  }
+}
+
+CaseEngine::~CaseEngine() = default;
+
+const std::string& CaseEngine::model_name(size_t i) const { return names_.at(i); }
+const ModelConfig& CaseEngine::model_config(size_t i) const { return configs_.at(i); }
+
+std::string CaseEngine::case_id(const CaseSpec& c) const {
+  return names_[c.model] + "/" + c.contract + "/" + backend_name(c.backend) + "/" + c.layout.name() + "/" +
+         path_name(c.path);
+}
+
+CaseEngine::Loaded& CaseEngine::loaded(size_t model) {
+  if (!loaded_ || loaded_->model != model) {
+    loaded_.reset();  // free the previous model's weights first
+    auto l = std::make_unique<Loaded>();
+    l->model = model;
+    l->weights = model_weights(names_[model], plan_.base_dir, configs_[model], plan_.weight_seed);
+    loaded_ = std::move(l);
+  }
+  return *loaded_;
+}
+
+std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+  if (c.backend == Backend::kCuda) throw CannotTest("no CUDA backend/GPU here");
+  const ModelConfig& cfg = configs_[c.model];
+  const auto& seqs = tokens_[c.model];
+  Loaded& l = loaded(c.model);
+  const Knobs& kn = contract_of(c.contract).knobs;
+  ref::ForwardOptions opt;
+  opt.temperature = plan_.temperature;
+  opt.entropy = true;
+  opt.capture = plan_.capture_ops;
+  const bool grads = plan_.grads && c.path.kind == ref::Schedule::Kind::Extend;
+  ref::ForwardResult fwd;
+  std::optional<ref::BackwardResult> bwd;
+  if (c.backend == Backend::kReference) {
+    const ref::Model& m = l.model_for(cfg, c.contract);
+    fwd = m.forward(seqs, c.path, opt);
+    if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
+  } else {
+    fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
+    if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+  }
+  return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr);
+}
+
+const CaseEngine::Canonical& CaseEngine::canonical(size_t model, const std::string& contract) {
+  if (canonical_ && canonical_->model == model && canonical_->contract == contract) return *canonical_;
+  canonical_.reset();
+  auto c = std::make_unique<Canonical>();
+  c->model = model;
+  c->contract = contract;
+  // The reference is the unsharded model's extend path (with its backward).
+  c->tensors = run({model, contract, Backend::kReference, layouts::Layout{}, ref::Schedule::extend()});
+  for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
+  canonical_ = std::move(c);
+  return *canonical_;
+}
+
+Case CaseEngine::compare(const CaseSpec& spec) {
+  Case out;
+  out.id = case_id(spec);
+  out.parameters = {{"model", names_[spec.model]},
+                    {"contract", spec.contract},
+                    {"contract_knob_hash", contract_of(spec.contract).knob_hash()},
+                    {"backend", backend_name(spec.backend)},
+                    {"layout", spec.layout.name()},
+                    {"path", path_name(spec.path)}};
+  std::vector<NamedTensor> got;
+  try {
+    got = run(spec);
+  } catch (const CannotTest& e) {
+    out.verdict = Verdict::kSkipped;
+    out.skip_reason = e.what();
+    return out;
+  }
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
+  const Canonical& ref = canonical(spec.model, spec.contract);
+  const bool grads = plan_.grads && spec.path.kind == ref::Schedule::Kind::Extend;
+  for (const NamedTensor& r : ref.tensors) {
+    if (r.name.rfind("grads.", 0) == 0 && !grads) continue;
+    const auto it = by_name.find(r.name);
+    out.tensors.push_back(compare_tensors(r, it == by_name.end() ? nullptr : it->second));
+    if (it != by_name.end()) by_name.erase(it);
+  }
+  // Anything the case produced that the reference has not (a backend bug).
+  for (const NamedTensor& t : got)
+    if (by_name.count(t.name)) {
+      TensorRecord rec;
+      rec.name = t.name;
+      rec.status = TensorStatus::kOnlyInB;
+      rec.dtype_b = cmp_type_name(t.type);
+      rec.shape_b = t.shape;
+      out.tensors.push_back(std::move(rec));
+    }
+  for (const TensorRecord& t : out.tensors)
+    if (!t.matches() && t.name.rfind("ops.", 0) == 0) {
+      out.first_divergent_op = t.name.substr(4);
+      break;
+    }
+  out.settle();
+  return out;
+}
+
+}  // namespace bp::harness

@@ -1,0 +1,113 @@
+// The case engine: runs one (model, contract, backend, layout, path) case and
+// compares it with the canonical reference of its (model, contract) — the
+// unsharded ref::Model's extend forward (logprobs, entropy, captures) and its
+// backward (every parameter's gradient), computed once and cached.
+//
+// A run's outputs are named tensors, the names a `bitparity run` dump uses:
+//   logprobs.<s>  F32 [len_s − 1]  logprob of token t+1 at position t, sequence s
+//   entropy.<s>   F32 [len_s − 1]  entropy of the next-token distribution
+//   ops.<op>      BF16 [tokens, features]  with capture: every op's output in
+//                 canonical rows (sequence by sequence), e.g. ops.layers.0.attn_out
+//   grads.<name>  F32, the parameter's shape: on the extend path (the training
+//                 path) with grads, dL/dW for L = Σ c_t·logprob_t, HF names
+// A case compares every tensor of its run with the reference's tensor of the same
+// name: logprobs and entropy always, ops with capture, grads on the extend path.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/compare.h"
+#include "harness/plan.h"
+#include "harness/report/report.h"
+#include "reference/model/qwen3.h"
+
+namespace bp::harness {
+
+// The case's backend cannot run on this machine (exit code 125 when nothing ran).
+class CannotTest : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct NamedTensor {
+  std::string name;
+  std::vector<uint64_t> shape;
+  CmpType type = CmpType::F32;
+  std::vector<float> f32_values;  // when F32
+  std::vector<bf16> bf16_values;  // when BF16
+};
+
+struct CaseSpec {
+  size_t model = 0;  // index into the engine's models
+  std::string contract;
+  Backend backend = Backend::kReference;
+  layouts::Layout layout;
+  ref::Schedule path;
+};
+
+// Execution order of the captured ops (Model::step) and which captured tensors
+// each op reads: the table `bisect` uses to say whether an op's inputs were equal.
+// An op not in the table (a future capture) sorts last and has unknown inputs.
+struct OpPosition {
+  int layer = -1;  // -1 before the layers (embed); num_layers after them
+  int index = 0;   // order inside the layer
+};
+std::optional<OpPosition> op_position(const std::string& op, int num_layers);
+// The captured inputs of `op` ("layers.2.q_norm" -> {"layers.2.q_proj"}); empty for
+// embed (its inputs are the tokens and the weights). Lists both MLP kinds' inputs
+// where they differ (mlp_out: mlp_act or expert_out); callers keep those present.
+std::vector<std::string> op_inputs(const std::string& op, int num_layers);
+// Sort key of a dump tensor name in execution order: ops.* in op order, then
+// logprobs.*, entropy.*, grads.* (each by sequence / name).
+std::pair<std::pair<int, int>, std::string> execution_order_key(const std::string& tensor, int num_layers);
+
+// The grid's layouts that a model can run under the knobs, in grid order (cp_split
+// only for cp > 1); the others, with the reason, appended to `dropped` if given.
+std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelConfig& cfg, const Knobs& kn,
+                                          std::vector<std::string>* dropped = nullptr);
+
+class CaseEngine {
+ public:
+  // Resolves the plan: loads each model's config (weights lazily), tokens, and
+  // checks explicit layouts against every model and contract. Throws io::BadInput
+  // naming the source that set the field (the plan file or "command line").
+  explicit CaseEngine(SweepPlan plan);
+  ~CaseEngine();
+
+  const SweepPlan& plan() const { return plan_; }
+  // The cases in sweep order: model, contract, backend, layout, path.
+  const std::vector<CaseSpec>& cases() const { return cases_; }
+  // Grid layouts dropped because a model cannot run them: "<model>: <layout>: why".
+  const std::vector<std::string>& dropped_layouts() const { return dropped_; }
+  const std::string& model_name(size_t i) const;
+  const ModelConfig& model_config(size_t i) const;
+  std::string case_id(const CaseSpec& c) const;  // "model/contract/backend/layout/path"
+
+  // One case's outputs (throws CannotTest for the cuda backend).
+  std::vector<NamedTensor> run(const CaseSpec& c);
+  // Runs the case and compares it with the reference: a report case with
+  // parameters (model, contract, contract_knob_hash, backend, layout, path) and,
+  // with capture, first_divergent_op. A CannotTest case comes back skipped.
+  Case compare(const CaseSpec& c);
+
+ private:
+  struct Loaded;
+  struct Canonical;
+  Loaded& loaded(size_t model);
+  const Canonical& canonical(size_t model, const std::string& contract);
+
+  SweepPlan plan_;
+  std::vector<std::string> names_;
+  std::vector<ModelConfig> configs_;
+  std::vector<std::vector<std::vector<int32_t>>> tokens_;  // per model
+  std::unique_ptr<Loaded> loaded_;        // the last model's weights (sweeps go model by model)
+  std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
+  std::vector<CaseSpec> cases_;
+  std::vector<std::string> dropped_;
+};
+
+}  // namespace bp::harness

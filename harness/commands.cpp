@@ -1,0 +1,121 @@
+// What run, sweep and bisect share: the plan options and the error-to-exit-code map.
+#include "harness/commands.h"
+
+#include "harness/cases.h"
+#include "harness/exit_codes.h"
+#include "harness/io/errors.h"
+#include "harness/io/safetensors.h"
+#include "harness/report/html.h"
+
+namespace bp::harness {
+
+using nlohmann::json;
+
+void PlanFlags::add_to(CLI::App* app) {
+  // Each option remembers how to put itself into the plan JSON when given.
+  auto add = [&](CLI::Option* o, std::function<void(json&)> put) {
+    options_.emplace_back(o, std::move(put));
+    return o;
+  };
+  app->add_option("--plan", plan_file_, "JSON plan file (README \"Plans\"); the flags below override its fields");
+  add(app->add_option("--model", models_, "fixture name or Hugging Face checkpoint directory (with a '/'); repeatable"),
+      [this](json& j) { j["models"] = models_; });
+  add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
+      [this](json& j) { j["contracts"] = contracts_; });
+  add(app->add_option("--backend", backends_, "reference, emulated, cuda (comma-separated)")->delimiter(','),
+      [this](json& j) { j["backends"] = backends_; });
+  add(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")
+          ->delimiter(','),
+      [this](json& j) { j["layouts"] = layouts_; });
+  add(app->add_option("--tp", tp_, "grid: tensor-parallel sizes, e.g. 1,2,4")->delimiter(','),
+      [this](json& j) { j["tp"] = tp_; });
+  add(app->add_option("--ep", ep_, "grid: expert-parallel sizes")->delimiter(','), [this](json& j) { j["ep"] = ep_; });
+  add(app->add_option("--cp", cp_, "grid: context-parallel sizes")->delimiter(','), [this](json& j) { j["cp"] = cp_; });
+  add(app->add_option("--cp-split", cp_split_, "grid: contiguous, zigzag")->delimiter(','),
+      [this](json& j) { j["cp_split"] = cp_split_; });
+  add(app->add_option("--path", paths_, "extend, chunked:<n>[,<n>...], decode, ragged; repeatable"),
+      [this](json& j) { j["paths"] = paths_; });
+  add(app->add_option("--seed", seed_, "token seed (random sequences of --lengths)"),
+      [this](json& j) { j["tokens"]["seed"] = seed_; });
+  add(app->add_option("--lengths", lengths_, "sequence lengths, e.g. 9,17,24")->delimiter(','),
+      [this](json& j) { j["tokens"]["lengths"] = lengths_; });
+  add(app->add_option("--tokens", tokens_file_, "tokens file {\"sequences\": [[...], ...]}"),
+      [this](json& j) { j["tokens"]["file"] = tokens_file_; });
+  add(app->add_option("--weight-seed", weight_seed_, "seed of generated weights (fixtures)"),
+      [this](json& j) { j["weight_seed"] = weight_seed_; });
+  add(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t"),
+      [this](json& j) { j["coef_seed"] = coef_seed_; });
+  add(app->add_option("--temperature", temperature_, "logprob temperature"),
+      [this](json& j) { j["temperature"] = temperature_; });
+  add(app->add_flag("--no-grads", no_grads_, "skip the backward (parameter gradients)"),
+      [this](json& j) { j["grads"] = !no_grads_; });
+  add(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
+      [this](json& j) { j["capture"] = capture_; });
+}
+
+json PlanFlags::given() const {
+  json j = json::object();
+  for (const auto& [opt, put] : options_)
+    if (opt->count()) put(j);
+  return j;
+}
+
+SweepPlan PlanFlags::plan(SweepPlan base) const {
+  if (!plan_file_.empty()) apply_plan_file(plan_file_, base);
+  apply_plan_json(given(), "command line", true, base);
+  return base;
+}
+
+namespace {
+using Writer = void (*)(const Report&, const std::string&);
+std::vector<std::pair<const std::string*, Writer>> writers(const ReportPaths& p) {
+  const Writer html = [](const Report& r, const std::string& path) {
+    io::write_file_atomic(path, render_html(r, "bitparity " + r.command, nullptr));
+  };
+  return {{&p.json, &write_json}, {&p.csv, &write_csv}, {&p.junit, &write_junit}, {&p.html, html}};
+}
+}  // namespace
+
+int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err) {
+  for (const auto& [path, write] : writers(paths)) {
+    if (path->empty()) continue;
+    if (const std::string why = report_path_problem(*path); !why.empty()) {
+      std::fprintf(err, "bitparity %s: cannot write report: %s: %s\n", cmd, path->c_str(), why.c_str());
+      return kExitBadInput;
+    }
+  }
+  return 0;
+}
+
+int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err) {
+  for (const auto& [path, write] : writers(paths)) {
+    if (path->empty()) continue;
+    try {
+      write(r, *path);
+    } catch (const io::IoError& e) {
+      std::fprintf(err, "bitparity %s: cannot write report: %s\n", cmd, e.what());
+      return kExitBadInput;
+    }
+  }
+  return 0;
+}
+
+int exit_for_error(const char* cmd, std::FILE* err) {
+  try {
+    throw;
+  } catch (const io::BadInput& e) {
+    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
+    return kExitBadInput;
+  } catch (const io::IoError& e) {
+    std::fprintf(err, "bitparity %s: cannot read or write: %s\n", cmd, e.what());
+    return kExitBadInput;
+  } catch (const CannotTest& e) {
+    std::fprintf(err, "bitparity %s: cannot test here: %s\n", cmd, e.what());
+    return kExitCannotTest;
+  } catch (const std::exception& e) {
+    std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
+    return kExitInternal;
+  }
+}
+
+}  // namespace bp::harness

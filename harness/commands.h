@@ -1,0 +1,80 @@
+// The model-driving subcommands of bitparity: run, sweep, bisect, list. Each
+// add_* registers its subcommand and options on the app and returns the
+// subcommand with the function main() calls when it was chosen.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/cases.h"
+#include "harness/plan.h"
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+struct Subcommand {
+  CLI::App* app;
+  std::function<int()> run;  // the exit code (exit_codes.h)
+};
+
+Subcommand add_run_command(CLI::App& app);
+Subcommand add_sweep_command(CLI::App& app);
+Subcommand add_bisect_command(CLI::App& app);
+Subcommand add_list_command(CLI::App& app);
+
+// The plan options shared by run, sweep and bisect (--model, --contract, --backend,
+// --layout, --tp/--ep/--cp/--cp-split, --path, --seed/--lengths/--tokens,
+// --weight-seed, --coef-seed, --temperature, --no-grads, --capture, --plan).
+class PlanFlags {
+ public:
+  void add_to(CLI::App* app);
+  // The plan: `base`, then the --plan file, then the flags given. io::BadInput.
+  SweepPlan plan(SweepPlan base = {}) const;
+
+ private:
+  nlohmann::json given() const;  // the flags given, as plan JSON keys
+  std::string plan_file_;
+  std::vector<std::string> models_, contracts_, backends_, layouts_, cp_split_, paths_;
+  std::vector<int> tp_, ep_, cp_, lengths_;
+  uint64_t seed_ = 0, weight_seed_ = 0, coef_seed_ = 0;
+  double temperature_ = 1;
+  std::string tokens_file_, capture_;
+  bool no_grads_ = false;
+  std::vector<std::pair<CLI::Option*, std::function<void(nlohmann::json&)>>> options_;
+};
+
+// One case's outputs, for `run` (its dump) and `bisect` (one side).
+struct SingleRun {
+  std::string id;  // the case id
+  std::map<std::string, std::string> metadata;  // what the dump's __metadata__ records
+  std::vector<NamedTensor> tensors;
+  int num_layers = 0;
+};
+// run's defaults: qwen3-dense-tiny, the first contract, reference, tp1-ep1-cp1,
+// extend; the truth contract allowed.
+SweepPlan single_case_defaults();
+// Runs the one case `plan` names (io::BadInput when it names more, or a layout the
+// reference backend cannot run; CannotTest for cuda).
+SingleRun run_single_case(const SweepPlan& plan);
+
+// Where a command writes its reports ("" = not at all).
+struct ReportPaths {
+  std::string json, csv, junit, html;
+};
+// 0 when every path can take a report, else prints why and returns kExitBadInput:
+// commands check before running, so a bad path costs no work and no earlier report.
+int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
+// Writes each requested report atomically; 0, or kExitBadInput after a failed write.
+int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
+
+// Inside a catch block: prints the exception in flight for subcommand `cmd`
+// ("bitparity sweep: bad input: ...") and returns its exit code.
+int exit_for_error(const char* cmd, std::FILE* err);
+
+}  // namespace bp::harness

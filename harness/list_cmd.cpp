@@ -1,0 +1,86 @@
+// `bitparity list`: the models, contracts, backends, layouts and paths a plan can name.
+#include <cstdio>
+
+#include "harness/cases.h"
+#include "harness/commands.h"
+#include "harness/exit_codes.h"
+#include "harness/models.h"
+
+namespace bp::harness {
+
+namespace {
+
+struct ListOptions {
+  std::vector<std::string> models;  // checkpoint directories to describe too
+};
+
+std::string shape_text(const ModelConfig& c) {
+  std::string s = c.model_type + ", hidden " + std::to_string(c.hidden_size) + ", " +
+                  std::to_string(c.num_hidden_layers) + " layers, " + std::to_string(c.num_attention_heads) + "/" +
+                  std::to_string(c.num_key_value_heads) + " heads of " + std::to_string(c.head_dim) + ", vocab " +
+                  std::to_string(c.vocab_size);
+  if (c.is_moe_model())
+    s += ", " + std::to_string(c.num_experts) + " experts top-" + std::to_string(c.num_experts_per_tok);
+  return s;
+}
+
+// The default grid's layouts that the model can run under every contract.
+std::string layouts_text(const ModelConfig& cfg) {
+  std::vector<layouts::Layout> common = grid_layouts(LayoutGrid{}, cfg, contracts().front().knobs);
+  for (const Contract& c : contracts()) {
+    const std::vector<layouts::Layout> mine = grid_layouts(LayoutGrid{}, cfg, c.knobs);
+    std::erase_if(common, [&](const layouts::Layout& l) { return std::find(mine.begin(), mine.end(), l) == mine.end(); });
+  }
+  std::string s;
+  for (const layouts::Layout& l : common) s += (s.empty() ? "" : " ") + l.name();
+  return s.empty() ? "(none)" : s;
+}
+
+int list(const ListOptions& o) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (const EmbeddedFixture& f : embedded_fixtures())
+    models.emplace_back(std::string(f.name), model_config(std::string(f.name), "", "", ""));
+  for (size_t i = 0; i < o.models.size(); ++i) {
+    const std::string spec = names_fixture(o.models[i]) ? "./" + o.models[i] : o.models[i];
+    models.emplace_back(spec, model_config(spec, "", "command line", "--model[" + std::to_string(i) + "]"));
+  }
+  size_t w = 0;
+  for (const auto& [name, cfg] : models) w = std::max(w, name.size());
+  const int iw = static_cast<int>(w);
+  std::printf("models (fixtures: embedded config.json, generated weights; directories: Hugging Face checkpoints):\n");
+  for (const auto& [name, cfg] : models) {
+    const char* kind = names_fixture(name) ? "fixture" : generated_weights(name, "") ? "config only" : "checkpoint";
+    std::printf("  %-*s  %-11s %s\n", iw, name.c_str(), kind, shape_text(cfg).c_str());
+  }
+  std::printf("contracts:\n");
+  for (const Contract& c : contracts())
+    std::printf("  %-16s hash %s  %s\n", c.name.c_str(), c.knob_hash().c_str(), c.canonical_knobs().c_str());
+  std::printf("  %-16s the float64 twin of the model (run only; no paths, layouts or captures)\n", kTruthContract);
+  std::printf("backends:\n"
+              "  reference  the unsharded CPU reference model (ref::Model), every path\n"
+              "  emulated   the sharded layouts on emulated CPU ranks (reference/layouts)\n"
+              "  cuda       not available in this build (its cases exit 125: cannot test here)\n");
+  std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
+              "control); those of the default grid each model runs under every contract:\n");
+  for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());
+  std::printf("paths:\n  extend  chunked:<n>[,<n>...]  decode  ragged\n");
+  return kExitExact;
+}
+
+}  // namespace
+
+Subcommand add_list_command(CLI::App& app) {
+  auto o = std::make_shared<ListOptions>();
+  CLI::App* sub = app.add_subcommand("list", "list models (fixtures and --model directories), contracts, backends, "
+                                             "the layouts each model can run, and paths");
+  sub->add_option("--model", o->models, "a Hugging Face checkpoint directory to describe too (repeatable)");
+  return {sub, [o] {
+            try {
+              return list(*o);
+            } catch (...) {
+              return exit_for_error("list", stderr);
+            }
+          }};
+}
+
+}  // namespace bp::harness

@@ -1,0 +1,371 @@
+#include "harness/plan.h"
+
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "harness/io/json_strict.h"
+#include "reference/common/rng.h"
+
+namespace bp::harness {
+
+using io::BadInput;
+using nlohmann::json;
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kReference: return "reference";
+    case Backend::kEmulated: return "emulated";
+    case Backend::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+std::optional<Backend> parse_backend(std::string_view s) {
+  for (Backend b : kAllBackends)
+    if (s == backend_name(b)) return b;
+  return std::nullopt;
+}
+
+std::string path_name(const ref::Schedule& s) {
+  switch (s.kind) {
+    case ref::Schedule::Kind::Extend: return "extend";
+    case ref::Schedule::Kind::Decode: return "decode";
+    case ref::Schedule::Kind::Ragged: return "ragged";
+    case ref::Schedule::Kind::Chunked: {
+      std::string r = "chunked:";
+      for (size_t i = 0; i < s.chunks.size(); ++i) r += (i ? "," : "") + std::to_string(s.chunks[i]);
+      return r;
+    }
+  }
+  return "?";
+}
+
+std::optional<ref::Schedule> parse_path(std::string_view s, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<ref::Schedule> {
+    if (why) *why = w;
+    return std::nullopt;
+  };
+  if (s == "extend") return ref::Schedule::extend();
+  if (s == "decode") return ref::Schedule::decode();
+  if (s == "ragged") return ref::Schedule::ragged();
+  constexpr std::string_view kChunked = "chunked:";
+  if (s.substr(0, kChunked.size()) != kChunked)
+    return fail("unknown path; the paths are extend, chunked:<n>[,<n>...], decode, ragged");
+  std::vector<int> chunks;
+  std::string_view rest = s.substr(kChunked.size());
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view num = rest.substr(0, comma);
+    int n = 0;
+    const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), n);
+    if (num.empty() || ec != std::errc() || end != num.data() + num.size() || n < 1 || n > 1'000'000)
+      return fail("chunk sizes must be integers in [1, 1000000], comma-separated, e.g. chunked:5,3");
+    chunks.push_back(n);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return ref::Schedule::chunked(std::move(chunks));
+}
+
+std::vector<std::string> contract_names() {
+  std::vector<std::string> r;
+  for (const Contract& c : contracts()) r.push_back(c.name);
+  return r;
+}
+
+std::string plan_field(const std::string& key, bool flags) {
+  if (!flags) return key;
+  // Options whose name is not the key's: singular options for the lists, and the
+  // token options.
+  static const std::map<std::string, std::string> renamed = {
+      {"models", "--model"},       {"contracts", "--contract"},  {"backends", "--backend"},
+      {"layouts", "--layout"},     {"paths", "--path"},          {"tokens", "--tokens"},
+      {"tokens.file", "--tokens"}, {"tokens.seed", "--seed"},    {"tokens.lengths", "--lengths"}};
+  if (const auto it = renamed.find(key); it != renamed.end()) return it->second;
+  std::string f = "--" + key;
+  for (char& c : f)
+    if (c == '_') c = '-';
+  return f;
+}
+
+void SweepPlan::bad(const std::string& key, const std::string& suffix, const std::string& message) const {
+  const Origin o = origin(key.substr(0, key.find('.')));
+  throw BadInput(o.source, plan_field(key, o.flags) + suffix, message);
+}
+
+namespace {
+
+// Reads one plan object's fields, each with a message naming source and field.
+class FieldReader {
+ public:
+  FieldReader(const std::string& source, bool flags) : source_(source), flags_(flags) {}
+
+  [[noreturn]] void bad(const std::string& field, const std::string& msg) const {
+    throw BadInput(source_, field, msg);
+  }
+  std::string name(const std::string& key) const { return plan_field(key, flags_); }
+
+  static std::string describe(const json& v) {
+    std::string d = v.dump();
+    if (d.size() > 60) d = d.substr(0, 57) + "...";
+    return std::string(io::json_type_word(v)) + " " + d;
+  }
+
+  int64_t integer(const std::string& field, const json& v, int64_t lo, int64_t hi) const {
+    if (v.is_boolean() || !v.is_number_integer()) bad(field, "must be an integer, got " + describe(v));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi)
+      bad(field, v.dump() + " is too large (at most " + std::to_string(hi) + ")");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo) bad(field, v.dump() + " is out of range (at least " + std::to_string(lo) + ")");
+    return x;
+  }
+  uint64_t seed(const std::string& field, const json& v) const {
+    if (v.is_boolean() || !v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+      bad(field, "must be a non-negative integer, got " + describe(v));
+    return v.get<uint64_t>();
+  }
+  const std::string& string(const std::string& field, const json& v) const {
+    if (!v.is_string()) bad(field, "must be a string, got " + describe(v));
+    return v.get_ref<const std::string&>();
+  }
+  bool boolean(const std::string& field, const json& v) const {
+    if (!v.is_boolean()) bad(field, "must be true or false, got " + describe(v));
+    return v.get<bool>();
+  }
+  // A non-empty list, each element converted by `one(field[i], element)`.
+  template <class T>
+  std::vector<T> list(const std::string& field, const json& v,
+                      const std::function<T(const std::string&, const json&)>& one) const {
+    if (!v.is_array()) bad(field, "must be a list, got " + describe(v));
+    if (v.empty()) bad(field, "must not be empty");
+    std::vector<T> r;
+    for (size_t i = 0; i < v.size(); ++i) r.push_back(one(field + "[" + std::to_string(i) + "]", v[i]));
+    return r;
+  }
+
+ private:
+  std::string source_;
+  bool flags_;
+};
+
+template <class T>
+void no_duplicates(const FieldReader& rd, const std::string& field, const std::vector<T>& v,
+                   const std::function<std::string(const T&)>& text) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!seen.insert(text(v[i])).second)
+      rd.bad(field + "[" + std::to_string(i) + "]", "'" + text(v[i]) + "' is listed twice");
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string r;
+  for (const std::string& s : v) r += (r.empty() ? "" : ", ") + s;
+  return r;
+}
+
+void apply_tokens(const FieldReader& rd, const json& v, TokenSpec& t) {
+  const std::string field = rd.name("tokens");
+  if (!v.is_object()) rd.bad(field, "must be an object {\"seed\", \"lengths\"} or {\"file\"}, got " + rd.describe(v));
+  for (const auto& [k, x] : v.items())
+    if (k != "seed" && k != "lengths" && k != "file")
+      rd.bad(field + "." + k, "unknown field; tokens take \"seed\" and \"lengths\", or \"file\"");
+  if (v.contains("file") && (v.contains("seed") || v.contains("lengths")))
+    rd.bad(field, "give either a tokens file or a seed and lengths, not both");
+  if (v.contains("file")) {
+    t.file = rd.string(rd.name("tokens.file"), v["file"]);
+    if (t.file.empty()) rd.bad(rd.name("tokens.file"), "must not be empty");
+    return;
+  }
+  t.file.clear();
+  if (v.contains("seed")) t.seed = rd.seed(rd.name("tokens.seed"), v["seed"]);
+  if (v.contains("lengths"))
+    t.lengths = rd.list<int>(rd.name("tokens.lengths"), v["lengths"], [&](const std::string& f, const json& x) {
+      return static_cast<int>(rd.integer(f, x, 2, 1'000'000));
+    });
+}
+
+layouts::CpSplit cp_split_of(const FieldReader& rd, const std::string& f, const json& x) {
+  const std::string& s = rd.string(f, x);
+  if (s == "contiguous") return layouts::CpSplit::Contiguous;
+  if (s == "zigzag") return layouts::CpSplit::Zigzag;
+  rd.bad(f, "unknown cp split '" + s + "'; the splits are contiguous, zigzag");
+}
+
+}  // namespace
+
+void apply_plan_json(const json& obj, const std::string& source, bool flags, SweepPlan& plan) {
+  const FieldReader rd(source, flags);
+  if (!obj.is_object()) rd.bad("", std::string("a plan is a JSON object, got ") + io::json_type_word(obj));
+  static const std::set<std::string> known = {"models", "contracts", "backends",  "layouts",     "tp",
+                                              "ep",     "cp",        "cp_split",  "paths",       "tokens",
+                                              "weight_seed", "coef_seed", "temperature", "grads", "capture"};
+  for (const auto& [k, v] : obj.items())
+    if (!known.count(k)) rd.bad(rd.name(k), "unknown field; a plan has " + joined({known.begin(), known.end()}));
+
+  for (const auto& [k, v] : obj.items()) plan.origins[k] = {source, flags};
+  for (const char* axis : {"tp", "ep", "cp", "cp_split"})
+    if (obj.contains("layouts") || obj.contains(axis)) plan.origins[axis] = plan.origins["layouts"] = {source, flags};
+  auto field = [&](const char* k) -> const json* { return obj.contains(k) ? &obj[k] : nullptr; };
+  if (const json* v = field("models")) {
+    plan.models = rd.list<std::string>(rd.name("models"), *v, [&](const std::string& f, const json& x) {
+      const std::string& s = rd.string(f, x);
+      if (s.empty()) rd.bad(f, "must not be empty");
+      return s;
+    });
+    no_duplicates<std::string>(rd, rd.name("models"), plan.models, [](const std::string& s) { return s; });
+  }
+  if (const json* v = field("contracts")) {
+    plan.contracts = rd.list<std::string>(rd.name("contracts"), *v, [&](const std::string& f, const json& x) {
+      const std::string& s = rd.string(f, x);
+      if (!find_contract(s) && !(plan.allow_truth && s == kTruthContract))
+        rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()) +
+                      (plan.allow_truth ? std::string(", ") + kTruthContract : ""));
+      return s;
+    });
+    no_duplicates<std::string>(rd, rd.name("contracts"), plan.contracts, [](const std::string& s) { return s; });
+  }
+  if (const json* v = field("backends")) {
+    plan.backends = rd.list<Backend>(rd.name("backends"), *v, [&](const std::string& f, const json& x) {
+      const std::string& s = rd.string(f, x);
+      const auto b = parse_backend(s);
+      if (!b) rd.bad(f, "unknown backend '" + s + "'; the backends are reference, emulated, cuda");
+      return *b;
+    });
+    no_duplicates<Backend>(rd, rd.name("backends"), plan.backends, [](const Backend& b) { return backend_name(b); });
+  }
+
+  // The layout selection: an explicit list or the grid, replaced as a whole.
+  const bool any_axis = field("tp") || field("ep") || field("cp") || field("cp_split");
+  if (field("layouts") && any_axis)
+    rd.bad(rd.name("layouts"), "give either a list of layouts or the grid (" + rd.name("tp") + ", " + rd.name("ep") +
+                                   ", " + rd.name("cp") + ", " + rd.name("cp_split") + "), not both");
+  if (const json* v = field("layouts")) {
+    plan.layouts = rd.list<layouts::Layout>(rd.name("layouts"), *v, [&](const std::string& f, const json& x) {
+      const std::string& s = rd.string(f, x);
+      std::string why;
+      const auto l = layouts::parse_layout(s, &why);
+      if (!l) rd.bad(f, "bad layout '" + s + "'" + (why.empty() ? "" : ": " + why) + " (e.g. tp2-ep1-cp2z)");
+      return *l;
+    });
+    no_duplicates<layouts::Layout>(rd, rd.name("layouts"), plan.layouts,
+                                   [](const layouts::Layout& l) { return l.name(); });
+  } else if (any_axis) {
+    plan.layouts.clear();
+    plan.grid = LayoutGrid{{1}, {1}, {1}, {layouts::CpSplit::Contiguous}};
+    auto sizes = [&](const char* k, std::vector<int>& out) {
+      if (const json* v = field(k)) {
+        out = rd.list<int>(rd.name(k), *v, [&](const std::string& f, const json& x) {
+          return static_cast<int>(rd.integer(f, x, 1, 4096));
+        });
+        no_duplicates<int>(rd, rd.name(k), out, [](const int& n) { return std::to_string(n); });
+      }
+    };
+    sizes("tp", plan.grid.tp);
+    sizes("ep", plan.grid.ep);
+    sizes("cp", plan.grid.cp);
+    if (const json* v = field("cp_split")) {
+      plan.grid.cp_split = rd.list<layouts::CpSplit>(
+          rd.name("cp_split"), *v, [&](const std::string& f, const json& x) { return cp_split_of(rd, f, x); });
+      no_duplicates<layouts::CpSplit>(rd, rd.name("cp_split"), plan.grid.cp_split, [](const layouts::CpSplit& c) {
+        return std::string(c == layouts::CpSplit::Zigzag ? "zigzag" : "contiguous");
+      });
+    }
+  }
+
+  if (const json* v = field("paths")) {
+    plan.paths = rd.list<ref::Schedule>(rd.name("paths"), *v, [&](const std::string& f, const json& x) {
+      const std::string& s = rd.string(f, x);
+      std::string why;
+      const auto p = parse_path(s, &why);
+      if (!p) rd.bad(f, "bad path '" + s + "': " + why);
+      return *p;
+    });
+    no_duplicates<ref::Schedule>(rd, rd.name("paths"), plan.paths, [](const ref::Schedule& p) { return path_name(p); });
+  }
+  if (const json* v = field("tokens")) apply_tokens(rd, *v, plan.tokens);
+  if (const json* v = field("weight_seed")) plan.weight_seed = rd.seed(rd.name("weight_seed"), *v);
+  if (const json* v = field("coef_seed")) plan.coef_seed = rd.seed(rd.name("coef_seed"), *v);
+  if (const json* v = field("temperature")) {
+    if (!v->is_number()) rd.bad(rd.name("temperature"), "must be a number, got " + rd.describe(*v));
+    const double t = v->get<double>();
+    // The reference divides fp32 logits by the fp32 temperature: it must be a
+    // positive normal float.
+    if (!(t >= 1e-30 && t <= 1e30)) rd.bad(rd.name("temperature"), v->dump() + " is out of range (1e-30 .. 1e30)");
+    plan.temperature = static_cast<float>(t);
+  }
+  if (const json* v = field("grads")) plan.grads = rd.boolean(rd.name("grads"), *v);
+  if (const json* v = field("capture")) {
+    const std::string& s = rd.string(rd.name("capture"), *v);
+    if (s != "none" && s != "ops") rd.bad(rd.name("capture"), "unknown capture mode '" + s + "'; the modes are none, ops");
+    plan.capture_ops = s == "ops";
+  }
+}
+
+namespace {
+void apply_plan_text(std::string_view text, const std::string& path, SweepPlan& plan) {
+  apply_plan_json(io::parse_json_strict(text, path), path, false, plan);
+  plan.base_dir = std::filesystem::path(path).parent_path().string();
+}
+}  // namespace
+
+SweepPlan parse_plan(std::string_view text, const std::string& path) {
+  SweepPlan plan;
+  apply_plan_text(text, path, plan);
+  return plan;
+}
+
+void apply_plan_file(const std::string& path, SweepPlan& plan) {
+  apply_plan_text(io::read_text_file(path, size_t{1} << 20), path, plan);
+}
+
+std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions) {
+  std::vector<std::vector<int32_t>> seqs;
+  std::string source, field_prefix;
+  if (plan.tokens.file.empty()) {
+    for (size_t s = 0; s < plan.tokens.lengths.size(); ++s) {
+      const uint64_t seq_seed = counter_hash(plan.tokens.seed, s);
+      std::vector<int32_t> t;
+      for (int j = 0; j < plan.tokens.lengths[s]; ++j)
+        t.push_back(static_cast<int32_t>(counter_hash(seq_seed, static_cast<uint64_t>(j)) % static_cast<uint64_t>(vocab)));
+      seqs.push_back(std::move(t));
+    }
+  } else {
+    namespace fs = std::filesystem;
+    source = plan.tokens.file;
+    if (fs::path(source).is_relative() && !plan.base_dir.empty()) source = (fs::path(plan.base_dir) / source).string();
+    const json j = io::parse_json_strict(io::read_text_file(source, size_t{64} << 20), source);
+    const FieldReader rd(source, false);
+    if (!j.is_object()) rd.bad("", "a tokens file is a JSON object {\"sequences\": [[...], ...]}");
+    for (const auto& [k, v] : j.items())
+      if (k != "sequences") rd.bad(k, "unknown field; a tokens file has only \"sequences\"");
+    if (!j.contains("sequences")) rd.bad("sequences", "required field is missing");
+    seqs = rd.list<std::vector<int32_t>>("sequences", j["sequences"], [&](const std::string& f, const json& x) {
+      return rd.list<int32_t>(f, x, [&](const std::string& g, const json& y) {
+        return static_cast<int32_t>(rd.integer(g, y, 0, INT32_MAX));
+      });
+    });
+    field_prefix = "sequences";
+  }
+  const FieldReader rd(source, false);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const std::string f = field_prefix + "[" + std::to_string(s) + "]";
+    const std::string too_long = std::to_string(seqs[s].size()) +
+                                 " tokens exceed the model's max_position_embeddings " + std::to_string(max_positions);
+    if (seqs[s].size() < 2) rd.bad(f, "a sequence needs at least 2 tokens (one logprob)");
+    if (static_cast<int64_t>(seqs[s].size()) > max_positions) {
+      if (plan.tokens.file.empty()) plan.bad("tokens.lengths", "[" + std::to_string(s) + "]", too_long);
+      rd.bad(f, too_long);
+    }
+    for (size_t j = 0; j < seqs[s].size(); ++j)
+      if (seqs[s][j] >= vocab)
+        rd.bad(f + "[" + std::to_string(j) + "]",
+               "token " + std::to_string(seqs[s][j]) + " is not below the model's vocab_size " + std::to_string(vocab));
+  }
+  return seqs;
+}
+
+}  // namespace bp::harness

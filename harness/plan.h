@@ -1,0 +1,125 @@
+// What a sweep runs: models × contracts × backends × layouts × paths on one batch
+// of token sequences. A plan comes from a JSON file (`--plan FILE`), from flags,
+// or both (flags override the file field by field), on top of the default plan:
+// the README's default sweep on the embedded tiny fixtures.
+//
+// Plan file (every key optional; unknown keys are refused):
+//   {
+//     "models":      ["qwen3-dense-tiny", "path/to/hf_dir"],  fixture names or HF checkpoint dirs
+//     "contracts":   ["bf16-sm90tc-v1", "bf16-fmaseq-v1"],
+//     "backends":    ["reference", "emulated", "cuda"],
+//     "layouts":     ["tp2-ep1-cp2z", "tp1-ep1-cp1+ring"],    explicit list, or the grid:
+//     "tp": [1, 2, 4], "ep": [1, 2, 4], "cp": [1, 2], "cp_split": ["contiguous", "zigzag"],
+//     "paths":       ["extend", "chunked:5,3", "decode", "ragged"],
+//     "tokens":      {"seed": 1, "lengths": [9, 17, 24]}  or  {"file": "tokens.json"},
+//     "weight_seed": 20261122, "coef_seed": 7, "temperature": 1.0,
+//     "grads": true, "capture": "none" | "ops"
+//   }
+// A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens).
+// Relative model directories and tokens files are taken relative to the plan file.
+//
+// Layouts: an explicit list must be shardable by every model of the plan. The grid
+// is the product of its axes, filtered per model to the layouts it can run (ep > 1
+// only for MoE models, shard_check empty); cp_split matters only for cp > 1. A
+// source that names any grid axis gets 1 (contiguous) for the axes it leaves out.
+// The reference backend is unsharded: it runs each path once, on tp1-ep1-cp1.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/io/errors.h"
+#include "reference/layouts/layout.h"
+#include "reference/model/qwen3.h"
+
+namespace bp::harness {
+
+enum class Backend { kReference, kEmulated, kCuda };
+const char* backend_name(Backend b);  // "reference", "emulated", "cuda"
+std::optional<Backend> parse_backend(std::string_view s);
+inline constexpr Backend kAllBackends[] = {Backend::kReference, Backend::kEmulated, Backend::kCuda};
+
+// Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
+std::string path_name(const ref::Schedule& s);
+std::optional<ref::Schedule> parse_path(std::string_view s, std::string* why = nullptr);
+
+// The contracts a plan may name: bp::contracts(), and for `run` (allow_truth) the
+// float64 twin of the model, "truth".
+std::vector<std::string> contract_names();
+inline constexpr const char* kTruthContract = "truth";
+
+struct TokenSpec {
+  uint64_t seed = 1;
+  std::vector<int> lengths = {6, 11, 17};
+  std::string file;  // when set: the sequences of this tokens file (seed/lengths unused)
+};
+
+struct LayoutGrid {
+  std::vector<int> tp = {1, 2, 4}, ep = {1, 2, 4}, cp = {1, 2};
+  std::vector<layouts::CpSplit> cp_split = {layouts::CpSplit::Contiguous, layouts::CpSplit::Zigzag};
+};
+
+struct SweepPlan {
+  std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
+  std::vector<std::string> contracts = contract_names();
+  std::vector<Backend> backends = {Backend::kReference, Backend::kEmulated};
+  std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
+  LayoutGrid grid;
+  std::vector<ref::Schedule> paths = {ref::Schedule::extend(), ref::Schedule::chunked({5, 3}),
+                                      ref::Schedule::decode(), ref::Schedule::ragged()};
+  TokenSpec tokens;
+  uint64_t weight_seed = 20261122;
+  uint64_t coef_seed = 7;
+  float temperature = 1.0f;
+  bool grads = true;        // compare every parameter gradient on the extend path
+  bool capture_ops = false;  // compare every op's output
+  bool allow_truth = false;  // contracts may name kTruthContract (`run` only)
+  std::string base_dir;     // where relative model dirs / tokens files are resolved ("" = cwd)
+
+  // Which source set each field (JSON key -> source), for messages about values
+  // that only a model can refuse (a layout it cannot shard, a sequence too long).
+  struct Origin {
+    std::string source = "default plan";
+    bool flags = false;
+  };
+  std::map<std::string, Origin> origins;
+  Origin origin(const std::string& key) const {
+    const auto it = origins.find(key);
+    return it == origins.end() ? Origin{} : it->second;
+  }
+  // io::BadInput naming the source that set `key` and the field key + suffix.
+  [[noreturn]] void bad(const std::string& key, const std::string& suffix, const std::string& message) const;
+};
+
+// Applies the fields of one plan object to `plan` (later sources override earlier
+// ones). `source` names the origin in messages; with `flags` a field is named as
+// its command-line option ("--cp-split") instead of its JSON key ("cp_split").
+// Throws io::BadInput(source, field, reason) for unknown keys, wrong types, unknown
+// contracts, backends, paths or capture modes, malformed layout names, and values
+// out of range. Does not touch the file system.
+void apply_plan_json(const nlohmann::json& obj, const std::string& source, bool flags, SweepPlan& plan);
+
+// The default plan with the JSON text `json` applied (named `path` in messages;
+// base_dir = path's directory). Throws only io::BadInput. The plan fuzz target's
+// entry point.
+SweepPlan parse_plan(std::string_view json, const std::string& path);
+
+// Reads a plan file and applies it to `plan` (base_dir = the file's directory):
+// io::BadInput, or io::IoError when unreadable.
+void apply_plan_file(const std::string& path, SweepPlan& plan);
+
+// The token sequences of a plan for a model with `vocab` tokens: from the file,
+// or token j of sequence s = counter_hash(counter_hash(seed, s), j) mod vocab.
+// Throws io::BadInput (a malformed tokens file, a token >= vocab, a sequence
+// shorter than 2 or longer than max_positions).
+std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions);
+
+// Field names as the user wrote them: the JSON key, or the option for flags.
+std::string plan_field(const std::string& key, bool flags);
+
+}  // namespace bp::harness

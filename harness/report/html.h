@@ -1,0 +1,27 @@
+// The human-readable rendering of a report: one self-contained HTML page (inline
+// CSS and SVG, no script, no external resource), for `bitparity report --html`.
+//   - header: overall verdict, command, status, summary, environment block, NaN policy;
+//   - the comparison against a baseline, when given;
+//   - per (model, contract, backend) a grid <table class="grid">: layouts as rows,
+//     paths as columns, one <td class="cell v-..."> per pair coloured by the verdict
+//     of its cases (v-none where no case ran), linking to them; from Case::parameters
+//     keys "model", "contract", "backend", "layout", "path" (cases lacking one of
+//     them are listed plainly below the grids);
+//   - per case: its parameters, first divergent op, and a table of its tensors with
+//     their metrics; a ULP-distance histogram (inline SVG bars) per mismatching tensor.
+// Every text from the report is escaped (names may hold <, &, quotes, control bytes).
+#pragma once
+#include <string>
+
+#include "harness/report/baseline.h"
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+// `source`: the report file's path, shown in the title. `baseline` may be null.
+std::string render_html(const Report& r, const std::string& source, const BaselineDiff* baseline);
+
+// HTML text/attribute escape; control characters become U+FFFD.
+std::string html_escape(const std::string& s);
+
+}  // namespace bp::harness

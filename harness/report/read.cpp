@@ -1,0 +1,564 @@
+// Reading JSON and CSV reports back into bp::harness::Report (see read.h).
+#include "harness/report/read.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <tuple>
+
+#include "harness/io/errors.h"
+#include "harness/io/json_strict.h"
+
+// A report is small: read it on this thread (fccp's reader thread buys nothing).
+#define CSV_IO_NO_THREAD
+// csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-truncation"
+#endif
+#include <libfccp/csv.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+namespace bp::harness {
+
+namespace {
+
+using io::BadInput;
+using json = nlohmann::json;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// --- checks shared by both formats (each returns "" or what is wrong) ---------
+
+template <class Enum, size_t N>
+std::optional<Enum> enum_from_name(const std::string& s, const std::array<Enum, N>& all, const char* (*name)(Enum)) {
+  for (Enum e : all)
+    if (s == name(e)) return e;
+  return std::nullopt;
+}
+std::optional<Verdict> verdict_from_name(const std::string& s) {
+  return enum_from_name(s, std::array{Verdict::kExact, Verdict::kMismatch, Verdict::kSkipped}, verdict_name);
+}
+std::optional<TensorStatus> status_from_name(const std::string& s) {
+  return enum_from_name(s,
+                        std::array{TensorStatus::kCompared, TensorStatus::kOnlyInA, TensorStatus::kOnlyInB,
+                                   TensorStatus::kDtypeMismatch, TensorStatus::kShapeMismatch},
+                        tensor_status_name);
+}
+
+std::string histogram_problem(const TensorMetrics& m) {
+  if (m.ulp_histogram.empty())
+    return m.mismatches == 0 ? "" : "is empty but mismatches is " + std::to_string(m.mismatches);
+  if (m.ulp_histogram.size() != kUlpBins)
+    return "has " + std::to_string(m.ulp_histogram.size()) + " bins, expected " + std::to_string(kUlpBins);
+  const uint64_t sum = std::accumulate(m.ulp_histogram.begin(), m.ulp_histogram.end(), uint64_t{0});
+  if (sum != m.mismatches)
+    return "counts " + std::to_string(sum) + " elements but mismatches is " + std::to_string(m.mismatches);
+  return "";
+}
+
+// A stated case verdict must be what its tensors give (skipped stands on its own).
+std::string verdict_problem(const Case& c) {
+  Case settled = c;
+  settled.settle();
+  if (settled.verdict == c.verdict) return "";
+  return std::string("is \"") + verdict_name(c.verdict) + "\" but its tensors give \"" + verdict_name(settled.verdict) +
+         "\"";
+}
+
+// Metrics fields a tensor record shares with its metrics.
+void bind_metrics(TensorRecord& t) {
+  if (!t.metrics) return;
+  t.metrics->dtype = t.dtype_a;
+  t.metrics->shape = t.shape_a.value_or(std::vector<uint64_t>{});
+  t.metrics->is_logprob = t.is_logprob;
+  t.metrics->bit_identical = t.metrics->mismatches == 0;
+}
+
+// --- JSON --------------------------------------------------------------------
+
+// A JSON value and its path in the report, so every complaint names the field.
+class Node {
+ public:
+  Node(const json& v, std::string path, const std::string& file) : v_(v), path_(std::move(path)), file_(file) {}
+
+  [[noreturn]] void bad(const std::string& why) const { throw BadInput(file_, path_.empty() ? "(top level)" : path_, why); }
+
+  // An object holding every key of `required`, optionally those of `optional`, and no other.
+  void expect_object(std::initializer_list<const char*> required, std::initializer_list<const char*> optional = {}) const {
+    if (!v_.is_object()) bad(std::string("expected an object, found ") + io::json_type_word(v_));
+    for (const char* k : required)
+      if (!v_.contains(k)) Node(v_, child(k), file_).bad("required field is missing");
+    for (const auto& [k, _] : v_.items()) {
+      auto is_k = [&k = k](const char* x) { return k == x; };
+      if (std::none_of(required.begin(), required.end(), is_k) && std::none_of(optional.begin(), optional.end(), is_k))
+        Node(v_, child(k), file_).bad("unknown field");
+    }
+  }
+  bool has(const char* key) const { return v_.contains(key); }
+  bool is_null() const { return v_.is_null(); }
+  // An object's members in key order (any keys).
+  std::vector<std::pair<std::string, Node>> members() const {
+    if (!v_.is_object()) bad(std::string("expected an object, found ") + io::json_type_word(v_));
+    std::vector<std::pair<std::string, Node>> out;
+    for (const auto& [k, v] : v_.items()) out.emplace_back(k, Node(v, child(k), file_));
+    return out;
+  }
+  Node operator[](const char* key) const { return Node(v_.at(key), child(key), file_); }
+  std::vector<Node> elements() const {
+    if (!v_.is_array()) bad(std::string("expected an array, found ") + io::json_type_word(v_));
+    std::vector<Node> out;
+    for (size_t i = 0; i < v_.size(); ++i) out.emplace_back(v_[i], path_ + "[" + std::to_string(i) + "]", file_);
+    return out;
+  }
+
+  std::string str() const {
+    if (!v_.is_string()) bad(std::string("expected a string, found ") + io::json_type_word(v_));
+    return v_.get<std::string>();
+  }
+  std::optional<std::string> str_or_null() const { return v_.is_null() ? std::nullopt : std::optional(str()); }
+  bool boolean() const {
+    if (!v_.is_boolean()) bad(std::string("expected true or false, found ") + io::json_type_word(v_));
+    return v_.get<bool>();
+  }
+  uint64_t count() const {
+    if (!v_.is_number_unsigned()) bad("expected an integer >= 0, found " + describe());
+    return v_.get<uint64_t>();
+  }
+  // A difference: a number >= 0, or "inf".
+  double diff() const {
+    if (v_.is_string() && v_.get<std::string>() == "inf") return kInf;
+    if (!v_.is_number() || v_.get<double>() < 0) bad(std::string("expected a number >= 0 or \"inf\", found ") + describe());
+    return v_.get<double>();
+  }
+  double ulp() const {
+    if (v_.is_string() && v_.get<std::string>() == "inf") return kInf;
+    if (!v_.is_number_unsigned()) bad(std::string("expected an integer >= 0 or \"inf\", found ") + describe());
+    return static_cast<double>(v_.get<uint64_t>());
+  }
+  std::vector<uint64_t> counts() const {
+    std::vector<uint64_t> out;
+    for (const Node& e : elements()) out.push_back(e.count());
+    return out;
+  }
+  std::optional<bool> boolean_or_null() const { return v_.is_null() ? std::nullopt : std::optional(boolean()); }
+  int64_t index_or_minus_one() const {  // a flat index >= 0, or null for "none" (-1)
+    if (v_.is_null()) return -1;
+    if (!v_.is_number_unsigned() || v_.get<uint64_t>() > uint64_t{INT64_MAX})
+      bad(std::string("expected an integer >= 0 or null, found ") + describe());
+    return static_cast<int64_t>(v_.get<uint64_t>());
+  }
+  std::optional<std::vector<uint64_t>> counts_or_null() const {
+    return v_.is_null() ? std::nullopt : std::optional(counts());
+  }
+  template <class T>
+  T one_of(std::optional<T> (*from_name)(const std::string&), const char* what) const {
+    const std::string s = str();
+    if (auto e = from_name(s)) return *e;
+    bad("\"" + s + "\" is not a " + what);
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string child(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  std::string describe() const {
+    if (v_.is_string()) return "\"" + v_.get<std::string>() + "\"";
+    return v_.is_number() ? v_.dump() : io::json_type_word(v_);
+  }
+  const json& v_;
+  std::string path_;
+  const std::string& file_;
+};
+
+Environment read_environment(const Node& n) {
+  n.expect_object({"git_commit", "git_dirty", "bitparity_version", "compiler_id", "compiler_version", "compiler_flags",
+                   "build_type", "contract_name", "contract_knob_hash", "cpu_model", "gpu_name", "gpu_driver",
+                   "cuda_version", "nccl_version"});
+  Environment e;
+  e.git_commit = n["git_commit"].str();
+  e.git_dirty = n["git_dirty"].boolean_or_null();
+  e.bitparity_version = n["bitparity_version"].str();
+  e.compiler_id = n["compiler_id"].str();
+  e.compiler_version = n["compiler_version"].str();
+  e.compiler_flags = n["compiler_flags"].str();
+  e.build_type = n["build_type"].str();
+  e.contract_name = n["contract_name"].str_or_null();
+  e.contract_knob_hash = n["contract_knob_hash"].str_or_null();
+  e.cpu_model = n["cpu_model"].str();
+  e.gpu_name = n["gpu_name"].str_or_null();
+  e.gpu_driver = n["gpu_driver"].str_or_null();
+  e.cuda_version = n["cuda_version"].str_or_null();
+  e.nccl_version = n["nccl_version"].str_or_null();
+  return e;
+}
+
+std::optional<std::string> nan_policy_from_name(const std::string& s) {
+  return s == kNanPolicy ? std::optional(s) : std::nullopt;
+}
+
+// train_rollout_logprob_abs_diff is derived (mean_abs_diff of a logprob tensor);
+// the final re-render check holds it to that.
+TensorMetrics read_metrics(const Node& n) {
+  n.expect_object({"elements", "mismatches", "max_abs_diff", "max_ulp_diff", "mean_abs_diff", "first_mismatch", "nan_a",
+                   "nan_b", "inf_a", "inf_b", "nan_policy", "ulp_histogram"},
+                  {"train_rollout_logprob_abs_diff"});
+  TensorMetrics m;
+  m.elements = n["elements"].count();
+  m.mismatches = n["mismatches"].count();
+  m.max_abs_diff = n["max_abs_diff"].diff();
+  m.max_ulp_diff = n["max_ulp_diff"].ulp();
+  m.mean_abs_diff = n["mean_abs_diff"].diff();
+  if (n.has("train_rollout_logprob_abs_diff")) n["train_rollout_logprob_abs_diff"].diff();
+  m.first_mismatch = n["first_mismatch"].index_or_minus_one();
+  m.nan_a = n["nan_a"].count();
+  m.nan_b = n["nan_b"].count();
+  m.inf_a = n["inf_a"].count();
+  m.inf_b = n["inf_b"].count();
+  m.nan_policy = n["nan_policy"].one_of(nan_policy_from_name, "known NaN policy (expected \"nan_equal\")");
+  m.ulp_histogram = n["ulp_histogram"].counts();
+  if (const std::string why = histogram_problem(m); !why.empty()) n["ulp_histogram"].bad(why);
+  return m;
+}
+
+TensorRecord read_tensor(const Node& n) {
+  n.expect_object({"name", "name_b", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "bit_identical", "is_logprob",
+                   "metrics"});
+  TensorRecord t;
+  t.name = n["name"].str();
+  t.name_b = n["name_b"].str_or_null().value_or("");
+  t.status = n["status"].one_of(status_from_name, "tensor status");
+  t.dtype_a = n["dtype_a"].str_or_null().value_or("");
+  t.dtype_b = n["dtype_b"].str_or_null().value_or("");
+  t.shape_a = n["shape_a"].counts_or_null();
+  t.shape_b = n["shape_b"].counts_or_null();
+  n["bit_identical"].boolean();  // derived: checked by the re-render
+  t.is_logprob = n["is_logprob"].boolean();
+  const Node metrics = n["metrics"];
+  const bool compared = t.status == TensorStatus::kCompared;
+  if (metrics.is_null() == compared)
+    metrics.bad(compared ? "a compared tensor needs metrics" : "must be null unless status is \"compared\"");
+  if (compared) t.metrics = read_metrics(metrics);
+  bind_metrics(t);
+  return t;
+}
+
+Case read_case(const Node& n) {
+  n.expect_object({"id", "parameters", "verdict", "skip_reason", "first_divergent_op", "tensors"});
+  Case c;
+  c.id = n["id"].str();
+  for (const auto& [k, node] : n["parameters"].members()) c.parameters[k] = node.str();
+  c.verdict = n["verdict"].one_of(verdict_from_name, "verdict (exact, mismatch, skipped)");
+  const auto skip = n["skip_reason"].str_or_null();
+  if (skip.has_value() != (c.verdict == Verdict::kSkipped))
+    n["skip_reason"].bad("must be a string for a skipped case and null otherwise");
+  c.skip_reason = skip.value_or("");
+  c.first_divergent_op = n["first_divergent_op"].str_or_null();
+  for (const Node& t : n["tensors"].elements()) c.tensors.push_back(read_tensor(t));
+  if (const std::string why = verdict_problem(c); !why.empty()) n["verdict"].bad(why);
+  return c;
+}
+
+// "/cases/1/tensors/0/bit_identical" -> "cases[1].tensors[0].bit_identical", walking
+// `doc` to tell array indices from object keys.
+std::string dotted_path(const json& doc, const std::string& pointer) {
+  std::string out;
+  const json* at = &doc;
+  size_t i = 1;
+  while (i <= pointer.size() && !pointer.empty()) {
+    const size_t end = std::min(pointer.find('/', i), pointer.size());
+    std::string token;  // RFC 6901 unescape: "~1" is '/', "~0" is '~'
+    for (size_t k = i; k < end; ++k) {
+      if (pointer[k] == '~' && k + 1 < end) token += pointer[++k] == '1' ? '/' : '~';
+      else token += pointer[k];
+    }
+    if (at && at->is_array()) {
+      out += "[" + token + "]";
+      const size_t k = std::stoul(token);
+      at = k < at->size() ? &(*at)[k] : nullptr;
+    } else {
+      out += (out.empty() ? "" : ".") + token;
+      at = at && at->is_object() && at->contains(token) ? &(*at)[token] : nullptr;
+    }
+    i = end + 1;
+  }
+  return out;
+}
+
+// The index of the first case whose id an earlier case has, if any.
+std::optional<size_t> repeated_case_id(const Report& r) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < r.cases.size(); ++i)
+    if (!seen.insert(r.cases[i].id).second) return i;
+  return std::nullopt;
+}
+std::string repeated_id_message(const Case& c) {
+  return "case id \"" + c.id + "\" appears twice (a baseline matches cases by id)";
+}
+
+}  // namespace
+
+Report parse_report_json(std::string_view text, const std::string& path) {
+  const json doc = io::parse_json_strict(text, path);
+  const Node root(doc, "", path);
+  root.expect_object({"schema_version", "tool", "command", "created_utc", "status", "verdict", "nan_policy",
+                      "environment", "summary", "cases"});
+  if (root["schema_version"].count() != static_cast<uint64_t>(kReportSchemaVersion))
+    root["schema_version"].bad("this bitparity reads schema_version " + std::to_string(kReportSchemaVersion) +
+                               "; re-run the command that wrote the report");
+  Report r;
+  root["tool"].str();
+  r.command = root["command"].str();
+  r.created_utc = root["created_utc"].str();
+  const std::string status = root["status"].str();
+  if (status != "complete" && status != "interrupted") root["status"].bad("expected \"complete\" or \"interrupted\"");
+  r.interrupted = status == "interrupted";
+  root["nan_policy"].expect_object({"id", "text"});
+  r.environment = read_environment(root["environment"]);
+  root["summary"].expect_object({"cases", "exact", "mismatch", "skipped", "tensors", "tensors_mismatch"});
+  for (const Node& c : root["cases"].elements()) r.cases.push_back(read_case(c));
+  if (const auto i = repeated_case_id(r)) root["cases"].elements()[*i]["id"].bad(repeated_id_message(r.cases[*i]));
+  // What the writer derives (tool, verdicts, summary, bit_identical, the NaN policy
+  // text, train_rollout_logprob_abs_diff) must be what it would write now.
+  const json expected = json(to_json(r));
+  const json patch = json::diff(doc, expected);
+  if (!patch.empty()) {
+    const std::string ptr = patch[0]["path"].get<std::string>();
+    const std::string field = dotted_path(doc, ptr);
+    const std::string op = patch[0]["op"].get<std::string>();
+    std::string why = "disagrees with the rest of the report";
+    if (op == "add") why = "is missing (the report's records require it)";
+    else if (op == "remove") why = "should not be there (the report's records rule it out)";
+    else why += " (expected " + patch[0]["value"].dump() + ")";
+    throw BadInput(path, field.empty() ? "(top level)" : field, why);
+  }
+  return r;
+}
+
+Report read_report_json(const std::string& path) { return parse_report_json(io::read_text_file(path), path); }
+
+// --- CSV ---------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kCsvColumnCount = 26;  // kCsvColumns.size(), needed at compile time by the parser
+using CsvRow = std::array<std::string, kCsvColumnCount>;
+using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
+
+// One CSV row with its line number, so every complaint names line and column.
+class Row {
+ public:
+  Row(const CsvRow& f, unsigned line, const std::string& file) : f_(f), line_(line), file_(file) {}
+
+  [[noreturn]] void bad(size_t col, const std::string& why) const {
+    throw BadInput(file_, "line " + std::to_string(line_) + ", column " + kCsvColumns[col], why);
+  }
+  const std::string& at(size_t col) const { return f_[col]; }
+  std::string text(const char* name) const { return f_[col(name)]; }
+  bool empty(const char* name) const { return f_[col(name)].empty(); }
+  bool boolean(const char* name) const {
+    const size_t c = col(name);
+    if (f_[c] != "true" && f_[c] != "false") bad(c, "expected true or false, found \"" + f_[c] + "\"");
+    return f_[c] == "true";
+  }
+  uint64_t count(const char* name) const { return parse_count(col(name), f_[col(name)]); }
+  double diff(const char* name) const {
+    const size_t c = col(name);
+    const std::string& s = f_[c];
+    if (s == "inf") return kInf;
+    double v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || !(v >= 0) || std::isinf(v))
+      bad(c, "expected a number >= 0 or \"inf\", found \"" + s + "\"");
+    return v;
+  }
+  double ulp(const char* name) const {
+    const double v = diff(name);
+    if (std::isfinite(v) && v != std::floor(v)) bad(col(name), "expected an integer or \"inf\", found \"" + text(name) + "\"");
+    return v;
+  }
+  // "[a,b,...]"; "" gives nullopt.
+  std::optional<std::vector<uint64_t>> list(const char* name) const {
+    const size_t c = col(name);
+    const std::string& s = f_[c];
+    if (s.empty()) return std::nullopt;
+    if (s.size() < 2 || s.front() != '[' || s.back() != ']') bad(c, "expected a list \"[a,b,...]\", found \"" + s + "\"");
+    std::vector<uint64_t> out;
+    const std::string inner = s.substr(1, s.size() - 2);
+    for (size_t at = 0; !inner.empty() && at <= inner.size();) {
+      const size_t end = std::min(inner.find(',', at), inner.size());
+      out.push_back(parse_count(c, inner.substr(at, end - at)));
+      at = end + 1;
+    }
+    return out;
+  }
+  template <class T>
+  T one_of(const char* name, std::optional<T> (*from_name)(const std::string&), const char* what) const {
+    if (auto e = from_name(text(name))) return *e;
+    bad(col(name), "\"" + text(name) + "\" is not a " + what);
+  }
+
+  static size_t col(const char* name) {
+    const auto it = std::find(kCsvColumns.begin(), kCsvColumns.end(), name);
+    if (it == kCsvColumns.end()) throw std::logic_error(std::string("no CSV column ") + name);
+    return static_cast<size_t>(it - kCsvColumns.begin());
+  }
+
+ private:
+  uint64_t parse_count(size_t c, const std::string& s) const {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+      bad(c, "expected an integer >= 0, found \"" + s + "\"");
+    return v;
+  }
+  const CsvRow& f_;
+  unsigned line_;
+  const std::string& file_;
+};
+
+std::map<std::string, std::string> parameters_from_text(const std::string& s) {
+  std::map<std::string, std::string> out;
+  for (size_t at = 0; !s.empty() && at <= s.size();) {
+    const size_t end = std::min(s.find(';', at), s.size());
+    const std::string item = s.substr(at, end - at);
+    const size_t eq = item.find('=');
+    out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+    at = end + 1;
+  }
+  return out;
+}
+
+// The metric columns of kCsvColumns (between is_logprob and nan_policy, inclusive).
+constexpr const char* kMetricColumns[] = {"elements", "mismatches", "max_abs_diff", "max_ulp_diff", "mean_abs_diff",
+                                          "train_rollout_logprob_abs_diff", "first_mismatch", "nan_a", "nan_b",
+                                          "inf_a", "inf_b", "nan_policy", "ulp_histogram"};
+
+TensorMetrics metrics_from_row(const Row& row, bool is_logprob) {
+  TensorMetrics m;
+  m.elements = row.count("elements");
+  m.mismatches = row.count("mismatches");
+  m.max_abs_diff = row.diff("max_abs_diff");
+  m.max_ulp_diff = row.ulp("max_ulp_diff");
+  m.mean_abs_diff = row.diff("mean_abs_diff");
+  if (is_logprob != !row.empty("train_rollout_logprob_abs_diff"))
+    row.bad(Row::col("train_rollout_logprob_abs_diff"), "must be given for a logprob tensor and only then");
+  if (is_logprob && row.diff("train_rollout_logprob_abs_diff") != m.mean_abs_diff)
+    row.bad(Row::col("train_rollout_logprob_abs_diff"), "must equal mean_abs_diff");
+  m.first_mismatch = row.empty("first_mismatch") ? -1 : static_cast<int64_t>(row.count("first_mismatch"));
+  m.nan_a = row.count("nan_a");
+  m.nan_b = row.count("nan_b");
+  m.inf_a = row.count("inf_a");
+  m.inf_b = row.count("inf_b");
+  if (row.text("nan_policy") != kNanPolicy) row.bad(Row::col("nan_policy"), "expected \"nan_equal\"");
+  m.ulp_histogram = row.list("ulp_histogram").value_or(std::vector<uint64_t>{});
+  if (const std::string why = histogram_problem(m); !why.empty()) row.bad(Row::col("ulp_histogram"), why);
+  return m;
+}
+
+TensorRecord tensor_from_row(const Row& row) {
+  TensorRecord t;
+  t.name = row.text("tensor");
+  t.name_b = row.text("tensor_b");
+  t.status = row.one_of("status", status_from_name, "tensor status");
+  t.dtype_a = row.text("dtype_a");
+  t.dtype_b = row.text("dtype_b");
+  t.shape_a = row.list("shape_a");
+  t.shape_b = row.list("shape_b");
+  t.is_logprob = row.boolean("is_logprob");
+  if (t.status == TensorStatus::kCompared) {
+    t.metrics = metrics_from_row(row, t.is_logprob);
+  } else {
+    for (const char* c : kMetricColumns)
+      if (!row.empty(c)) row.bad(Row::col(c), "must be empty unless status is \"compared\"");
+  }
+  bind_metrics(t);
+  if (row.boolean("bit_identical") != t.matches())
+    row.bad(Row::col("bit_identical"), t.matches() ? "is false but the metrics say identical" : "is true but the tensor does not match");
+  return t;
+}
+
+// The case columns of a row; rows of one case must agree on them.
+Case case_from_row(const Row& row) {
+  Case c;
+  c.id = row.text("case_id");
+  c.verdict = row.one_of("case_verdict", verdict_from_name, "verdict (exact, mismatch, skipped)");
+  c.parameters = parameters_from_text(row.text("parameters"));
+  if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
+  return c;
+}
+
+// Consecutive rows with one case_id form a case; a case without tensors is one row
+// with empty tensor columns.
+void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
+  CsvRow f, case_head;
+  unsigned case_line = 0;
+  bool tensorless = false;
+  std::set<std::string> ids;
+  auto close_case = [&] {
+    if (r.cases.empty()) return;
+    if (const std::string why = verdict_problem(r.cases.back()); !why.empty())
+      throw BadInput(path, "line " + std::to_string(case_line) + ", column case_verdict", why);
+  };
+  while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) {
+    const Row row(f, in.get_file_line(), path);
+    const bool continues = !r.cases.empty() && r.cases.back().id == row.text("case_id");
+    if (continues) {
+      for (const char* col : {"case_verdict", "parameters", "first_divergent_op"})
+        if (row.text(col) != case_head[Row::col(col)]) row.bad(Row::col(col), "differs from the first row of its case");
+    } else {
+      close_case();
+      if (!ids.insert(row.text("case_id")).second) row.bad(Row::col("case_id"), repeated_id_message(case_from_row(row)));
+      r.cases.push_back(case_from_row(row));
+      case_head = f;
+      case_line = in.get_file_line();
+    }
+    const bool no_tensor = row.empty("status");
+    if (continues && (tensorless || no_tensor))
+      row.bad(Row::col("status"), "a case without tensors has exactly one row");
+    tensorless = no_tensor;
+    if (!no_tensor) {
+      r.cases.back().tensors.push_back(tensor_from_row(row));
+    } else {
+      for (size_t c = Row::col("tensor"); c < kCsvColumnCount; ++c)
+        if (c != Row::col("first_divergent_op") && !row.at(c).empty())
+          row.bad(c, "must be empty in the row of a case without tensors (status is empty)");
+    }
+  }
+  close_case();
+}
+
+}  // namespace
+
+Report read_report_csv(const std::string& path) {
+  if (kCsvColumns.size() != kCsvColumnCount) throw std::logic_error("read.cpp: kCsvColumnCount is stale");
+  Report r;
+  try {
+    CsvIn in(path);
+    CsvRow names;
+    std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
+    // Every column, no other, in any order (the parser names a missing or extra one).
+    std::apply([&](const auto&... n) { in.read_header(::io::ignore_no_column, n...); }, names);
+    read_csv_rows(in, r, path);
+  } catch (const ::io::error::can_not_open_file&) {
+    throw io::IoError(path + ": cannot open");
+  } catch (const ::io::error::base& e) {
+    // The parser's own message names the line or column (and a truncated file name).
+    throw BadInput(path, "CSV", e.what());
+  }
+  return r;
+}
+
+Report read_report(const std::string& path) {
+  std::string ext = path.size() >= 4 ? path.substr(path.size() - 4) : "";
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".csv" ? read_report_csv(path) : read_report_json(path);
+}
+
+}  // namespace bp::harness

@@ -1,0 +1,35 @@
+// Reading reports back (for `bitparity report` and its --baseline).
+//
+// JSON: strict. schema_version must be kReportSchemaVersion; every field of the
+// schema must be present with its type, no other key is allowed, and what the
+// writer derives (bit_identical, case and overall verdicts, summary counts) must
+// agree with the records. So render_json(read_report_json(p)) reproduces the file
+// written by render_json byte for byte.
+//
+// CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
+// order); consecutive rows with one case_id form a case. The CSV holds no
+// environment, command, timestamp or skip reason, and its "parameters" column
+// ("k=v;k=v") is split at the first '=' of each ';'-separated item, so a key or
+// value holding ';' or '=' does not come back whole; a field holding a line break
+// cannot be read at all (the parser reads line by line). Verdicts and metrics come
+// back exactly.
+//
+// Both throw bp::io::BadInput(file, field, reason) for a malformed report, where
+// field is the JSON path ("cases[2].tensors[0].metrics.max_ulp_diff") or the CSV
+// line and column ("line 7, column max_ulp_diff"); bp::io::IoError when the file
+// cannot be read. Duplicate case ids are refused: a baseline matches cases by id.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+Report parse_report_json(std::string_view text, const std::string& path);
+Report read_report_json(const std::string& path);
+Report read_report_csv(const std::string& path);
+// By extension: ".csv" (any case) is read as CSV, anything else as JSON.
+Report read_report(const std::string& path);
+
+}  // namespace bp::harness

@@ -1,0 +1,230 @@
+// `bitparity sweep`: every case of a plan against the canonical reference, a
+// results table, reports, and the exit code CI and `git bisect run` read.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <map>
+
+#include "harness/cases.h"
+#include "harness/commands.h"
+#include "harness/exit_codes.h"
+#include "harness/report/report.h"
+
+namespace bp::harness {
+
+namespace {
+
+// Set by SIGINT/SIGTERM: the sweep stops after the case in flight.
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+struct SweepOptions {
+  PlanFlags plan;
+  std::string json, csv, junit, html;
+  bool quiet = false, verbose = false;
+};
+
+std::string clock_text(double seconds) {
+  const long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+// "cases done/total, elapsed, ETA" on one rewritten line of a terminal.
+class Progress {
+ public:
+  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled && ::isatty(STDERR_FILENO)) {}
+  void update(size_t done, const std::string& now) const {
+    if (!enabled_) return;
+    const double el = elapsed();
+    const std::string eta = done ? clock_text(el / static_cast<double>(done) * static_cast<double>(total_ - done)) : "?";
+    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s elapsed, ETA %s  %s", done, total_, clock_text(el).c_str(), eta.c_str(),
+                 now.c_str());
+    std::fflush(stderr);
+  }
+  void finish() const {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+  }
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  size_t total_;
+  bool enabled_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+std::string ulp_text(double u) {
+  if (!std::isfinite(u)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", u);
+  return buf;
+}
+
+// One cell of the table: "exact", "skip", or "<n> diff <u> ulp" (n tensors differ,
+// u the largest ULP distance among them).
+std::string cell_text(const Case& c) {
+  if (c.verdict == Verdict::kSkipped) return "skip";
+  if (c.verdict == Verdict::kExact) return "exact";
+  size_t n = 0;
+  double ulp = 0;
+  bool missing = false;
+  for (const TensorRecord& t : c.tensors) {
+    if (t.matches()) continue;
+    ++n;
+    if (t.metrics) ulp = std::max(ulp, t.metrics->max_ulp_diff);
+    missing |= !t.metrics;
+  }
+  return std::to_string(n) + " diff " + (missing ? "(missing)" : ulp_text(ulp) + " ulp");
+}
+
+std::string case_line(const Case& c) {
+  std::string s = std::string(c.verdict == Verdict::kMismatch ? "MISMATCH " : verdict_name(c.verdict)) + " " + c.id;
+  if (c.verdict == Verdict::kSkipped) return s + ": " + c.skip_reason;
+  if (const TensorRecord* t = c.first_mismatch()) {
+    s += ": first tensor " + t->name;
+    if (t->metrics)
+      s += " (" + std::to_string(t->metrics->mismatches) + " of " + std::to_string(t->metrics->elements) +
+           " elements, max " + ulp_text(t->metrics->max_ulp_diff) + " ulp)";
+    else
+      s += std::string(" (") + tensor_status_name(t->status) + ")";
+  }
+  if (c.first_divergent_op) s += ", first divergent op " + *c.first_divergent_op;
+  return s;
+}
+
+// Rows model/contract/backend/layout, one column per path; columns padded to width.
+void print_table(const Report& r, const std::vector<std::string>& paths, std::FILE* out) {
+  const std::vector<std::string> keys = {"model", "contract", "backend", "layout"};
+  std::vector<std::vector<std::string>> rows;  // the keys' values, then one cell per path
+  std::map<std::vector<std::string>, size_t> row_of;
+  for (const Case& c : r.cases) {
+    std::vector<std::string> key;
+    for (const std::string& k : keys) key.push_back(c.parameters.at(k));
+    auto [it, fresh] = row_of.emplace(key, rows.size());
+    if (fresh) {
+      key.resize(keys.size() + paths.size(), "-");
+      rows.push_back(key);
+    }
+    const size_t col = static_cast<size_t>(std::find(paths.begin(), paths.end(), c.parameters.at("path")) - paths.begin());
+    rows[it->second][keys.size() + col] = cell_text(c);
+  }
+  std::vector<std::string> header = keys;
+  header.insert(header.end(), paths.begin(), paths.end());
+  std::vector<size_t> width(header.size());
+  for (size_t i = 0; i < header.size(); ++i) {
+    width[i] = header[i].size();
+    for (const auto& row : rows) width[i] = std::max(width[i], row[i].size());
+  }
+  auto print = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (size_t i = 0; i < cells.size(); ++i) line += cells[i] + std::string(width[i] - cells[i].size() + 2, ' ');
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::fprintf(out, "%s\n", line.c_str());
+  };
+  print(header);
+  for (const auto& row : rows) print(row);
+}
+
+int sweep(const SweepOptions& o) {
+  const SweepPlan plan = o.plan.plan();
+  const ReportPaths paths{o.json, o.csv, o.junit, o.html};
+  if (const int rc = check_report_paths("sweep", paths, stderr)) return rc;
+  CaseEngine engine(plan);
+  if (o.verbose)
+    for (const std::string& d : engine.dropped_layouts()) std::fprintf(stdout, "layout not run: %s\n", d.c_str());
+
+  Report r = make_report("sweep");
+  if (plan.contracts.size() == 1) {
+    r.environment.contract_name = plan.contracts.front();
+    r.environment.contract_knob_hash = find_contract(plan.contracts.front())->knob_hash();
+  }
+  g_stop = 0;
+  install_stop_handlers();
+  const auto& cases = engine.cases();
+  const Progress progress(cases.size(), !o.quiet);
+  for (size_t i = 0; i < cases.size() && !g_stop; ++i) {
+    progress.update(i, engine.case_id(cases[i]));
+    r.cases.push_back(engine.compare(cases[i]));
+    if (o.verbose) {
+      progress.finish();
+      std::fprintf(stdout, "%s\n", case_line(r.cases.back()).c_str());
+      std::fflush(stdout);
+    }
+  }
+  progress.finish();
+  r.interrupted = r.cases.size() < cases.size();
+
+  size_t exact = 0, mismatch = 0, skipped = 0, tensors = 0;
+  for (const Case& c : r.cases) {
+    exact += c.verdict == Verdict::kExact;
+    mismatch += c.verdict == Verdict::kMismatch;
+    skipped += c.verdict == Verdict::kSkipped;
+    tensors += c.tensors.size();
+  }
+  const Verdict overall = r.overall();
+  if (!o.quiet) {
+    std::vector<std::string> path_names;
+    for (const ref::Schedule& p : plan.paths) path_names.push_back(path_name(p));
+    print_table(r, path_names, stdout);
+    if (!o.verbose) {
+      size_t shown = 0;
+      for (const Case& c : r.cases)
+        if (c.verdict == Verdict::kMismatch && shown++ < 10) std::fprintf(stdout, "%s\n", case_line(c).c_str());
+      if (shown > 10) std::fprintf(stdout, "... and %zu more mismatching cases\n", shown - 10);
+    }
+  }
+  const char* verdict = r.interrupted ? "INTERRUPTED"
+                        : overall == Verdict::kMismatch ? "MISMATCH"
+                        : overall == Verdict::kSkipped  ? "NOTHING TESTED (cannot test here)"
+                                                        : "ALL EXACT";
+  std::fprintf(o.quiet ? stderr : stdout, "sweep: %zu of %zu cases: %zu exact, %zu mismatch, %zu skipped; %zu tensors; %.1f s: %s\n",
+               r.cases.size(), cases.size(), exact, mismatch, skipped, tensors, progress.elapsed(), verdict);
+  if (const int rc = write_reports("sweep", r, paths, stderr)) return rc;
+  if (r.interrupted) return kExitInterrupted;
+  if (overall == Verdict::kMismatch) return kExitMismatch;
+  if (overall == Verdict::kSkipped) return kExitCannotTest;
+  return kExitExact;
+}
+
+}  // namespace
+
+Subcommand add_sweep_command(CLI::App& app) {
+  auto o = std::make_shared<SweepOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "sweep",
+      "compare models x contracts x backends x layouts x paths against the canonical reference (logprobs, entropy, "
+      "every parameter gradient on the extend path, every op's output with --capture ops). With no arguments: the "
+      "default sweep on the embedded tiny fixtures. Exit 0 all exact, 1 a mismatch, 2 bad usage or input, 3 internal "
+      "error, 125 nothing could be tested here, 130 interrupted (SIGINT/SIGTERM: the report holds the finished "
+      "cases, marked interrupted)");
+  o->plan.add_to(sub);
+  sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json)");
+  sub->add_option("--csv", o->csv, "write a CSV report (one row per case x tensor)");
+  sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case)");
+  sub->add_option("--html", o->html, "write an HTML report");
+  sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
+  sub->add_flag("--verbose,-v", o->verbose, "print every case as it finishes, and the layouts a model cannot run");
+  return {sub, [o] {
+            try {
+              return sweep(*o);
+            } catch (...) {
+              return exit_for_error("sweep", stderr);
+            }
+          }};
+}
+
+}  // namespace bp::harness

@@ -1,0 +1,294 @@
+// `bitparity sweep`, `run`, `bisect` and `list` end to end: the REAL binary run
+// through the shell on small plans of the tiny fixtures. Exit codes (0 exact,
+// 1 mismatch, 2 bad input, 125 cannot test, 130 interrupted), reports validated
+// against the schema, the +ring negative control, bad plans naming file and field
+// with earlier reports untouched, SIGTERM mid-sweep, run dumps read back by diff,
+// bisect's first divergent op.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/golden.h"
+#include "support/json_schema.h"
+
+#ifndef BP_BITPARITY_EXE
+#error "BP_BITPARITY_EXE must name the bitparity binary"
+#endif
+
+namespace bp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A small, fast plan: the dense fixture, the fma-seq contract, short sequences.
+const std::string kSmall = "--model qwen3-dense-tiny --contract bf16-fmaseq-v1 --lengths 5,9 ";
+
+class CliSweep : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("bp_cli_sweep_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
+
+  std::string write(const std::string& leaf, const std::string& text) const {
+    std::ofstream(path(leaf), std::ios::binary) << text;
+    return path(leaf);
+  }
+
+  // Runs bitparity with `args`; returns its exit code, stdout and stderr in out_/err_.
+  int run(const std::string& args) {
+    const std::string o = path("stdout.txt"), e = path("stderr.txt");
+    const std::string cmd = std::string("'") + BP_BITPARITY_EXE + "' " + args + " >'" + o + "' 2>'" + e + "'";
+    const int st = std::system(cmd.c_str());
+    out_ = read(o);
+    err_ = read(e);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+
+  static std::string read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // The JSON report at `p`, checked against the schema.
+  static json valid_report(const std::string& p) {
+    std::ifstream in(test::source_path("reports/schema/report.schema.json"));
+    const json schema = json::parse(in);
+    const json j = json::parse(read(p));
+    std::string errs;
+    for (const auto& e : test::schema_errors(schema, j)) errs += e + "\n";
+    EXPECT_EQ(errs, "");
+    return j;
+  }
+
+  fs::path dir_;
+  std::string out_, err_;
+};
+
+TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
+  ASSERT_EQ(run("sweep " + kSmall + "--tp 1,2 --cp 2 --cp-split zigzag --path extend --path chunked:5,3 --json " +
+                path("r.json") + " --csv " + path("r.csv") + " --junit " + path("r.xml") + " --html " + path("r.html")),
+            0)
+      << out_ << err_;
+  EXPECT_NE(out_.find("ALL EXACT"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("emulated   tp2-ep1-cp2z"), std::string::npos) << out_;
+  const json j = valid_report(path("r.json"));
+  EXPECT_EQ(j["status"], "complete");
+  EXPECT_EQ(j["verdict"], "exact");
+  // reference (1 layout) + emulated (tp1-ep1-cp2z, tp2-ep1-cp2z), 2 paths each.
+  ASSERT_EQ(j["cases"].size(), 6u);
+  const json& ext = j["cases"][2];
+  EXPECT_EQ(ext["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/emulated/tp1-ep1-cp2z/extend");
+  EXPECT_EQ(ext["parameters"]["layout"], "tp1-ep1-cp2z");
+  EXPECT_EQ(ext["parameters"]["backend"], "emulated");
+  size_t grads = 0;
+  for (const json& t : ext["tensors"]) grads += t["name"].get<std::string>().rfind("grads.", 0) == 0;
+  EXPECT_EQ(grads, 3u * 11u + 2u);  // 11 per dense layer, embedding (tied) and final norm
+  EXPECT_EQ(ext["tensors"][0]["name"], "logprobs.0");
+  EXPECT_TRUE(ext["tensors"][0]["metrics"].contains("train_rollout_logprob_abs_diff"));
+  for (const json& t : j["cases"][3]["tensors"])  // chunked: no backward
+    EXPECT_EQ(t["name"].get<std::string>().rfind("grads.", 0), std::string::npos);
+  EXPECT_EQ(read(path("r.csv")).rfind("case_id,", 0), 0u);
+  EXPECT_NE(read(path("r.xml")).find("tp2-ep1-cp2z/chunked:5,3"), std::string::npos);
+  EXPECT_NE(read(path("r.html")).find("<table class=\"grid\""), std::string::npos);
+}
+
+TEST_F(CliSweep, MoeExpertParallelDecodeWithCaptures) {
+  ASSERT_EQ(run("sweep --model qwen3-moe-tiny --contract bf16-fmaseq-v1 --lengths 4,7 --backend emulated --layout "
+                "tp1-ep2-cp1,tp2-ep4-cp2z --path decode --capture ops --json " + path("r.json")),
+            0)
+      << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  ASSERT_EQ(j["cases"].size(), 2u);
+  bool expert_out = false;
+  for (const json& t : j["cases"][1]["tensors"]) expert_out |= t["name"] == "ops.layers.3.expert_out";
+  EXPECT_TRUE(expert_out);
+}
+
+// The contract's negative control: a ring all-reduce of the row-parallel partial
+// sums must be caught, first at the first row-parallel output.
+TEST_F(CliSweep, RingReductionIsCaught) {
+  // The default tokens (6, 11, 17): with these the ring's first changed rounding is in o_proj.
+  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --backend emulated --layout "
+                "tp2-ep1-cp1+ring --path ragged --capture ops --json " + path("r.json")),
+            1)
+      << out_ << err_;
+  EXPECT_NE(out_.find("MISMATCH"), std::string::npos) << out_;
+  const json j = valid_report(path("r.json"));
+  EXPECT_EQ(j["verdict"], "mismatch");
+  EXPECT_EQ(j["cases"][0]["first_divergent_op"], "layers.0.attn_out");
+}
+
+TEST_F(CliSweep, BadPlansExitTwoNamingFileAndFieldAndKeepTheReport) {
+  const std::string report = path("r.json");
+  ASSERT_EQ(run("sweep " + kSmall + "--backend reference --path ragged --json " + report), 0) << err_;
+  const std::string before = read(report);
+  struct Bad {
+    std::string plan, field;
+  };
+  const std::vector<Bad> bad = {
+      {"{\"tp\": [1, 2", ""},  // malformed JSON
+      {"{\"models\": [\"qwen3-dense-tiny\"], \"frobnicate\": 1}", "frobnicate"},
+      {"{\"tp\": \"2\"}", "tp"},
+      {"{\"tp\": [1, 1]}", "tp[1]"},
+      {"{\"contracts\": [\"bf16-nope\"]}", "contracts[0]"},
+      {"{\"backends\": [\"tpu\"]}", "backends[0]"},
+      {"{\"paths\": [\"chunked:0\"]}", "paths[0]"},
+      {"{\"layouts\": [\"tp2-ep1\"]}", "layouts[0]"},
+      {"{\"models\": [\"qwen3-dense-tiny\"], \"layouts\": [\"tp8-ep1-cp1\"]}", "layouts[0]"},  // 4 kv heads
+      {"{\"models\": [\"qwen3-dense-tiny\"], \"layouts\": [\"tp1-ep2-cp1\"]}", "layouts[0]"},  // dense: no ep
+      {"{\"models\": [\"no-such-fixture\"]}", "models[0]"},
+      {"{\"models\": [\"./no/such/dir\"]}", "models[0]"},
+      {"{\"tokens\": {\"seed\": 1, \"file\": \"t.json\"}}", "tokens"},
+      {"{\"tokens\": {\"lengths\": [1]}}", "tokens.lengths[0]"},
+      {"{\"temperature\": 0}", "temperature"},
+      {"{\"capture\": \"all\"}", "capture"},
+      {"{\"layouts\": [\"tp1-ep1-cp1\"], \"tp\": [1]}", "layouts"},
+      {"[1, 2]", ""},
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const std::string plan = write("plan" + std::to_string(i) + ".json", bad[i].plan);
+    EXPECT_EQ(run("sweep --plan " + plan + " --json " + report), 2) << bad[i].plan << "\n" << out_ << err_;
+    EXPECT_NE(err_.find(plan + ": " + bad[i].field), std::string::npos) << bad[i].plan << ": " << err_;
+    EXPECT_EQ(err_.find('\n'), err_.size() - 1) << "one message line: " << err_;
+  }
+  // A tokens file with a token outside the vocabulary names that file and token.
+  const std::string tokens = write("tokens.json", "{\"sequences\": [[1, 2, 3], [4, 512]]}");
+  const std::string plan = write("plan_tokens.json", "{\"tokens\": {\"file\": \"tokens.json\"}, \"paths\": [\"ragged\"]}");
+  EXPECT_EQ(run("sweep --plan " + plan + " --json " + report), 2);
+  EXPECT_NE(err_.find(tokens + ": sequences[1][1]: token 512"), std::string::npos) << err_;
+  // Flags are named as options.
+  EXPECT_EQ(run("sweep " + kSmall + "--layout tp3-ep1-cp1 --json " + report), 2);
+  EXPECT_NE(err_.find("command line: --layout[0]: model qwen3-dense-tiny cannot run layout tp3-ep1-cp1"),
+            std::string::npos)
+      << err_;
+  EXPECT_EQ(run("sweep --cp-split diagonal --json " + report), 2);
+  EXPECT_NE(err_.find("command line: --cp-split[0]"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep --tp two --json " + report), 2);
+  EXPECT_EQ(run("sweep --frobnicate"), 2);
+  EXPECT_EQ(run("sweep " + kSmall + "--json " + path("nodir/r.json")), 2);
+  EXPECT_NE(err_.find("nodir"), std::string::npos) << err_;
+  EXPECT_EQ(read(report), before);
+}
+
+TEST_F(CliSweep, SigtermMidSweepLeavesAValidInterruptedReport) {
+  const std::string report = path("r.json"), out = path("out.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!std::freopen(out.c_str(), "w", stdout)) std::_Exit(99);
+    ::execl(BP_BITPARITY_EXE, BP_BITPARITY_EXE, "sweep", "--model", "qwen3-dense-tiny", "--contract", "bf16-fmaseq-v1",
+            "--lengths", "5,9", "--backend", "emulated", "--tp", "1,2,4", "--cp", "1,2", "--path", "decode",
+            "--path", "ragged", "--verbose", "--json", report.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(98);
+  }
+  // Wait for the first finished case (a --verbose line), then stop the sweep.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read(out).find(" qwen3-dense-tiny/") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 130) << read(out);
+  EXPECT_NE(read(out).find("INTERRUPTED"), std::string::npos) << read(out);
+  const json j = valid_report(report);
+  EXPECT_EQ(j["status"], "interrupted");
+  EXPECT_GE(j["cases"].size(), 1u);
+  EXPECT_LT(j["cases"].size(), 12u);  // 6 layouts x 2 paths planned
+  for (const json& c : j["cases"]) EXPECT_EQ(c["verdict"], "exact");
+}
+
+TEST_F(CliSweep, CudaBackendCannotTestHere) {
+  EXPECT_EQ(run("sweep " + kSmall + "--backend cuda --path extend --json " + path("r.json")), 125) << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
+  EXPECT_NE(j["cases"][0]["skip_reason"].get<std::string>().find("no CUDA"), std::string::npos);
+  // Mixed with a backend that runs: the run counts (exit 0), the cuda case is skipped.
+  EXPECT_EQ(run("sweep " + kSmall + "--backend reference,cuda --tp 1 --path ragged --json " + path("r.json")), 0);
+  EXPECT_EQ(run("run --backend cuda --out " + path("c.safetensors")), 125);
+}
+
+TEST_F(CliSweep, RunDumpsDiffAndBisect) {
+  const std::string a = path("a.safetensors"), b = path("b.safetensors"), c = path("c.safetensors");
+  const std::string common = "run --lengths 5,9 --capture ops --contract bf16-fmaseq-v1 ";
+  ASSERT_EQ(run(common + "--out " + a), 0) << err_;
+  ASSERT_EQ(run(common + "--backend emulated --layout tp2-ep1-cp2z --out " + b), 0) << err_;
+  EXPECT_EQ(run("diff -q " + a + " " + b), 0) << out_ << err_;
+  ASSERT_EQ(run(common + "--weight-seed 99 --out " + c), 0) << err_;
+  EXPECT_EQ(run("diff -q " + a + " " + c), 1);
+  // Different weights: embed (tokens and weights only) is the first difference.
+  EXPECT_EQ(run("bisect " + a + " " + c), 1) << out_ << err_;
+  EXPECT_NE(out_.find("first difference: ops.embed (op embed)"), std::string::npos) << out_;
+  EXPECT_EQ(run("bisect " + a + " " + b), 0) << out_ << err_;
+  EXPECT_NE(out_.find("no difference"), std::string::npos) << out_;
+  // The float64 truth: a dump of the same tensors (no captures), not the contract's bits.
+  const std::string t = path("t.safetensors"), r = path("r.safetensors");
+  ASSERT_EQ(run("run --lengths 5,9 --contract truth --out " + t), 0) << err_;
+  ASSERT_EQ(run("run --lengths 5,9 --out " + r), 0) << err_;
+  EXPECT_EQ(run("diff -q " + r + " " + t), 1);
+  EXPECT_EQ(run("run --contract truth --path decode --out " + t), 2);
+  EXPECT_NE(err_.find("command line: --path[0]: the float64 truth has no paths"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep --contract truth"), 2);
+  // A dump that is not safetensors is bad input naming the file.
+  const std::string junk = write("junk.safetensors", "not a dump");
+  EXPECT_EQ(run("bisect " + a + " " + junk), 2);
+  EXPECT_NE(err_.find("junk.safetensors"), std::string::npos) << err_;
+}
+
+TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
+  const std::string base = "bisect --contract bf16-fmaseq-v1 --no-grads ";  // default tokens, as above
+  ASSERT_EQ(run(base + "--a backend=reference --b backend=emulated,layout=tp2-ep1-cp1+ring --json " + path("r.json")),
+            1)
+      << out_ << err_;
+  EXPECT_NE(out_.find("first difference: ops.layers.0.attn_out (layer 0, op attn_out)"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("input ops.layers.0.attn"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("its captured inputs are equal"), std::string::npos) << out_;
+  EXPECT_EQ(valid_report(path("r.json"))["cases"][0]["first_divergent_op"], "layers.0.attn_out");
+  // chunked:5,3 continues over the comma; decode and chunked agree bit for bit.
+  EXPECT_EQ(run(base + "--a path=decode --b path=chunked:5,3,backend=emulated,layout=tp1-ep1-cp2"), 0) << out_ << err_;
+  EXPECT_EQ(run(base + "--a path=decode --b frobnicate=1"), 2);
+  EXPECT_NE(err_.find("--b: frobnicate"), std::string::npos) << err_;
+  EXPECT_EQ(run(base + "--a path=decode"), 2);
+}
+
+TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
+  ASSERT_EQ(run("list"), 0) << err_;
+  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "emulated", "tp4-ep4-cp2z", "decode"})
+    EXPECT_NE(out_.find(s), std::string::npos) << s << "\n" << out_;
+  EXPECT_EQ(run("list --model " + path("nothere")), 2);
+  EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;
+}
+
+// The README's main command: the default sweep (both fixtures, both contracts,
+// reference + emulated, every layout the fixtures allow, four paths, gradients).
+TEST_F(CliSweep, SlowDefaultSweepIsExact) {
+  ASSERT_EQ(run("sweep --json " + path("r.json")), 0) << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  EXPECT_EQ(j["cases"].size(), 304u);
+  EXPECT_EQ(j["verdict"], "exact");
+}
+
+}  // namespace
+}  // namespace bp

@@ -1,0 +1,285 @@
+// Reading reports back (harness/report/read.h): JSON round trip byte for byte, CSV
+// back to the same verdicts and metrics, malformed reports refused naming the
+// field; the baseline comparison (baseline.h); the HTML page's structure and
+// escaping as text (tests/cpu/test_cli_report.cpp loads it in a browser).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "harness/io/errors.h"
+#include "harness/report/baseline.h"
+#include "harness/report/html.h"
+#include "harness/report/read.h"
+#include "support/sample_report.h"
+
+namespace bp::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::compared_tensor;
+using test::sample_case;
+using test::sample_sweep_report;
+
+fs::path temp_file(const std::string& leaf) {
+  const fs::path d = fs::temp_directory_path() / ("bp_test_report_read_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d / leaf;
+}
+
+// The BadInput a parse throws, or "" when it parses.
+std::string json_error(const std::string& text) {
+  try {
+    parse_report_json(text, "r.json");
+  } catch (const io::BadInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// --- JSON ----------------------------------------------------------------------
+
+TEST(ReportRead, JsonRoundTripIsByteIdentical) {
+  Report r = sample_sweep_report();
+  r.interrupted = true;
+  r.environment.git_dirty = true;
+  r.environment.gpu_name = "NVIDIA H100";
+  const std::string text = render_json(r);
+  const Report back = parse_report_json(text, "r.json");
+  EXPECT_EQ(render_json(back), text);
+  EXPECT_EQ(back.cases.size(), r.cases.size());
+  EXPECT_TRUE(back.interrupted);
+  const Case& bad = sample_case(const_cast<Report&>(back), "tp2-decode");
+  EXPECT_EQ(bad.first_divergent_op, "layer0.mlp.down_proj");
+  EXPECT_EQ(bad.tensors[0].metrics->ulp_histogram, r.cases[4].tensors[0].metrics->ulp_histogram);
+  EXPECT_EQ(bad.tensors[0].metrics->ulp_histogram[2], 3u);  // 5 ulp: bin [4,7]
+  EXPECT_TRUE(bad.tensors[1].metrics->ulp_histogram.empty());
+  // Through a file too.
+  const fs::path p = temp_file("r.json");
+  write_json(r, p.string());
+  EXPECT_EQ(render_json(read_report(p.string())), text);
+}
+
+TEST(ReportRead, JsonMalformedNamesTheField) {
+  const json good = json::parse(render_json(sample_sweep_report()));
+  auto broken = [&](const std::function<void(json&)>& mutate) {
+    json j = good;
+    mutate(j);
+    return json_error(j.dump());
+  };
+  EXPECT_EQ(broken([](json&) {}), "");
+  EXPECT_EQ(broken([](json& j) { j["cases"][4]["tensors"][0]["metrics"].erase("max_ulp_diff"); }),
+            "r.json: cases[4].tensors[0].metrics.max_ulp_diff: required field is missing");
+  EXPECT_EQ(broken([](json& j) { j["cases"][4]["tensors"][0]["metrics"]["mismatches"] = "3"; }),
+            "r.json: cases[4].tensors[0].metrics.mismatches: expected an integer >= 0, found \"3\"");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["elements"] = -8; }),
+            "r.json: cases[0].tensors[0].metrics.elements: expected an integer >= 0, found -8");
+  EXPECT_EQ(broken([](json& j) { j["schema_version"] = 1; }),
+            "r.json: schema_version: this bitparity reads schema_version 2; re-run the command that wrote the report");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["surprise"] = 1; }), "r.json: cases[0].surprise: unknown field");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["verdict"] = "exactish"; }),
+            "r.json: cases[0].verdict: \"exactish\" is not a verdict (exact, mismatch, skipped)");
+  EXPECT_EQ(broken([](json& j) { j["cases"][4]["verdict"] = "exact"; }),
+            "r.json: cases[4].verdict: is \"exact\" but its tensors give \"mismatch\"");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["parameters"]["model"] = 3; }),
+            "r.json: cases[0].parameters.model: expected a string, found an integer");
+  EXPECT_EQ(broken([](json& j) { j["cases"][4]["tensors"][0]["metrics"]["ulp_histogram"][2] = 2; }),
+            "r.json: cases[4].tensors[0].metrics.ulp_histogram: counts 2 elements but mismatches is 3");
+  EXPECT_EQ(broken([](json& j) { j["cases"][2]["id"] = "tp1-full"; }),
+            "r.json: cases[2].id: case id \"tp1-full\" appears twice (a baseline matches cases by id)");
+  // Derived fields must agree with the records.
+  EXPECT_EQ(broken([](json& j) { j["summary"]["exact"] = 9; }),
+            "r.json: summary.exact: disagrees with the rest of the report (expected 4)");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["bit_identical"] = false; }),
+            "r.json: cases[0].tensors[0].bit_identical: disagrees with the rest of the report (expected true)");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"].erase("train_rollout_logprob_abs_diff"); }),
+            "r.json: cases[0].tensors[0].metrics.train_rollout_logprob_abs_diff: is missing (the report's records require it)");
+  EXPECT_NE(json_error("{\"schema_version\": 2,"), "");
+  EXPECT_NE(json_error("[]").find("r.json: (top level): expected an object, found an array"), std::string::npos);
+}
+
+// --- CSV -----------------------------------------------------------------------
+
+TEST(ReportRead, CsvGivesTheSameVerdictsAndMetrics) {
+  const Report r = sample_sweep_report();
+  const fs::path p = temp_file("r.csv");
+  write_csv(r, p.string());
+  const Report back = read_report(p.string());
+  ASSERT_EQ(back.cases.size(), r.cases.size());
+  for (size_t i = 0; i < r.cases.size(); ++i) {
+    const Case &a = r.cases[i], &b = back.cases[i];
+    EXPECT_EQ(b.id, a.id);
+    EXPECT_EQ(b.verdict, a.verdict);
+    EXPECT_EQ(b.parameters, a.parameters);
+    EXPECT_EQ(b.first_divergent_op, a.first_divergent_op);
+    ASSERT_EQ(b.tensors.size(), a.tensors.size()) << a.id;
+    for (size_t k = 0; k < a.tensors.size(); ++k) {
+      const TensorRecord &x = a.tensors[k], &y = b.tensors[k];
+      EXPECT_EQ(tensor_key(y), tensor_key(x));
+      EXPECT_EQ(y.status, x.status);
+      EXPECT_EQ(y.shape_a, x.shape_a);
+      EXPECT_EQ(y.matches(), x.matches());
+      ASSERT_EQ(y.metrics.has_value(), x.metrics.has_value());
+      if (!x.metrics) continue;
+      EXPECT_EQ(y.metrics->mismatches, x.metrics->mismatches);
+      EXPECT_EQ(y.metrics->max_ulp_diff, x.metrics->max_ulp_diff);
+      EXPECT_EQ(y.metrics->max_abs_diff, x.metrics->max_abs_diff);
+      EXPECT_EQ(y.metrics->mean_abs_diff, x.metrics->mean_abs_diff);
+      EXPECT_EQ(y.metrics->first_mismatch, x.metrics->first_mismatch);
+      EXPECT_EQ(y.metrics->ulp_histogram, x.metrics->ulp_histogram);
+    }
+  }
+  // The whole report's JSON, but for what CSV does not carry, is the same.
+  Report same = back;
+  same.command = r.command;
+  same.created_utc = r.created_utc;
+  same.environment = r.environment;
+  sample_case(same, "moe-ep2-decode").skip_reason = "no GPU";
+  EXPECT_EQ(render_json(same), render_json(r));
+}
+
+TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
+  const fs::path p = temp_file("bad.csv");
+  const std::string good = render_csv(sample_sweep_report());
+  auto error_of = [&](const std::string& text) -> std::string {
+    std::ofstream(p, std::ios::binary) << text;
+    try {
+      read_report_csv(p.string());
+    } catch (const io::BadInput& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of(good), "");
+  std::string policy = good;
+  policy.replace(policy.find("nan_equal"), 9, "nan_eq");
+  EXPECT_EQ(error_of(policy), p.string() + ": line 2, column nan_policy: expected \"nan_equal\"");
+  std::string no_col = good;
+  no_col.replace(no_col.find(",ulp_histogram"), 14, "");
+  EXPECT_NE(error_of(no_col).find("ulp_histogram"), std::string::npos) << error_of(no_col);
+  std::string bad_verdict = good;
+  bad_verdict.replace(bad_verdict.find("tp1-full,exact"), 14, "tp1-full,exaxt");
+  EXPECT_EQ(error_of(bad_verdict),
+            p.string() + ": line 2, column case_verdict: \"exaxt\" is not a verdict (exact, mismatch, skipped)");
+  std::string bad_bool = good;
+  bad_bool.replace(bad_bool.find(",true,true,"), 11, ",yes,true,");
+  EXPECT_EQ(error_of(bad_bool), p.string() + ": line 2, column bit_identical: expected true or false, found \"yes\"");
+  EXPECT_NE(error_of("case_id\r\nx\r\n").find(p.string()), std::string::npos);
+}
+
+// --- baseline --------------------------------------------------------------------
+
+std::vector<std::pair<ChangeKind, std::string>> kinds(const BaselineDiff& d) {
+  std::vector<std::pair<ChangeKind, std::string>> out;
+  for (const Change& c : d.changes) out.emplace_back(c.kind, c.case_id + (c.tensor.empty() ? "" : "/" + c.tensor));
+  return out;
+}
+
+TEST(ReportBaseline, IdenticalReportsHaveNoChanges) {
+  const Report r = sample_sweep_report();
+  const BaselineDiff d = compare_to_baseline(r, "old", r, "new");
+  EXPECT_TRUE(d.changes.empty());
+  EXPECT_FALSE(d.regressed());
+}
+
+TEST(ReportBaseline, ClassifiesEveryKindOfChange) {
+  const Report old = sample_sweep_report();
+  Report now = old;
+  sample_case(now, "tp1-full").tensors[0] = compared_tensor("logprobs", 1, 2);  // newly failing
+  sample_case(now, "tp1-full").settle();
+  sample_case(now, "tp2-decode").tensors[0] = compared_tensor("logprobs", 0, 0);  // newly passing
+  sample_case(now, "tp2-decode").settle();
+  sample_case(now, "other <b>&'\"").tensors.push_back(compared_tensor("new", 0, 0));  // tensor added
+  sample_case(now, "tp1-decode").tensors.pop_back();  // tensor removed
+  Case& moe = sample_case(now, "moe-ep2-decode");  // skipped -> exact
+  moe.verdict = Verdict::kExact;
+  moe.tensors.push_back(compared_tensor("logprobs", 0, 0));
+  now.cases.erase(now.cases.begin() + 2);  // tp1-prefill removed
+  Case added;
+  added.id = "tp4-full";
+  added.tensors.push_back(compared_tensor("logprobs", 0, 0));
+  now.cases.push_back(added);
+  const BaselineDiff d = compare_to_baseline(old, "old", now, "new");
+  using K = ChangeKind;
+  const std::vector<std::pair<K, std::string>> expected = {
+      {K::kNewlyFailing, "tp1-full/logprobs"},
+      {K::kCaseRemoved, "tp1-prefill"},
+      {K::kTensorRemoved, "tp1-decode/grad.layers.0.mlp.down_proj"},
+      {K::kNewlyPassing, "tp2-decode/logprobs"},
+      {K::kCaseAdded, "tp4-full"},
+      {K::kTensorAdded, "other <b>&'\"/new"},
+      {K::kSkipChanged, "moe-ep2-decode"},
+  };
+  EXPECT_EQ(kinds(d), expected);
+  EXPECT_TRUE(d.regressed());
+  EXPECT_TRUE(d.changes[0].regression);
+  EXPECT_TRUE(d.changes[1].regression);  // a compared case is gone
+  EXPECT_FALSE(d.changes[2].regression);
+  EXPECT_EQ(d.changes[0].detail, "1/8 differ, max_ulp_diff 2, max_abs_diff 2.38e-07");
+  const std::string text = format_baseline_diff(d);
+  EXPECT_NE(text.find("newly failing (1):\n  ! tp1-full / logprobs: 1/8 differ"), std::string::npos) << text;
+  EXPECT_NE(text.find("baseline: REGRESSION (2 newly failing or no longer compared; marked !)"), std::string::npos);
+}
+
+TEST(ReportBaseline, ImprovementsAndMetricChangesAreNoRegression) {
+  const Report old = sample_sweep_report();
+  Report now = old;
+  sample_case(now, "tp2-decode").tensors[0] = compared_tensor("logprobs", 2, 100);  // still failing, changed
+  sample_case(now, "tp2-decode").first_divergent_op = "layer1.attn";
+  now.cases.erase(now.cases.begin() + 5);  // the skipped case is gone: not compared before, no regression
+  const BaselineDiff d = compare_to_baseline(old, "old", now, "new");
+  ASSERT_EQ(d.changes.size(), 3u) << format_baseline_diff(d);
+  EXPECT_EQ(d.changes[0].kind, ChangeKind::kCaseRemoved);
+  EXPECT_FALSE(d.changes[0].regression);
+  EXPECT_EQ(d.changes[1].detail, "mismatches 3 -> 2, max_ulp_diff 5 -> 100, max_abs_diff 5.96e-07 -> 1.19e-05");
+  EXPECT_EQ(d.changes[2].detail, "first_divergent_op layer0.mlp.down_proj -> layer1.attn");
+  EXPECT_FALSE(d.regressed());
+  // A new case that mismatches is newly failing.
+  Case added;
+  added.id = "tp8-full";
+  added.tensors.push_back(compared_tensor("logprobs", 1, 1));
+  added.settle();
+  now.cases.push_back(added);
+  EXPECT_TRUE(compare_to_baseline(old, "old", now, "new").regressed());
+}
+
+TEST(ReportBaseline, AmbiguousTensorNamesAreBadInput) {
+  Report r = sample_sweep_report();
+  r.cases[0].tensors.push_back(r.cases[0].tensors[0]);
+  EXPECT_THROW(compare_to_baseline(r, "old.json", sample_sweep_report(), "new.json"), io::BadInput);
+}
+
+// --- HTML as text ------------------------------------------------------------------
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(ReportHtml, GridCellsHistogramsAndEscaping) {
+  const Report r = sample_sweep_report();
+  const std::string h = render_html(r, "sweep<1>.json", nullptr);
+  EXPECT_EQ(count(h, "<table class=\"grid\""), 2u);
+  EXPECT_EQ(count(h, "<td class=\"cell "), static_cast<size_t>(test::kSampleGridCells));
+  EXPECT_EQ(count(h, "<td class=\"cell v-none\""), 1u);      // tp2 / prefill
+  EXPECT_EQ(count(h, "<td class=\"cell v-mismatch\""), 1u);  // tp2 / decode
+  EXPECT_EQ(count(h, "<td class=\"cell v-skipped\""), 1u);   // the MoE group
+  EXPECT_EQ(count(h, "<svg class=\"hist\""), 1u);            // one mismatching compared tensor
+  EXPECT_EQ(count(h, "<section class=\"case\""), r.cases.size());
+  EXPECT_EQ(h.find("<script"), std::string::npos);  // the hostile tensor name is text
+  EXPECT_NE(h.find("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;"), std::string::npos);
+  EXPECT_NE(h.find("moe&lt;&amp;&gt;&quot;"), std::string::npos);
+  EXPECT_NE(h.find("sweep&lt;1&gt;.json"), std::string::npos);
+  EXPECT_EQ(html_escape(std::string("a\x01\x7f")), "a\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(h.find("http"), std::string::npos);  // no external resource
+  EXPECT_EQ(h.find("id=\"baseline\""), std::string::npos);
+  const BaselineDiff d = compare_to_baseline(r, "old<.json", r, "new");
+  EXPECT_NE(render_html(r, "r.json", &d).find("<h2>Against baseline <code>old&lt;.json</code></h2>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bp::harness
