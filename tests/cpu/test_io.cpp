@@ -518,8 +518,9 @@ TEST(HfConfig, FixturesMeetContractConstraints) {
     EXPECT_EQ(c.vocab_size % C, 0);           // vocabulary-wide reductions
     for (int tp : {1, 2, 4}) EXPECT_EQ(c.num_attention_heads % tp, 0) << tp;
     // The layouts shard whole kv heads: the tiny fixtures run the whole TP matrix.
-    if (std::string(name).find("tiny") != std::string::npos)
+    if (std::string(name).find("tiny") != std::string::npos) {
       for (int tp : {1, 2, 4}) EXPECT_EQ(c.num_key_value_heads % tp, 0) << tp;
+    }
     if (c.is_moe_model()) {
       EXPECT_EQ(c.moe_intermediate_size % C, 0);  // expert down_proj K
       for (int ep : {1, 2, 4}) EXPECT_EQ(c.num_experts % ep, 0) << ep;
