@@ -288,13 +288,7 @@ Subcommand add_bisect_command(CLI::App& app) {
   sub->add_option("--b", o->b, "spec of run B");
   sub->add_option("--json", o->json, "write a JSON report (tensors in execution order)");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
-  return {sub, [o] {
-            try {
-              return bisect(*o);
-            } catch (...) {
-              return exit_for_error("bisect", stderr);
-            }
-          }};
+  return guarded_subcommand(sub, [o] { return bisect(*o); });
 }
 
 }  // namespace bp::harness

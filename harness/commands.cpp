@@ -4,8 +4,6 @@
 #include "harness/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
-#include "harness/io/safetensors.h"
-#include "harness/report/html.h"
 
 namespace bp::harness {
 
@@ -66,40 +64,6 @@ SweepPlan PlanFlags::plan(SweepPlan base) const {
   return base;
 }
 
-namespace {
-using Writer = void (*)(const Report&, const std::string&);
-std::vector<std::pair<const std::string*, Writer>> writers(const ReportPaths& p) {
-  const Writer html = [](const Report& r, const std::string& path) {
-    io::write_file_atomic(path, render_html(r, "bitparity " + r.command, nullptr));
-  };
-  return {{&p.json, &write_json}, {&p.csv, &write_csv}, {&p.junit, &write_junit}, {&p.html, html}};
-}
-}  // namespace
-
-int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err) {
-  for (const auto& [path, write] : writers(paths)) {
-    if (path->empty()) continue;
-    if (const std::string why = report_path_problem(*path); !why.empty()) {
-      std::fprintf(err, "bitparity %s: cannot write report: %s: %s\n", cmd, path->c_str(), why.c_str());
-      return kExitBadInput;
-    }
-  }
-  return 0;
-}
-
-int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err) {
-  for (const auto& [path, write] : writers(paths)) {
-    if (path->empty()) continue;
-    try {
-      write(r, *path);
-    } catch (const io::IoError& e) {
-      std::fprintf(err, "bitparity %s: cannot write report: %s\n", cmd, e.what());
-      return kExitBadInput;
-    }
-  }
-  return 0;
-}
-
 int exit_for_error(const char* cmd, std::FILE* err) {
   try {
     throw;
@@ -116,6 +80,16 @@ int exit_for_error(const char* cmd, std::FILE* err) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
     return kExitInternal;
   }
+}
+
+Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body) {
+  return {sub, [name = sub->get_name(), body = std::move(body)] {
+            try {
+              return body();
+            } catch (...) {
+              return exit_for_error(name.c_str(), stderr);
+            }
+          }};
 }
 
 }  // namespace bp::harness

@@ -63,18 +63,15 @@ SweepPlan single_case_defaults();
 // reference backend cannot run; CannotTest for cuda).
 SingleRun run_single_case(const SweepPlan& plan);
 
-// Where a command writes its reports ("" = not at all).
-struct ReportPaths {
-  std::string json, csv, junit, html;
-};
-// 0 when every path can take a report, else prints why and returns kExitBadInput:
-// commands check before running, so a bad path costs no work and no earlier report.
-int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
-// Writes each requested report atomically; 0, or kExitBadInput after a failed write.
-int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
+// Reports: ReportPaths, check_report_paths and write_reports (report/report.h).
+// Commands check the paths before running, so a bad path costs no work either.
 
 // Inside a catch block: prints the exception in flight for subcommand `cmd`
 // ("bitparity sweep: bad input: ...") and returns its exit code.
 int exit_for_error(const char* cmd, std::FILE* err);
+
+// The subcommand `sub` running `body`, any exception it throws turned into its
+// exit code by exit_for_error under `sub`'s name.
+Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body);
 
 }  // namespace bp::harness

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cinttypes>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -34,13 +33,6 @@ bool cmp_type_of(DType d, CmpType* out) {
   return false;
 }
 
-
-std::string num(double v, const char* fmt = "%.3g") {
-  if (!std::isfinite(v)) return "inf";
-  char buf[48];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
 
 // One element's bits and value, for the "first difference" line.
 std::string element_text(const SafetensorsFile& f, const TensorInfo& t, uint64_t i) {
@@ -136,12 +128,8 @@ int run_diff(const DiffOptions& o, std::FILE* out, std::FILE* err) {
   Report r;
   try {
     r = build_diff(o);
-  } catch (const io::BadInput& e) {
-    std::fprintf(err, "bitparity diff: bad input: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const io::IoError& e) {
-    std::fprintf(err, "bitparity diff: cannot read: %s\n", e.what());
-    return kExitBadInput;
+  } catch (...) {
+    return exit_for_read_error("diff", err);
   }
   const Case& c = r.cases.front();
 
@@ -164,9 +152,9 @@ int run_diff(const DiffOptions& o, std::FILE* out, std::FILE* err) {
           const TensorMetrics& m = *t.metrics;
           result = m.bit_identical ? "identical" : "DIFFER";
           mism = std::to_string(m.mismatches);
-          ulp = num(m.max_ulp_diff, "%.0f");
-          mabs = num(m.max_abs_diff);
-          mean = num(m.mean_abs_diff);
+          ulp = metric_text(m.max_ulp_diff, "%.0f");
+          mabs = metric_text(m.max_abs_diff, "%.3g");
+          mean = metric_text(m.mean_abs_diff, "%.3g");
           first = m.first_mismatch < 0 ? "-" : std::to_string(m.first_mismatch);
         }
       }
@@ -210,24 +198,9 @@ int run_diff(const DiffOptions& o, std::FILE* out, std::FILE* err) {
                  c.verdict == Verdict::kExact ? "all identical" : "MISMATCH");
   }
 
-  const std::pair<const std::string*, void (*)(const Report&, const std::string&)> writers[] = {
-      {&o.json, &write_json}, {&o.csv, &write_csv}, {&o.junit, &write_junit}};
-  for (const auto& [path, write] : writers) {
-    if (path->empty()) continue;
-    if (const std::string why = report_path_problem(*path); !why.empty()) {
-      std::fprintf(err, "bitparity diff: cannot write report: %s: %s\n", path->c_str(), why.c_str());
-      return kExitBadInput;
-    }
-  }
-  for (const auto& [path, write] : writers) {
-    if (path->empty()) continue;
-    try {
-      write(r, *path);
-    } catch (const io::IoError& e) {
-      std::fprintf(err, "bitparity diff: cannot write report: %s\n", e.what());
-      return kExitBadInput;
-    }
-  }
+  const ReportPaths paths{o.json, o.csv, o.junit, ""};
+  if (const int rc = check_report_paths("diff", paths, err)) return rc;
+  if (const int rc = write_reports("diff", r, paths, err)) return rc;
   return c.verdict == Verdict::kExact ? kExitExact : kExitMismatch;
 }
 

@@ -74,13 +74,7 @@ Subcommand add_list_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("list", "list models (fixtures and --model directories), contracts, backends, "
                                              "the layouts each model can run, and paths");
   sub->add_option("--model", o->models, "a Hugging Face checkpoint directory to describe too (repeatable)");
-  return {sub, [o] {
-            try {
-              return list(*o);
-            } catch (...) {
-              return exit_for_error("list", stderr);
-            }
-          }};
+  return guarded_subcommand(sub, [o] { return list(*o); });
 }
 
 }  // namespace bp::harness

@@ -2,12 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
-#include <iostream>
 
 #include "commands.h"
 #include "diff.h"
 #include "exit_codes.h"
-#include "reference/contract/contract.h"
 #include "report_cmd.h"
 #include "selfcheck.h"
 

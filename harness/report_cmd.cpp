@@ -45,12 +45,8 @@ int run_report(const ReportOptions& o, std::FILE* out, std::FILE* err) {
   try {
     r = read_report(o.report);
     if (!o.baseline.empty()) diff = compare_to_baseline(read_report(o.baseline), o.baseline, r, o.report);
-  } catch (const io::BadInput& e) {
-    std::fprintf(err, "bitparity report: bad input: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const io::IoError& e) {
-    std::fprintf(err, "bitparity report: cannot read: %s\n", e.what());
-    return kExitBadInput;
+  } catch (...) {
+    return exit_for_read_error("report", err);
   }
   print_summary(r, o.report, out);
   if (diff) std::fputs(format_baseline_diff(*diff).c_str(), out);

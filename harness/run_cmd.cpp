@@ -156,13 +156,7 @@ Subcommand add_run_command(CLI::App& app) {
   o->plan.add_to(sub);
   sub->add_option("--out,-o", o->out, "the dump to write (.safetensors, written atomically)")->required();
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
-  return {sub, [o] {
-            try {
-              return run(*o);
-            } catch (...) {
-              return exit_for_error("run", stderr);
-            }
-          }};
+  return guarded_subcommand(sub, [o] { return run(*o); });
 }
 
 }  // namespace bp::harness

@@ -67,13 +67,6 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-std::string ulp_text(double u) {
-  if (!std::isfinite(u)) return "inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.0f", u);
-  return buf;
-}
-
 // One cell of the table: "exact", "skip", or "<n> diff <u> ulp" (n tensors differ,
 // u the largest ULP distance among them).
 std::string cell_text(const Case& c) {
@@ -88,7 +81,7 @@ std::string cell_text(const Case& c) {
     if (t.metrics) ulp = std::max(ulp, t.metrics->max_ulp_diff);
     missing |= !t.metrics;
   }
-  return std::to_string(n) + " diff " + (missing ? "(missing)" : ulp_text(ulp) + " ulp");
+  return std::to_string(n) + " diff " + (missing ? "(missing)" : metric_text(ulp, "%.0f") + " ulp");
 }
 
 std::string case_line(const Case& c) {
@@ -98,7 +91,7 @@ std::string case_line(const Case& c) {
     s += ": first tensor " + t->name;
     if (t->metrics)
       s += " (" + std::to_string(t->metrics->mismatches) + " of " + std::to_string(t->metrics->elements) +
-           " elements, max " + ulp_text(t->metrics->max_ulp_diff) + " ulp)";
+           " elements, max " + metric_text(t->metrics->max_ulp_diff, "%.0f") + " ulp)";
     else
       s += std::string(" (") + tensor_status_name(t->status) + ")";
   }
@@ -218,13 +211,7 @@ Subcommand add_sweep_command(CLI::App& app) {
   sub->add_option("--html", o->html, "write an HTML report");
   sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
   sub->add_flag("--verbose,-v", o->verbose, "print every case as it finishes, and the layouts a model cannot run");
-  return {sub, [o] {
-            try {
-              return sweep(*o);
-            } catch (...) {
-              return exit_for_error("sweep", stderr);
-            }
-          }};
+  return guarded_subcommand(sub, [o] { return sweep(*o); });
 }
 
 }  // namespace bp::harness

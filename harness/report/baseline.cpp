@@ -2,8 +2,6 @@
 #include "harness/report/baseline.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "harness/io/errors.h"
@@ -12,20 +10,13 @@ namespace bp::harness {
 
 namespace {
 
-std::string num(double v, const char* fmt) {
-  if (!std::isfinite(v)) return "inf";
-  char buf[48];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
-
 // What a tensor came to, in one phrase.
 std::string state(const TensorRecord& t) {
   if (t.status != TensorStatus::kCompared) return tensor_status_name(t.status);
   const TensorMetrics& m = *t.metrics;
   if (m.bit_identical) return "identical";
   return std::to_string(m.mismatches) + "/" + std::to_string(m.elements) + " differ, max_ulp_diff " +
-         num(m.max_ulp_diff, "%.0f") + ", max_abs_diff " + num(m.max_abs_diff, "%.3g");
+         metric_text(m.max_ulp_diff, "%.0f") + ", max_abs_diff " + metric_text(m.max_abs_diff, "%.3g");
 }
 
 // The metric changes between two mismatching records ("" when none).
@@ -37,9 +28,11 @@ std::string metric_delta(const TensorRecord& a, const TensorRecord& b) {
     if (x.mismatches != y.mismatches)
       parts.push_back("mismatches " + std::to_string(x.mismatches) + " -> " + std::to_string(y.mismatches));
     if (x.max_ulp_diff != y.max_ulp_diff)
-      parts.push_back("max_ulp_diff " + num(x.max_ulp_diff, "%.0f") + " -> " + num(y.max_ulp_diff, "%.0f"));
+      parts.push_back("max_ulp_diff " + metric_text(x.max_ulp_diff, "%.0f") + " -> " +
+                      metric_text(y.max_ulp_diff, "%.0f"));
     if (x.max_abs_diff != y.max_abs_diff)
-      parts.push_back("max_abs_diff " + num(x.max_abs_diff, "%.3g") + " -> " + num(y.max_abs_diff, "%.3g"));
+      parts.push_back("max_abs_diff " + metric_text(x.max_abs_diff, "%.3g") + " -> " +
+                      metric_text(y.max_abs_diff, "%.3g"));
   }
   std::string s;
   for (const std::string& p : parts) s += (s.empty() ? "" : ", ") + p;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 namespace bp::harness {
@@ -23,13 +22,6 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .env th{font-weight:normal;color:#555}code{font-size:90%}
 svg.hist rect.bar{fill:#c62828}svg.hist text{font-size:9px;fill:#444}
 )";
-
-std::string num(double v, const char* fmt = "%.6g") {
-  if (!std::isfinite(v)) return "inf";
-  char buf[48];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
 
 std::string verdict_span(Verdict v) {
   return std::string("<span class=\"verdict v-") + verdict_name(v) + "\">" + verdict_name(v) + "</span>";
@@ -215,8 +207,9 @@ std::string tensor_row(const TensorRecord& t) {
   if (!t.metrics) return h + "<td colspan=\"6\"></td></tr>\n";
   const TensorMetrics& m = *t.metrics;
   return h + "<td class=\"num\">" + std::to_string(m.mismatches) + " / " + std::to_string(m.elements) +
-         "</td><td class=\"num\">" + num(m.max_ulp_diff, "%.0f") + "</td><td class=\"num\">" + num(m.max_abs_diff) +
-         "</td><td class=\"num\">" + num(m.mean_abs_diff) + "</td><td class=\"num\">" +
+         "</td><td class=\"num\">" + metric_text(m.max_ulp_diff, "%.0f") + "</td><td class=\"num\">" +
+         metric_text(m.max_abs_diff, "%.6g") + "</td><td class=\"num\">" + metric_text(m.mean_abs_diff, "%.6g") +
+         "</td><td class=\"num\">" +
          (m.first_mismatch < 0 ? std::string("&ndash;") : std::to_string(m.first_mismatch)) + "</td><td class=\"num\">" +
          std::to_string(m.nan_a) + "/" + std::to_string(m.nan_b) + " NaN, " + std::to_string(m.inf_a) + "/" +
          std::to_string(m.inf_b) + " Inf</td></tr>\n";
@@ -247,7 +240,8 @@ std::string case_section(const Case& c, size_t index) {
 
 }  // namespace
 
-std::string html_escape(const std::string& s) {
+std::string markup_escape(const std::string& s, Markup m) {
+  const bool html = m == Markup::kHtml;
   std::string o;
   o.reserve(s.size());
   for (char ch : s) {
@@ -257,14 +251,18 @@ std::string html_escape(const std::string& s) {
       case '<': o += "&lt;"; break;
       case '>': o += "&gt;"; break;
       case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
+      case '\'': o += html ? "&#39;" : "&apos;"; break;
+      case '\n': o += html ? "\n" : "&#10;"; break;
+      case '\t': o += html ? "\t" : "&#9;"; break;
       default:
-        if ((c < 0x20 && ch != '\n' && ch != '\t') || c == 0x7f) o += "\xEF\xBF\xBD";  // U+FFFD
+        if (c < 0x20 || c == 0x7f) o += html ? "\xEF\xBF\xBD" : "?";  // U+FFFD in HTML
         else o += ch;
     }
   }
   return o;
 }
+
+std::string html_escape(const std::string& s) { return markup_escape(s, Markup::kHtml); }
 
 std::string render_html(const Report& r, const std::string& source, const BaselineDiff* baseline) {
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

@@ -21,7 +21,14 @@ namespace bp::harness {
 // `source`: the report file's path, shown in the title. `baseline` may be null.
 std::string render_html(const Report& r, const std::string& source, const BaselineDiff* baseline);
 
-// HTML text/attribute escape; control characters become U+FFFD.
+// Text/attribute escape for an HTML page or an XML file (the JUnit report): &, <,
+// >, " and ' always. HTML keeps newline and tab and turns other control characters
+// into U+FFFD; XML writes newline and tab as character references (attribute values
+// keep them) and other control characters, which XML 1.0 cannot carry, as '?'.
+enum class Markup { kHtml, kXml };
+std::string markup_escape(const std::string& s, Markup m);
+
+// markup_escape(s, Markup::kHtml).
 std::string html_escape(const std::string& s);
 
 }  // namespace bp::harness

@@ -1,38 +1,12 @@
 // JUnit XML rendering: one <testcase> per case.
-#include <cmath>
-#include <cstdio>
-
+#include "harness/report/html.h"
 #include "harness/report/report.h"
 
 namespace bp::harness {
 
 namespace {
 
-// XML 1.0 attribute/text escape; control characters XML cannot carry become '?'.
-std::string xml(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      case '\n': o += "&#10;"; break;
-      case '\t': o += "&#9;"; break;
-      default: o += (c < 0x20 || c == 0x7f) ? '?' : ch;
-    }
-  }
-  return o;
-}
-
-std::string num(double v) {
-  if (!std::isfinite(v)) return "inf";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+std::string xml(const std::string& s) { return markup_escape(s, Markup::kXml); }
 
 std::string describe(const TensorRecord& t) {
   std::string s = "tensor '" + t.name + "'";
@@ -45,9 +19,9 @@ std::string describe(const TensorRecord& t) {
     case TensorStatus::kCompared: break;
   }
   const TensorMetrics& m = *t.metrics;
-  return s + ": " + std::to_string(m.mismatches) + "/" + std::to_string(m.elements) +
-         " elements differ, first at " + std::to_string(m.first_mismatch) + ", max ulp " + num(m.max_ulp_diff) +
-         ", max |diff| " + num(m.max_abs_diff) + ", mean |diff| " + num(m.mean_abs_diff);
+  return s + ": " + std::to_string(m.mismatches) + "/" + std::to_string(m.elements) + " elements differ, first at " +
+         std::to_string(m.first_mismatch) + ", max ulp " + metric_text(m.max_ulp_diff, "%.17g") + ", max |diff| " +
+         metric_text(m.max_abs_diff, "%.17g") + ", mean |diff| " + metric_text(m.mean_abs_diff, "%.17g");
 }
 
 }  // namespace

@@ -13,18 +13,7 @@
 
 #include "harness/io/errors.h"
 #include "harness/io/json_strict.h"
-
-// A report is small: read it on this thread (fccp's reader thread buys nothing).
-#define CSV_IO_NO_THREAD
-// csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-truncation"
-#endif
-#include <libfccp/csv.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "harness/report/fccp_csv.h"
 
 namespace bp::harness {
 

@@ -5,12 +5,16 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 
+#include "harness/exit_codes.h"
+#include "harness/io/errors.h"
 #include "harness/io/safetensors.h"
+#include "harness/report/html.h"
 
 #ifndef BP_COMPILER_ID
 #define BP_COMPILER_ID "unknown"
@@ -164,5 +168,57 @@ std::string report_path_problem(const std::string& path) {
 void write_json(const Report& r, const std::string& path) { io::write_file_atomic(path, render_json(r)); }
 void write_csv(const Report& r, const std::string& path) { io::write_file_atomic(path, render_csv(r)); }
 void write_junit(const Report& r, const std::string& path) { io::write_file_atomic(path, render_junit(r)); }
+
+namespace {
+using Writer = void (*)(const Report&, const std::string&);
+std::vector<std::pair<const std::string*, Writer>> writers(const ReportPaths& p) {
+  const Writer html = [](const Report& r, const std::string& path) {
+    io::write_file_atomic(path, render_html(r, "bitparity " + r.command, nullptr));
+  };
+  return {{&p.json, &write_json}, {&p.csv, &write_csv}, {&p.junit, &write_junit}, {&p.html, html}};
+}
+}  // namespace
+
+int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err) {
+  for (const auto& [path, write] : writers(paths)) {
+    if (path->empty()) continue;
+    if (const std::string why = report_path_problem(*path); !why.empty()) {
+      std::fprintf(err, "bitparity %s: cannot write report: %s: %s\n", cmd, path->c_str(), why.c_str());
+      return kExitBadInput;
+    }
+  }
+  return 0;
+}
+
+int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err) {
+  for (const auto& [path, write] : writers(paths)) {
+    if (path->empty()) continue;
+    try {
+      write(r, *path);
+    } catch (const io::IoError& e) {
+      std::fprintf(err, "bitparity %s: cannot write report: %s\n", cmd, e.what());
+      return kExitBadInput;
+    }
+  }
+  return 0;
+}
+
+int exit_for_read_error(const char* cmd, std::FILE* err) {
+  try {
+    throw;
+  } catch (const io::BadInput& e) {
+    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
+  } catch (const io::IoError& e) {
+    std::fprintf(err, "bitparity %s: cannot read: %s\n", cmd, e.what());
+  }
+  return kExitBadInput;
+}
+
+std::string metric_text(double v, const char* printf_format) {
+  if (!std::isfinite(v)) return "inf";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, printf_format, v);
+  return buf;
+}
 
 }  // namespace bp::harness

@@ -13,6 +13,7 @@
 //          first mismatching tensor; a skipped case has <skipped/>.
 // In JSON non-finite metrics (NaN against a number) are the string "inf".
 #pragma once
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
@@ -102,5 +103,24 @@ std::string report_path_problem(const std::string& path);
 void write_json(const Report& r, const std::string& path);
 void write_csv(const Report& r, const std::string& path);
 void write_junit(const Report& r, const std::string& path);
+
+// Where a command writes its reports ("" = not at all).
+struct ReportPaths {
+  std::string json, csv, junit, html;
+};
+// 0 when every path can take a report, else prints why and returns kExitBadInput:
+// commands check before writing any, so a bad path costs no earlier report.
+int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
+// Writes each requested report atomically; 0, or kExitBadInput after a failed write.
+int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
+
+// Inside a catch block of a command that reads files (diff, report): prints a
+// bp::io::BadInput or bp::io::IoError in flight ("bitparity diff: bad input: ...")
+// and returns kExitBadInput; rethrows anything else.
+int exit_for_read_error(const char* cmd, std::FILE* err);
+
+// `v` printed with `printf_format` (one double conversion), or "inf" when it is not
+// finite: metrics are distances, so a non-finite one is +inf.
+std::string metric_text(double v, const char* printf_format);
 
 }  // namespace bp::harness

@@ -2,24 +2,16 @@
 // binary run through the shell, exit codes 0/1/2 checked, reports validated
 // against the schema, and an earlier report left untouched by a bad-input run.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "harness/io/safetensors.h"
-#include "support/golden.h"
+#include "support/cli_run.h"
 #include "support/json_schema.h"
-
-#ifndef BP_BITPARITY_EXE
-#error "BP_BITPARITY_EXE must name the bitparity binary"
-#endif
 
 namespace bp {
 namespace {
@@ -27,19 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class CliDiff : public ::testing::Test {
+class CliDiff : public test::CliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("bp_cli_diff_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
-
   // Writes a dump: F32 "logprobs" [4], BF16 "w" [2,2], F32 "bias" [3], with hooks to vary.
   std::string dump(const std::string& leaf, std::vector<float> lp = {-1.0f, -2.5f, -0.125f, -7.0f},
                    std::vector<uint16_t> w = {0x3f80, 0x0000, 0x8000, 0x7fc0}, const std::string& bias_name = "bias",
@@ -53,31 +34,6 @@ class CliDiff : public ::testing::Test {
     io::write_safetensors(p, std::move(t));
     return p;
   }
-
-  // Runs bitparity with `args`; returns its exit code, stdout and stderr in out_/err_.
-  int run(const std::string& args) {
-    const std::string o = path("stdout.txt"), e = path("stderr.txt");
-    const std::string cmd = std::string("'") + BP_BITPARITY_EXE + "' " + args + " >'" + o + "' 2>'" + e + "'";
-    const int st = std::system(cmd.c_str());
-    out_ = read(o);
-    err_ = read(e);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-
-  static std::string read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  static json schema() {
-    std::ifstream in(test::source_path("reports/schema/report.schema.json"));
-    return json::parse(in);
-  }
-
-  fs::path dir_;
-  std::string out_, err_;
 };
 
 TEST_F(CliDiff, IdenticalDumpsExitZeroAndReportsValidate) {
@@ -89,7 +45,7 @@ TEST_F(CliDiff, IdenticalDumpsExitZeroAndReportsValidate) {
   EXPECT_NE(out_.find("all identical"), std::string::npos) << out_;
   const json j = json::parse(read(path("r.json")));
   std::string errs;
-  for (const auto& e : test::schema_errors(schema(), j)) errs += e + "\n";
+  for (const auto& e : test::schema_errors(test::report_schema(), j)) errs += e + "\n";
   EXPECT_EQ(errs, "");
   EXPECT_EQ(j["verdict"], "exact");
   EXPECT_EQ(j["cases"][0]["tensors"].size(), 3u);
@@ -108,7 +64,7 @@ TEST_F(CliDiff, OneDifferingElementExitsOneAndNamesIt) {
   EXPECT_NE(out_.find("first differing tensor (file order of A): w, element 2: A 0x8000"), std::string::npos) << out_;
   EXPECT_NE(out_.find("MISMATCH"), std::string::npos);
   const json j = json::parse(read(path("r.json")));
-  EXPECT_TRUE(test::schema_errors(schema(), j).empty());
+  EXPECT_TRUE(test::schema_errors(test::report_schema(), j).empty());
   const json& w = j["cases"][0]["tensors"][2];
   EXPECT_EQ(w["name"], "w");
   EXPECT_EQ(w["metrics"]["mismatches"], 1);  // -0 vs +0; the NaNs are equal
@@ -203,7 +159,7 @@ TEST_F(CliDiff, ShapeAndDtypeDifferencesAreMismatches) {
   io::write_safetensors(c, {{"logprobs", io::DType::BF16, {4}, {reinterpret_cast<const uint8_t*>(lpb), 8}}});
   EXPECT_EQ(run("diff " + a + " " + c), 1);
   EXPECT_NE(out_.find("dtype-diff"), std::string::npos) << out_;
-  EXPECT_TRUE(test::schema_errors(schema(), json::parse(read(path("r.json")))).empty());
+  EXPECT_TRUE(test::schema_errors(test::report_schema(), json::parse(read(path("r.json")))).empty());
 }
 
 TEST_F(CliDiff, HelpListsTheExitCodes) {

@@ -3,8 +3,6 @@
 // named by file and field; --html written atomically and never by a failed run;
 // and the page loaded in headless Chromium (grid present, no console error).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -13,11 +11,8 @@
 #include <string>
 
 #include "harness/report/report.h"
+#include "support/cli_run.h"
 #include "support/sample_report.h"
-
-#ifndef BP_BITPARITY_EXE
-#error "BP_BITPARITY_EXE must name the bitparity binary"
-#endif
 
 namespace bp {
 namespace {
@@ -28,42 +23,13 @@ using test::compared_tensor;
 using test::sample_case;
 using test::sample_sweep_report;
 
-class CliReport : public ::testing::Test {
+class CliReport : public test::CliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("bp_cli_report_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
-
   std::string json_report(const std::string& leaf, const Report& r) const {
     harness::write_json(r, path(leaf));
     return path(leaf);
   }
 
-  // Runs `command` through the shell; exit code, with stdout and stderr in out_/err_.
-  int shell(const std::string& command) {
-    const std::string o = path("stdout.txt"), e = path("stderr.txt");
-    const int st = std::system((command + " >'" + o + "' 2>'" + e + "'").c_str());
-    out_ = read(o);
-    err_ = read(e);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-  int run(const std::string& args) { return shell(std::string("'") + BP_BITPARITY_EXE + "' " + args); }
-
-  static std::string read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  fs::path dir_;
-  std::string out_, err_;
 };
 
 Report exact_only() {

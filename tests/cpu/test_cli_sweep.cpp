@@ -11,79 +11,33 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "support/golden.h"
+#include "support/cli_run.h"
 #include "support/json_schema.h"
-
-#ifndef BP_BITPARITY_EXE
-#error "BP_BITPARITY_EXE must name the bitparity binary"
-#endif
 
 namespace bp {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 // A small, fast plan: the dense fixture, the fma-seq contract, short sequences.
 const std::string kSmall = "--model qwen3-dense-tiny --contract bf16-fmaseq-v1 --lengths 5,9 ";
 
-class CliSweep : public ::testing::Test {
+class CliSweep : public test::CliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("bp_cli_sweep_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
-
-  std::string write(const std::string& leaf, const std::string& text) const {
-    std::ofstream(path(leaf), std::ios::binary) << text;
-    return path(leaf);
-  }
-
-  // Runs bitparity with `args`; returns its exit code, stdout and stderr in out_/err_.
-  int run(const std::string& args) {
-    const std::string o = path("stdout.txt"), e = path("stderr.txt");
-    const std::string cmd = std::string("'") + BP_BITPARITY_EXE + "' " + args + " >'" + o + "' 2>'" + e + "'";
-    const int st = std::system(cmd.c_str());
-    out_ = read(o);
-    err_ = read(e);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-
-  static std::string read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
   // The JSON report at `p`, checked against the schema.
   static json valid_report(const std::string& p) {
-    std::ifstream in(test::source_path("reports/schema/report.schema.json"));
-    const json schema = json::parse(in);
     const json j = json::parse(read(p));
     std::string errs;
-    for (const auto& e : test::schema_errors(schema, j)) errs += e + "\n";
+    for (const auto& e : test::schema_errors(test::report_schema(), j)) errs += e + "\n";
     EXPECT_EQ(errs, "");
     return j;
   }
-
-  fs::path dir_;
-  std::string out_, err_;
 };
 
 TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {

@@ -2,15 +2,6 @@
 // by tests/support/json_schema (itself tested here, with negative controls), CSV
 // (RFC 4180, stable columns), JUnit XML, atomic writes, environment block.
 #include <gtest/gtest.h>
-// csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-truncation"
-#endif
-#include <libfccp/csv.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <array>
 #include <filesystem>
@@ -20,8 +11,8 @@
 #include <vector>
 
 #include "harness/io/errors.h"
+#include "harness/report/fccp_csv.h"
 #include "harness/report/report.h"
-#include "support/golden.h"
 #include "support/json_schema.h"
 
 namespace bp::harness {
@@ -29,12 +20,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-json load_schema() {
-  std::ifstream in(test::source_path("reports/schema/report.schema.json"));
-  EXPECT_TRUE(in.good());
-  return json::parse(in);
-}
 
 std::string read_all(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -145,7 +130,7 @@ TEST(JsonSchemaLite, AcceptsValidAndRejectsEachViolation) {
 TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
-  EXPECT_EQ(joined(test::schema_errors(load_schema(), j)), "");
+  EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
   EXPECT_EQ(j["schema_version"], 2);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
@@ -172,7 +157,7 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
 }
 
 TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real schema
-  const json schema = load_schema();
+  const json schema = test::report_schema();
   const json good = json::parse(render_json(sample_report()));
   auto broken = [&](auto mutate) {
     json j = good;
@@ -196,7 +181,7 @@ TEST(Report, InterruptedAndEmpty) {
   Report r = make_report("sweep");
   r.interrupted = true;
   const json j = json::parse(render_json(r));
-  EXPECT_EQ(joined(test::schema_errors(load_schema(), j)), "");
+  EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
   EXPECT_EQ(j["status"], "interrupted");
   EXPECT_EQ(j["verdict"], "skipped");
 }

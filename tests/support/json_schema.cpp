@@ -1,6 +1,10 @@
 #include "support/json_schema.h"
 
+#include <fstream>
 #include <set>
+#include <stdexcept>
+
+#include "support/golden.h"
 
 namespace bp::test {
 
@@ -114,6 +118,13 @@ std::vector<std::string> schema_errors(const json& schema, const json& instance)
   std::vector<std::string> errors;
   Validator{schema, errors}.check(schema, instance, "", 0);
   return errors;
+}
+
+json report_schema() {
+  const std::string path = source_path("reports/schema/report.schema.json");
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return json::parse(in);
 }
 
 }  // namespace bp::test

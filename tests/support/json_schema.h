@@ -16,4 +16,7 @@ namespace bp::test {
 // pointer>: <reason>".
 std::vector<std::string> schema_errors(const nlohmann::json& schema, const nlohmann::json& instance);
 
+// bitparity's report schema, reports/schema/report.schema.json in the source tree.
+nlohmann::json report_schema();
+
 }  // namespace bp::test
