@@ -13,16 +13,6 @@ namespace {
 
 const float kNegInf = float_of(0xff800000u);
 
-void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs) {
-  const std::string bad_knobs = validate(kn);
-  if (!bad_knobs.empty()) throw std::invalid_argument("attention: " + bad_knobs);
-  if (dims.Hq < 1 || dims.Hkv < 1 || dims.D < 1 || dims.Hq % dims.Hkv != 0)
-    throw std::invalid_argument("attention: need Hq, Hkv, D >= 1 and Hkv dividing Hq");
-  for (int s = 0; s < n_seqs; ++s)
-    if (seqs[s].q_begin < 0 || seqs[s].q_len < 0 || seqs[s].past_len < 0 || seqs[s].kv_begin < 0)
-      throw std::invalid_argument("attention: sequence " + std::to_string(s) + " has a negative field");
-}
-
 // The knob- and shape-derived constants every row uses.
 struct Geometry {
   int D, Hq, Hkv, group;  // group = Hq / Hkv query heads per kv head
@@ -239,9 +229,19 @@ std::pair<int, int> query_chunks(const Knobs& kn, const AttnSeq& s) {
 
 }  // namespace
 
+void attention_check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs) {
+  const std::string bad_knobs = validate(kn);
+  if (!bad_knobs.empty()) throw std::invalid_argument("attention: " + bad_knobs);
+  if (dims.Hq < 1 || dims.Hkv < 1 || dims.D < 1 || dims.Hq % dims.Hkv != 0)
+    throw std::invalid_argument("attention: need Hq, Hkv, D >= 1 and Hkv dividing Hq");
+  for (int s = 0; s < n_seqs; ++s)
+    if (seqs[s].q_begin < 0 || seqs[s].q_len < 0 || seqs[s].past_len < 0 || seqs[s].kv_begin < 0)
+      throw std::invalid_argument("attention: sequence " + std::to_string(s) + " has a negative field");
+}
+
 void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
                    const bf16* v, bf16* o, float* m, float* l) {
-  check_args(kn, dims, seqs, n_seqs);
+  attention_check_args(kn, dims, seqs, n_seqs);
   const Geometry g(kn, dims);
   const auto queries = query_list(seqs, n_seqs);
   const int tasks = static_cast<int>(queries.size()) * g.Hq;
@@ -262,7 +262,7 @@ void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
 
 void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
                       const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq) {
-  check_args(kn, dims, seqs, n_seqs);
+  attention_check_args(kn, dims, seqs, n_seqs);
   const Geometry g(kn, dims);
   with_dot_model(kn.dot, [&](auto model) {
     using Model = decltype(model);
@@ -276,7 +276,7 @@ void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n
 int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
                               const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
                               float* dk_part, float* dv_part) {
-  check_args(kn, dims, &seq, 1);
+  attention_check_args(kn, dims, &seq, 1);
   const Geometry g(kn, dims);
   const std::pair<int, int> chunks = query_chunks(kn, seq);
   const int c_begin = chunks.first, c_end = chunks.second;  // not a structured binding: clang 14 cannot capture one

@@ -25,6 +25,11 @@ struct AttnSeq {
   int kv_begin;  // row of key 0 in k / v; keys 0 .. past_len + q_len - 1 follow contiguously
 };
 
+// The arguments' checks every entry point makes (std::invalid_argument): valid
+// knobs, Hq, Hkv, D >= 1 with Hkv dividing Hq, no negative sequence field. Shared
+// with the CUDA twin.
+void attention_check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs);
+
 // o = attention output (bf16); m, l = the query's final running max and sum
 // (fp32, [T][Hq]): the statistics backward recomputes P from. Decode is q_len = 1
 // with the new token's key and value already appended to the cache.

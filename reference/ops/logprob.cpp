@@ -29,11 +29,17 @@ void check_targets(const int32_t* targets, int T, int V) {
              std::to_string(V) + ")");
 }
 
-void check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp) {
+}  // namespace
+
+void logprob_check_temperature(float temp) { check_temperature(temp); }
+
+void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp) {
   check_temperature(temp);
   check_vocab(V, kn.tp_tree_width);
   check_targets(targets, T, V);
 }
+
+namespace {
 
 // Stored fp32 results carry the one canonical NaN (SPEC.md §4), whatever NaN the
 // arithmetic produced.
@@ -134,7 +140,7 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
 
 void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
                  float* logprob, float* row_max, float* row_sum, float* entropy) {
-  check_whole_op(kn, targets, T, V, temp);
+  logprob_check_whole_op(kn, targets, T, V, temp);
   const int C = kn.tp_tree_width;
   const size_t partials = static_cast<size_t>(T) * C;
   std::vector<float> chunk_max(partials), chunk_sum(partials), chunk_tsum(entropy ? partials : 0), x_target(T);
@@ -162,7 +168,7 @@ void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int 
 
 void logprob_bwd(const Knobs& kn, const bf16* logits, const int32_t* targets, const float* coef,
                  const float* row_max, const float* row_sum, int T, int V, float temp, bf16* dlogits) {
-  check_whole_op(kn, targets, T, V, temp);
+  logprob_check_whole_op(kn, targets, T, V, temp);
   logprob_bwd_slice(kn, logits, V, T, 0, V, targets, coef, row_max, row_sum, temp, dlogits);
 }
 

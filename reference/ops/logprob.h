@@ -67,6 +67,13 @@ void logprob_target_logit(const Knobs& kn, const bf16* logits, int64_t ld, int T
 void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk_tsum, const float* x_target,
                      const float* row_max, int T, float* row_sum, float* logprob, float* entropy);
 
+// ---- Argument checks (std::invalid_argument), shared with the CUDA twin ------------
+// temp finite and > 0.
+void logprob_check_temperature(float temp);
+// The whole op's: temperature, V divisible by tp_tree_width, every target in [0, V)
+// (`targets` readable on the host).
+void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp);
+
 // ---- Whole op ------------------------------------------------------------------
 
 // Forward over [T][V] (V divisible by C, 0 <= targets < V, temp finite > 0, else

@@ -1,0 +1,75 @@
+// bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
+// heads, head_dim 128), both contracts:
+//   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8);
+//   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys.
+// Each time is the median of --reps event-timed calls after --warmup calls (the
+// call includes its host planning and task upload: that is the API's cost). Inputs
+// random, never zeros. CSV on stdout, the columns bench/sdpa_peer.py writes too:
+//   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps
+// flops count the causal QK^T and PV products (4·Hq·D per visible (query, key));
+// bytes are q, k, v read once and o written once (the decode roofline: gbps against
+// the measured copy bandwidth). Exit 125 without a Hopper GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.cuh"
+#include "harness/exit_codes.h"
+#include "optimized/cuda/attention.h"
+#include "optimized/cuda/common.h"
+
+namespace bp {
+namespace {
+
+constexpr ref::AttnDims kDims{32, 4, 128};  // Qwen3-30B-A3B
+
+using bench::Options;
+
+// `batch` sequences of q_len queries after kv_len − q_len cached keys each.
+void bench_case(const Options& opt, const std::string& contract, const char* kind, int batch, int q_len, int kv_len) {
+  const Knobs& kn = find_contract(contract)->knobs;
+  std::vector<ref::AttnSeq> seqs;
+  for (int b = 0; b < batch; ++b) seqs.push_back({b * q_len, q_len, kv_len - q_len, b * kv_len});
+  const size_t q_elems = size_t(batch) * q_len * kDims.Hq * kDims.D;
+  const size_t kv_elems = size_t(batch) * kv_len * kDims.Hkv * kDims.D;
+  cuda::DeviceBuffer<bf16> q(q_elems), k(kv_elems), v(kv_elems), o(q_elems);
+  cuda::DeviceBuffer<float> m(size_t(batch) * q_len * kDims.Hq), l(m.size());
+  bench::fill(q, 1);
+  bench::fill(k, 2);
+  bench::fill(v, 3);
+  const double us = bench::median_us(opt, [&] {
+    cuda::attention_fwd(kn, kDims, seqs.data(), batch, q.get(), k.get(), v.get(), o.get(), m.get(), l.get());
+  });
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  // Visible (query, key) pairs: query i of a sequence sees kv_len − q_len + i + 1 keys.
+  const double pairs = double(batch) * q_len * (kv_len - q_len) + double(batch) * q_len * (q_len + 1) / 2;
+  const double flops = 4.0 * kDims.Hq * kDims.D * pairs;
+  const double bytes = 2.0 * (2.0 * q_elems + 2.0 * kv_elems);
+  std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f\n", kind, contract.c_str(), batch, q_len, kv_len, kDims.Hq,
+              kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3);
+  std::fflush(stdout);
+}
+
+int run(const Options& opt) {
+  bench::require_hopper("bench_attention", opt);
+  std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps\n");
+  for (const char* c : {"bf16-sm90tc-v1", "bf16-fmaseq-v1"}) {
+    for (int batch : {1, 8})
+      for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);
+    for (int batch : {1, 8, 64})
+      for (int cache : {1024, 8192, 32768}) bench_case(opt, c, "decode", batch, 1, cache);
+  }
+  return kExitExact;
+}
+
+}  // namespace
+}  // namespace bp
+
+int main(int argc, char** argv) {
+  const bp::bench::Options opt = bp::bench::parse_options("bench_attention", argc, argv);
+  return bp::bench::guarded_main("bench_attention", [&] { return bp::run(opt); });
+}

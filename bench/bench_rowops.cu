@@ -1,0 +1,89 @@
+// bench_rowops: the bandwidth-bound ops (rmsnorm, residual, rope, logprob) beside
+// the device's own copy bandwidth (cudaMemcpy device to device, measured in the
+// same run) on Qwen3-30B-A3B shapes. Each op's bytes are the least it must move
+// (every input read once, every output written once). CSV on stdout:
+//   op,shape,us,bytes,GBps,copy_GBps,fraction_of_copy
+// Exit 125 without a Hopper GPU.
+#include <cstdio>
+#include <numeric>
+
+#include "bench/bench_util.cuh"
+#include "optimized/cuda/logprob.h"
+#include "optimized/cuda/residual.h"
+#include "optimized/cuda/rmsnorm.h"
+#include "optimized/cuda/rope.h"
+#include "reference/ops/rope.h"
+
+namespace bp {
+namespace {
+
+constexpr int kTokens = 4096, kHidden = 2048, kHeads = 32, kHeadDim = 128, kVocab = 151936, kLogprobRows = 512;
+
+// Device-to-device copy bandwidth of a 1 GiB buffer (read + write counted).
+double copy_gbps(const bench::Options& opt) {
+  const size_t n = size_t{1} << 30;
+  cuda::DeviceBuffer<char> a(n), b(n);
+  const double us = bench::median_us(opt, [&] { BP_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice)); });
+  return 2.0 * n / us * 1e-3;
+}
+
+void row(const char* op, const char* shape, double us, double bytes, double copy) {
+  const double gbps = bytes / us * 1e-3;
+  std::printf("%s,%s,%.2f,%.0f,%.1f,%.1f,%.3f\n", op, shape, us, bytes, gbps, copy, gbps / copy);
+  std::fflush(stdout);
+}
+
+int run(const bench::Options& opt) {
+  bench::require_hopper("bench_rowops", opt);
+  const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
+  const double copy = copy_gbps(opt);
+  std::printf("op,shape,us,bytes,GBps,copy_GBps,fraction_of_copy\n");
+  const size_t act = size_t{kTokens} * kHidden;
+  cuda::DeviceBuffer<bf16> x(act), o(act), y(act), w(kHidden);
+  cuda::DeviceBuffer<float> rstd(kTokens);
+  bench::fill(x, 1);
+  bench::fill(o, 2);
+  bench::fill(w, 3);
+  row("rmsnorm_fwd", "4096x2048",
+      bench::median_us(opt, [&] { cuda::rmsnorm_fwd(kn, x.get(), w.get(), 1e-6f, y.get(), rstd.get(), kTokens, 1, kHidden); }),
+      2.0 * act * sizeof(bf16) + kTokens * sizeof(float), copy);
+  row("residual_fwd", "4096x2048", bench::median_us(opt, [&] { cuda::residual_fwd(kn, x.get(), o.get(), y.get(), act); }),
+      3.0 * act * sizeof(bf16), copy);
+
+  const size_t q = size_t{kTokens} * kHeads * kHeadDim;
+  cuda::DeviceBuffer<bf16> qx(q), qy(q);
+  bench::fill(qx, 4);
+  std::vector<bf16> cos_h(size_t{kTokens} * kHeadDim / 2), sin_h(cos_h.size());
+  ref::rope_tables(1e6f, kHeadDim, kTokens, cos_h.data(), sin_h.data());
+  const cuda::DeviceBuffer<bf16> cos_d(cos_h), sin_d(sin_h);
+  std::vector<int32_t> pos_h(kTokens);
+  std::iota(pos_h.begin(), pos_h.end(), 0);
+  const cuda::DeviceBuffer<int32_t> pos(pos_h);
+  const ref::RopeTable table{cos_d.get(), sin_d.get(), kTokens, kHeadDim};
+  row("rope_fwd", "4096x32x128",
+      bench::median_us(opt, [&] { cuda::rope_fwd(kn, table, pos.get(), qx.get(), qy.get(), kTokens, kHeads); }),
+      2.0 * q * sizeof(bf16) + 2.0 * cos_h.size() * sizeof(bf16), copy);
+
+  const size_t lg = size_t{kLogprobRows} * kVocab;
+  cuda::DeviceBuffer<bf16> logits(lg);
+  bench::fill(logits, 5);
+  std::vector<int32_t> tgt_h(kLogprobRows);
+  for (int i = 0; i < kLogprobRows; ++i) tgt_h[size_t(i)] = (i * 7919) % kVocab;
+  const cuda::DeviceBuffer<int32_t> tgt(tgt_h);
+  cuda::DeviceBuffer<float> lp(kLogprobRows), mx(kLogprobRows), sm(kLogprobRows);
+  row("logprob_fwd", "512x151936",
+      bench::median_us(opt, [&] {
+        cuda::logprob_fwd(kn, logits.get(), tgt.get(), kLogprobRows, kVocab, 1.0f, lp.get(), mx.get(), sm.get(), nullptr);
+      }),
+      1.0 * lg * sizeof(bf16), copy);
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  return kExitExact;
+}
+
+}  // namespace
+}  // namespace bp
+
+int main(int argc, char** argv) {
+  const bp::bench::Options opt = bp::bench::parse_options("bench_rowops", argc, argv);
+  return bp::bench::guarded_main("bench_rowops", [&] { return bp::run(opt); });
+}

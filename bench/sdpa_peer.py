@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The peer of bench_attention: PyTorch SDPA (torch.nn.functional.scaled_dot_product_attention)
+on the same Qwen3-30B-A3B attention shapes, bf16, on the device's GPU.
+
+For every case each SDPA backend that accepts it (flash, cuDNN, memory-efficient, math)
+is timed and the fastest is reported, named in the `impl` column (sdpa-<backend>).
+Timing as bench_attention: CUDA events around each call, warmup, the median of --reps.
+CSV on stdout with bench_attention's columns:
+    kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps
+Extend is causal over the whole sequence; decode is one query per sequence attending
+to all kv_len cached keys (no mask needed). GQA goes through enable_gqa=True (no
+copy of K/V); a backend that refuses a case is left out of it.
+Exit 125 when torch or a CUDA GPU is missing (the CTest / bisect skip code).
+"""
+import argparse
+import statistics
+import sys
+
+HQ, HKV, D = 32, 4, 128
+EXIT_CANNOT_TEST = 125
+
+
+def cases():
+    for batch in (1, 8):
+        for t in (1024, 4096):
+            yield "extend", batch, t, t
+    for batch in (1, 8, 64):
+        for cache in (1024, 8192, 32768):
+            yield "decode", batch, 1, cache
+
+
+def median_us(torch, call, warmup, reps):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0)
+    return statistics.median(times)
+
+
+def backends(torch):
+    from torch.nn.attention import SDPBackend
+
+    named = [("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION"),
+             ("math", "MATH")]
+    return [(name, getattr(SDPBackend, attr)) for name, attr in named if hasattr(SDPBackend, attr)]
+
+
+def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + kv_len)
+    q = torch.randn(batch, HQ, q_len, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(batch, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(batch, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    extra = {"enable_gqa": True}  # GQA without copying K/V (torch >= 2.5; the image has 2.11)
+    causal = kind == "extend"  # decode: the single query sees every cached key
+    best = None
+    for name, backend in backends(torch):
+        if name == "math" and kv_len * q_len * batch * HQ > (1 << 31):
+            continue  # the math backend materialises the score matrix: too large
+        try:
+            with sdpa_kernel(backend):
+                call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
+                us = median_us(torch, call, warmup, reps)
+        except RuntimeError:
+            continue  # this backend does not take the case
+        if best is None or us < best[1]:
+            best = (name, us)
+    if best is None:
+        print(f"sdpa_peer: no SDPA backend ran {kind} batch {batch} kv {kv_len}", file=sys.stderr)
+        return
+    name, us = best
+    pairs = batch * q_len * (kv_len - q_len) + batch * q_len * (q_len + 1) / 2
+    flops = 4.0 * HQ * D * pairs
+    bytes_moved = 2.0 * (2 * batch * q_len * HQ * D + 2 * batch * kv_len * HKV * D)
+    print(f"{kind},sdpa-{name},{batch},{q_len},{kv_len},{HQ},{HKV},{D},{us:.2f},{flops / us * 1e-6:.2f},"
+          f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f}", flush=True)
+    del q, k, v
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    if args.warmup < 0 or args.reps < 1:
+        parser.error("--warmup must be >= 0 and --reps >= 1")
+    try:
+        import torch
+    except ImportError:
+        print("sdpa_peer: torch is not installed: skipped", file=sys.stderr)
+        return EXIT_CANNOT_TEST
+    if not torch.cuda.is_available():
+        print("sdpa_peer: no CUDA GPU: skipped", file=sys.stderr)
+        return EXIT_CANNOT_TEST
+    print(f"sdpa_peer: torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
+    print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps")
+    for kind, batch, q_len, kv_len in cases():
+        bench_case(torch, kind, batch, q_len, kv_len, args.warmup, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

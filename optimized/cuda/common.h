@@ -1,0 +1,95 @@
+// Host-side helpers of the CUDA backend: CUDA error checks that throw with the
+// call and file:line, a move-only device buffer, and host copies of small index
+// arrays (token ids, positions, targets) for the argument checks the reference
+// makes before writing anything. Plain C++ over the runtime API, so host code
+// compiled by g++ (tests, the harness) can include it.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bp::cuda {
+
+// A CUDA runtime call failed: the message names the call, CUDA's text and file:line.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline void check_cuda(cudaError_t err, const char* what, const char* file, int line) {
+  if (err != cudaSuccess)
+    throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(err) + " (" + file + ":" +
+                    std::to_string(line) + ")");
+}
+
+}  // namespace bp::cuda
+
+#define BP_CUDA_CHECK(call) ::bp::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+// After a kernel launch: a bad configuration shows here, not at the next sync.
+#define BP_CUDA_CHECK_LAUNCH() ::bp::cuda::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+namespace bp::cuda {
+
+// n elements of T in device memory, allocated and freed in the order of `stream`
+// (cudaMallocAsync / cudaFreeAsync), so a temporary may go out of scope while the
+// kernels that use it are still queued on that stream.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n, cudaStream_t stream = 0) : n_(n), stream_(stream) {
+    if (n > 0) BP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), stream));
+  }
+  // A copy of `host`. A pageable source is staged before the call returns, so
+  // `host` may be released at once.
+  explicit DeviceBuffer(const std::vector<T>& host, cudaStream_t stream = 0) : DeviceBuffer(host.size(), stream) {
+    if (n_ > 0) BP_CUDA_CHECK(cudaMemcpyAsync(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)), stream_(o.stream_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(n_, o.n_);
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_) cudaFreeAsync(ptr_, stream_);  // no throw from a destructor; a failed free leaks at worst
+  }
+
+  T* get() { return ptr_; }
+  const T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+
+  // The whole buffer, once the stream's earlier work is done.
+  std::vector<T> download() const;
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+  cudaStream_t stream_ = 0;
+};
+
+// n values at `device`, copied to the host once the stream's earlier work is done.
+template <class T>
+std::vector<T> copy_to_host(const T* device, size_t n, cudaStream_t stream) {
+  std::vector<T> host(n);
+  if (n > 0) {
+    BP_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    BP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  return host;
+}
+
+template <class T>
+std::vector<T> DeviceBuffer<T>::download() const {
+  return copy_to_host(ptr_, n_, stream_);
+}
+
+}  // namespace bp::cuda

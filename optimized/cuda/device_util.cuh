@@ -1,0 +1,157 @@
+// Device-side helpers shared by the kernels of optimized/cuda/: launch sizes, a
+// grid-stride loop, and the contract's row reduction (SPEC.md §2.4.2).
+//
+// A row's lane_sum is computed by a team of threads: lane l adds the runs
+// r = l, l + L, l + 2L, ... (r·vec .. r·vec + vec) in increasing index from +0,
+// then lane_tree combines the L lane values: a warp's xor-shuffle tree (offsets
+// 16..1; lane 0 then holds reduce.h's v[0] of the warp, the other lanes hold other
+// association orders and are never used) and the same tree over the warp totals.
+//
+// Two team shapes give these bits:
+//  - a block of L threads per row (RowTeam<false>), and
+//  - a warp per row (RowTeam<true>) when the row has at most 32 runs: lanes 32..L-1
+//    then hold +0, every warp total but the first is +0, and x + (+0) = x because
+//    no lane value is −0 (each starts at +0, and a rounded sum is −0 only if both
+//    operands are), so the tree over the warp totals returns warp 0's total.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "reference/numerics/fp.h"
+#include "reference/numerics/reduce.h"
+
+namespace bp::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarp = 32;
+// Threads per block of elementwise kernels and of warp-per-row kernels.
+constexpr int kBlockThreads = 256;
+// Most threads a row team's block may have (check_lane_shape): team kernels are
+// declared __launch_bounds__(kMaxTeamThreads) so that any lane shape can launch.
+constexpr int kMaxTeamThreads = 1024;
+
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, capped so
+// that the grid size always fits.
+inline unsigned grid_for(size_t n, int threads = kBlockThreads) {
+  const size_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<size_t>(blocks, 1, size_t{1} << 20));
+}
+
+// f(i) for every i in [0, n), spread over the whole grid.
+template <class F>
+__device__ void for_each_index(size_t n, F&& f) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) f(i);
+}
+
+// The lane tree needs one block of `lanes` threads; CUDA blocks hold at most 1024.
+inline void check_lane_shape(LaneShape shape, const char* op) {
+  if (shape.lanes < kWarp || shape.lanes > kMaxTeamThreads || shape.lanes % kWarp != 0 || shape.vec < 1)
+    throw std::invalid_argument(std::string(op) + ": the CUDA backend needs row_reduce lanes a multiple of 32 in " +
+                                "[32, 1024] and vec >= 1, got " + std::to_string(shape.lanes) + " x " +
+                                std::to_string(shape.vec));
+}
+
+// A warp per row when every run of the row has a lane of warp 0.
+inline bool warp_per_row(int n, LaneShape shape) { return (n + shape.vec - 1) / shape.vec <= kWarp; }
+
+// Calls f(std::true_type{}) for a warp per row, else f(std::false_type{}), so the
+// team kind is a compile-time choice of the kernel.
+template <class F>
+void with_row_team(int n, LaneShape shape, F&& f) {
+  if (warp_per_row(n, shape))
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// Calls f(i) for the indices of `lane` in the order that lane adds them.
+template <class F>
+__device__ void for_lane_indices(int lane, int n, LaneShape shape, F&& f) {
+  const int stride = shape.lanes * shape.vec;
+  for (int start = lane * shape.vec; start < n; start += stride) {
+    const int end = min(start + shape.vec, n);
+    for (int i = start; i < end; ++i) f(i);
+  }
+}
+
+// The lane's fp32 sum of term(i) over its indices, from +0.
+template <class Term>
+__device__ float lane_partial(int lane, int n, LaneShape shape, Term&& term) {
+  float acc = 0.0f;
+  for_lane_indices(lane, n, shape, [&](int i) { acc = add_rn(acc, term(i)); });
+  return acc;
+}
+
+// The xor-shuffle tree within a warp (offsets 16..1): with op = add_rn, lane 0
+// gets lane_tree's v[0] for this group of 32.
+template <class Op>
+__device__ float warp_tree(float v, Op op) {
+  for (int off = kWarp / 2; off >= 1; off /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+struct AddRn {
+  __device__ float operator()(float a, float b) const { return add_rn(a, b); }
+};
+
+// The threads that reduce one row: a block of L threads or one warp.
+template <bool kWarpPerRow>
+struct RowTeam {
+  int row;   // which row (may be past the last row in a warp-per-row tail block)
+  int lane;  // 0 .. size-1
+  int size;  // threads in the team
+
+  __device__ static RowTeam here() {
+    if constexpr (kWarpPerRow) {
+      return {static_cast<int>(blockIdx.x) * (kBlockThreads / kWarp) + static_cast<int>(threadIdx.x) / kWarp,
+              static_cast<int>(threadIdx.x) % kWarp, kWarp};
+    } else {
+      return {static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+    }
+  }
+
+  // Launch shape for `rows` rows of this team kind (lanes threads per block row team).
+  static dim3 grid(int rows) {
+    return dim3(kWarpPerRow ? static_cast<unsigned>((rows + kBlockThreads / kWarp - 1) / (kBlockThreads / kWarp))
+                            : static_cast<unsigned>(rows));
+  }
+  static dim3 block(LaneShape shape) { return dim3(kWarpPerRow ? kBlockThreads : shape.lanes); }
+
+  // lane_tree over the team's lane values; every thread of the team gets the total.
+  // `warp_totals` is __shared__ float[32]. Block teams: every thread of the block must call.
+  __device__ float tree(float v, float* warp_totals) const { return reduce(v, warp_totals, AddRn{}); }
+
+  // The same tree shape with another operation (the max of logprob, where any shape
+  // gives the same bits).
+  template <class Op>
+  __device__ float reduce(float v, float* warp_totals, Op op) const {
+    v = warp_tree(v, op);
+    if constexpr (kWarpPerRow) {
+      return __shfl_sync(kFullMask, v, 0);
+    } else {
+      const int warp = lane / kWarp, warps = size / kWarp;
+      if (lane % kWarp == 0) warp_totals[warp] = v;
+      __syncthreads();
+      if (warp == 0) {
+        // Lanes >= warps only pad the shuffles: no lane below `warps` reads them.
+        float w = warp_totals[lane < warps ? lane : 0];
+        for (int off = warps / 2; off >= 1; off /= 2) w = op(w, __shfl_xor_sync(kFullMask, w, off));
+        __syncwarp();  // every lane has read its total before lane 0 overwrites slot 0
+        if (lane == 0) warp_totals[0] = w;
+      }
+      __syncthreads();
+      const float total = warp_totals[0];
+      __syncthreads();  // warp_totals may be reused by the next tree
+      return total;
+    }
+  }
+};
+
+}  // namespace bp::cuda

@@ -1,0 +1,34 @@
+// CUDA twin of reference/ops/linear.h (SPEC.md §5.4): same arguments, device
+// pointers, bit-identical results under every contract. Asynchronous on `stream`.
+// sm90-tc runs on the tensor cores (mma.sync.m16n8k16), fma-seq on the SIMT cores.
+// Reductions with more chunks than a tile keeps in registers (tree levels >= 3,
+// e.g. wgrad over more than 8 token chunks) allocate a stream-ordered fp32 scratch
+// of one [rows][cols] plane per extra level.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "reference/contract/contract.h"
+
+namespace bp::cuda {
+
+// acc[t][n] = dot over K of x[t][:] · w[n][:], cut into k_chunks (1 = one chain).
+void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
+                cudaStream_t stream = 0);
+
+// y = R(acc).
+void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
+                cudaStream_t stream = 0);
+
+// dx[t][k] = R(dot over N of dy[t][:] · w[:][k]), cut into n_chunks.
+void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
+                  cudaStream_t stream = 0);
+
+// The same dot before rounding, fp32.
+void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
+                      cudaStream_t stream = 0);
+
+// dw[n][k] = token-chunked dot over t of dy[t][n] · x[t][k] (grad_token_chunk), fp32.
+void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,
+                  cudaStream_t stream = 0);
+
+}  // namespace bp::cuda

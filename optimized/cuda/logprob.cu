@@ -1,0 +1,236 @@
+// logprob on the GPU (SPEC.md §5.10): one team (device_util.cuh) per (row, chunk)
+// for the chunk maxima and the chunk sums of exp and of the entropy terms, one
+// thread per row for the combines, one per logit for the backward. The per-element
+// arithmetic is the reference's own (the __host__ __device__ helpers of
+// reference/ops/logprob.h).
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/logprob.h"
+#include "reference/ops/logprob.h"
+
+namespace bp::cuda {
+namespace {
+
+// ---- The reference's refusals, messages included ---------------------------------
+[[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("logprob: " + why); }
+
+// The reference's checks and messages; the targets are read on the host.
+void check_temperature(float temp) { ref::logprob_check_temperature(temp); }
+
+void check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp, cudaStream_t stream) {
+  const std::vector<int32_t> host = copy_to_host(targets, T, stream);
+  ref::logprob_check_whole_op(kn, host.data(), T, V, temp);
+}
+
+void check_tree_width(int C) {
+  if (C > kMaxLogprobChunks)
+    refuse("tp_tree_width = " + std::to_string(C) + " is above the CUDA backend's " +
+           std::to_string(kMaxLogprobChunks));
+}
+
+// ---- Kernels ----------------------------------------------------------------------
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+__device__ float canonical(float x) { return float_of(canonical_bits(x)); }
+
+struct MaxNan {
+  __device__ float operator()(float a, float b) const { return ref::max_nan(a, b); }
+};
+
+// Team k is (row t, slice chunk j) = (k / n_chunks, k % n_chunks).
+struct ChunkOfTeam {
+  int t, j;
+  __device__ ChunkOfTeam(int team_row, int n_chunks) : t(team_row / n_chunks), j(team_row % n_chunks) {}
+  __device__ const bf16* start(const bf16* logits, int64_t ld, int chunk_len) const {
+    return logits + t * ld + static_cast<int64_t>(j) * chunk_len;
+  }
+};
+
+// max_nan is commutative and associative: any lane order and tree give its bits.
+template <bool kWarpPerRow>
+__global__ void __launch_bounds__(kMaxTeamThreads)
+    chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+                     LaneShape shape, float* __restrict__ chunk_max, int out_ld) {
+  __shared__ float warp_totals[kWarp];
+  const auto team = RowTeam<kWarpPerRow>::here();
+  if (team.row >= T * n_chunks) return;
+  const ChunkOfTeam at(team.row, n_chunks);
+  const bf16* c = at.start(logits, ld, chunk_len);
+  float m = kNegInf;
+  for_lane_indices(team.lane, chunk_len, shape, [&](int i) { m = ref::max_nan(m, ref::scaled_logit(c[i], temp)); });
+  m = team.reduce(m, warp_totals, MaxNan{});
+  if (team.lane == 0) chunk_max[static_cast<int64_t>(at.t) * out_ld + at.j] = m;
+}
+
+__global__ void row_max_kernel(const float* __restrict__ chunk_max, int T, int C, float* __restrict__ row_max) {
+  for_each_index(T, [&](size_t t) {
+    float m = kNegInf;
+    for (int c = 0; c < C; ++c) m = ref::max_nan(m, chunk_max[t * C + c]);
+    row_max[t] = m;
+  });
+}
+
+// The lane sums of exp(d) and (with tsum) of entropy_term(exp(d), d), d = x − M,
+// in one pass: each is the reference's lane_sum over the chunk-local indices.
+template <bool kWarpPerRow>
+__global__ void __launch_bounds__(kMaxTeamThreads)
+    chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+                      LaneShape shape, const float* __restrict__ row_max, float* __restrict__ chunk_sum,
+                      float* __restrict__ chunk_tsum, int out_ld) {
+  __shared__ float warp_totals[kWarp];
+  const auto team = RowTeam<kWarpPerRow>::here();
+  if (team.row >= T * n_chunks) return;
+  const ChunkOfTeam at(team.row, n_chunks);
+  const bf16* c = at.start(logits, ld, chunk_len);
+  const float M = row_max[at.t];
+  float s = 0.0f, w = 0.0f;
+  for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
+    const float d = ref::shifted_diff(ref::scaled_logit(c[i], temp), M);
+    const float e = math::exp(d);
+    s = add_rn(s, e);
+    if (chunk_tsum) w = add_rn(w, ref::entropy_term(e, d));
+  });
+  const int64_t out = static_cast<int64_t>(at.t) * out_ld + at.j;
+  s = team.tree(s, warp_totals);
+  if (team.lane == 0) chunk_sum[out] = canonical(s);
+  if (chunk_tsum) {  // uniform over the block
+    w = team.tree(w, warp_totals);
+    if (team.lane == 0) chunk_tsum[out] = canonical(w);
+  }
+}
+
+__global__ void target_logit_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                                    const int32_t* __restrict__ targets, float temp, float* __restrict__ x_target) {
+  for_each_index(T, [&](size_t t) {
+    const int local = targets[t] - vocab_begin;
+    if (local >= 0 && local < vocab_len) x_target[t] = ref::scaled_logit(logits[t * ld + local], temp);
+  });
+}
+
+__global__ void combine_kernel(const float* __restrict__ chunk_sum, const float* __restrict__ chunk_tsum,
+                               const float* __restrict__ x_target, const float* __restrict__ row_max, int T, int C,
+                               float* __restrict__ row_sum, float* __restrict__ logprob, float* __restrict__ entropy) {
+  for_each_index(T, [&](size_t t) {
+    float tree[kMaxLogprobChunks];
+    for (int c = 0; c < C; ++c) tree[c] = chunk_sum[t * C + c];
+    const float S = pairwise_tree(tree, C);
+    const float log_s = math::log(S);
+    row_sum[t] = canonical(S);
+    logprob[t] = canonical(sub_rn(sub_rn(x_target[t], row_max[t]), log_s));
+    if (entropy) {
+      for (int c = 0; c < C; ++c) tree[c] = chunk_tsum[t * C + c];
+      entropy[t] = canonical(sub_rn(log_s, div_rn(pairwise_tree(tree, C), S)));
+    }
+  });
+}
+
+__global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                                 const int32_t* __restrict__ targets, const float* __restrict__ coef,
+                                 const float* __restrict__ row_max, const float* __restrict__ row_sum, float temp,
+                                 bf16* __restrict__ dlogits) {
+  for_each_index(static_cast<size_t>(T) * vocab_len, [&](size_t idx) {
+    const int64_t t = static_cast<int64_t>(idx / vocab_len), v = static_cast<int64_t>(idx % vocab_len);
+    const int64_t at = t * ld + v;
+    const float p = div_rn(ref::shifted_exp(ref::scaled_logit(logits[at], temp), row_max[t]), row_sum[t]);
+    const float delta = vocab_begin + v == targets[t] ? 1.0f : 0.0f;
+    dlogits[at] = round_bf16(div_rn(mul_rn(coef[t], sub_rn(delta, p)), temp));
+  });
+}
+
+// Launches kernel<kWarpPerRow> with one team per (row, slice chunk).
+template <class Launch>
+void per_chunk_teams(const Knobs& kn, int T, int chunk_len, int n_chunks, cudaStream_t stream, Launch launch) {
+  check_lane_shape(kn.row_reduce, "logprob");
+  const int teams = T * n_chunks;
+  if (teams == 0) return;
+  with_row_team(chunk_len, kn.row_reduce, [&](auto warp_per_row) {
+    using Team = RowTeam<decltype(warp_per_row)::value>;
+    launch(warp_per_row, Team::grid(teams), Team::block(kn.row_reduce), stream);
+  });
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+                       float* chunk_max, int out_ld, cudaStream_t stream) {
+  check_temperature(temp);
+  per_chunk_teams(kn, T, chunk_len, n_chunks, stream, [&](auto warp_per_row, dim3 grid, dim3 block, cudaStream_t s) {
+    chunk_max_kernel<decltype(warp_per_row)::value>
+        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, chunk_max, out_ld);
+  });
+}
+
+void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_max, cudaStream_t stream) {
+  if (T == 0) return;
+  row_max_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(chunk_max, T, kn.tp_tree_width, row_max);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+                        const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream) {
+  check_temperature(temp);
+  per_chunk_teams(kn, T, chunk_len, n_chunks, stream, [&](auto warp_per_row, dim3 grid, dim3 block, cudaStream_t s) {
+    chunk_sums_kernel<decltype(warp_per_row)::value><<<grid, block, 0, s>>>(
+        logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, row_max, chunk_sum, chunk_tsum, out_ld);
+  });
+}
+
+void logprob_target_logit(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                          const int32_t* targets, float temp, float* x_target, cudaStream_t stream) {
+  check_temperature(temp);
+  if (T == 0) return;
+  target_logit_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets, temp,
+                                                                 x_target);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk_tsum, const float* x_target,
+                     const float* row_max, int T, float* row_sum, float* logprob, float* entropy, cudaStream_t stream) {
+  if (entropy && !chunk_tsum) refuse("entropy needs the chunk sums of the entropy terms");
+  check_tree_width(kn.tp_tree_width);
+  if (T == 0) return;
+  combine_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(chunk_sum, chunk_tsum, x_target, row_max, T,
+                                                            kn.tp_tree_width, row_sum, logprob, entropy);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp, float* logprob,
+                 float* row_max, float* row_sum, float* entropy, cudaStream_t stream) {
+  check_whole_op(kn, targets, T, V, temp, stream);
+  check_tree_width(kn.tp_tree_width);
+  const int C = kn.tp_tree_width;
+  const size_t partials = static_cast<size_t>(T) * C;
+  DeviceBuffer<float> chunk_max(partials, stream), chunk_sum(partials, stream),
+      chunk_tsum(entropy ? partials : 0, stream), x_target(T, stream);
+  float* tsum = entropy ? chunk_tsum.get() : nullptr;
+  logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.get(), C, stream);
+  logprob_row_max(kn, chunk_max.get(), T, row_max, stream);
+  logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.get(), tsum, C, stream);
+  logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.get(), stream);
+  logprob_combine(kn, chunk_sum.get(), tsum, x_target.get(), row_max, T, row_sum, logprob, entropy, stream);
+}
+
+void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+                       const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
+                       float temp, bf16* dlogits, cudaStream_t stream) {
+  check_temperature(temp);
+  const size_t n = static_cast<size_t>(T) * vocab_len;
+  if (n == 0) return;
+  bwd_slice_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets, coef,
+                                                              row_max, row_sum, temp, dlogits);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void logprob_bwd(const Knobs& kn, const bf16* logits, const int32_t* targets, const float* coef, const float* row_max,
+                 const float* row_sum, int T, int V, float temp, bf16* dlogits, cudaStream_t stream) {
+  check_whole_op(kn, targets, T, V, temp, stream);
+  logprob_bwd_slice(kn, logits, V, T, 0, V, targets, coef, row_max, row_sum, temp, dlogits, stream);
+}
+
+}  // namespace bp::cuda
