@@ -4,47 +4,17 @@
 #include "optimized/cuda/logprob.h"
 #include "reference/ops/logprob.h"
 #include "tests/gpu/cuda_op_test.h"
+#include "tests/support/logprob_cases.h"
 
 namespace bp::test {
 namespace {
 
 constexpr int kQwenVocab = 151936;
 
-struct Inputs {
-  int T, V;
-  float temp;
-  std::vector<bf16> logits;
-  std::vector<int32_t> targets;
-  std::vector<float> coef;
-  bf16& at(int t, int v) { return logits[size_t(t) * V + v]; }
-};
-
-// Logits uniform in [-8, 8); row t % 3 == 1 is confidently right (the target gets
-// +16), row t % 3 == 2 confidently wrong (another token gets +16).
-Inputs make_inputs(int T, int V, float temp, uint64_t seed) {
-  Inputs in{T, V, temp, random_bf16(size_t(T) * V, seed, 8.0f), std::vector<int32_t>(T), random_f32(T, seed + 1, 2.0f)};
-  for (int t = 0; t < T; ++t) {
-    in.targets[t] = static_cast<int32_t>(counter_hash(seed + 2, t) % uint64_t(V));
-    if (t % 3 == 1) in.at(t, in.targets[t]) = round_bf16(16.0f);
-    if (t % 3 == 2) in.at(t, (in.targets[t] + 1) % V) = round_bf16(16.0f);
-  }
-  return in;
-}
-
-struct Outputs {
-  std::vector<float> logprob, entropy, row_max, row_sum;
-  std::vector<bf16> dlogits;
-};
-
-Outputs cpu_run(const Knobs& kn, const Inputs& in) {
-  Outputs o{std::vector<float>(in.T), std::vector<float>(in.T), std::vector<float>(in.T), std::vector<float>(in.T),
-            std::vector<bf16>(size_t(in.T) * in.V)};
-  ref::logprob_fwd(kn, in.logits.data(), in.targets.data(), in.T, in.V, in.temp, o.logprob.data(), o.row_max.data(),
-                   o.row_sum.data(), o.entropy.data());
-  ref::logprob_bwd(kn, in.logits.data(), in.targets.data(), in.coef.data(), o.row_max.data(), o.row_sum.data(), in.T,
-                   in.V, in.temp, o.dlogits.data());
-  return o;
-}
+using Inputs = LogprobInputs;
+using Outputs = LogprobOutputs;
+Inputs make_inputs(int T, int V, float temp, uint64_t seed) { return make_logprob_inputs(T, V, temp, seed); }
+Outputs cpu_run(const Knobs& kn, const Inputs& in) { return reference_logprob(kn, in); }
 
 struct DeviceInputs {
   DeviceBuffer<bf16> logits;

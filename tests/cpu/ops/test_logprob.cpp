@@ -44,6 +44,7 @@
 #include "reference/truth/logprob.h"
 #include "support/bounds.h"
 #include "support/golden.h"
+#include "support/logprob_cases.h"
 
 namespace bp {
 namespace {
@@ -61,42 +62,12 @@ constexpr double kExpUlps = math::kMaxUlpExp;  // SPEC §2.2
 constexpr double kLogUlps = math::kMaxUlpLog;
 constexpr double kExpRel = kExpUlps * 0x1p-23, kExpAbs = kExpRel * 0x1p-126, kLogRel = kLogUlps * 0x1p-23;
 
-struct Inputs {
-  int T, V;
-  float temp;
-  std::vector<bf16> logits;
-  std::vector<int32_t> targets;
-  std::vector<float> coef;
-  bf16& at(int t, int v) { return logits[size_t(t) * V + v]; }
-  bf16 at(int t, int v) const { return logits[size_t(t) * V + v]; }
-};
-
-// Logits uniform in [-scale, scale); row t % 3 == 1 is confidently right (the
-// target gets +16), row t % 3 == 2 confidently wrong (another token gets +16).
+using Inputs = test::LogprobInputs;
+using Outputs = test::LogprobOutputs;
 Inputs make_inputs(int T, int V, float temp, uint64_t seed, float scale = 8.0f) {
-  Inputs in{T, V, temp, random_bf16(size_t(T) * V, seed, scale), std::vector<int32_t>(T), random_f32(T, seed + 1, 2.0f)};
-  for (int t = 0; t < T; ++t) {
-    in.targets[t] = static_cast<int32_t>(counter_hash(seed + 2, t) % uint64_t(V));
-    if (t % 3 == 1) in.at(t, in.targets[t]) = round_bf16(16.0f);
-    if (t % 3 == 2) in.at(t, (in.targets[t] + 1) % V) = round_bf16(16.0f);
-  }
-  return in;
+  return test::make_logprob_inputs(T, V, temp, seed, scale);
 }
-
-struct Outputs {
-  std::vector<float> logprob, entropy, row_max, row_sum;
-  std::vector<bf16> dlogits;
-};
-
-Outputs run(const Knobs& kn, const Inputs& in) {
-  Outputs o{std::vector<float>(in.T), std::vector<float>(in.T), std::vector<float>(in.T), std::vector<float>(in.T),
-            std::vector<bf16>(size_t(in.T) * in.V)};
-  ref::logprob_fwd(kn, in.logits.data(), in.targets.data(), in.T, in.V, in.temp, o.logprob.data(), o.row_max.data(),
-                   o.row_sum.data(), o.entropy.data());
-  ref::logprob_bwd(kn, in.logits.data(), in.targets.data(), in.coef.data(), o.row_max.data(), o.row_sum.data(), in.T,
-                   in.V, in.temp, o.dlogits.data());
-  return o;
-}
+Outputs run(const Knobs& kn, const Inputs& in) { return test::reference_logprob(kn, in); }
 
 void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
   EXPECT_EQ(test::digest(a), test::digest(b)) << what;
