@@ -57,6 +57,19 @@ struct RankModel::Tokens {
   std::vector<AttnSeq> runs;  // kv_begin filled when the keys are packed
   std::vector<int> run_seq;
   int size() const { return static_cast<int>(tok.size()); }
+
+  // (sequence, position) of each token, flat: what CP ranks exchange to place rows.
+  std::vector<int32_t> seq_pos() const {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < tok.size(); ++i) out.insert(out.end(), {seq[i], pos[i]});
+    return out;
+  }
+  // The runs with each sequence's first key row in the packed K/V.
+  std::vector<AttnSeq> runs_at(const std::map<int, int>& kv_begin) const {
+    std::vector<AttnSeq> out = runs;
+    for (size_t r = 0; r < out.size(); ++r) out[r].kv_begin = kv_begin.at(run_seq[r]);
+    return out;
+  }
 };
 
 // The state of one forward (or the backward's forward) on this rank.
@@ -240,9 +253,7 @@ void RankModel::share_kv(Run& run, const Tokens& tk, int64_t layer, const Buf& k
                          const std::vector<ref::SchedulePiece>& pieces, Buf& kp, Buf& vp,
                          std::map<int, int>& kv_begin) const {
   const int KDl = d_->KDl;
-  std::vector<int32_t> where;
-  for (int i = 0; i < tk.size(); ++i) where.insert(where.end(), {tk.seq[sz(i)], tk.pos[sz(i)]});
-  const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(where));
+  const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(tk.seq_pos()));
   const auto all_k = all_gather(comms_.cp, std::span<const bf16>(k));
   const auto all_v = all_gather(comms_.cp, std::span<const bf16>(v));
   for (size_t r = 0; r < all_where.size(); ++r)
@@ -438,8 +449,7 @@ void RankModel::step(Run& run, const std::vector<ref::SchedulePiece>& pieces, Sa
 
     std::map<int, int> kv_begin;
     share_kv(run, tk, li, kr, v, pieces, s.kp, s.vp, kv_begin);
-    std::vector<AttnSeq> runs = tk.runs;
-    for (size_t r = 0; r < runs.size(); ++r) runs[r].kv_begin = kv_begin.at(tk.run_seq[r]);
+    const std::vector<AttnSeq> runs = tk.runs_at(kv_begin);
     s.o.resize(s.q.size());
     s.m.resize(sz(int64_t{T} * d.Hql));
     s.l.resize(s.m.size());
@@ -645,9 +655,7 @@ void RankModel::attention_kv_bwd(const Run& run, const Tokens& tk, const LayerSa
   const Dims& d = *d_;
   const ref::AttnDims ad{d.Hql, d.Hkvl, d.D};
   const int CP = layout_.cp, chunk = kn_.grad_token_chunk;
-  std::vector<int32_t> where;
-  for (int i = 0; i < tk.size(); ++i) where.insert(where.end(), {tk.seq[sz(i)], tk.pos[sz(i)]});
-  const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(where));
+  const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(tk.seq_pos()));
   const auto all_q = all_gather(comms_.cp, std::span<const bf16>(s.q));
   const auto all_o = all_gather(comms_.cp, std::span<const bf16>(s.o));
   const auto all_do = all_gather(comms_.cp, std::span<const bf16>(dO));
@@ -712,8 +720,7 @@ void RankModel::backward_layer(Run& run, const TokenSplit& split, const Saved& s
   ref::linear_dgrad(kn_, dx.data(), column_shards_.at(wo).data(), dO.data(), T, d.QDl, d.H, 1);
   emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), {Block::ColumnSlice, d.H, d.QDl});
 
-  std::vector<AttnSeq> runs = tk.runs;
-  for (size_t r = 0; r < runs.size(); ++r) runs[r].kv_begin = sv.kv_begin.at(tk.run_seq[r]);
+  const std::vector<AttnSeq> runs = tk.runs_at(sv.kv_begin);
   Buf dq(dO.size()), dk(sz(int64_t{T} * d.KDl)), dv(dk.size()), dqn(dq.size()), dkn(dk.size());
   ref::attention_bwd_dq(kn_, {d.Hql, d.Hkvl, d.D}, runs.data(), static_cast<int>(runs.size()), s.q.data(),
                         s.kp.data(), s.vp.data(), s.o.data(), s.m.data(), s.l.data(), dO.data(), dq.data());

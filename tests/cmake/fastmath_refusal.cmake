@@ -8,16 +8,9 @@
 # without it (the negative control) it must succeed. The directory is removed.
 cmake_minimum_required(VERSION 3.25...4.4)
 
-foreach(v SOURCE_DIR WORK_DIR FLAG)
-  if(NOT DEFINED ${v})
-    message(FATAL_ERROR "fastmath_refusal: ${v} is not set")
-  endif()
-endforeach()
-
-string(RANDOM LENGTH 10 ALPHABET "abcdefghijklmnopqrstuvwxyz0123456789" tag)
-set(dir "${WORK_DIR}/fastmath-refusal-${tag}")
-file(REMOVE_RECURSE "${dir}")
-file(MAKE_DIRECTORY "${dir}")
+include(${CMAKE_CURRENT_LIST_DIR}/script_common.cmake)
+bp_require(fastmath_refusal SOURCE_DIR WORK_DIR FLAG)
+bp_scratch_dir(dir "${WORK_DIR}" fastmath-refusal)
 
 set(args -S "${SOURCE_DIR}" -B "${dir}" -DBITPARITY_CUDA=OFF -DBITPARITY_TESTS=OFF "${FLAG}")
 if(DEFINED GENERATOR AND NOT GENERATOR STREQUAL "")

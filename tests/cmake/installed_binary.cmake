@@ -7,15 +7,9 @@
 # bad plan (exit 2), a Hugging Face checkpoint written by transformers (exit 0) and the
 # same checkpoint truncated (exit 2, naming the file). The prefix is removed.
 cmake_minimum_required(VERSION 3.25...4.4)
-foreach(v BUILD_DIR SOURCE_DIR WORK_DIR)
-  if(NOT DEFINED ${v})
-    message(FATAL_ERROR "installed_binary: ${v} is not set")
-  endif()
-endforeach()
-
-string(RANDOM LENGTH 10 ALPHABET "abcdefghijklmnopqrstuvwxyz0123456789" tag)
-set(prefix "${WORK_DIR}/installed-${tag}")
-file(REMOVE_RECURSE "${prefix}")
+include(${CMAKE_CURRENT_LIST_DIR}/script_common.cmake)
+bp_require(installed_binary BUILD_DIR SOURCE_DIR WORK_DIR)
+bp_scratch_dir(prefix "${WORK_DIR}" installed)
 file(MAKE_DIRECTORY "${prefix}/cwd")
 execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}"
   RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
