@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -81,12 +82,18 @@ struct BackwardResult {
 // increasing, only t < len−1): counter_uniform(seed, r), uniform in [−1, 1).
 float loss_coef(uint64_t seed, uint64_t row);
 
+template <class Backend>
+class Qwen3Program;  // qwen3_program.h
+struct HostBackend;  // host_backend.h
+
+// The reference model: the program of qwen3_program.h on the reference ops.
 class Model {
  public:
   // Validates the config against the weights' shapes (std::invalid_argument).
   // Keeps a reference to `weights`, which must outlive the model.
   Model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs);
   Model(const ModelConfig&, Weights&&, const Knobs&) = delete;
+  ~Model();
 
   ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
                         const ForwardOptions& opt = {}) const;
@@ -96,22 +103,10 @@ class Model {
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
                           float temperature = 1.0f) const;
 
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const;
 
  private:
-  using Piece = SchedulePiece;
-  struct Saved;
-  struct State;
-  void step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
-            const ForwardOptions& opt, Saved* saved) const;
-
-  ModelConfig cfg_;
-  const Weights& w_;
-  Knobs kn_;
-  std::vector<bf16> rope_cos_, rope_sin_;
-  int rope_max_pos_ = 0;
-  // Per MoE layer: expert pointer tables (empty vectors for dense layers).
-  std::vector<std::vector<const bf16*>> eg_, eu_, ed_;
+  std::unique_ptr<const Qwen3Program<HostBackend>> program_;
 };
 
 }  // namespace bp::ref

@@ -1,0 +1,557 @@
+// The Qwen3 / Qwen3-MoE model program (SPEC.md §6), written once over a backend
+// (host_backend.h): the reference model runs it on the CPU ops, the CUDA model
+// (optimized/model/qwen3.h) on their GPU twins, so both make the same op calls
+// in the same order on the same shapes. Results come back to the host in
+// ref::ForwardResult / ref::BackwardResult (qwen3.h).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "reference/model/qwen3.h"
+#include "reference/ops/attention.h"
+#include "reference/ops/moe_experts.h"
+#include "reference/ops/rope.h"
+
+namespace bp::ref {
+
+template <class B>
+class Qwen3Program {
+ public:
+  // Validates the knobs and the weights' names and shapes (std::invalid_argument)
+  // and makes every weight resident in the backend. Host backends keep views of
+  // `weights`, which must then outlive the program.
+  Qwen3Program(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, B backend = {});
+
+  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+                        const ForwardOptions& opt = {}) const;
+  // Backward of L = Σ c_t·logprob_t (qwen3.h, Model::backward).
+  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                          float temperature = 1.0f) const;
+
+  const ModelConfig& config() const { return cfg_; }
+  const B& backend() const { return be_; }
+
+ private:
+  template <class T>
+  using Buf = typename B::template Buf<T>;
+  using BBuf = Buf<bf16>;
+  using FBuf = Buf<float>;
+  using Piece = SchedulePiece;
+  struct Saved;
+  struct State;
+
+  static std::string lname(int64_t i, const std::string& what) {
+    return "model.layers." + std::to_string(i) + "." + what;
+  }
+  static std::string cname(int64_t i, const char* what) { return "layers." + std::to_string(i) + "." + what; }
+  const bf16* w(const std::string& name) const { return w_.at(name).data(); }
+  RopeTable rope_table() const {
+    return {rope_cos_.data(), rope_sin_.data(), rope_max_pos_, static_cast<int>(cfg_.head_dim)};
+  }
+  State start(const std::vector<std::vector<int32_t>>& seqs, bool entropy) const;
+  void step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
+            const ForwardOptions& opt, Saved* saved) const;
+  void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b, int feat) const;
+  void moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State& st, const std::vector<int64_t>& crow,
+               bool cap) const;
+
+  ModelConfig cfg_;
+  Knobs kn_;
+  B be_;
+  std::map<std::string, typename B::template Resident<bf16>> w_;
+  std::map<std::string, int64_t> numel_;
+  const bf16* lm_head_ = nullptr;
+  std::vector<bf16> rope_cos_host_, rope_sin_host_;
+  typename B::template Resident<bf16> rope_cos_, rope_sin_;
+  int rope_max_pos_ = 0;
+  // Per MoE layer: expert pointer tables, host arrays of backend pointers (empty for dense layers).
+  std::vector<std::vector<const bf16*>> eg_, eu_, ed_;
+};
+
+// ---- Implementation ----------------------------------------------------------
+
+// Per-call activations kept for the backward (the packed extend forward).
+template <class B>
+struct Qwen3Program<B>::Saved {
+  struct Layer {
+    BBuf x_in, a1, q_pre, k_pre, qn, kn, q, k, v, o, x_mid, a2;
+    FBuf rstd1, rstd_q, rstd_k, m, l, rstd2;
+  };
+  std::vector<Layer> layers;
+  BBuf x_final, hn, logits;
+  FBuf rstd_f;
+  std::vector<int32_t> tokens;
+  std::vector<AttnSeq> aseqs;
+};
+
+// The state of one forward over a batch: KV caches and the outputs.
+template <class B>
+struct Qwen3Program<B>::State {
+  std::vector<std::vector<BBuf>> kc, vc;  // [seq][layer] len(seq) rows × Hkv × D
+  std::vector<int> kv_len;                // rows of each sequence's caches filled
+  std::vector<std::vector<float>> logprob, entropy;
+  std::vector<int64_t> seq_off;  // canonical row of (s, 0)
+  int64_t total = 0;
+  std::vector<Capture> caps;
+  std::map<std::string, size_t> cap_index;
+};
+
+template <class B>
+Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, B backend)
+    : cfg_(cfg), kn_(knobs), be_(std::move(backend)) {
+  const std::string bad = validate(knobs);
+  if (!bad.empty()) throw std::invalid_argument("model: " + bad);
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    if (!weights.contains(s.name)) throw std::invalid_argument("model: missing weight " + s.name);
+    if (weights.at(s.name).shape != s.shape) throw std::invalid_argument("model: wrong shape for " + s.name);
+  }
+  if (cfg.head_dim % 2 != 0 || cfg.num_key_value_heads <= 0 || cfg.num_attention_heads % cfg.num_key_value_heads)
+    throw std::invalid_argument("model: bad head geometry");
+  for (const WeightSpec& s : weight_specs(cfg)) {
+    w_.emplace(s.name, be_.resident(weights.at(s.name).data));
+    numel_.emplace(s.name, s.numel());
+  }
+  lm_head_ = w(cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  rope_max_pos_ = static_cast<int>(cfg.max_position_embeddings);
+  const size_t half = static_cast<size_t>(cfg.head_dim / 2);
+  rope_cos_host_.resize(static_cast<size_t>(rope_max_pos_) * half);
+  rope_sin_host_.resize(rope_cos_host_.size());
+  rope_tables(static_cast<float>(cfg.rope_theta), static_cast<int>(cfg.head_dim), rope_max_pos_,
+              rope_cos_host_.data(), rope_sin_host_.data());
+  rope_cos_ = be_.resident(rope_cos_host_);
+  rope_sin_ = be_.resident(rope_sin_host_);
+  const size_t L = static_cast<size_t>(cfg.num_hidden_layers);
+  eg_.resize(L);
+  eu_.resize(L);
+  ed_.resize(L);
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    if (!cfg.is_moe_layer(i)) continue;
+    for (int64_t e = 0; e < cfg.num_experts; ++e) {
+      const std::string p = lname(i, "mlp.experts.") + std::to_string(e) + ".";
+      eg_[i].push_back(w(p + "gate_proj.weight"));
+      eu_[i].push_back(w(p + "up_proj.weight"));
+      ed_[i].push_back(w(p + "down_proj.weight"));
+    }
+  }
+}
+
+// Captured rows go to their canonical row (sequence by sequence), whatever the path.
+template <class B>
+void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b,
+                              int feat) const {
+  auto it = st.cap_index.find(name);
+  if (it == st.cap_index.end()) {
+    Capture c;
+    c.name = name;
+    c.shape = {st.total, feat};
+    c.bf16_data.assign(static_cast<size_t>(st.total * feat), bf16{0});
+    it = st.cap_index.emplace(name, st.caps.size()).first;
+    st.caps.push_back(std::move(c));
+  }
+  Capture& c = st.caps[it->second];
+  const std::vector<bf16> host = be_.to_host(b.data(), b.size());
+  for (size_t t = 0; t < crow.size(); ++t)
+    std::memcpy(&c.bf16_data[static_cast<size_t>(crow[t] * feat)], &host[t * static_cast<size_t>(feat)],
+                sizeof(bf16) * static_cast<size_t>(feat));
+}
+
+// The MoE block by its stages (bit-identical to moe_layer_fwd, which is this chain),
+// so that the intermediate outputs can be captured. The dispatch plan is made on
+// the host from the router's ids.
+template <class B>
+void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State& st,
+                              const std::vector<int64_t>& crow, bool cap) const {
+  const int H = static_cast<int>(cfg_.hidden_size), E = static_cast<int>(cfg_.num_experts);
+  const int K = static_cast<int>(cfg_.num_experts_per_tok), I = static_cast<int>(cfg_.moe_intermediate_size);
+  const size_t l = static_cast<size_t>(li);
+  const ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
+  BBuf rl = be_.template zeros<bf16>(static_cast<size_t>(T) * E), tw = be_.template zeros<bf16>(static_cast<size_t>(T) * K),
+       cs = be_.template zeros<bf16>(static_cast<size_t>(T) * K * H);
+  Buf<int> ids = be_.template zeros<int>(static_cast<size_t>(T) * K);
+  be_.router_fwd(kn_, a2.data(), w(lname(li, "mlp.gate.weight")), rl.data(), ids.data(), tw.data(), T, H, E, K,
+                 cfg_.norm_topk_prob);
+  if (cap) capture(st, crow, cname(li, "router_logits"), rl, E);
+  if (cap) capture(st, crow, cname(li, "router_weights"), tw, K);
+  const std::vector<int> ids_host = be_.to_host(ids.data(), ids.size());
+  std::vector<int> off(static_cast<size_t>(E) + 1), ptok(ids_host.size()), pslot(ids_host.size());
+  moe_dispatch(ids_host.data(), T, K, E, off.data(), ptok.data(), pslot.data());
+  const MoeDispatch plan{E, off.data(), ptok.data(), pslot.data()};
+  be_.moe_experts_fwd(kn_, plan, 0, E, a2.data(), tw.data(), ew, cs.data(), K, H, I);
+  if (cap) capture(st, crow, cname(li, "expert_out"), cs, K * H);
+  be_.moe_combine_fwd(cs.data(), mo.data(), T, K, H);
+}
+
+template <class B>
+void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
+                           const ForwardOptions& opt, Saved* saved) const {
+  const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
+  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
+  const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const RopeTable rt = rope_table();
+
+  // Packed tokens, positions and canonical rows.
+  std::vector<int32_t> tok, pos;
+  std::vector<int64_t> crow;
+  std::vector<AttnSeq> aseq;
+  int kv_rows = 0;
+  for (const Piece& p : pieces) {
+    aseq.push_back({static_cast<int>(tok.size()), p.len, p.start, kv_rows});
+    kv_rows += p.start + p.len;
+    for (int i = 0; i < p.len; ++i) {
+      tok.push_back(seqs[p.seq][p.start + i]);
+      pos.push_back(p.start + i);
+      crow.push_back(st.seq_off[p.seq] + p.start + i);
+    }
+  }
+  const int T = static_cast<int>(tok.size());
+  if (T == 0) return;
+  for (const Piece& p : pieces)
+    if (st.kv_len[p.seq] != p.start) throw std::logic_error("model: KV cache out of step");
+  const auto tok_dev = be_.resident(tok);
+  const auto pos_dev = be_.resident(pos);
+  auto cap = [&](const std::string& name, const BBuf& b, int feat) {
+    if (opt.capture) capture(st, crow, name, b, feat);
+  };
+  auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
+  auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
+
+  BBuf x = zeros(T, H);
+  be_.embedding_fwd(kn_, tok_dev.data(), w("model.embed_tokens.weight"), x.data(), T, V, H);
+  cap("embed", x, H);
+  if (saved) {
+    saved->layers.resize(static_cast<size_t>(cfg_.num_hidden_layers));
+    saved->tokens = tok;
+    saved->aseqs = aseq;
+  }
+
+  BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD), kn = zeros(T, KD),
+       qr = zeros(T, QD), kr = zeros(T, KD), o = zeros(T, QD), ao = zeros(T, H), a2 = zeros(T, H), mo = zeros(T, H);
+  FBuf rstd1 = fzeros(T), rstd_q = fzeros(int64_t{T} * Hq), rstd_k = fzeros(int64_t{T} * Hkv),
+       ms = fzeros(int64_t{T} * Hq), ls = fzeros(int64_t{T} * Hq), rstd2 = fzeros(T);
+  BBuf kp = zeros(kv_rows, KD), vp = zeros(kv_rows, KD);
+
+  for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
+    const size_t l = static_cast<size_t>(li);
+    BBuf x_in = be_.clone(x);
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "input_layernorm.weight")), eps, a.data(), rstd1.data(), T, 1, H);
+    cap(cname(li, "input_norm"), a, H);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.q_proj.weight")), q.data(), T, H, QD, 1);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.k_proj.weight")), k.data(), T, H, KD, 1);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.v_proj.weight")), v.data(), T, H, KD, 1);
+    cap(cname(li, "q_proj"), q, QD);
+    cap(cname(li, "k_proj"), k, KD);
+    cap(cname(li, "v_proj"), v, KD);
+    be_.rmsnorm_fwd(kn_, q.data(), w(lname(li, "self_attn.q_norm.weight")), eps, qn.data(), rstd_q.data(), T, Hq, D);
+    be_.rmsnorm_fwd(kn_, k.data(), w(lname(li, "self_attn.k_norm.weight")), eps, kn.data(), rstd_k.data(), T, Hkv, D);
+    cap(cname(li, "q_norm"), qn, QD);
+    cap(cname(li, "k_norm"), kn, KD);
+    be_.rope_fwd(kn_, rt, pos_dev.data(), qn.data(), qr.data(), T, Hq);
+    be_.rope_fwd(kn_, rt, pos_dev.data(), kn.data(), kr.data(), T, Hkv);
+    cap(cname(li, "q_rope"), qr, QD);
+    cap(cname(li, "k_rope"), kr, KD);
+    // Append the new keys and values to each sequence's cache, then pack every
+    // piece's keys 0 .. start+len−1 at its kv_begin.
+    for (size_t pi = 0; pi < pieces.size(); ++pi) {
+      const Piece& p = pieces[pi];
+      BBuf& kc = st.kc[p.seq][l];
+      BBuf& vc = st.vc[p.seq][l];
+      const size_t from = static_cast<size_t>(aseq[pi].q_begin) * KD, at = static_cast<size_t>(p.start) * KD;
+      const size_t n = static_cast<size_t>(p.len) * KD, all = static_cast<size_t>(p.start + p.len) * KD;
+      be_.copy(kc.data() + at, kr.data() + from, n);
+      be_.copy(vc.data() + at, v.data() + from, n);
+      be_.copy(kp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, kc.data(), all);
+      be_.copy(vp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, vc.data(), all);
+    }
+    be_.attention_fwd(kn_, AttnDims{Hq, Hkv, D}, aseq.data(), static_cast<int>(aseq.size()), qr.data(), kp.data(),
+                      vp.data(), o.data(), ms.data(), ls.data());
+    cap(cname(li, "attn"), o, QD);
+    be_.linear_fwd(kn_, o.data(), w(lname(li, "self_attn.o_proj.weight")), ao.data(), T, QD, H, C);
+    cap(cname(li, "attn_out"), ao, H);
+    be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
+    cap(cname(li, "resid_attn"), x, H);
+    BBuf x_mid = be_.clone(x);
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "post_attention_layernorm.weight")), eps, a2.data(), rstd2.data(), T, 1,
+                    H);
+    cap(cname(li, "post_norm"), a2, H);
+    // The MLP by its stages (bit-identical to mlp_fwd / moe_layer_fwd, which are
+    // these chains), so that the intermediate outputs can be captured.
+    if (cfg_.is_moe_layer(li)) {
+      moe_fwd(li, a2, mo, T, st, crow, opt.capture);
+    } else {
+      const int I = static_cast<int>(cfg_.intermediate_size);
+      BBuf g = zeros(T, I), u = zeros(T, I), hm = zeros(T, I);
+      be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+                         g.data(), u.data(), hm.data(), T, H, I);
+      cap(cname(li, "mlp_gate"), g, I);
+      cap(cname(li, "mlp_up"), u, I);
+      cap(cname(li, "mlp_act"), hm, I);
+      be_.linear_fwd(kn_, hm.data(), w(lname(li, "mlp.down_proj.weight")), mo.data(), T, I, H, C);
+    }
+    cap(cname(li, "mlp_out"), mo, H);
+    be_.residual_fwd(kn_, x.data(), mo.data(), x.data(), x.size());
+    cap(cname(li, "resid_mlp"), x, H);
+    if (saved) {
+      typename Saved::Layer& s = saved->layers[l];
+      s.x_in = std::move(x_in);
+      s.a1 = be_.clone(a);
+      s.q_pre = be_.clone(q);
+      s.k_pre = be_.clone(k);
+      s.qn = be_.clone(qn);
+      s.kn = be_.clone(kn);
+      s.q = be_.clone(qr);
+      s.k = be_.clone(kr);
+      s.v = be_.clone(v);
+      s.o = be_.clone(o);
+      s.x_mid = std::move(x_mid);
+      s.a2 = be_.clone(a2);
+      s.rstd1 = be_.clone(rstd1);
+      s.rstd_q = be_.clone(rstd_q);
+      s.rstd_k = be_.clone(rstd_k);
+      s.m = be_.clone(ms);
+      s.l = be_.clone(ls);
+      s.rstd2 = be_.clone(rstd2);
+    }
+  }
+  for (const Piece& p : pieces) st.kv_len[p.seq] = p.start + p.len;
+
+  BBuf hn = zeros(T, H);
+  FBuf rstd_f = fzeros(T);
+  be_.rmsnorm_fwd(kn_, x.data(), w("model.norm.weight"), eps, hn.data(), rstd_f.data(), T, 1, H);
+  cap("final_norm", hn, H);
+  BBuf logits = zeros(T, V);
+  be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, H, V, 1);
+  cap("logits", logits, V);
+
+  // Teacher forcing: rows whose position has a next token, gathered in packed order.
+  std::vector<int> rows;
+  std::vector<int32_t> tgt;
+  std::vector<std::pair<int, int>> where;
+  {
+    int t = 0;
+    for (const Piece& p : pieces)
+      for (int i = 0; i < p.len; ++i, ++t) {
+        const int ps = p.start + i;
+        if (ps + 1 >= static_cast<int>(seqs[p.seq].size())) continue;
+        rows.push_back(t);
+        tgt.push_back(seqs[p.seq][ps + 1]);
+        where.emplace_back(p.seq, ps);
+      }
+  }
+  const int R = static_cast<int>(tgt.size());
+  if (saved) {
+    saved->x_final = std::move(x);
+    saved->hn = std::move(hn);
+    saved->rstd_f = std::move(rstd_f);
+  }
+  if (R > 0) {
+    BBuf lg = zeros(R, V);
+    be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, lg.data());
+    const auto tgt_dev = be_.resident(tgt);
+    FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R), ent = fzeros(R);
+    be_.logprob_fwd(kn_, lg.data(), tgt_dev.data(), R, V, opt.temperature, lp.data(), M.data(), S.data(),
+                    opt.entropy ? ent.data() : nullptr);
+    const std::vector<float> lp_host = be_.to_host(lp.data(), lp.size());
+    const std::vector<float> ent_host = opt.entropy ? be_.to_host(ent.data(), ent.size()) : std::vector<float>{};
+    for (int r = 0; r < R; ++r) {
+      st.logprob[where[r].first][where[r].second] = lp_host[r];
+      if (opt.entropy) st.entropy[where[r].first][where[r].second] = ent_host[r];
+    }
+  }
+  if (saved) saved->logits = std::move(logits);
+}
+
+template <class B>
+typename Qwen3Program<B>::State Qwen3Program<B>::start(const std::vector<std::vector<int32_t>>& seqs,
+                                                       bool entropy) const {
+  const int KD = static_cast<int>(cfg_.num_key_value_heads * cfg_.head_dim);
+  State st;
+  st.kv_len.assign(seqs.size(), 0);
+  for (const std::vector<int32_t>& s : seqs) {
+    st.kc.emplace_back();
+    st.vc.emplace_back();
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      st.kc.back().push_back(be_.template zeros<bf16>(s.size() * KD));
+      st.vc.back().push_back(be_.template zeros<bf16>(s.size() * KD));
+    }
+    st.seq_off.push_back(st.total);
+    st.total += static_cast<int64_t>(s.size());
+    st.logprob.emplace_back(s.size() - 1, 0.0f);
+    if (entropy) st.entropy.emplace_back(s.size() - 1, 0.0f);
+  }
+  return st;
+}
+
+template <class B>
+ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+                                       const ForwardOptions& opt) const {
+  const auto steps = schedule_steps(seqs, sched, cfg_.max_position_embeddings);
+  State st = start(seqs, opt.entropy);
+  for (const auto& pieces : steps) step(seqs, pieces, st, opt, nullptr);
+  ForwardResult r;
+  r.logprob = std::move(st.logprob);
+  r.entropy = std::move(st.entropy);
+  r.captures = std::move(st.caps);
+  return r;
+}
+
+template <class B>
+BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                                         float temperature) const {
+  const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
+  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
+  const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
+  const RopeTable rt = rope_table();
+
+  // The packed forward (bit-identical to extend), keeping its activations.
+  const std::vector<Piece> ps = schedule_steps(seqs, Schedule::ragged(), cfg_.max_position_embeddings).at(0);
+  State st = start(seqs, false);
+  Saved sv;
+  ForwardOptions fo;
+  fo.temperature = temperature;
+  step(seqs, ps, st, fo, &sv);
+  st.kc.clear();  // the backward reads the packed keys, not the caches
+  st.vc.clear();
+  const int T = static_cast<int>(sv.tokens.size());
+  
+  BackwardResult res;
+  res.logprob = st.logprob;
+
+  // Loss coefficients and dlogits: target rows (t < len−1) get logprob_bwd, the
+  // last position of each sequence gets +0 (it has no target).
+  std::vector<int32_t> tgt;
+  std::vector<int> row_of;  // packed token of each target row
+  std::vector<float> coef;
+  {
+    int t = 0;
+    uint64_t r = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      res.coef.emplace_back();
+      for (size_t i = 0; i < seqs[s].size(); ++i, ++t) {
+        if (i + 1 >= seqs[s].size()) continue;
+        const float c = loss_coef(coef_seed, r++);
+        res.coef.back().push_back(c);
+        coef.push_back(c);
+        tgt.push_back(seqs[s][i + 1]);
+        row_of.push_back(t);
+      }
+    }
+  }
+  auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
+  auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
+  const int R = static_cast<int>(tgt.size());
+  BBuf dlogits = zeros(T, V);
+  if (R > 0) {
+    BBuf lg = zeros(R, V), dl = zeros(R, V);
+    FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
+    const auto tgt_dev = be_.resident(tgt);
+    const auto coef_dev = be_.resident(coef);
+    be_.gather_rows(sv.logits.data(), static_cast<size_t>(V), row_of, lg.data());
+    be_.logprob_fwd(kn_, lg.data(), tgt_dev.data(), R, V, temperature, lp.data(), M.data(), S.data(), nullptr);
+    be_.logprob_bwd(kn_, lg.data(), tgt_dev.data(), coef_dev.data(), M.data(), S.data(), R, V, temperature,
+                    dl.data());
+    be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
+  }
+  sv.logits = BBuf{};
+
+  std::map<std::string, FBuf> G;
+  auto grad = [&](const std::string& name) -> float* {
+    FBuf& g = G[name];
+    g = fzeros(numel_.at(name));
+    return g.data();
+  };
+
+  // lm_head (vocab-parallel: its input gradient reduces over V in C chunks).
+  BBuf dh = zeros(T, H), dx = zeros(T, H), db = zeros(T, H);
+  FBuf dlm = fzeros(int64_t{V} * H);
+  be_.linear_dgrad(kn_, dlogits.data(), lm_head_, dh.data(), T, H, V, C);
+  be_.linear_wgrad(kn_, dlogits.data(), sv.hn.data(), dlm.data(), T, H, V);
+  dlogits = BBuf{};
+  be_.rmsnorm_bwd(kn_, sv.x_final.data(), w("model.norm.weight"), sv.rstd_f.data(), dh.data(), dx.data(),
+                  grad("model.norm.weight"), T, 1, H);
+
+  BBuf dq = zeros(T, QD), dk = zeros(T, KD), dv = zeros(T, KD), dqn = zeros(T, QD), dkn = zeros(T, KD),
+       dqp = zeros(T, QD), dkp = zeros(T, KD), da = zeros(T, H), dO = zeros(T, QD);
+  FBuf accv = fzeros(int64_t{T} * H), tmpq = fzeros(int64_t{T} * H), tmpk = fzeros(int64_t{T} * H);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (const AttnSeq& a : sv.aseqs)
+    for (int i = 0; i < a.q_len; ++i) pos[static_cast<size_t>(a.q_begin + i)] = a.past_len + i;
+  const auto pos_dev = be_.resident(pos);
+  const auto tok_dev = be_.resident(sv.tokens);
+  for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
+    typename Saved::Layer& s = sv.layers[static_cast<size_t>(li)];
+    // dx is the gradient of the layer's output x_out = R(x_mid + mlp_out).
+    // MLP branch: its output gradient is dx.
+    if (cfg_.is_moe_layer(li)) {
+      const size_t l = static_cast<size_t>(li);
+      const int E = static_cast<int>(cfg_.num_experts);
+      std::vector<float*> pg, pu, pd;
+      for (int e = 0; e < E; ++e) {
+        const std::string p = lname(li, "mlp.experts.") + std::to_string(e) + ".";
+        pg.push_back(grad(p + "gate_proj.weight"));
+        pu.push_back(grad(p + "up_proj.weight"));
+        pd.push_back(grad(p + "down_proj.weight"));
+      }
+      const ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
+      const ExpertGrads eg{pg.data(), pu.data(), pd.data()};
+      be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, "mlp.gate.weight")), ew, dx.data(), da.data(),
+                        grad(lname(li, "mlp.gate.weight")), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
+                        static_cast<int>(cfg_.moe_intermediate_size), cfg_.norm_topk_prob);
+    } else {
+      be_.mlp_bwd(kn_, s.a2.data(), w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+                  w(lname(li, "mlp.down_proj.weight")), dx.data(), da.data(), grad(lname(li, "mlp.gate_proj.weight")),
+                  grad(lname(li, "mlp.up_proj.weight")), grad(lname(li, "mlp.down_proj.weight")), T, H,
+                  static_cast<int>(cfg_.intermediate_size));
+    }
+    be_.rmsnorm_bwd(kn_, s.x_mid.data(), w(lname(li, "post_attention_layernorm.weight")), s.rstd2.data(), da.data(),
+                    db.data(), grad(lname(li, "post_attention_layernorm.weight")), T, 1, H);
+    // x_mid feeds the skip and the post-attention norm: the residual op adds them.
+    be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
+    // Attention branch: o_proj is row-parallel; its input gradient reduces over H (one chain).
+    be_.linear_dgrad(kn_, dx.data(), w(lname(li, "self_attn.o_proj.weight")), dO.data(), T, QD, H, 1);
+    be_.linear_wgrad(kn_, dx.data(), s.o.data(), grad(lname(li, "self_attn.o_proj.weight")), T, QD, H);
+    be_.attention_bwd(kn_, AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
+                      s.k.data(), s.v.data(), s.o.data(), s.m.data(), s.l.data(), dO.data(), dq.data(), dk.data(),
+                      dv.data());
+    be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, Hq);
+    be_.rope_bwd(kn_, rt, pos_dev.data(), dk.data(), dkn.data(), T, Hkv);
+    be_.rmsnorm_bwd(kn_, s.q_pre.data(), w(lname(li, "self_attn.q_norm.weight")), s.rstd_q.data(), dqn.data(),
+                    dqp.data(), grad(lname(li, "self_attn.q_norm.weight")), T, Hq, D);
+    be_.rmsnorm_bwd(kn_, s.k_pre.data(), w(lname(li, "self_attn.k_norm.weight")), s.rstd_k.data(), dkn.data(),
+                    dkp.data(), grad(lname(li, "self_attn.k_norm.weight")), T, Hkv, D);
+    // a1 feeds q, k and v (column-parallel: each input gradient in C chunks over its
+    // output features); one rounding of the fp32 sum ((0 + q) + k) + v.
+    const bf16* wq = w(lname(li, "self_attn.q_proj.weight"));
+    const bf16* wk = w(lname(li, "self_attn.k_proj.weight"));
+    const bf16* wvv = w(lname(li, "self_attn.v_proj.weight"));
+    be_.linear_dgrad_acc(kn_, dqp.data(), wq, tmpq.data(), T, H, QD, C);
+    be_.linear_dgrad_acc(kn_, dkp.data(), wk, tmpk.data(), T, H, KD, C);
+    be_.linear_dgrad_acc(kn_, dv.data(), wvv, accv.data(), T, H, KD, C);
+    const float* qkv_parts[3] = {tmpq.data(), tmpk.data(), accv.data()};
+    be_.sum_round(qkv_parts, 3, da.data(), accv.size());
+    be_.linear_wgrad(kn_, dqp.data(), s.a1.data(), grad(lname(li, "self_attn.q_proj.weight")), T, H, QD);
+    be_.linear_wgrad(kn_, dkp.data(), s.a1.data(), grad(lname(li, "self_attn.k_proj.weight")), T, H, KD);
+    be_.linear_wgrad(kn_, dv.data(), s.a1.data(), grad(lname(li, "self_attn.v_proj.weight")), T, H, KD);
+    be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, "input_layernorm.weight")), s.rstd1.data(), da.data(), db.data(),
+                    grad(lname(li, "input_layernorm.weight")), T, 1, H);
+    be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
+    s = typename Saved::Layer{};  // this layer's activations are spent
+  }
+
+  // Embedding; tied: dE = embedding_bwd + lm_head wgrad, one fp32 addition per element.
+  float* demb = grad("model.embed_tokens.weight");
+  be_.embedding_bwd(kn_, tok_dev.data(), dx.data(), demb, T, V, H);
+  if (cfg_.tie_word_embeddings)
+    be_.add_f32(demb, dlm.data(), dlm.size());
+  else
+    G["lm_head.weight"] = std::move(dlm);
+  for (auto& [name, g] : G) res.grads[name] = be_.take(std::move(g));
+  return res;
+}
+
+}  // namespace bp::ref
