@@ -1,4 +1,4 @@
-// bench_rowops: the bandwidth-bound ops (rmsnorm, residual, rope, logprob) beside
+// bench_rowops: the bandwidth-bound ops (rmsnorm, residual, rope, logprob fwd/bwd) beside
 // the device's own copy bandwidth (cudaMemcpy device to device, measured in the
 // same run) on Qwen3-30B-A3B shapes. Each op's bytes are the least it must move
 // (every input read once, every output written once). CSV on stdout:
@@ -6,6 +6,7 @@
 // Exit 125 without a Hopper GPU.
 #include <cstdio>
 #include <numeric>
+#include <vector>
 
 #include "bench/bench_util.cuh"
 #include "optimized/cuda/logprob.h"
@@ -76,6 +77,15 @@ int run(const bench::Options& opt) {
         cuda::logprob_fwd(kn, logits.get(), tgt.get(), kLogprobRows, kVocab, 1.0f, lp.get(), mx.get(), sm.get(), nullptr);
       }),
       1.0 * lg * sizeof(bf16), copy);
+  // The backward from the forward's M and S: read every logit, write every gradient.
+  const cuda::DeviceBuffer<float> coef(std::vector<float>(kLogprobRows, -1.0f));
+  cuda::DeviceBuffer<bf16> dlogits(lg);
+  row("logprob_bwd", "512x151936",
+      bench::median_us(opt, [&] {
+        cuda::logprob_bwd(kn, logits.get(), tgt.get(), coef.get(), mx.get(), sm.get(), kLogprobRows, kVocab, 1.0f,
+                          dlogits.get());
+      }),
+      2.0 * lg * sizeof(bf16), copy);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   return kExitExact;
 }

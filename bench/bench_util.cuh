@@ -58,13 +58,13 @@ inline Options parse_options(const char* name, int argc, char** argv) {
 
 // Device 0's properties, or exit 125 when it is not a Hopper GPU.
 inline cudaDeviceProp require_hopper(const char* name, const Options& opt) {
-  int devices = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
-      prop.major != 9) {
-    std::fprintf(stderr, "%s: no Hopper GPU here: skipped\n", name);
+  const std::string why = cuda::no_hopper_reason();
+  if (!why.empty()) {
+    std::fprintf(stderr, "%s: %s: skipped\n", name, why.c_str());
     std::exit(kExitCannotTest);
   }
+  cudaDeviceProp prop{};
+  BP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::fprintf(stderr, "%s: %s, %d SMs, warmup %d, reps %d\n", name, prop.name, prop.multiProcessorCount, opt.warmup,
                opt.reps);
   return prop;

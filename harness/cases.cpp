@@ -1,8 +1,10 @@
 #include "harness/cases.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
+#include "harness/gpu_backend.h"
 #include "harness/io/errors.h"
 #include "harness/models.h"
 #include "reference/layouts/runner.h"
@@ -275,7 +277,6 @@ CaseEngine::Loaded& CaseEngine::loaded(size_t model) {
 }
 
 std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
-  if (c.backend == Backend::kCuda) throw CannotTest("no CUDA backend/GPU here");
   const ModelConfig& cfg = configs_[c.model];
   const auto& seqs = tokens_[c.model];
   Loaded& l = loaded(c.model);
@@ -287,7 +288,12 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   const bool grads = plan_.grads && c.path.kind == ref::Schedule::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
-  if (c.backend == Backend::kReference) {
+  if (c.backend == Backend::kCuda) {
+    GpuCaseResult r = run_gpu_case({cfg, l.weights, kn, c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+    last_peak_device_bytes_ = r.peak_device_bytes;
+    fwd = std::move(r.forward);
+    bwd = std::move(r.backward);
+  } else if (c.backend == Backend::kReference) {
     const ref::Model& m = l.model_for(cfg, c.contract);
     fwd = m.forward(seqs, c.path, opt);
     if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
@@ -320,12 +326,23 @@ Case CaseEngine::compare(const CaseSpec& spec) {
                     {"backend", backend_name(spec.backend)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
+  // The time is the case's own model work: its weights are loaded (once per model)
+  // and the reference is computed (once per model and contract) outside it.
+  loaded(spec.model);
+  last_peak_device_bytes_.reset();
   std::vector<NamedTensor> got;
+  std::optional<std::string> cannot_test;
+  const auto start = std::chrono::steady_clock::now();
   try {
     got = run(spec);
   } catch (const CannotTest& e) {
+    cannot_test = e.what();
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.peak_device_bytes = last_peak_device_bytes_;
+  if (cannot_test) {
     out.verdict = Verdict::kSkipped;
-    out.skip_reason = e.what();
+    out.skip_reason = *cannot_test;
     return out;
   }
   std::map<std::string, const NamedTensor*> by_name;

@@ -87,11 +87,12 @@ class CaseEngine {
   const ModelConfig& model_config(size_t i) const;
   std::string case_id(const CaseSpec& c) const;  // "model/contract/backend/layout/path"
 
-  // One case's outputs (throws CannotTest for the cuda backend).
+  // One case's outputs (throws CannotTest when its backend cannot run here).
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
-  // parameters (model, contract, contract_knob_hash, backend, layout, path) and,
-  // with capture, first_divergent_op. A CannotTest case comes back skipped.
+  // parameters (model, contract, contract_knob_hash, backend, layout, path), the
+  // seconds of its run() and the device memory it peaked at, and, with capture,
+  // first_divergent_op. A CannotTest case comes back skipped.
   Case compare(const CaseSpec& c);
 
  private:
@@ -108,6 +109,9 @@ class CaseEngine {
   std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
   std::vector<CaseSpec> cases_;
   std::vector<std::string> dropped_;
+  // The device memory the last run() peaked at, set by a run on a device; compare()
+  // clears it before each run and reports it as the case's peak_device_bytes.
+  std::optional<uint64_t> last_peak_device_bytes_;
 };
 
 }  // namespace bp::harness

@@ -99,6 +99,13 @@ std::string case_line(const Case& c) {
   return s;
 }
 
+// What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, peak 2.5 GiB device memory)".
+std::string cost_text(const Case& c) {
+  std::string s = "(" + duration_text(c.seconds);
+  if (c.peak_device_bytes) s += ", peak " + bytes_text(*c.peak_device_bytes) + " device memory";
+  return s + ")";
+}
+
 // Rows model/contract/backend/layout, one column per path; columns padded to width.
 void print_table(const Report& r, const std::vector<std::string>& paths, std::FILE* out) {
   const std::vector<std::string> keys = {"model", "contract", "backend", "layout"};
@@ -154,7 +161,7 @@ int sweep(const SweepOptions& o) {
     r.cases.push_back(engine.compare(cases[i]));
     if (o.verbose) {
       progress.finish();
-      std::fprintf(stdout, "%s\n", case_line(r.cases.back()).c_str());
+      std::fprintf(stdout, "%s %s\n", case_line(r.cases.back()).c_str(), cost_text(r.cases.back()).c_str());
       std::fflush(stdout);
     }
   }
@@ -210,7 +217,9 @@ Subcommand add_sweep_command(CLI::App& app) {
   sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case)");
   sub->add_option("--html", o->html, "write an HTML report");
   sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
-  sub->add_flag("--verbose,-v", o->verbose, "print every case as it finishes, and the layouts a model cannot run");
+  sub->add_flag("--verbose,-v", o->verbose,
+                "print every case as it finishes, with its run time and peak device memory, and the layouts a model "
+                "cannot run");
   return guarded_subcommand(sub, [o] { return sweep(*o); });
 }
 

@@ -2,7 +2,8 @@
 // matched by id, tensors within a case by key (tensor_key), each difference
 // classified. A regression is something newly failing (a tensor or case that
 // matched, or was not there or skipped, and now mismatches) or a case that was
-// compared (not skipped) in the baseline and is gone now.
+// compared (not skipped) in the baseline and is gone now. A case's seconds and
+// peak_device_bytes are measurements, not results: they never make a change.
 #pragma once
 #include <string>
 #include <vector>

@@ -1,6 +1,8 @@
 // CSV rendering: one row per case x tensor, RFC 4180.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 #include "harness/report/report.h"
 
@@ -13,7 +15,15 @@ const std::vector<std::string> kCsvColumns = {
     "nan_a", "nan_b", "inf_a", "inf_b", "nan_policy",
     // schema_version 2
     "first_divergent_op", "ulp_histogram",
+    // schema_version 3
+    "seconds", "peak_device_bytes",
 };
+
+size_t csv_column(const std::string& name) {
+  const auto it = std::find(kCsvColumns.begin(), kCsvColumns.end(), name);
+  if (it == kCsvColumns.end()) throw std::logic_error("no CSV column " + name);
+  return static_cast<size_t>(it - kCsvColumns.begin());
+}
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
@@ -68,12 +78,16 @@ std::string render_csv(const Report& r) {
       params += v;
     }
     const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
-    const size_t divergent_column = kCsvColumns.size() - 2;
-    const std::string divergent = c.first_divergent_op.value_or("");
+    // The case's columns after the tensor's, repeated on every row of the case.
+    auto case_tail = [&c](std::vector<std::string>& f) {
+      f.resize(kCsvColumns.size());
+      f[csv_column("first_divergent_op")] = c.first_divergent_op.value_or("");
+      f[csv_column("seconds")] = num(c.seconds);
+      f[csv_column("peak_device_bytes")] = c.peak_device_bytes ? std::to_string(*c.peak_device_bytes) : "";
+    };
     if (c.tensors.empty()) {
       std::vector<std::string> f = head;
-      f.resize(kCsvColumns.size());
-      f[divergent_column] = divergent;
+      case_tail(f);
       row(f);
       continue;
     }
@@ -90,10 +104,10 @@ std::string render_csv(const Report& r) {
                            std::to_string(m->nan_a), std::to_string(m->nan_b), std::to_string(m->inf_a),
                            std::to_string(m->inf_b), m->nan_policy});
       }
-      f.resize(kCsvColumns.size());
-      f[divergent_column] = divergent;
+      case_tail(f);
       // An empty histogram (bit identical) is an empty field, as for absent metrics.
-      if (t.metrics && !t.metrics->ulp_histogram.empty()) f.back() = list_text(t.metrics->ulp_histogram);
+      if (t.metrics && !t.metrics->ulp_histogram.empty())
+        f[csv_column("ulp_histogram")] = list_text(t.metrics->ulp_histogram);
       row(f);
     }
   }

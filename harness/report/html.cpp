@@ -238,6 +238,23 @@ std::string case_section(const Case& c, size_t index) {
   return h + "</section>\n";
 }
 
+// One row per case: its verdict, run time and peak device memory, in human units
+// (the exact numbers on hover), linking to its section.
+std::string case_index(const Report& r) {
+  std::string h = "<table class=\"cases\"><tr><th>case</th><th>verdict</th><th>time</th>"
+                  "<th>peak device memory</th></tr>\n";
+  for (size_t i = 0; i < r.cases.size(); ++i) {
+    const Case& c = r.cases[i];
+    const std::string peak = c.peak_device_bytes ? "<td class=\"num\" title=\"" + std::to_string(*c.peak_device_bytes) +
+                                                       " bytes\">" + bytes_text(*c.peak_device_bytes) + "</td>"
+                                                 : std::string("<td class=\"num\">&ndash;</td>");
+    h += "<tr><td><a href=\"#" + anchor(i) + "\">" + html_escape(c.id) + "</a></td><td>" + verdict_span(c.verdict) +
+         "</td><td class=\"num\" title=\"" + metric_text(c.seconds, "%.6f") + " s\">" + duration_text(c.seconds) +
+         "</td>" + peak + "</tr>\n";
+  }
+  return h + "</table>\n";
+}
+
 }  // namespace
 
 std::string markup_escape(const std::string& s, Markup m) {
@@ -272,7 +289,7 @@ std::string render_html(const Report& r, const std::string& source, const Baseli
   h += header(r, source);
   if (baseline) h += baseline_section(*baseline);
   h += grid_section(r);
-  h += "<section id=\"cases\">\n<h2>Cases</h2>\n";
+  h += "<section id=\"cases\">\n<h2>Cases</h2>\n" + case_index(r);
   for (size_t i = 0; i < r.cases.size(); ++i) h += case_section(r.cases[i], i);
   return h + "</section>\n</body>\n</html>\n";
 }

@@ -7,6 +7,8 @@
 //     of its cases (v-none where no case ran), linking to them; from Case::parameters
 //     keys "model", "contract", "backend", "layout", "path" (cases lacking one of
 //     them are listed plainly below the grids);
+//   - a table of the cases: verdict, run time and peak device memory (a dash for a
+//     backend without a device), in human units (duration_text, bytes_text);
 //   - per case: its parameters, first divergent op, and a table of its tensors with
 //     their metrics; a ULP-distance histogram (inline SVG bars) per mismatching tensor.
 // Every text from the report is escaped (names may hold <, &, quotes, control bytes).

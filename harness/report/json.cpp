@@ -1,4 +1,4 @@
-// JSON rendering (reports/schema/report.schema.json, schema_version 2).
+// JSON rendering (reports/schema/report.schema.json, schema_version 3).
 #include <cmath>
 
 #include "harness/report/report.h"
@@ -86,6 +86,8 @@ json to_json(const Report& r) {
         {"verdict", verdict_name(c.verdict)},
         {"skip_reason", c.verdict == Verdict::kSkipped ? json(c.skip_reason) : json(nullptr)},
         {"first_divergent_op", or_null(c.first_divergent_op)},
+        {"seconds", c.seconds},
+        {"peak_device_bytes", or_null(c.peak_device_bytes)},
         {"tensors", std::move(tensors)},
     });
   }

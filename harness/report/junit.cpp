@@ -1,4 +1,6 @@
 // JUnit XML rendering: one <testcase> per case.
+#include <cstdio>
+
 #include "harness/report/html.h"
 #include "harness/report/report.h"
 
@@ -24,13 +26,22 @@ std::string describe(const TensorRecord& t) {
          metric_text(m.max_abs_diff, "%.17g") + ", mean |diff| " + metric_text(m.mean_abs_diff, "%.17g");
 }
 
+// JUnit's time attribute: seconds as a decimal (CI tools read it as a float).
+std::string time_attribute(double seconds) {
+  char buf[400];  // room for the largest finite double in %f
+  std::snprintf(buf, sizeof buf, " time=\"%.6f\"", seconds);
+  return buf;
+}
+
 }  // namespace
 
 std::string render_junit(const Report& r) {
   size_t failures = 0, skipped = 0;
+  double seconds = 0;
   for (const Case& c : r.cases) {
     failures += c.verdict == Verdict::kMismatch;
     skipped += c.verdict == Verdict::kSkipped;
+    seconds += c.seconds;
   }
   const std::string suite = "bitparity." + r.command;
   const std::string counts = " tests=\"" + std::to_string(r.cases.size()) + "\" failures=\"" +
@@ -38,7 +49,8 @@ std::string render_junit(const Report& r) {
   const Environment& e = r.environment;
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += "<testsuites name=\"bitparity\"" + counts + ">\n";
-  o += "  <testsuite name=\"" + xml(suite) + "\"" + counts + " timestamp=\"" + xml(r.created_utc) + "\">\n";
+  o += "  <testsuite name=\"" + xml(suite) + "\"" + counts + time_attribute(seconds) + " timestamp=\"" +
+       xml(r.created_utc) + "\">\n";
   o += "    <properties>\n";
   auto prop = [&o](const std::string& k, const std::string& v) {
     o += "      <property name=\"" + xml(k) + "\" value=\"" + xml(v) + "\"/>\n";
@@ -55,7 +67,7 @@ std::string render_junit(const Report& r) {
   prop("nan_policy", kNanPolicy);
   o += "    </properties>\n";
   for (const Case& c : r.cases) {
-    o += "    <testcase classname=\"" + xml(suite) + "\" name=\"" + xml(c.id) + "\"";
+    o += "    <testcase classname=\"" + xml(suite) + "\" name=\"" + xml(c.id) + "\"" + time_attribute(c.seconds);
     const TensorRecord* bad = c.verdict == Verdict::kMismatch ? c.first_mismatch() : nullptr;
     if (c.verdict == Verdict::kSkipped) {
       o += ">\n      <skipped message=\"" + xml(c.skip_reason) + "\"/>\n    </testcase>\n";

@@ -126,6 +126,12 @@ class Node {
     if (!v_.is_number() || v_.get<double>() < 0) bad(std::string("expected a number >= 0 or \"inf\", found ") + describe());
     return v_.get<double>();
   }
+  // A measurement: a finite number >= 0.
+  double non_negative() const {
+    if (!v_.is_number() || !(v_.get<double>() >= 0) || std::isinf(v_.get<double>()))
+      bad("expected a number >= 0, found " + describe());
+    return v_.get<double>();
+  }
   double ulp() const {
     if (v_.is_string() && v_.get<std::string>() == "inf") return kInf;
     if (!v_.is_number_unsigned()) bad(std::string("expected an integer >= 0 or \"inf\", found ") + describe());
@@ -136,6 +142,7 @@ class Node {
     for (const Node& e : elements()) out.push_back(e.count());
     return out;
   }
+  std::optional<uint64_t> count_or_null() const { return v_.is_null() ? std::nullopt : std::optional(count()); }
   std::optional<bool> boolean_or_null() const { return v_.is_null() ? std::nullopt : std::optional(boolean()); }
   int64_t index_or_minus_one() const {  // a flat index >= 0, or null for "none" (-1)
     if (v_.is_null()) return -1;
@@ -239,7 +246,8 @@ TensorRecord read_tensor(const Node& n) {
 }
 
 Case read_case(const Node& n) {
-  n.expect_object({"id", "parameters", "verdict", "skip_reason", "first_divergent_op", "tensors"});
+  n.expect_object({"id", "parameters", "verdict", "skip_reason", "first_divergent_op", "seconds", "peak_device_bytes",
+                   "tensors"});
   Case c;
   c.id = n["id"].str();
   for (const auto& [k, node] : n["parameters"].members()) c.parameters[k] = node.str();
@@ -249,6 +257,8 @@ Case read_case(const Node& n) {
     n["skip_reason"].bad("must be a string for a skipped case and null otherwise");
   c.skip_reason = skip.value_or("");
   c.first_divergent_op = n["first_divergent_op"].str_or_null();
+  c.seconds = n["seconds"].non_negative();
+  c.peak_device_bytes = n["peak_device_bytes"].count_or_null();
   for (const Node& t : n["tensors"].elements()) c.tensors.push_back(read_tensor(t));
   if (const std::string why = verdict_problem(c); !why.empty()) n["verdict"].bad(why);
   return c;
@@ -336,7 +346,7 @@ Report read_report_json(const std::string& path) { return parse_report_json(io::
 
 namespace {
 
-constexpr size_t kCsvColumnCount = 26;  // kCsvColumns.size(), needed at compile time by the parser
+constexpr size_t kCsvColumnCount = 28;  // kCsvColumns.size(), needed at compile time by the parser
 using CsvRow = std::array<std::string, kCsvColumnCount>;
 using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
 
@@ -359,13 +369,17 @@ class Row {
   uint64_t count(const char* name) const { return parse_count(col(name), f_[col(name)]); }
   double diff(const char* name) const {
     const size_t c = col(name);
-    const std::string& s = f_[c];
-    if (s == "inf") return kInf;
-    double v = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc() || end != s.data() + s.size() || !(v >= 0) || std::isinf(v))
-      bad(c, "expected a number >= 0 or \"inf\", found \"" + s + "\"");
-    return v;
+    if (f_[c] == "inf") return kInf;
+    const auto v = finite_non_negative(f_[c]);
+    if (!v) bad(c, "expected a number >= 0 or \"inf\", found \"" + f_[c] + "\"");
+    return *v;
+  }
+  // A measurement: a finite number >= 0.
+  double non_negative(const char* name) const {
+    const size_t c = col(name);
+    const auto v = finite_non_negative(f_[c]);
+    if (!v) bad(c, "expected a number >= 0, found \"" + f_[c] + "\"");
+    return *v;
   }
   double ulp(const char* name) const {
     const double v = diff(name);
@@ -393,13 +407,15 @@ class Row {
     bad(col(name), "\"" + text(name) + "\" is not a " + what);
   }
 
-  static size_t col(const char* name) {
-    const auto it = std::find(kCsvColumns.begin(), kCsvColumns.end(), name);
-    if (it == kCsvColumns.end()) throw std::logic_error(std::string("no CSV column ") + name);
-    return static_cast<size_t>(it - kCsvColumns.begin());
-  }
+  static size_t col(const char* name) { return csv_column(name); }
 
  private:
+  static std::optional<double> finite_non_negative(const std::string& s) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || !(v >= 0) || std::isinf(v)) return std::nullopt;
+    return v;
+  }
   uint64_t parse_count(size_t c, const std::string& s) const {
     uint64_t v = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -473,6 +489,13 @@ TensorRecord tensor_from_row(const Row& row) {
   return t;
 }
 
+// The columns of a case (beside case_id), repeated on each of its rows.
+constexpr const char* kCaseColumns[] = {"case_verdict", "parameters", "first_divergent_op", "seconds",
+                                        "peak_device_bytes"};
+bool is_case_column(size_t c) {
+  return std::any_of(std::begin(kCaseColumns), std::end(kCaseColumns), [c](const char* n) { return Row::col(n) == c; });
+}
+
 // The case columns of a row; rows of one case must agree on them.
 Case case_from_row(const Row& row) {
   Case c;
@@ -480,6 +503,8 @@ Case case_from_row(const Row& row) {
   c.verdict = row.one_of("case_verdict", verdict_from_name, "verdict (exact, mismatch, skipped)");
   c.parameters = parameters_from_text(row.text("parameters"));
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
+  c.seconds = row.non_negative("seconds");
+  if (!row.empty("peak_device_bytes")) c.peak_device_bytes = row.count("peak_device_bytes");
   return c;
 }
 
@@ -499,7 +524,7 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
     const Row row(f, in.get_file_line(), path);
     const bool continues = !r.cases.empty() && r.cases.back().id == row.text("case_id");
     if (continues) {
-      for (const char* col : {"case_verdict", "parameters", "first_divergent_op"})
+      for (const char* col : kCaseColumns)
         if (row.text(col) != case_head[Row::col(col)]) row.bad(Row::col(col), "differs from the first row of its case");
     } else {
       close_case();
@@ -516,7 +541,7 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
       r.cases.back().tensors.push_back(tensor_from_row(row));
     } else {
       for (size_t c = Row::col("tensor"); c < kCsvColumnCount; ++c)
-        if (c != Row::col("first_divergent_op") && !row.at(c).empty())
+        if (!is_case_column(c) && !row.at(c).empty())
           row.bad(c, "must be empty in the row of a case without tensors (status is empty)");
     }
   }

@@ -4,10 +4,14 @@
 // schema must be present with its type, no other key is allowed, and what the
 // writer derives (bit_identical, case and overall verdicts, summary counts) must
 // agree with the records. So render_json(read_report_json(p)) reproduces the file
-// written by render_json byte for byte.
+// written by render_json byte for byte. A report of an earlier schema_version is
+// refused (exit 2, "re-run the command that wrote the report"): no such report is
+// kept in the repository (reports/baselines/ holds benchmark CSVs and test logs).
 //
 // CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
-// order); consecutive rows with one case_id form a case. The CSV holds no
+// order; an earlier layout lacks a column and is refused naming it); consecutive
+// rows with one case_id form a case, and agree on the case's columns (verdict,
+// parameters, first_divergent_op, seconds, peak_device_bytes). The CSV holds no
 // environment, command, timestamp or skip reason, and its "parameters" column
 // ("k=v;k=v") is split at the first '=' of each ';'-separated item, so a key or
 // value holding ';' or '=' does not come back whole; a field holding a line break

@@ -221,4 +221,33 @@ std::string metric_text(double v, const char* printf_format) {
   return buf;
 }
 
+namespace {
+// `v` (< 999.5, so "%.3g" stays out of exponent notation) and its unit.
+std::string three_digits(double v, const char* unit) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3g %s", v, unit);
+  return buf;
+}
+}  // namespace
+
+std::string duration_text(double seconds) {
+  if (!(seconds > 0)) return "0 s";
+  if (seconds * 1e6 < 999.5) return three_digits(seconds * 1e6, "us");
+  if (seconds * 1e3 < 999.5) return three_digits(seconds * 1e3, "ms");
+  if (seconds < 59.95) return three_digits(seconds, "s");
+  const long s = std::lround(seconds);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%ld min %02ld s", s / 60, s % 60);
+  return buf;
+}
+
+std::string bytes_text(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  while (v >= 999.5 && u + 1 < std::size(kUnits)) v /= 1024, ++u;
+  return three_digits(v, kUnits[u]);
+}
+
 }  // namespace bp::harness

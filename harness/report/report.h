@@ -3,16 +3,19 @@
 // each written atomically (temporary in the same directory + fsync + rename, via
 // bp::io::write_file_atomic), so an error never leaves a partial report and never
 // destroys an earlier one:
-//   JSON   schema reports/schema/report.schema.json, "schema_version": 2 (2 changed
-//          ulp_histogram to the mismatch-only bins of compare.h, added first_divergent_op)
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
+//          ulp_histogram to the mismatch-only bins of compare.h, added first_divergent_op;
+//          3 added each case's seconds and peak_device_bytes)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
 //          (shapes, ulp_histogram) as "[a,b,...]".
-//   JUnit  one <testcase> per case; a mismatching case has one <failure> naming its
-//          first mismatching tensor; a skipped case has <skipped/>.
+//   JUnit  one <testcase> per case, its time attribute the case's seconds; a
+//          mismatching case has one <failure> naming its first mismatching tensor; a
+//          skipped case has <skipped/>.
 // In JSON non-finite metrics (NaN against a number) are the string "inf".
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -25,7 +28,7 @@
 
 namespace bp::harness {
 
-inline constexpr int kReportSchemaVersion = 2;
+inline constexpr int kReportSchemaVersion = 3;
 
 struct Environment {
   std::string git_commit = "unknown";
@@ -69,6 +72,15 @@ struct Case {
   // The first (layer, op) whose output differs, e.g. "layer3.mlp.down_proj", when the
   // command located it (sweep/bisect); nullopt when not looked for or not found.
   std::optional<std::string> first_divergent_op;
+  // Wall time of the case's own run (CaseEngine::run: the backend's model work, not
+  // loading the weights nor the comparison with the reference); 0 where a command
+  // times no run (diff, bisect).
+  double seconds = 0;
+  // The device memory the run peaked at; nullopt for a backend with no device (CPU).
+  std::optional<uint64_t> peak_device_bytes;
+  // (Time and peak are measurements, not results: a baseline never counts them as a
+  // change, and a case's verdict ignores them.)
+
   // kMismatch if any tensor does not match, else kExact (leaves kSkipped alone).
   void settle();
   const TensorRecord* first_mismatch() const;  // in record order; nullptr when none
@@ -92,6 +104,7 @@ std::string render_json(const Report& r);   // to_json(r).dump(2) + "\n"
 std::string render_csv(const Report& r);
 std::string render_junit(const Report& r);
 extern const std::vector<std::string> kCsvColumns;
+size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 
 // "" when `path` can take a report (its directory exists, it is not a directory),
@@ -122,5 +135,11 @@ int exit_for_read_error(const char* cmd, std::FILE* err);
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
 // finite: metrics are distances, so a non-finite one is +inf.
 std::string metric_text(double v, const char* printf_format);
+
+// For people (HTML, the sweep's lines), 3 significant digits: "850 us", "12.3 ms",
+// "4.56 s", then "2 min 05 s"; "0 s" for 0.
+std::string duration_text(double seconds);
+// "512 B", "1.5 KiB", "23.4 MiB", "1.25 GiB" (binary units, 3 significant digits).
+std::string bytes_text(uint64_t bytes);
 
 }  // namespace bp::harness

@@ -623,11 +623,13 @@ struct KvArgs {
   float *dk_part, *dv_part;
 };
 
-constexpr int kKvCols = 64;  // output columns per kv CTA: dk and dv accumulators stay at 32 registers each
+// Output columns per kv CTA: dk and dv accumulators stay at 32 registers each.
+template <int D>
+constexpr int kKvCols = D < 64 ? D : 64;
 
 template <class Model, int D>
 __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
-  constexpr int LD = kLd<D>, NT = kKvCols / 8;
+  constexpr int LD = kLd<D>, NT = kKvCols<D> / 8;
   constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
   extern __shared__ uint4 smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
@@ -645,7 +647,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   const int S = s.past_len + s.q_len, G = a.h.G, kvh = blockIdx.y;
   const int key0 = blockIdx.x * kTile, key_last = min(key0 + kTile - 1, S - 1);
   const int c = a.c_begin + static_cast<int>(blockIdx.z) / a.d_parts;
-  const int col0 = (static_cast<int>(blockIdx.z) % a.d_parts) * kKvCols;
+  const int col0 = (static_cast<int>(blockIdx.z) % a.d_parts) * kKvCols<D>;
   const int frame = a.C * G, chunk_pos0 = c * a.C, chunk_end = min(S, (c + 1) * a.C);
   // Slots before this position see no key of the tile (or are not queries): zero rows.
   const int first_pos = max(s.past_len, key0);
@@ -804,8 +806,8 @@ void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs)
   if (kn.attn_kv_block != kTile)
     throw std::invalid_argument("attention (CUDA): attn_kv_block must be 64, got " +
                                 std::to_string(kn.attn_kv_block));
-  if (dims.D != 64 && dims.D != 128)
-    throw std::invalid_argument("attention (CUDA): head_dim must be 64 or 128, got " + std::to_string(dims.D));
+  if (dims.D != 32 && dims.D != 64 && dims.D != 128)
+    throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
 }
 
 void check_aligned(std::initializer_list<const void*> ptrs) {
@@ -820,7 +822,8 @@ Heads heads(AttnDims d) { return {d.Hq, d.Hkv, d.Hq / d.Hkv, ref::attn_scale(d.D
 template <class F>
 void with_shape(const Knobs& kn, int D, F&& f) {
   with_dot_model(kn.dot, [&](auto model) {
-    if (D == 64) f(model, std::integral_constant<int, 64>{});
+    if (D == 32) f(model, std::integral_constant<int, 32>{});
+    else if (D == 64) f(model, std::integral_constant<int, 64>{});
     else f(model, std::integral_constant<int, 128>{});
   });
 }
@@ -964,12 +967,11 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
   const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
   const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
   if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
-  const int d_parts = dims.D / kKvCols;
-  const KvArgs args{seq, heads(dims), C, c_begin, d_parts, q, k, v, o, dout, m, l, dk_part, dv_part};
-  const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
-                  static_cast<unsigned>(n_chunks * d_parts));
   with_shape(kn, dims.D, [&](auto model, auto d) {
-    constexpr int D = decltype(d)::value;
+    constexpr int D = decltype(d)::value, d_parts = D / kKvCols<D>;
+    const KvArgs args{seq, heads(dims), C, c_begin, d_parts, q, k, v, o, dout, m, l, dk_part, dv_part};
+    const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
+                    static_cast<unsigned>(n_chunks * d_parts));
     launch(attn_kv_kernel<decltype(model), D>, grid, kv_smem<D>(), stream, args);
   });
   return n_chunks;

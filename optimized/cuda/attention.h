@@ -4,7 +4,7 @@
 // the query tiles and key splits from them and uploads a small task list.
 // Everything is asynchronous on `stream` (scratch is stream-ordered).
 //
-// Supported here: head_dim 64 or 128 and attn_kv_block 64 (the v1 contracts); any
+// Supported here: head_dim 32, 64 or 128 and attn_kv_block 64 (the v1 contracts); any
 // attn_kv_split (a multiple of the block), grad_token_chunk and GQA group. Other
 // shapes throw std::invalid_argument, as bad knobs do in the reference.
 #pragma once

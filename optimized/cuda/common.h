@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -65,6 +66,8 @@ class DeviceBuffer {
 
   T* get() { return ptr_; }
   const T* get() const { return ptr_; }
+  T* data() { return ptr_; }  // the std::vector spelling, for code written over both (model/)
+  const T* data() const { return ptr_; }
   size_t size() const { return n_; }
 
   // The whole buffer, once the stream's earlier work is done.
@@ -90,6 +93,34 @@ std::vector<T> copy_to_host(const T* device, size_t n, cudaStream_t stream) {
 template <class T>
 std::vector<T> DeviceBuffer<T>::download() const {
   return copy_to_host(ptr_, n_, stream_);
+}
+
+// Why the kernels cannot run here (they are built for Hopper, sm_90 / sm_90a
+// only): no device, or device 0 is not sm_90; empty when they can.
+inline std::string no_hopper_reason() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) return std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9 || prop.minor != 0)
+    return std::string(prop.name) + " is not a Hopper GPU (sm_90)";
+  return {};
+}
+
+// The peak of device memory that DeviceBuffer (the stream-ordered allocator's
+// default pool of device 0) has held since the last reset, in bytes.
+inline void reset_pool_peak() {
+  cudaMemPool_t pool;
+  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t zero = 0;
+  BP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+}
+inline uint64_t pool_peak_bytes() {
+  cudaMemPool_t pool;
+  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t high = 0;
+  BP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return high;
 }
 
 }  // namespace bp::cuda

@@ -1,5 +1,6 @@
 // Device-side helpers shared by the kernels of optimized/cuda/: launch sizes, a
-// grid-stride loop, and the contract's row reduction (SPEC.md §2.4.2).
+// grid-stride loop, 16-byte vector access to bf16 and fp32 arrays, and the
+// contract's row reduction (SPEC.md §2.4.2).
 //
 // A row's lane_sum is computed by a team of threads: lane l adds the runs
 // r = l, l + L, l + 2L, ... (r·vec .. r·vec + vec) in increasing index from +0,
@@ -23,6 +24,7 @@
 #include <string>
 #include <type_traits>
 
+#include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
 #include "reference/numerics/reduce.h"
 
@@ -50,6 +52,64 @@ __device__ void for_each_index(size_t n, F&& f) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) f(i);
 }
 
+// ---- 16-byte accesses ---------------------------------------------------------
+// The bandwidth-bound kernels move kPack bf16 (16 bytes) per load or store where
+// every pointer is 16-byte aligned and the sizes are multiples of kPack, and take
+// a scalar path otherwise. Only the access width changes: each element still goes
+// through the same arithmetic, in the same order, as in the scalar path.
+constexpr int kPack = 8;
+
+__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// kPack consecutive bf16 in one 16-byte register quad: element j is the low (j even)
+// or high (j odd) half of word j / 2, the little-endian memory layout.
+struct Bf16x8 {
+  uint4 bits;
+
+  __device__ bf16 operator[](int j) const {  // j is a constant after unrolling
+    const uint32_t w = j < 2 ? bits.x : j < 4 ? bits.y : j < 6 ? bits.z : bits.w;
+    return bf16{static_cast<uint16_t>(j % 2 ? w >> 16 : w & 0xffffu)};
+  }
+  // The pack of value(0), ..., value(kPack - 1), evaluated in that order.
+  template <class F>
+  __device__ static Bf16x8 of(F&& value) {
+    uint32_t w[kPack / 2];
+#pragma unroll
+    for (int k = 0; k < kPack / 2; ++k) {
+      const uint32_t lo = value(2 * k).bits;
+      const uint32_t hi = value(2 * k + 1).bits;
+      w[k] = lo | hi << 16;
+    }
+    return {make_uint4(w[0], w[1], w[2], w[3])};
+  }
+};
+
+// p must be 16-byte aligned. Plain (coherent) loads: the buffers may alias an output.
+__device__ inline Bf16x8 load8(const bf16* p) { return {*reinterpret_cast<const uint4*>(p)}; }
+__device__ inline void store8(bf16* p, Bf16x8 v) { *reinterpret_cast<uint4*>(p) = v.bits; }
+
+// kPack consecutive floats as two 16-byte loads; p must be 16-byte aligned.
+struct F32x8 {
+  float v[kPack];
+};
+__device__ inline F32x8 load8(const float* p) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  return {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+}
+
+// An elementwise pass over [0, n): pack(i) for i = 0, kPack, 2·kPack, ... while
+// i + kPack <= n when `packed`, one(i) for every other index (all of them when not
+// packed); the whole grid strides over the packs, then over the rest.
+template <class Pack, class One>
+__device__ void for_each_packed(size_t n, bool packed, Pack&& pack, One&& one) {
+  const size_t packs = packed ? n / kPack : 0, rest = packs * kPack;
+  for_each_index(packs, [&](size_t p) { pack(p * kPack); });
+  for_each_index(n - rest, [&](size_t k) { one(rest + k); });
+}
+
+// Blocks for for_each_packed: one thread per pack (or per element when not packed).
+inline unsigned grid_for_packed(size_t n, bool packed) { return grid_for(packed ? (n + kPack - 1) / kPack : n); }
+
 // The lane tree needs one block of `lanes` threads; CUDA blocks hold at most 1024.
 inline void check_lane_shape(LaneShape shape, const char* op) {
   if (shape.lanes < kWarp || shape.lanes > kMaxTeamThreads || shape.lanes % kWarp != 0 || shape.vec < 1)
@@ -71,6 +131,15 @@ void with_row_team(int n, LaneShape shape, F&& f) {
     f(std::false_type{});
 }
 
+// Calls f(std::bool_constant<flag>{}): a run-time choice made a template argument.
+template <class F>
+void with_flag(bool flag, F&& f) {
+  if (flag)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // Calls f(i) for the indices of `lane` in the order that lane adds them.
 template <class F>
 __device__ void for_lane_indices(int lane, int n, LaneShape shape, F&& f) {
@@ -78,6 +147,53 @@ __device__ void for_lane_indices(int lane, int n, LaneShape shape, F&& f) {
   for (int start = lane * shape.vec; start < n; start += stride) {
     const int end = min(start + shape.vec, n);
     for (int i = start; i < end; ++i) f(i);
+  }
+}
+
+// A row team lane's elements as 16-byte packs, for rows where row_packed holds:
+// pack k (k = 0, 1, ...) starts at element start(k), in the order the lane adds its
+// elements (runs r = lane, lane + L, ..., each run vec / kPack packs in index
+// order), so a lane that adds the kPack elements of its packs in turn adds exactly
+// what for_lane_indices gives it, in the same order.
+struct LanePacks {
+  int lane, n;
+  LaneShape shape;
+
+  __device__ int start(int k) const {
+    const int per_run = shape.vec / kPack;
+    return (lane + k / per_run * shape.lanes) * shape.vec + k % per_run * kPack;
+  }
+  // n is a multiple of kPack, so a pack that starts inside the row ends inside it.
+  __device__ bool has(int k) const { return start(k) < n; }
+  // f(start(k)) for k = 0, 1, ... while the pack is in the row.
+  template <class F>
+  __device__ void for_each(F&& f) const {
+    for (int k = 0; has(k); ++k) f(start(k));
+  }
+};
+
+// Whether every lane's elements of a row of n are whole 16-byte packs: vec and n
+// multiples of kPack (the caller checks the pointers' alignment).
+inline bool row_packed(int n, LaneShape shape) { return shape.vec % kPack == 0 && n % kPack == 0; }
+
+// The most packs one lane holds of a packed row of n.
+inline int lane_packs_max(int n, LaneShape shape) {
+  const int runs = (n + shape.vec - 1) / shape.vec;
+  return (runs + shape.lanes - 1) / shape.lanes * (shape.vec / kPack);
+}
+
+// f(row[i]) for the indices i of `lane` in the order that lane adds them: by 16-byte
+// packs (kPacked: row_packed(n, shape) and `row` 16-byte aligned) or one by one.
+template <bool kPacked, class F>
+__device__ void for_lane_values(const bf16* row, int lane, int n, LaneShape shape, F&& f) {
+  if constexpr (kPacked) {
+    LanePacks{lane, n, shape}.for_each([&](int i) {
+      const Bf16x8 pack = load8(row + i);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) f(pack[j]);
+    });
+  } else {
+    for_lane_indices(lane, n, shape, [&](int i) { f(row[i]); });
   }
 }
 

@@ -79,8 +79,6 @@ __global__ void scatter_kernel(const int32_t* __restrict__ ids, const int32_t* _
   dtable[static_cast<size_t>(ids[k]) * H + h] = tree.finish();
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void embedding_fwd(const Knobs&, const int32_t* tokens, const bf16* table, bf16* out, int T, int V, int H,

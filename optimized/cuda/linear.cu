@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/ptx.cuh"
@@ -318,8 +320,9 @@ __device__ void store_outputs(const Problem& p, const Dot& d, int row0, int col0
   }
 }
 
+// The CTA's output tile at (row0, col0) of problem p, over the whole reduction.
 template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
-__global__ void __launch_bounds__(Cfg::kThreads) linear_kernel(const Problem p) {
+__device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
   using Dot = DotT<Cfg, MA, MB>;
   using TA = SmemTile<MA, Cfg::kBM>;
   using TB = SmemTile<MB, Cfg::kBN>;
@@ -327,7 +330,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) linear_kernel(const Problem p) 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
 
-  const int row0 = blockIdx.y * Cfg::kBM, col0 = blockIdx.x * Cfg::kBN;
   const int stages_per_chunk = (p.chunk + kBK - 1) / kBK;
   const int stages = p.chunks * stages_per_chunk;
   // Reduction elements of stage s that belong to its chunk (<= 0: none).
@@ -361,18 +363,54 @@ __global__ void __launch_bounds__(Cfg::kThreads) linear_kernel(const Problem p) 
   }
 }
 
+template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads) linear_kernel(const Problem p) {
+  gemm_tile<Cfg, DotT, MA, MB>(p, blockIdx.y * Cfg::kBM, blockIdx.x * Cfg::kBN);
+}
+
+// One CTA per entry of the tile table: tile (problem, row0, col0) of a grouped launch.
+struct GroupTile {
+  int problem, row0, col0;
+};
+
+template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    grouped_kernel(const Problem* __restrict__ problems, const GroupTile* __restrict__ tiles) {
+  const GroupTile tile = tiles[blockIdx.x];
+  const Problem p = problems[tile.problem];
+  gemm_tile<Cfg, DotT, MA, MB>(p, tile.row0, tile.col0);
+}
+
 // --- host side ------------------------------------------------------------------
+template <class Cfg, Major MA, Major MB>
+constexpr size_t kSmemBytes =
+    sizeof(bf16) * Cfg::kStages * (SmemTile<MA, Cfg::kBM>::kElems + SmemTile<MB, Cfg::kBN>::kElems);
+
+// Above 48 KB a kernel needs the opt-in; the caller holds the result in a static,
+// so it is asked once per instantiation.
+template <class Kernel>
+cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
 template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
 void launch(const Problem& p, cudaStream_t stream) {
-  constexpr size_t kSmem =
-      sizeof(bf16) * Cfg::kStages * (SmemTile<MA, Cfg::kBM>::kElems + SmemTile<MB, Cfg::kBN>::kElems);
+  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
   const auto kernel = linear_kernel<Cfg, DotT, MA, MB>;
-  // Above 48 KB a kernel needs the opt-in; once per instantiation.
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
   BP_CUDA_CHECK(opt_in);
   const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
+void launch_grouped(const Problem* problems, const GroupTile* tiles, size_t count, cudaStream_t stream) {
+  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
+  const auto kernel = grouped_kernel<Cfg, DotT, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
+  BP_CUDA_CHECK(opt_in);
+  kernel<<<static_cast<unsigned>(count), Cfg::kThreads, kSmem, stream>>>(problems, tiles);
   BP_CUDA_CHECK_LAUNCH();
 }
 
@@ -430,6 +468,49 @@ void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
   else run_with_dot<SimtFmaDot, MA, MB>(p, stream);
 }
 
+// Problems of one grouped launch (same chunking, any sizes): one tile config for
+// all, the 16-row tile when every problem is decode-sized, else the 64 × 64 tile,
+// whose many CTAs fill the GPU over small groups. The chunk-tree levels past the
+// registers get one scratch plane set per problem.
+template <template <class, Major, Major> class DotT, Major MA, Major MB>
+void run_grouped_with_dot(std::vector<Problem> problems, cudaStream_t stream) {
+  int max_m = 0;
+  for (const Problem& p : problems) max_m = std::max(max_m, p.m);
+  auto run = [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    std::vector<size_t> spill_at(problems.size());
+    size_t spill_elems = 0;
+    std::vector<GroupTile> tiles;
+    for (size_t g = 0; g < problems.size(); ++g) {
+      const Problem& p = problems[g];
+      spill_at[g] = spill_elems;
+      spill_elems += static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * p.m * p.n;
+      for (int r = 0; r < p.m; r += Cfg::kBM)
+        for (int c = 0; c < p.n; c += Cfg::kBN) tiles.push_back({static_cast<int>(g), r, c});
+    }
+    DeviceBuffer<float> spill(spill_elems, stream);
+    for (size_t g = 0; g < problems.size(); ++g) problems[g].spill = spill.get() ? spill.get() + spill_at[g] : nullptr;
+    const DeviceBuffer<Problem> d_problems(problems, stream);
+    const DeviceBuffer<GroupTile> d_tiles(tiles, stream);
+    launch_grouped<Cfg, DotT, MA, MB>(d_problems.get(), d_tiles.get(), tiles.size(), stream);
+  };
+  if (max_m <= SmallTile::kBM) run(SmallTile{});
+  else run(MidTile{});
+}
+
+template <Major MA, Major MB>
+void run_grouped(DotModel model, const std::vector<Problem>& problems, cudaStream_t stream) {
+  std::vector<Problem> launched;
+  for (const Problem& p : problems) {
+    if (p.m == 0 || p.n == 0) continue;
+    if (p.chunks == 0) run_gemm<MA, MB>(model, p, stream);  // the +0 fill
+    else launched.push_back(p);
+  }
+  if (launched.empty()) return;
+  if (model == DotModel::Sm90Tc) run_grouped_with_dot<TensorCoreDot, MA, MB>(std::move(launched), stream);
+  else run_grouped_with_dot<SimtFmaDot, MA, MB>(std::move(launched), stream);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // An operand whose reduction index is contiguous: 16-byte runs stay inside one
@@ -455,14 +536,18 @@ void check_sizes(int T, int K, int N) {
 }
 
 // out[t][n] over K (forward): x [T][K] and w [N][K], both reduction-contiguous.
-void forward(const Knobs& kn, const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
-             int k_chunks, cudaStream_t stream) {
+Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
+                        int k_chunks) {
   check_sizes(T, K, N);
   check_chunks(K, k_chunks, "K");
   const int chunk = K / k_chunks;
-  const Problem p{red_major(x, K, T, K, chunk), red_major(w, K, N, K, chunk), T, N, K, chunk,
-                  K == 0 ? 0 : k_chunks, out_f32, out_bf16, nullptr};
-  run_gemm<Major::Red, Major::Red>(kn.dot, p, stream);
+  return Problem{red_major(x, K, T, K, chunk), red_major(w, K, N, K, chunk), T, N, K, chunk,
+                 K == 0 ? 0 : k_chunks, out_f32, out_bf16, nullptr};
+}
+
+void forward(const Knobs& kn, const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
+             int k_chunks, cudaStream_t stream) {
+  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, out_f32, out_bf16, T, K, N, k_chunks), stream);
 }
 
 // out[t][k] over N (input gradient): dy [T][N] reduction-contiguous, w [N][K] read
@@ -487,6 +572,18 @@ void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
                 cudaStream_t stream) {
   forward(kn, x, w, nullptr, y, T, K, N, k_chunks, stream);
+}
+
+void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int k_chunks,
+                        cudaStream_t stream) {
+  std::vector<Problem> problems;
+  for (int g = 0; g < count; ++g) {
+    const LinearGroup& lg = groups[g];
+    if ((lg.acc == nullptr) == (lg.y == nullptr))
+      throw std::invalid_argument("linear_fwd_grouped: group " + std::to_string(g) + " needs exactly one of acc, y");
+    problems.push_back(forward_problem(lg.x, lg.w, lg.acc, lg.y, lg.T, K, N, k_chunks));
+  }
+  run_grouped<Major::Red, Major::Red>(kn.dot, problems, stream);
 }
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,

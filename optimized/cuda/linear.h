@@ -19,6 +19,21 @@ void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
                 cudaStream_t stream = 0);
 
+// One GEMM of a grouped forward: x [T][K] times w [N][K] (K and N shared by the
+// launch) into exactly one of acc (fp32, as linear_acc) or y (bf16, as linear_fwd).
+struct LinearGroup {
+  const bf16* x;
+  const bf16* w;
+  int T;
+  float* acc;
+  bf16* y;
+};
+
+// Every group's linear_acc / linear_fwd (the same bits) in one launch over a device
+// table of all groups' output tiles; `groups` is a host array of `count`.
+void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int k_chunks,
+                        cudaStream_t stream = 0);
+
 // dx[t][k] = R(dot over N of dy[t][:] · w[:][k]), cut into n_chunks.
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
                   cudaStream_t stream = 0);

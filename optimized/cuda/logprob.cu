@@ -1,8 +1,11 @@
 // logprob on the GPU (SPEC.md §5.10): one team (device_util.cuh) per (row, chunk)
 // for the chunk maxima and the chunk sums of exp and of the entropy terms, one
-// thread per row for the combines, one per logit for the backward. The per-element
-// arithmetic is the reference's own (the __host__ __device__ helpers of
-// reference/ops/logprob.h).
+// thread per row for the combines, one per 8 logits for the backward. Where the
+// chunks are whole 16-byte packs (chunk_len, vec and ld multiples of 8, aligned
+// pointers) every pass reads the logits with 16-byte loads, each lane taking its
+// elements in its adding order (for_lane_values), else one bf16 at a time. The
+// per-element arithmetic is the reference's own (the __host__ __device__ helpers of
+// reference/ops/logprob.h), in the same order on either path.
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -52,7 +55,7 @@ struct ChunkOfTeam {
 };
 
 // max_nan is commutative and associative: any lane order and tree give its bits.
-template <bool kWarpPerRow>
+template <bool kWarpPerRow, bool kPacked>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                      LaneShape shape, float* __restrict__ chunk_max, int out_ld) {
@@ -62,7 +65,8 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   const ChunkOfTeam at(team.row, n_chunks);
   const bf16* c = at.start(logits, ld, chunk_len);
   float m = kNegInf;
-  for_lane_indices(team.lane, chunk_len, shape, [&](int i) { m = ref::max_nan(m, ref::scaled_logit(c[i], temp)); });
+  for_lane_values<kPacked>(c, team.lane, chunk_len, shape,
+                           [&](bf16 l) { m = ref::max_nan(m, ref::scaled_logit(l, temp)); });
   m = team.reduce(m, warp_totals, MaxNan{});
   if (team.lane == 0) chunk_max[static_cast<int64_t>(at.t) * out_ld + at.j] = m;
 }
@@ -77,7 +81,7 @@ __global__ void row_max_kernel(const float* __restrict__ chunk_max, int T, int C
 
 // The lane sums of exp(d) and (with tsum) of entropy_term(exp(d), d), d = x − M,
 // in one pass: each is the reference's lane_sum over the chunk-local indices.
-template <bool kWarpPerRow>
+template <bool kWarpPerRow, bool kPacked>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                       LaneShape shape, const float* __restrict__ row_max, float* __restrict__ chunk_sum,
@@ -89,8 +93,8 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   const bf16* c = at.start(logits, ld, chunk_len);
   const float M = row_max[at.t];
   float s = 0.0f, w = 0.0f;
-  for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
-    const float d = ref::shifted_diff(ref::scaled_logit(c[i], temp), M);
+  for_lane_values<kPacked>(c, team.lane, chunk_len, shape, [&](bf16 l) {
+    const float d = ref::shifted_diff(ref::scaled_logit(l, temp), M);
     const float e = math::exp(d);
     s = add_rn(s, e);
     if (chunk_tsum) w = add_rn(w, ref::entropy_term(e, d));
@@ -129,28 +133,51 @@ __global__ void combine_kernel(const float* __restrict__ chunk_sum, const float*
   });
 }
 
+// dl = R((c·(δ − p)) ÷ τ), p = exp(x − M) ÷ S, for the logit l of row t at vocabulary index v.
+struct RowGrad {
+  float temp, M, S, coef;
+  int target;
+  __device__ bf16 operator()(bf16 l, int64_t v) const {
+    const float p = div_rn(ref::shifted_exp(ref::scaled_logit(l, temp), M), S);
+    const float delta = v == target ? 1.0f : 0.0f;
+    return round_bf16(div_rn(mul_rn(coef, sub_rn(delta, p)), temp));
+  }
+};
+
+// One thread per kStep logits of a row: kStep = 8 (16-byte loads and stores) where
+// vocab_len and ld are multiples of 8 and the pointers 16-byte aligned, else 1.
+template <int kStep>
 __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                                  const int32_t* __restrict__ targets, const float* __restrict__ coef,
                                  const float* __restrict__ row_max, const float* __restrict__ row_sum, float temp,
                                  bf16* __restrict__ dlogits) {
-  for_each_index(static_cast<size_t>(T) * vocab_len, [&](size_t idx) {
-    const int64_t t = static_cast<int64_t>(idx / vocab_len), v = static_cast<int64_t>(idx % vocab_len);
+  const int steps = vocab_len / kStep;
+  for_each_index(static_cast<size_t>(T) * steps, [&](size_t idx) {
+    const int64_t t = static_cast<int64_t>(idx / steps), v = static_cast<int64_t>(idx % steps) * kStep;
     const int64_t at = t * ld + v;
-    const float p = div_rn(ref::shifted_exp(ref::scaled_logit(logits[at], temp), row_max[t]), row_sum[t]);
-    const float delta = vocab_begin + v == targets[t] ? 1.0f : 0.0f;
-    dlogits[at] = round_bf16(div_rn(mul_rn(coef[t], sub_rn(delta, p)), temp));
+    const RowGrad grad{temp, row_max[t], row_sum[t], coef[t], targets[t]};
+    if constexpr (kStep == kPack) {
+      const Bf16x8 l = load8(logits + at);
+      store8(dlogits + at, Bf16x8::of([&](int j) { return grad(l[j], vocab_begin + v + j); }));
+    } else {
+      dlogits[at] = grad(logits[at], vocab_begin + v);
+    }
   });
 }
 
-// Launches kernel<kWarpPerRow> with one team per (row, slice chunk).
+// Launches kernel<kWarpPerRow, kPacked> with one team per (row, slice chunk).
 template <class Launch>
-void per_chunk_teams(const Knobs& kn, int T, int chunk_len, int n_chunks, cudaStream_t stream, Launch launch) {
+void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                     cudaStream_t stream, Launch launch) {
   check_lane_shape(kn.row_reduce, "logprob");
   const int teams = T * n_chunks;
   if (teams == 0) return;
+  const bool packed = row_packed(chunk_len, kn.row_reduce) && ld % kPack == 0 && aligned16(logits);
   with_row_team(chunk_len, kn.row_reduce, [&](auto warp_per_row) {
-    using Team = RowTeam<decltype(warp_per_row)::value>;
-    launch(warp_per_row, Team::grid(teams), Team::block(kn.row_reduce), stream);
+    with_flag(packed, [&](auto packed_flag) {
+      using Team = RowTeam<decltype(warp_per_row)::value>;
+      launch(warp_per_row, packed_flag, Team::grid(teams), Team::block(kn.row_reduce), stream);
+    });
   });
   BP_CUDA_CHECK_LAUNCH();
 }
@@ -160,8 +187,9 @@ void per_chunk_teams(const Knobs& kn, int T, int chunk_len, int n_chunks, cudaSt
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                        float* chunk_max, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, T, chunk_len, n_chunks, stream, [&](auto warp_per_row, dim3 grid, dim3 block, cudaStream_t s) {
-    chunk_max_kernel<decltype(warp_per_row)::value>
+  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, stream,
+                  [&](auto warp_per_row, auto packed, dim3 grid, dim3 block, cudaStream_t s) {
+    chunk_max_kernel<decltype(warp_per_row)::value, decltype(packed)::value>
         <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, chunk_max, out_ld);
   });
 }
@@ -175,8 +203,9 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                         const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, T, chunk_len, n_chunks, stream, [&](auto warp_per_row, dim3 grid, dim3 block, cudaStream_t s) {
-    chunk_sums_kernel<decltype(warp_per_row)::value><<<grid, block, 0, s>>>(
+  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, stream,
+                  [&](auto warp_per_row, auto packed, dim3 grid, dim3 block, cudaStream_t s) {
+    chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value><<<grid, block, 0, s>>>(
         logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, row_max, chunk_sum, chunk_tsum, out_ld);
   });
 }
@@ -222,8 +251,12 @@ void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int 
   check_temperature(temp);
   const size_t n = static_cast<size_t>(T) * vocab_len;
   if (n == 0) return;
-  bwd_slice_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets, coef,
-                                                              row_max, row_sum, temp, dlogits);
+  if (vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits))
+    bwd_slice_kernel<kPack><<<grid_for(n / kPack), kBlockThreads, 0, stream>>>(
+        logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, temp, dlogits);
+  else
+    bwd_slice_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets,
+                                                                   coef, row_max, row_sum, temp, dlogits);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,8 +1,19 @@
 // rmsnorm on the GPU (SPEC.md §5.2): one team per row (a block of row_reduce.lanes
 // threads, or a warp for rows of at most 32 runs, as the q/k norms over head_dim
-// 128), the row sums by the contract's lane tree (row_reduce.cuh); dw as the
+// 128), the row sums by the contract's lane tree (device_util.cuh); dw as the
 // token-chunked dot of the reference, one thread per (feature, token chunk) and
 // one per feature for the pairwise tree over the chunk partials.
+//
+// Packed rows (vec and n multiples of 8, 16-byte aligned pointers, at most
+// kMaxCachedPacks packs per lane: n <= 8192 at 256 x 8) are read once from global
+// memory with 16-byte loads: each lane keeps its kPacks packs in registers from the
+// sum to the per-element pass (kPacks = 1 at n = 2048, so that 8 blocks of 256 fit
+// an SM's registers). Other rows take the scalar path (kPacks = 0), which reads the
+// row twice. Both paths apply the same per-element functions below, and each lane
+// adds its terms in the same order (LanePacks), so they give the same bits.
+#include <initializer_list>
+#include <type_traits>
+
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/rmsnorm.h"
@@ -12,15 +23,60 @@
 namespace bp::cuda {
 namespace {
 
+// Most packs of a row one lane holds in registers (uint4 each: x, and dy in the backward).
+constexpr int kMaxCachedPacks = 4;
+
 // t = R(f(x)·r): the normalised value before the weight (forward and dw).
 __device__ bf16 normed(bf16 x, float r) { return round_bf16(mul_rn(widen(x), r)); }
 
 // g = f(dy)·f(w): the gradient with respect to t.
 __device__ float grad_t(bf16 dy, bf16 w) { return mul_rn(widen(dy), widen(w)); }
 
+// The forward's term f(x)·f(x), its r from the row sum, and its output R(f(w)·f(t)).
+__device__ float square(bf16 x) { return mul_rn(widen(x), widen(x)); }
+__device__ float rstd_of(float ss, int n, float eps) {
+  return math::rsqrt(add_rn(div_rn(ss, static_cast<float>(n)), eps));
+}
+__device__ bf16 fwd_value(bf16 x, bf16 w, float r) { return round_bf16(mul_rn(widen(w), widen(normed(x, r)))); }
+
+// The backward's term g·f(x), its coefficient c = r³·(s/n) and dx = R(r·g − f(x)·c).
+__device__ float bwd_term(bf16 x, bf16 w, bf16 dy) { return mul_rn(grad_t(dy, w), widen(x)); }
+__device__ float bwd_coef(float s, int n, float r) {
+  return mul_rn(mul_rn(mul_rn(r, r), r), div_rn(s, static_cast<float>(n)));
+}
+__device__ bf16 dx_value(bf16 x, bf16 w, bf16 dy, float r, float coef) {
+  return round_bf16(sub_rn(mul_rn(r, grad_t(dy, w)), mul_rn(widen(x), coef)));
+}
+
+// The packs per lane the kernels keep for rows of n at these addresses: 1, 2 or 4
+// (at least lane_packs_max), or 0 for the scalar path.
+int cached_packs(int n, LaneShape shape, std::initializer_list<const void*> rows) {
+  for (const void* p : rows)
+    if (!aligned16(p)) return 0;
+  if (!row_packed(n, shape)) return 0;
+  const int packs = lane_packs_max(n, shape);
+  return packs <= 1 ? 1 : packs <= 2 ? 2 : packs <= kMaxCachedPacks ? kMaxCachedPacks : 0;
+}
+
+// Launches kernel<kWarpPerRow, kPacks> on `rows` row teams, kPacks = cached_packs(...).
+template <class Launch>
+void launch_row_teams(int rows, int n, LaneShape shape, int packs, Launch launch) {
+  with_row_team(n, shape, [&](auto warp_per_row) {
+    using Team = RowTeam<decltype(warp_per_row)::value>;
+    const auto go = [&](auto cached) { launch(warp_per_row, cached, Team::grid(rows), Team::block(shape)); };
+    switch (packs) {
+      case 0: go(std::integral_constant<int, 0>{}); break;
+      case 1: go(std::integral_constant<int, 1>{}); break;
+      case 2: go(std::integral_constant<int, 2>{}); break;
+      default: go(std::integral_constant<int, kMaxCachedPacks>{}); break;
+    }
+  });
+  BP_CUDA_CHECK_LAUNCH();
+}
+
 // x and out may be the same buffer: every read of the row precedes the team's
 // tree, every write follows it.
-template <bool kWarpPerRow>
+template <bool kWarpPerRow, int kPacks>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     rmsnorm_fwd_kernel(const bf16* x, const bf16* __restrict__ w, float eps, bf16* out, float* __restrict__ rstd,
                        int rows, int n, LaneShape shape) {
@@ -29,15 +85,39 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   if (team.row >= rows) return;  // uniform over the team
   const size_t at = static_cast<size_t>(team.row) * n;
   const bf16* xr = x + at;
-  const float ss = team.tree(
-      lane_partial(team.lane, n, shape, [&](int i) { return mul_rn(widen(xr[i]), widen(xr[i])); }), warp_totals);
-  const float r = math::rsqrt(add_rn(div_rn(ss, static_cast<float>(n)), eps));
-  if (team.lane == 0) rstd[team.row] = r;
-  for (int i = team.lane; i < n; i += team.size) out[at + i] = round_bf16(mul_rn(widen(w[i]), widen(normed(xr[i], r))));
+  bf16* outr = out + at;
+  if constexpr (kPacks > 0) {
+    const LanePacks packs{team.lane, n, shape};
+    Bf16x8 xs[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k)) xs[k] = load8(xr + packs.start(k));  // all loads in flight before the first add
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k))
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) acc = add_rn(acc, square(xs[k][j]));
+    const float r = rstd_of(team.tree(acc, warp_totals), n, eps);
+    if (team.lane == 0) rstd[team.row] = r;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k)) {
+        const int i = packs.start(k);
+        const Bf16x8 ws = load8(w + i);
+        store8(outr + i, Bf16x8::of([&](int j) { return fwd_value(xs[k][j], ws[j], r); }));
+      }
+  } else {
+    const float r = rstd_of(team.tree(lane_partial(team.lane, n, shape, [&](int i) { return square(xr[i]); }),
+                                      warp_totals),
+                            n, eps);
+    if (team.lane == 0) rstd[team.row] = r;
+    for (int i = team.lane; i < n; i += team.size) outr[i] = fwd_value(xr[i], w[i], r);
+  }
 }
 
 // dx = R(r·g − f(x)·c) with c = r³·(lane_sum(g·f(x))/n); also t = R(f(x)·r) for dw.
-template <bool kWarpPerRow>
+template <bool kWarpPerRow, int kPacks>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     rmsnorm_dx_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ rstd,
                       const bf16* __restrict__ dy, bf16* __restrict__ dx, bf16* __restrict__ t, int rows, int n,
@@ -48,13 +128,40 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   const size_t at = static_cast<size_t>(team.row) * n;
   const bf16 *xr = x + at, *dyr = dy + at;
   const float r = rstd[team.row];
-  const float s =
-      team.tree(lane_partial(team.lane, n, shape, [&](int i) { return mul_rn(grad_t(dyr[i], w[i]), widen(xr[i])); }),
-                warp_totals);
-  const float coef = mul_rn(mul_rn(mul_rn(r, r), r), div_rn(s, static_cast<float>(n)));
-  for (int i = team.lane; i < n; i += team.size) {
-    dx[at + i] = round_bf16(sub_rn(mul_rn(r, grad_t(dyr[i], w[i])), mul_rn(widen(xr[i]), coef)));
-    t[at + i] = normed(xr[i], r);
+  if constexpr (kPacks > 0) {
+    const LanePacks packs{team.lane, n, shape};
+    Bf16x8 xs[kPacks], dys[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k)) {
+        xs[k] = load8(xr + packs.start(k));
+        dys[k] = load8(dyr + packs.start(k));
+      }
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k)) {
+        const Bf16x8 ws = load8(w + packs.start(k));
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) acc = add_rn(acc, bwd_term(xs[k][j], ws[j], dys[k][j]));
+      }
+    const float coef = bwd_coef(team.tree(acc, warp_totals), n, r);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (packs.has(k)) {
+        const int i = packs.start(k);
+        const Bf16x8 ws = load8(w + i);
+        store8(dx + at + i, Bf16x8::of([&](int j) { return dx_value(xs[k][j], ws[j], dys[k][j], r, coef); }));
+        store8(t + at + i, Bf16x8::of([&](int j) { return normed(xs[k][j], r); }));
+      }
+  } else {
+    const float s = team.tree(
+        lane_partial(team.lane, n, shape, [&](int i) { return bwd_term(xr[i], w[i], dyr[i]); }), warp_totals);
+    const float coef = bwd_coef(s, n, r);
+    for (int i = team.lane; i < n; i += team.size) {
+      dx[at + i] = dx_value(xr[i], w[i], dyr[i], r, coef);
+      t[at + i] = normed(xr[i], r);
+    }
   }
 }
 
@@ -82,13 +189,11 @@ void rmsnorm_fwd(const Knobs& kn, const bf16* x, const bf16* w, float eps, bf16*
   check_lane_shape(kn.row_reduce, "rmsnorm");
   const int rows = T * heads;
   if (rows == 0 || n == 0) return;
-  with_row_team(n, kn.row_reduce, [&](auto warp_per_row) {
-    constexpr bool kWarpPerRow = decltype(warp_per_row)::value;
-    using Team = RowTeam<kWarpPerRow>;
-    rmsnorm_fwd_kernel<kWarpPerRow>
-        <<<Team::grid(rows), Team::block(kn.row_reduce), 0, stream>>>(x, w, eps, out, rstd, rows, n, kn.row_reduce);
+  const int packs = cached_packs(n, kn.row_reduce, {x, w, out});
+  launch_row_teams(rows, n, kn.row_reduce, packs, [&](auto warp_per_row, auto cached, dim3 grid, dim3 block) {
+    rmsnorm_fwd_kernel<decltype(warp_per_row)::value, decltype(cached)::value>
+        <<<grid, block, 0, stream>>>(x, w, eps, out, rstd, rows, n, kn.row_reduce);
   });
-  BP_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_bwd(const Knobs& kn, const bf16* x, const bf16* w, const float* rstd, const bf16* dy, bf16* dx, float* dw,
@@ -101,13 +206,11 @@ void rmsnorm_bwd(const Knobs& kn, const bf16* x, const bf16* w, const float* rst
     return;
   }
   DeviceBuffer<bf16> t(static_cast<size_t>(rows) * n, stream);
-  with_row_team(n, kn.row_reduce, [&](auto warp_per_row) {
-    constexpr bool kWarpPerRow = decltype(warp_per_row)::value;
-    using Team = RowTeam<kWarpPerRow>;
-    rmsnorm_dx_kernel<kWarpPerRow><<<Team::grid(rows), Team::block(kn.row_reduce), 0, stream>>>(
-        x, w, rstd, dy, dx, t.get(), rows, n, kn.row_reduce);
+  const int packs = cached_packs(n, kn.row_reduce, {x, w, dy, dx, t.get()});
+  launch_row_teams(rows, n, kn.row_reduce, packs, [&](auto warp_per_row, auto cached, dim3 grid, dim3 block) {
+    rmsnorm_dx_kernel<decltype(warp_per_row)::value, decltype(cached)::value>
+        <<<grid, block, 0, stream>>>(x, w, rstd, dy, dx, t.get(), rows, n, kn.row_reduce);
   });
-  BP_CUDA_CHECK_LAUNCH();
 
   const int chunk_rows = kn.grad_token_chunk * heads;
   const int chunks = (rows + chunk_rows - 1) / chunk_rows;

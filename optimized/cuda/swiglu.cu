@@ -1,8 +1,11 @@
 // swiglu on the GPU (SPEC.md §5.7): the reference's own per-element functions
 // (swiglu_value, swiglu_grads in reference/ops/swiglu.h are __host__ __device__),
-// one grid-stride thread per element.
+// one grid-stride thread per element; the dense MLP composed of the CUDA linear,
+// swiglu and add_f32 in the reference's order.
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/linear.h"
+#include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
 #include "reference/ops/swiglu.h"
 
@@ -19,6 +22,13 @@ __global__ void swiglu_bwd_kernel(const bf16* __restrict__ g, const bf16* __rest
   for_each_index(n, [&](size_t i) { ref::swiglu_grads(g[i], u[i], dm[i], dg[i], du[i]); });
 }
 
+// y = R(x) (not sum_round, whose +0 start would turn an accumulator of −0 into +0).
+__global__ void round_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
+  for_each_index(n, [&](size_t i) { y[i] = round_bf16(x[i]); });
+}
+
+size_t elems(int rows, int cols) { return static_cast<size_t>(rows) * cols; }
+
 }  // namespace
 
 void swiglu_fwd(const bf16* g, const bf16* u, bf16* m, int n, cudaStream_t stream) {
@@ -30,6 +40,56 @@ void swiglu_fwd(const bf16* g, const bf16* u, bf16* m, int n, cudaStream_t strea
 void swiglu_bwd(const bf16* g, const bf16* u, const bf16* dm, bf16* dg, bf16* du, int n, cudaStream_t stream) {
   if (n <= 0) return;
   swiglu_bwd_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(g, u, dm, dg, du, n);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void mlp_hidden_fwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, bf16* g, bf16* u, bf16* m, int T,
+                    int H, int I, cudaStream_t stream) {
+  linear_fwd(kn, a, wg, g, T, H, I, 1, stream);
+  linear_fwd(kn, a, wu, u, T, H, I, 1, stream);
+  swiglu_fwd(g, u, m, T * I, stream);
+}
+
+void mlp_fwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, const bf16* wd, bf16* d, int T, int H,
+             int I, cudaStream_t stream) {
+  DeviceBuffer<bf16> g(elems(T, I), stream), u(elems(T, I), stream), m(elems(T, I), stream);
+  mlp_hidden_fwd(kn, a, wg, wu, g.get(), u.get(), m.get(), T, H, I, stream);
+  linear_fwd(kn, m.get(), wd, d, T, I, H, kn.tp_tree_width, stream);
+}
+
+void mlp_input_grad_acc(const Knobs& kn, const bf16* dg, const bf16* du, const bf16* wg, const bf16* wu, float* acc,
+                        int T, int H, int I, cudaStream_t stream) {
+  DeviceBuffer<float> from_up(elems(T, H), stream);
+  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, kn.tp_tree_width, stream);
+  linear_dgrad_acc(kn, du, wu, from_up.get(), T, H, I, kn.tp_tree_width, stream);
+  add_f32(acc, from_up.get(), elems(T, H), stream);
+}
+
+void mlp_down_bwd(const Knobs& kn, const bf16* dy, const bf16* wd, const bf16* m, bf16* dm, float* dwd, int T, int H,
+                  int I, cudaStream_t stream) {
+  linear_dgrad(kn, dy, wd, dm, T, I, H, 1, stream);
+  linear_wgrad(kn, dy, m, dwd, T, I, H, stream);
+}
+
+void mlp_hidden_bwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, const bf16* g, const bf16* u,
+                    const bf16* dm, float* da_acc, float* dwg, float* dwu, int T, int H, int I, cudaStream_t stream) {
+  DeviceBuffer<bf16> dg(elems(T, I), stream), du(elems(T, I), stream);
+  swiglu_bwd(g, u, dm, dg.get(), du.get(), T * I, stream);
+  mlp_input_grad_acc(kn, dg.get(), du.get(), wg, wu, da_acc, T, H, I, stream);
+  linear_wgrad(kn, dg.get(), a, dwg, T, H, I, stream);
+  linear_wgrad(kn, du.get(), a, dwu, T, H, I, stream);
+}
+
+void mlp_bwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, const bf16* wd, const bf16* dd, bf16* da,
+             float* dwg, float* dwu, float* dwd, int T, int H, int I, cudaStream_t stream) {
+  DeviceBuffer<bf16> g(elems(T, I), stream), u(elems(T, I), stream), m(elems(T, I), stream), dm(elems(T, I), stream);
+  DeviceBuffer<float> acc(elems(T, H), stream);
+  mlp_hidden_fwd(kn, a, wg, wu, g.get(), u.get(), m.get(), T, H, I, stream);
+  mlp_down_bwd(kn, dd, wd, m.get(), dm.get(), dwd, T, H, I, stream);
+  mlp_hidden_bwd(kn, a, wg, wu, g.get(), u.get(), dm.get(), acc.get(), dwg, dwu, T, H, I, stream);
+  const size_t n = elems(T, H);
+  if (n == 0) return;
+  round_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(acc.get(), da, n);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -32,6 +32,16 @@ struct RankComms {
                 // weight-gradient token splits)
 };
 
+// A collective's result in a backend's memory (host_backend.h, cuda_backend.h):
+// the ranks' pieces concatenated in rank order; rank r's piece is elements
+// [offset[r], offset[r+1]) of data.
+template <class Buf>
+struct Gathered {
+  Buf data;
+  std::vector<size_t> offset;
+  size_t count(int r) const { return offset[static_cast<size_t>(r) + 1] - offset[static_cast<size_t>(r)]; }
+};
+
 // ---- Typed helpers over the byte interface ----
 
 template <class T>

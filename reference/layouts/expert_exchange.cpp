@@ -2,27 +2,38 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 
 namespace bp::layouts {
+
+std::pair<int, int> ExpertExchange::held_experts(const Layout& layout, int num_experts, int plane_rank) {
+  if (plane_rank % layout.cp != 0) return {0, 0};
+  const int per_rank = num_experts / layout.ep, first = plane_rank / layout.cp * per_rank;
+  return {first, first + per_rank};
+}
 
 ExpertExchange::ExpertExchange(Comm& plane, const Layout& layout, int num_experts, int k, const std::vector<int>& ids,
                                const std::vector<int64_t>& my_rows)
     : plane_(plane), num_experts_(num_experts), k_(k), my_tokens_(static_cast<int64_t>(my_rows.size())) {
+  std::tie(e_begin_, e_end_) = held_experts(layout, num_experts, plane.rank());
   const int per_rank = num_experts / layout.ep, P = plane.size();
-  if (plane.rank() % layout.cp == 0) {
-    e_begin_ = plane.rank() / layout.cp * per_rank;
-    e_end_ = e_begin_ + per_rank;
-  }
   // Each entry (t, slot) goes to its expert's holder with (global row, slot, expert).
-  sent_.resize(static_cast<size_t>(P));
+  std::vector<std::vector<int>> sent(static_cast<size_t>(P));
   std::vector<std::vector<int64_t>> meta(static_cast<size_t>(P));
   for (int64_t t = 0; t < my_tokens_; ++t)
     for (int j = 0; j < k; ++j) {
       const int expert = ids[static_cast<size_t>(t * k + j)];
       const size_t dest = static_cast<size_t>(expert / per_rank * layout.cp);
-      sent_[dest].push_back(static_cast<int>(t * k + j));
+      sent[dest].push_back(static_cast<int>(t * k + j));
       meta[dest].insert(meta[dest].end(), {my_rows[static_cast<size_t>(t)], j, expert});
     }
+  for (const std::vector<int>& d : sent) {
+    sent_count_.push_back(d.size());
+    for (int entry : d) {
+      sent_entry_.push_back(entry);
+      sent_token_.push_back(entry / k);
+    }
+  }
   const auto recv = all_to_all(plane, meta);
 
   for (const auto& m : recv)
@@ -34,13 +45,17 @@ ExpertExchange::ExpertExchange(Comm& plane, const Layout& layout, int num_expert
   };
 
   std::vector<std::array<int, 3>> entries;  // (expert, token, slot): the plan's order once sorted
-  placed_.resize(static_cast<size_t>(P));
-  for (size_t src = 0; src < recv.size(); ++src)
-    for (size_t i = 0; i < recv[src].size(); i += 3) {
-      const int u = token_of(recv[src][i]), slot = static_cast<int>(recv[src][i + 1]);
-      placed_[src].emplace_back(u, slot);
-      entries.push_back({static_cast<int>(recv[src][i + 2]), u, slot});
+  first_placed_.assign(recv_rows_.size(), -1);
+  for (const auto& m : recv) {
+    placed_count_.push_back(m.size() / 3);
+    for (size_t i = 0; i < m.size(); i += 3) {
+      const int u = token_of(m[i]), slot = static_cast<int>(m[i + 1]);
+      int& first = first_placed_[static_cast<size_t>(u)];
+      if (first < 0) first = static_cast<int>(placed_slot_.size());
+      placed_slot_.push_back(u * k + slot);
+      entries.push_back({static_cast<int>(m[i + 2]), u, slot});
     }
+  }
   std::sort(entries.begin(), entries.end());
   offset_.assign(static_cast<size_t>(num_experts) + 1, 0);
   for (const auto& [expert, u, slot] : entries) {

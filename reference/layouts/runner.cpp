@@ -1,32 +1,14 @@
 #include "reference/layouts/runner.h"
 
-#include <mutex>
+#include <map>
 #include <stdexcept>
 
 #include "reference/layouts/emulated.h"
-#include "reference/layouts/rank_model.h"
+#include "reference/layouts/rank_program.h"
+#include "reference/layouts/rank_runs.h"
 
 namespace bp::layouts {
 namespace {
-
-void check(const ModelConfig& cfg, const Knobs& knobs, const Layout& layout) {
-  const std::string why = shard_check(layout, cfg, knobs);
-  if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
-}
-
-// Runs the rank program on every emulated rank and returns the ranks' results.
-template <class F>
-std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
-                                  const Layout& layout, F&& program) {
-  check(cfg, knobs, layout);
-  ref::Model(cfg, weights, knobs);  // the unsharded model's validation of config and weights
-  std::vector<RankResult> results(static_cast<size_t>(layout.world()));
-  run_emulated(layout, [&](int rank, RankComms& comms) {
-    RankModel model(cfg, weights, knobs, layout, rank, comms);
-    results[static_cast<size_t>(rank)] = program(model);
-  });
-  return results;
-}
 
 // Per-sequence logprobs (and entropies) from every rank's values.
 void place_values(const std::vector<RankResult>& ranks, const std::vector<std::vector<int32_t>>& seqs, bool entropy,
@@ -63,11 +45,19 @@ std::vector<ref::Capture> place_captures(const std::vector<RankResult>& ranks, i
 
 }  // namespace
 
-ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
-                           const ref::ForwardOptions& opt) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout,
-                               [&](RankModel& m) { return m.forward(seqs, sched, opt); });
+std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                  const Layout& layout,
+                                  const std::function<RankResult(int rank, RankComms& comms)>& body) {
+  const std::string why = shard_check(layout, cfg, knobs);
+  if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
+  ref::Model(cfg, weights, knobs);  // the unsharded model's validation of config and weights
+  std::vector<RankResult> results(static_cast<size_t>(layout.world()));
+  run_emulated(layout, [&](int rank, RankComms& comms) { results[static_cast<size_t>(rank)] = body(rank, comms); });
+  return results;
+}
+
+ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
+                                    const std::vector<std::vector<int32_t>>& seqs, const ref::ForwardOptions& opt) {
   ref::ForwardResult r;
   place_values(ranks, seqs, opt.entropy, r.logprob, r.entropy);
   int64_t total = 0;
@@ -76,10 +66,8 @@ ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const
   return r;
 }
 
-ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout,
-                               [&](RankModel& m) { return m.backward(seqs, coef_seed, temperature); });
+ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
+                                      const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed) {
   ref::BackwardResult r;
   std::vector<std::vector<float>> unused;
   place_values(ranks, seqs, false, r.logprob, unused);
@@ -95,6 +83,23 @@ ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, con
         std::copy_n(b.data.begin() + i * b.cols, b.cols, g.begin() + (b.row0 + i) * b.width + b.col0);
     }
   return r;
+}
+
+ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const ref::ForwardOptions& opt) {
+  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
+    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, sched, opt);
+  });
+  return assemble_forward(ranks, seqs, opt);
+}
+
+ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
+  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
+    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coef_seed, temperature);
+  });
+  return assemble_backward(ranks, weights, seqs, coef_seed);
 }
 
 }  // namespace bp::layouts

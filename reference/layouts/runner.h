@@ -1,4 +1,4 @@
-// Runs the model under a layout: the sharded rank program (rank_model.h) executed
+// Runs the model under a layout: the sharded rank program (rank_program.h) executed
 // by layout.world() emulated ranks on the CPU (emulated.h), and the ranks' shards
 // put back together. The results have the shapes and meaning of ref::Model's, and
 // for every valid layout they are bit-identical to the unsharded model's

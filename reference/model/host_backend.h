@@ -12,15 +12,24 @@
 //   to_host(p, n)          n elements at backend pointer p, on the host
 //   take(buf)              a whole Buf on the host
 //   copy(dst, src, n)      within backend memory
-//   gather_rows / scatter_rows, add_f32 (below)
-//   every op the model calls (BP_MODEL_OPS), under its reference name and arguments.
+//   resident(span)         the same for a part of a host array
+//   gather_rows / scatter_rows / copy_rows, add_f32, round_to_bf16,
+//   reduce_partials        data movement and elementwise arithmetic (below)
+//   all_gather / all_to_all  collectives over a layouts::Comm (comm.h), for the
+//                          layouts' rank program (reference/layouts/rank_program.h)
+//   every op the programs call (BP_MODEL_OPS), under its reference name and arguments.
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <span>
 #include <utility>
 #include <vector>
 
+#include "reference/layouts/comm.h"
+#include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
+#include "reference/numerics/reduce.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/embedding.h"
 #include "reference/ops/linear.h"
@@ -32,12 +41,14 @@
 #include "reference/ops/rope.h"
 #include "reference/ops/swiglu.h"
 
-// The ops the model program calls; each backend forwards them to its own twins.
+// The ops the model and rank programs call; each backend forwards them to its own twins.
 #define BP_MODEL_OPS(X)                                                                                              \
   X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(linear_fwd) X(linear_dgrad) X(linear_dgrad_acc) \
   X(linear_wgrad) X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(residual_fwd) X(sum_round)            \
   X(router_fwd) X(moe_experts_fwd) X(moe_combine_fwd) X(moe_layer_bwd) X(mlp_hidden_fwd) X(mlp_bwd)                 \
-  X(logprob_fwd) X(logprob_bwd)
+  X(logprob_fwd) X(logprob_bwd) X(linear_acc) X(swiglu_bwd) X(attention_bwd_dq) X(attention_bwd_kv_partials)           \
+  X(attention_bwd_kv_combine) X(logprob_chunk_max) X(logprob_row_max) X(logprob_chunk_sums) X(logprob_target_logit) \
+  X(logprob_combine) X(logprob_bwd_slice) X(router_bwd) X(moe_experts_bwd) X(moe_combine_bwd)
 
 namespace bp::ref {
 
@@ -63,6 +74,10 @@ struct HostBackend {
     return {host.data()};
   }
   template <class T>
+  Resident<T> resident(std::span<const T> host) const {
+    return {host.data()};
+  }
+  template <class T>
   std::vector<T> to_host(const T* p, size_t n) const {
     return std::vector<T>(p, p + n);
   }
@@ -85,9 +100,46 @@ struct HostBackend {
   void scatter_rows(const T* src, size_t width, const std::vector<int>& rows, T* dst) const {
     for (size_t i = 0; i < rows.size(); ++i) std::copy_n(src + i * width, width, dst + static_cast<size_t>(rows[i]) * width);
   }
+  // dst row dst_rows[i] = src row src_rows[i] (lists of equal length).
+  template <class T>
+  void copy_rows(const T* src, size_t width, const std::vector<int>& src_rows, T* dst,
+                 const std::vector<int>& dst_rows) const {
+    for (size_t i = 0; i < src_rows.size(); ++i) {
+      const size_t from = static_cast<size_t>(src_rows[i]) * width, to = static_cast<size_t>(dst_rows[i]) * width;
+      std::copy_n(src + from, width, dst + to);
+    }
+  }
   // acc[i] = acc[i] + x[i], one fp32 addition each (a tied embedding's two gradients).
   void add_f32(float* acc, const float* x, size_t n) const {
     for (size_t i = 0; i < n; ++i) acc[i] = add_rn(acc[i], x[i]);
+  }
+  // out[i] = round_bf16(x[i]).
+  void round_to_bf16(const float* x, bf16* out, size_t n) const {
+    for (size_t i = 0; i < n; ++i) out[i] = round_bf16(x[i]);
+  }
+  // out[i] = sum_partials(how) over the partials base[offsets[j] + i], j in order
+  // (numerics/reduce.h): the layouts' reductions of rank or chunk partials.
+  void reduce_partials(const float* base, const std::vector<size_t>& offsets, size_t n, PartialSum how,
+                       float* out) const {
+    const int P = static_cast<int>(offsets.size());
+#pragma omp parallel for schedule(static) if (n * offsets.size() > (size_t{1} << 16))
+    for (size_t i = 0; i < n; ++i)
+      out[i] = sum_partials(how, P, i, n, [&](int j) { return base[offsets[static_cast<size_t>(j)] + i]; });
+  }
+
+  // Every rank's n elements at `mine` (any n), concatenated in rank order.
+  template <class T>
+  layouts::Gathered<Buf<T>> all_gather(layouts::Comm& comm, const T* mine, size_t n) const {
+    return concat<T>(comm.all_gather(std::as_bytes(std::span<const T>(mine, n))));
+  }
+  // `send` holds counts[r] elements for rank r, in rank order; what every rank
+  // sent here, concatenated in rank order.
+  template <class T>
+  layouts::Gathered<Buf<T>> all_to_all(layouts::Comm& comm, const T* send, const std::vector<size_t>& counts) const {
+    std::vector<layouts::Bytes> pieces;
+    for (size_t r = 0, at = 0; r < counts.size(); at += counts[r++])
+      pieces.push_back(layouts::to_bytes(std::span<const T>(send + at, counts[r])));
+    return concat<T>(comm.all_to_all(pieces));
   }
 
 #define BP_HOST_OP(op)                         \
@@ -97,6 +149,18 @@ struct HostBackend {
   }
   BP_MODEL_OPS(BP_HOST_OP)
 #undef BP_HOST_OP
+
+ private:
+  template <class T>
+  static layouts::Gathered<Buf<T>> concat(const std::vector<layouts::Bytes>& pieces) {
+    layouts::Gathered<Buf<T>> g;
+    g.offset.push_back(0);
+    for (const layouts::Bytes& b : pieces) g.offset.push_back(g.offset.back() + b.size() / sizeof(T));
+    g.data.resize(g.offset.back());
+    for (size_t r = 0; r < pieces.size(); ++r)
+      if (!pieces[r].empty()) std::memcpy(g.data.data() + g.offset[r], pieces[r].data(), pieces[r].size());
+    return g;
+  }
 };
 
 }  // namespace bp::ref

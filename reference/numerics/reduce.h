@@ -1,5 +1,7 @@
 // Deterministic fp32 reductions whose shape is part of the contract (SPEC.md §2.4).
 #pragma once
+#include <cstddef>
+
 #include "fp.h"
 
 namespace bp {
@@ -14,6 +16,47 @@ BP_HD inline float pairwise_tree(float* v, int n) {
     for (int i = 0; 2 * i < width; ++i) v[i] = (2 * i + 1 < width) ? add_rn(v[2 * i], v[2 * i + 1]) : v[2 * i];
   }
   return v[0];
+}
+
+// pairwise_tree over v(0), …, v(n−1) without a scratch array (a device thread
+// reducing one element across partials): the tree of n is the complete tree of
+// its largest power-of-two prefix block, plus the tree of the rest. Blocks are
+// built left to right on a stack (equal neighbours merge, as the levels pair
+// them); the leftover blocks then fold from the right: B0 + (B1 + (… + Bk)).
+template <class Get>
+BP_HD float pairwise_tree_by(int n, Get&& v) {
+  float sum[32];
+  int size[32], top = 0;
+  for (int j = 0; j < n; ++j) {
+    sum[top] = v(j);
+    size[top++] = 1;
+    while (top >= 2 && size[top - 1] == size[top - 2]) {
+      sum[top - 2] = add_rn(sum[top - 2], sum[top - 1]);
+      size[top - 2] *= 2;
+      --top;
+    }
+  }
+  if (top == 0) return 0.0f;
+  float acc = sum[--top];
+  while (top > 0) acc = add_rn(sum[--top], acc);
+  return acc;
+}
+
+// How partials held by several ranks (or chunks) are added, elementwise.
+//   Tree:  the contract's pairwise_tree over the partials in order.
+//   Chain: ((p0 + p1) + p2) + … in order (a rank's local chain, Ring control only).
+//   Ring:  NCCL's ring order, the negative control: element i of n lies in
+//          segment s = ⌊i·P/n⌋, summed starting at partial s+1 and wrapping round.
+enum class PartialSum { Tree, Chain, Ring };
+
+// Element i (of n per partial) of the sum of P partials; part(j) is partial j's element i.
+template <class Get>
+BP_HD float sum_partials(PartialSum how, int P, size_t i, size_t n, Get&& part) {
+  if (how == PartialSum::Tree) return pairwise_tree_by(P, part);
+  const int first = how == PartialSum::Ring ? static_cast<int>(i * static_cast<size_t>(P) / (n > 0 ? n : 1)) + 1 : 0;
+  float acc = part(first % P);
+  for (int j = 1; j < P; ++j) acc = add_rn(acc, part((first + j) % P));
+  return acc;
 }
 
 // Shape of a block-wide row reduction: `lanes` (a multiple of 32, power of two)

@@ -29,55 +29,6 @@ void softmax_row(const bf16* x, float* p, int n, LaneShape shape, float* lanes) 
   for (int i = 0; i < n; ++i) p[i] = div_rn(p[i], sum);
 }
 
-// The total order of the top-k: NaN first, then descending probability, ties
-// (including +0 = −0) to the lower expert id.
-bool ranks_before(float pa, int a, float pb, int b) {
-  const bool na = is_nan(pa), nb = is_nan(pb);
-  if (na != nb) return na;
-  if (!na && pa != pb) return pa > pb;
-  return a < b;
-}
-
-// Slot j holds the first expert ranking after slot j−1's: k passes over the row,
-// no marking, the same as a warp argmax per slot.
-void select_row(const float* p, int* ids, int E, int k) {
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      if (j > 0 && !ranks_before(p[ids[j - 1]], ids[j - 1], p[e], e)) continue;
-      if (best < 0 || ranks_before(p[e], e, p[best], best)) best = e;
-    }
-    ids[j] = best;
-  }
-}
-
-// The fp32 weights of the selected experts: their probabilities, divided by
-// their sum (from +0, in slot order) when norm_topk_prob.
-void selected_weights(const float* p, const int* ids, float* w, int k, bool norm_topk_prob) {
-  float sum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    w[j] = p[ids[j]];
-    sum = add_rn(sum, w[j]);
-  }
-  if (norm_topk_prob)
-    for (int j = 0; j < k; ++j) w[j] = div_rn(w[j], sum);
-}
-
-// dlogits of one row. With P the fp32 probabilities that the weights are (w when
-// renormalised: the softmax over the selected logits; p otherwise: the softmax
-// over all E) and G the weight gradient scattered to experts, dx_e = P_e·(G_e − σ)
-// with σ = Σ_j G_j·P_j by fma in slot order from +0. Renormalised weights do not
-// depend on unselected logits: those get +0.
-void router_grad_row(const float* p, const int* ids, const bf16* dw, bf16* dlogits, int E, int k,
-                     bool norm_topk_prob, float* w) {
-  selected_weights(p, ids, w, k, norm_topk_prob);
-  float sigma = 0.0f;
-  for (int j = 0; j < k; ++j) sigma = fma_rn(widen(dw[j]), w[j], sigma);
-  for (int e = 0; e < E; ++e)
-    dlogits[e] = norm_topk_prob ? bf16{0} : round_bf16(mul_rn(p[e], sub_rn(0.0f, sigma)));
-  for (int j = 0; j < k; ++j) dlogits[ids[j]] = round_bf16(mul_rn(w[j], sub_rn(widen(dw[j]), sigma)));
-}
-
 void check_ids(const int* ids, int T, int E, int k) {
   for (int i = 0; i < T * k; ++i)
     if (ids[i] < 0 || ids[i] >= E) throw std::invalid_argument("moe_router: expert id out of range");

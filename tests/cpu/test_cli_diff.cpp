@@ -52,7 +52,11 @@ TEST_F(CliDiff, IdenticalDumpsExitZeroAndReportsValidate) {
   EXPECT_EQ(j["cases"][0]["tensors"][0]["name"], "bias");  // file order of A (the writer sorts by name)
   EXPECT_TRUE(j["cases"][0]["tensors"][1]["metrics"].contains("train_rollout_logprob_abs_diff"));
   EXPECT_EQ(read(path("r.csv")).rfind("case_id,case_verdict,", 0), 0u);
-  EXPECT_NE(read(path("r.xml")).find("<testcase classname=\"bitparity.diff\" name=\"diff\"/>"), std::string::npos);
+  // diff runs no model: no time, no device.
+  EXPECT_EQ(j["cases"][0]["seconds"], 0);
+  EXPECT_EQ(j["cases"][0]["peak_device_bytes"], nullptr);
+  EXPECT_NE(read(path("r.xml")).find("<testcase classname=\"bitparity.diff\" name=\"diff\" time=\"0.000000\"/>"),
+            std::string::npos);
   EXPECT_EQ(run("diff -q " + a + " " + b), 0);
   EXPECT_EQ(out_, "");
 }

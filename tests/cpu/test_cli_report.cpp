@@ -104,6 +104,14 @@ TEST_F(CliReport, MalformedReportsExitTwoNamingFileAndField) {
   EXPECT_EQ(run("report '" + path("bad.csv") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("bad.csv") +
                       ": line 2, column bit_identical: expected true or false, found \"maybe\"\n");
+  // A report of the previous schema (no case times) asks for a re-run.
+  std::string v2 = read(path("r.json"));
+  v2.replace(v2.find("\"schema_version\": 3"), 19, "\"schema_version\": 2");
+  std::ofstream(path("v2.json"), std::ios::binary) << v2;
+  EXPECT_EQ(run("report '" + path("v2.json") + "'"), 2);
+  EXPECT_EQ(err_, "bitparity report: bad input: " + path("v2.json") +
+                      ": schema_version: this bitparity reads schema_version 3; re-run the command that wrote the "
+                      "report\n");
   EXPECT_EQ(run("report '" + path("missing.json") + "'"), 2);
   EXPECT_NE(err_.find("missing.json"), std::string::npos);
   EXPECT_EQ(run("report"), 2);  // REPORT is required
@@ -115,6 +123,7 @@ TEST_F(CliReport, HtmlIsAtomicAndAFailedRunKeepsTheEarlierPage) {
   EXPECT_EQ(run("report '" + r + "' --html '" + page + "'"), 1) << err_;
   const std::string first = read(page);
   EXPECT_NE(first.find("<table class=\"grid\""), std::string::npos);
+  EXPECT_NE(first.find(">1.5 GiB</td>"), std::string::npos);  // "other"'s peak device memory
   std::ofstream(path("bad.json"), std::ios::binary) << "{";
   EXPECT_EQ(run("report '" + path("bad.json") + "' --html '" + page + "'"), 2);
   EXPECT_EQ(run("report '" + r + "' --baseline '" + path("bad.json") + "' --html '" + page + "'"), 2);

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,8 +42,9 @@ class CliSweep : public test::CliTest {
 };
 
 TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
-  ASSERT_EQ(run("sweep " + kSmall + "--tp 1,2 --cp 2 --cp-split zigzag --path extend --path chunked:5,3 --json " +
-                path("r.json") + " --csv " + path("r.csv") + " --junit " + path("r.xml") + " --html " + path("r.html")),
+  ASSERT_EQ(run("sweep " + kSmall + "--tp 1,2 --cp 2 --cp-split zigzag --path extend --path chunked:5,3 --verbose "
+                "--json " + path("r.json") + " --csv " + path("r.csv") + " --junit " + path("r.xml") + " --html " +
+                path("r.html")),
             0)
       << out_ << err_;
   EXPECT_NE(out_.find("ALL EXACT"), std::string::npos) << out_;
@@ -66,6 +68,15 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
   EXPECT_EQ(read(path("r.csv")).rfind("case_id,", 0), 0u);
   EXPECT_NE(read(path("r.xml")).find("tp2-ep1-cp2z/chunked:5,3"), std::string::npos);
   EXPECT_NE(read(path("r.html")).find("<table class=\"grid\""), std::string::npos);
+  // Every case's run is timed (and --verbose shows it); the CPU backends have no
+  // device, so no peak device memory.
+  for (const json& c : j["cases"]) {
+    EXPECT_GT(c["seconds"].get<double>(), 0) << c["id"];
+    EXPECT_EQ(c["peak_device_bytes"], nullptr) << c["id"];
+  }
+  const std::regex timed_line("\nexact qwen3-dense-tiny/bf16-fmaseq-v1/emulated/tp2-ep1-cp2z/extend "
+                              "\\(([0-9.]+ (us|ms|s)|[0-9]+ min [0-9]{2} s)\\)\n");
+  EXPECT_TRUE(std::regex_search(out_, timed_line)) << out_;
 }
 
 TEST_F(CliSweep, MoeExpertParallelDecodeWithCaptures) {

@@ -2,6 +2,7 @@
 // the subtree property the TP layouts rely on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -57,6 +58,30 @@ TEST(PairwiseTree, NegativeControlRingOrderDiffers) {
     differ += bits_of(ring) != bits_of(pairwise_tree(v.data(), 8));
   }
   EXPECT_GT(differ, 0);
+}
+
+// The scratch-free form (what a device thread runs per element) is the same tree,
+// for every count, including signed zeros, where an extra +0 would show.
+TEST(PairwiseTree, ByAccessorEqualsInPlaceForEveryCount) {
+  for (int n = 0; n <= 300; ++n) {
+    std::vector<float> v = random_floats(n, static_cast<uint32_t>(n));
+    if (n % 3 == 0) std::fill(v.begin(), v.end(), -0.0f);
+    const uint32_t by = bits_of(pairwise_tree_by(n, [&](int j) { return v[static_cast<size_t>(j)]; }));
+    std::vector<float> scratch = v;
+    EXPECT_EQ(by, bits_of(pairwise_tree(scratch.data(), n))) << n;
+  }
+}
+
+// sum_partials: Chain adds in order, Ring starts each segment one partial later.
+TEST(PairwiseTree, PartialSumOrders) {
+  const float p[3] = {1.0f, 1e8f, -1e8f};
+  auto part = [&](int j) { return p[j]; };
+  EXPECT_EQ(bits_of(sum_partials(PartialSum::Chain, 3, 0, 3, part)), bits_of(0.0f));  // (1 + 1e8) − 1e8
+  EXPECT_EQ(bits_of(sum_partials(PartialSum::Tree, 3, 0, 3, part)), bits_of(0.0f));
+  // Element 0 lies in segment 0: partials 1, 2, 0 — (1e8 − 1e8) + 1.
+  EXPECT_EQ(bits_of(sum_partials(PartialSum::Ring, 3, 0, 3, part)), bits_of(1.0f));
+  // Element 2 lies in segment 2: partials 0, 1, 2.
+  EXPECT_EQ(bits_of(sum_partials(PartialSum::Ring, 3, 2, 3, part)), bits_of(0.0f));
 }
 
 TEST(LaneTree, WarpShapeByHand) {

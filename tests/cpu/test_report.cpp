@@ -1,12 +1,14 @@
 // Reports (harness/report/): JSON validated against reports/schema/report.schema.json
 // by tests/support/json_schema (itself tested here, with negative controls), CSV
-// (RFC 4180, stable columns), JUnit XML, atomic writes, environment block.
+// (RFC 4180, stable columns), JUnit XML, atomic writes, environment block, and the
+// human units of times and sizes.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,7 @@ Report sample_report() {
   t.shape_a = t.shape_b = std::vector<uint64_t>{2};
   t.metrics = compare(std::vector<float>{1, 2}, std::vector<float>{1, 2});
   exact.tensors.push_back(t);
+  exact.seconds = 1.25;
   exact.settle();
 
   Case bad;
@@ -82,6 +85,8 @@ Report sample_report() {
   dt.shape_a = dt.shape_b = std::vector<uint64_t>{1};
   bad.tensors.push_back(dt);
   bad.first_divergent_op = "layer0.attn.o_proj";
+  bad.seconds = 0.5;
+  bad.peak_device_bytes = 123456789;
   bad.settle();
 
   Case skipped;
@@ -131,7 +136,7 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
   EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
-  EXPECT_EQ(j["schema_version"], 2);
+  EXPECT_EQ(j["schema_version"], 3);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
   EXPECT_EQ(j["summary"]["cases"], 3);
@@ -154,6 +159,11 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   EXPECT_EQ(lp["ulp_histogram"], hist);
   EXPECT_EQ(j["cases"][1]["first_divergent_op"], "layer0.attn.o_proj");
   EXPECT_EQ(j["cases"][0]["first_divergent_op"], nullptr);
+  EXPECT_EQ(j["cases"][0]["seconds"], 1.25);
+  EXPECT_EQ(j["cases"][0]["peak_device_bytes"], nullptr);  // a CPU case
+  EXPECT_EQ(j["cases"][1]["seconds"], 0.5);
+  EXPECT_EQ(j["cases"][1]["peak_device_bytes"], 123456789);
+  EXPECT_EQ(j["cases"][2]["seconds"], 0);
 }
 
 TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real schema
@@ -166,7 +176,7 @@ TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real sch
   };
   EXPECT_TRUE(broken([](json& j) { j["environment"].erase("git_commit"); }));
   EXPECT_TRUE(broken([](json& j) { j["status"] = "partial"; }));
-  EXPECT_TRUE(broken([](json& j) { j["schema_version"] = 1; }));
+  EXPECT_TRUE(broken([](json& j) { j["schema_version"] = 2; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["mismatches"] = -1; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["max_abs_diff"] = "nan"; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][1]["tensors"][0]["metrics"]["ulp_histogram"].erase(0); }));
@@ -175,6 +185,14 @@ TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real sch
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["first_divergent_op"] = 3; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["surprise"] = true; }));
   EXPECT_TRUE(broken([](json& j) { j["cases"][0]["parameters"]["tp"] = 2; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0].erase("seconds"); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["seconds"] = -0.5; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["seconds"] = "1 s"; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][0]["seconds"] = nullptr; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][1].erase("peak_device_bytes"); }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][1]["peak_device_bytes"] = -1; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][1]["peak_device_bytes"] = 1.5; }));
+  EXPECT_TRUE(broken([](json& j) { j["cases"][1]["peak_device_bytes"] = "1 GiB"; }));
 }
 
 TEST(Report, InterruptedAndEmpty) {
@@ -245,11 +263,23 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
   EXPECT_EQ(rows[1][24], "");
   EXPECT_EQ(rows[1][25], "");  // ulp_histogram: empty when bit identical
   EXPECT_EQ(rows[2][25], "[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1,0,0,0,0,0,0,0,0,0,0,1]");
+  // seconds and peak_device_bytes, on every row of their case (empty peak: no device).
+  EXPECT_EQ(rows[1][26], "1.25");
+  EXPECT_EQ(rows[1][27], "");
+  for (size_t i = 2; i <= 4; ++i) {
+    EXPECT_EQ(rows[i][26], "0.5") << i;
+    EXPECT_EQ(rows[i][27], "123456789") << i;
+  }
+  EXPECT_EQ(rows[5][26], "0");  // the skipped case's single row
   // The column order is stable (readers index by position).
   EXPECT_EQ(kCsvColumns[0], "case_id");
   EXPECT_EQ(kCsvColumns[14], "max_abs_diff");
   EXPECT_EQ(kCsvColumns[23], "nan_policy");
-  EXPECT_EQ(kCsvColumns.back(), "ulp_histogram");  // version 2 columns come last
+  EXPECT_EQ(kCsvColumns[25], "ulp_histogram");  // version 2 columns, then version 3's
+  EXPECT_EQ(kCsvColumns[26], "seconds");
+  EXPECT_EQ(kCsvColumns.back(), "peak_device_bytes");
+  EXPECT_EQ(csv_column("seconds"), 26u);
+  EXPECT_THROW(csv_column("nope"), std::logic_error);
 }
 
 // fast-cpp-csv-parser (what `report --baseline` will read back) parses every row by
@@ -261,7 +291,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 26;
+  constexpr size_t kN = 28;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
@@ -275,6 +305,8 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   EXPECT_EQ(rows[1][2], "note=a,b \"q\"");
   EXPECT_EQ(rows[1][14], "inf");
   EXPECT_EQ(rows[0][15], "0");
+  EXPECT_EQ(rows[1][26], "0.5");
+  EXPECT_EQ(rows[1][27], "123456789");
   fs::remove_all(d);
 }
 
@@ -296,6 +328,31 @@ TEST(Report, JunitOneTestcasePerCase) {
   EXPECT_NE(x.find("message=\"tensor &apos;logprobs&apos;: 2/3 elements differ"), std::string::npos);
   EXPECT_EQ(x.find('\x01'), std::string::npos);
   EXPECT_EQ(x.find("<x>"), std::string::npos);  // escaped
+  // time: each case's seconds, the suite's their sum.
+  EXPECT_NE(x.find("name=\"exact\" time=\"1.250000\""), std::string::npos) << x;
+  EXPECT_NE(x.find("name=\"cuda\" time=\"0.000000\""), std::string::npos) << x;
+  EXPECT_NE(x.find("skipped=\"1\" time=\"1.750000\" timestamp="), std::string::npos) << x;
+  EXPECT_EQ(count(x, " time=\""), 4u);
+}
+
+// --- human units -------------------------------------------------------------
+
+TEST(Report, DurationAndBytesInHumanUnits) {
+  EXPECT_EQ(duration_text(0), "0 s");
+  EXPECT_EQ(duration_text(850e-6), "850 us");
+  EXPECT_EQ(duration_text(0.0123), "12.3 ms");
+  EXPECT_EQ(duration_text(0.9996), "1 s");  // rounds into the next unit, never "1e+03 ms"
+  EXPECT_EQ(duration_text(4.56), "4.56 s");
+  EXPECT_EQ(duration_text(59.96), "1 min 00 s");
+  EXPECT_EQ(duration_text(125.4), "2 min 05 s");
+  EXPECT_EQ(bytes_text(0), "0 B");
+  EXPECT_EQ(bytes_text(1023), "1023 B");
+  EXPECT_EQ(bytes_text(1536), "1.5 KiB");
+  EXPECT_EQ(bytes_text(uint64_t{1023} << 10), "0.999 MiB");  // 1023 KiB: past 3 digits
+  EXPECT_EQ(bytes_text(123456789), "118 MiB");
+  EXPECT_EQ(bytes_text(uint64_t{3} << 29), "1.5 GiB");
+  EXPECT_EQ(bytes_text(uint64_t{80} << 30), "80 GiB");
+  EXPECT_EQ(bytes_text(~uint64_t{0}), "16 EiB");
 }
 
 // --- atomic writes -----------------------------------------------------------

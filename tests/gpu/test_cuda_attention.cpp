@@ -146,7 +146,8 @@ using AttentionGpu = ContractTest;
 
 // Blocks of 64 and splits of 512 keys: lengths on, before and after both boundaries.
 TEST_P(AttentionGpu, ExtendMatchesReference) {
-  const std::vector<AttnDims> dims = {{4, 4, 64}, {4, 2, 64}, {8, 1, 64}, {2, 2, 128}, {4, 2, 128}, {8, 1, 128}};
+  const std::vector<AttnDims> dims = {{4, 4, 32}, {8, 4, 32}, {4, 4, 64}, {4, 2, 64},
+                                      {8, 1, 64}, {2, 2, 128}, {4, 2, 128}, {8, 1, 128}};
   uint64_t seed = 1000;
   for (AttnDims d : dims)
     for (int S : {1, 17, 64, 65, 130})

@@ -1,4 +1,5 @@
-// bp::cuda swiglu_fwd / swiglu_bwd against the CPU reference, bit for bit.
+// bp::cuda swiglu_fwd / swiglu_bwd and the dense MLP composites (mlp_fwd, mlp_bwd,
+// which run every other mlp_* function) against the CPU reference, bit for bit.
 #include "optimized/cuda/swiglu.h"
 #include "reference/ops/swiglu.h"
 #include "tests/gpu/cuda_op_test.h"
@@ -77,6 +78,66 @@ TEST(SwigluGpu, RepeatedRunsGiveSameBits) {
   const Grads a = gpu_bwd(in), b = gpu_bwd(in);
   EXPECT_TRUE(identical(a.dg, b.dg) && identical(a.du, b.du));
 }
+
+// ---- The dense MLP composites, both contracts -----------------------------------
+struct MlpShape {
+  int T, H, I;
+};
+
+struct MlpOut {
+  std::vector<bf16> d, da;
+  std::vector<float> dwg, dwu, dwd;
+};
+
+struct MlpInputs {
+  std::vector<bf16> a, wg, wu, wd, dd;
+};
+
+MlpInputs mlp_inputs(const MlpShape& s, uint64_t seed) {
+  const size_t w = size_t(s.I) * s.H;
+  return {random_inputs(size_t(s.T) * s.H, seed, 2.0f, 3000), random_inputs(w, seed + 1, 0.05f),
+          random_inputs(w, seed + 2, 0.05f), random_inputs(w, seed + 3, 0.05f),
+          random_inputs(size_t(s.T) * s.H, seed + 4, 1.0f, 3000)};
+}
+
+MlpOut mlp_reference(const Knobs& kn, const MlpShape& s, const MlpInputs& in) {
+  const size_t rows = size_t(s.T) * s.H, w = size_t(s.I) * s.H;
+  MlpOut o{std::vector<bf16>(rows), std::vector<bf16>(rows), std::vector<float>(w), std::vector<float>(w),
+           std::vector<float>(w)};
+  ref::mlp_fwd(kn, in.a.data(), in.wg.data(), in.wu.data(), in.wd.data(), o.d.data(), s.T, s.H, s.I);
+  ref::mlp_bwd(kn, in.a.data(), in.wg.data(), in.wu.data(), in.wd.data(), in.dd.data(), o.da.data(), o.dwg.data(),
+               o.dwu.data(), o.dwd.data(), s.T, s.H, s.I);
+  return o;
+}
+
+MlpOut mlp_gpu(const Knobs& kn, const MlpShape& s, const MlpInputs& in) {
+  const size_t rows = size_t(s.T) * s.H, w = size_t(s.I) * s.H;
+  const DeviceBuffer<bf16> a(in.a), wg(in.wg), wu(in.wu), wd(in.wd), dd(in.dd);
+  auto d = poisoned<bf16>(rows), da = poisoned<bf16>(rows);
+  auto dwg = poisoned<float>(w), dwu = poisoned<float>(w), dwd = poisoned<float>(w);
+  cuda::mlp_fwd(kn, a.get(), wg.get(), wu.get(), wd.get(), d.get(), s.T, s.H, s.I);
+  cuda::mlp_bwd(kn, a.get(), wg.get(), wu.get(), wd.get(), dd.get(), da.get(), dwg.get(), dwu.get(), dwd.get(), s.T,
+                s.H, s.I);
+  return {d.download(), da.download(), dwg.download(), dwu.download(), dwd.download()};
+}
+
+using MlpGpu = ContractTest;
+
+// Small odd shapes (a partial token chunk, chunks not multiples of 8) and
+// Qwen3-0.6B's MLP (H 1024, I 3072) over more than one token chunk.
+TEST_P(MlpGpu, ForwardAndBackwardMatchReference) {
+  for (const MlpShape& s : {MlpShape{37, 64, 40}, MlpShape{130, 1024, 3072}}) {
+    const MlpInputs in = mlp_inputs(s, 60 + s.T);
+    const MlpOut want = mlp_reference(knobs(), s, in), got = mlp_gpu(knobs(), s, in);
+    EXPECT_TRUE(same_bits(want.d, got.d)) << "d, T " << s.T;
+    EXPECT_TRUE(same_bits(want.da, got.da)) << "da, T " << s.T;
+    EXPECT_TRUE(same_bits(want.dwg, got.dwg)) << "dwg, T " << s.T;
+    EXPECT_TRUE(same_bits(want.dwu, got.dwu)) << "dwu, T " << s.T;
+    EXPECT_TRUE(same_bits(want.dwd, got.dwd)) << "dwd, T " << s.T;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Contracts, MlpGpu, BP_ALL_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

@@ -34,6 +34,7 @@ Report sample_sweep_report() {
     c.tensors.push_back(compared_tensor("logprobs", bad ? 3 : 0, 5));
     c.tensors.push_back(compared_tensor("grad.layers.0.mlp.down_proj", 0, 0));
     if (bad) c.first_divergent_op = "layer0.mlp.down_proj";
+    c.seconds = 0.125 * static_cast<double>(r.cases.size() + 1);
     c.settle();
     r.cases.push_back(c);
   };
@@ -61,6 +62,8 @@ Report sample_sweep_report() {
   TensorRecord renamed = compared_tensor("x", 0, 0);
   renamed.name_b.assign(1, 'y');  // (= "y" trips GCC 12's false -Wrestrict)
   other.tensors = {hostile, only, renamed};
+  other.seconds = 75.5;
+  other.peak_device_bytes = kSamplePeakDeviceBytes;
   other.settle();
   r.cases.push_back(other);
   return r;

@@ -1,0 +1,31 @@
+// Virtual ranks: the layouts' rank program (reference/layouts/rank_program.h) run
+// by layout.world() ranks on one GPU — one host thread and one CUDA stream per
+// rank, the bp::cuda ops, collectives as device copies between the ranks'
+// buffers (CudaBackend) — so that TP/EP/CP layouts run on a single GPU. The API
+// and the results are the reference runner's (reference/layouts/runner.h), and
+// for every valid layout bit-identical to the unsharded model's (SPEC.md §7).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "reference/layouts/layout.h"
+#include "reference/model/qwen3.h"
+
+namespace bp::cuda::layouts {
+
+using bp::layouts::Layout;
+
+// Throws std::invalid_argument when shard_check(layout, cfg, knobs) is not empty,
+// what ref::Model throws for bad sequences or schedules, and CudaError when a
+// CUDA call fails.
+ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const ref::ForwardOptions& opt = {});
+
+// Backward of L = Σ c_t·logprob_t over the batch (the packed forward), as
+// ref::Model::backward: logprobs, coefficients and every parameter's gradient.
+ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
+                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                             float temperature = 1.0f);
+
+}  // namespace bp::cuda::layouts

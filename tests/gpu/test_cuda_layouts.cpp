@@ -1,0 +1,155 @@
+// Virtual ranks (optimized/layouts/virtual_ranks.h): the layouts' rank program on
+// one GPU, every rank a thread with its own stream, collectives as device copies,
+// against the CPU reference model: both tiny fixtures, both contracts; TP, EP,
+// CP (zigzag) and a mix of all three, every path's logprobs and entropies, the
+// captured op outputs, and the backward's every parameter gradient, bit for bit.
+// Negative control: the Ring reduction (a local chain per rank, NCCL's ring order)
+// differs from the reference at TP 2 — with the very bits of the CPU's emulated
+// Ring ranks, so the GPU's control is the same control.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "optimized/layouts/virtual_ranks.h"
+#include "reference/layouts/runner.h"
+#include "reference/layouts/sharding.h"
+#include "support/model_cases.h"
+
+namespace {
+
+using bp::layouts::Layout;
+using bp::ref::Schedule;
+using bp::test::flat;
+using bp::test::same_bits;
+using bp::test::Seqs;
+
+constexpr uint64_t kWeightSeed = 20261122;
+constexpr uint64_t kCoefSeed = 11;
+
+struct Case {
+  std::string fixture, contract;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.contract; }
+
+bool same_captures(const bp::ref::ForwardResult& a, const bp::ref::ForwardResult& b) {
+  if (a.captures.size() != b.captures.size()) return false;
+  for (size_t i = 0; i < a.captures.size(); ++i)
+    if (a.captures[i].name != b.captures[i].name || a.captures[i].shape != b.captures[i].shape ||
+        a.captures[i].bf16_data != b.captures[i].bf16_data)
+      return false;
+  return true;
+}
+
+class CudaLayoutsTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    cfg_ = bp::test::load_fixture(GetParam().fixture);
+    w_ = bp::generate_weights(cfg_, kWeightSeed);
+    kn_ = bp::find_contract(GetParam().contract)->knobs;
+    // As tests/cpu/test_layouts.cpp: the 150-token sequence spans two gradient
+    // chunks (dk/dv chunks on different CP ranks), the batch two weight-gradient chunks.
+    grad_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {23, 150, 41, 9});
+    path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 30, 7, 21});
+  }
+
+  // TP, EP (MoE only), CP zigzag and a mix; the dense fixture drops EP.
+  std::vector<Layout> layouts() const {
+    std::vector<Layout> out;
+    for (const char* name : {"tp2-ep1-cp1", "tp1-ep2-cp1", "tp1-ep1-cp2z", "tp2-ep2-cp2"}) {
+      Layout l = *bp::layouts::parse_layout(name);
+      if (!cfg_.is_moe_model()) l.ep = 1;
+      if (std::find(out.begin(), out.end(), l) == out.end() && bp::layouts::shard_check(l, cfg_, kn_).empty())
+        out.push_back(l);
+    }
+    return out;
+  }
+
+  Layout layout(const char* name) const { return *bp::layouts::parse_layout(name); }
+
+  bp::ModelConfig cfg_;
+  bp::Weights w_;
+  bp::Knobs kn_;
+  Seqs grad_seqs_, path_seqs_;
+};
+
+TEST_P(CudaLayoutsTest, EveryPathEqualsReferenceExtend) {
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const std::pair<const char*, Schedule> paths[] = {{"extend", Schedule::extend()},
+                                                    {"ragged", Schedule::ragged()},
+                                                    {"chunked:5,3", Schedule::chunked({5, 3})},
+                                                    {"decode", Schedule::decode()}};
+  for (const Layout& l : layouts())
+    for (const auto& [name, sched] : paths) {
+      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, sched, opt);
+      EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
+      EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
+    }
+}
+
+// Every op's captured output is the unsharded model's, row for row.
+TEST_P(CudaLayoutsTest, CapturesEqualReference) {
+  bp::ref::ForwardOptions opt;
+  opt.capture = true;
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  for (const Layout& l : layouts()) {
+    const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Schedule::chunked({4}), opt);
+    ASSERT_EQ(got.captures.size(), want.captures.size()) << l.name();
+    for (size_t i = 0; i < want.captures.size(); ++i) {
+      EXPECT_EQ(got.captures[i].name, want.captures[i].name) << l.name();
+      EXPECT_EQ(got.captures[i].shape, want.captures[i].shape) << l.name() << " " << want.captures[i].name;
+      EXPECT_TRUE(got.captures[i].bf16_data == want.captures[i].bf16_data) << l.name() << " " << want.captures[i].name;
+    }
+  }
+}
+
+TEST_P(CudaLayoutsTest, BackwardEqualsReference) {
+  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefSeed);
+  for (const Layout& l : layouts()) {
+    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefSeed);
+    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
+    EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
+    ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
+    for (const auto& [name, g] : want.grads) {
+      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
+      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
+    }
+  }
+}
+
+TEST_P(CudaLayoutsTest, RingReductionDiffersAsOnTheCpu) {
+  bp::ref::ForwardOptions opt;
+  opt.capture = true;
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const Layout ring = layout("tp2-ep1-cp1+ring");
+  const auto gpu = bp::cuda::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Schedule::extend(), opt);
+  const auto cpu = bp::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Schedule::extend(), opt);
+  EXPECT_FALSE(same_captures(gpu, want));
+  EXPECT_TRUE(same_captures(gpu, cpu));
+  EXPECT_TRUE(same_bits(flat(gpu.logprob), flat(cpu.logprob)));
+}
+
+// A rank that fails (a token outside the vocabulary on one rank only) fails the
+// run with its own message; the other ranks are released, not deadlocked.
+TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
+  Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, {6, 6});
+  seqs[1][4] = static_cast<int32_t>(cfg_.vocab_size);
+  EXPECT_THROW(bp::cuda::layouts::forward(cfg_, w_, kn_, layout("tp2-ep1-cp2"), seqs, Schedule::extend()),
+               std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest,
+                         ::testing::Values(Case{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
+                                           Case{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
+                                           Case{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
+                                           Case{"qwen3-moe-tiny", "bf16-fmaseq-v1"}),
+                         [](const auto& info) {
+                           std::string n = info.param.fixture + "_" + info.param.contract;
+                           for (char& c : n)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+}  // namespace
