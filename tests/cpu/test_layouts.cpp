@@ -27,13 +27,9 @@ using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
 
-constexpr uint64_t kWeightSeed = 20261122;
-constexpr uint64_t kCoefSeed = 11;
-
-struct Case {
-  std::string fixture, contract;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.contract; }
+using Case = bp::test::FixtureCase;
+constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
+constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
 // Every layout of the matrix the model allows.
 std::vector<Layout> matrix(const bp::ModelConfig& cfg, const bp::Knobs& kn) {
@@ -179,17 +175,7 @@ TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsTest,
-                         ::testing::Values(Case{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-fmaseq-v1"}),
-                         [](const auto& info) {
-                           std::string n = info.param.fixture + "_" + info.param.contract;
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
 
 // ---- Layout names, sharding rules, refusals ---------------------------------------
 

@@ -24,22 +24,11 @@ using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
 
-constexpr uint64_t kWeightSeed = 20261122;
-constexpr uint64_t kCoefSeed = 11;
+using Case = bp::test::FixtureCase;
+constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
+constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
-struct Case {
-  std::string fixture, contract;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.contract; }
-
-bool same_captures(const bp::ref::ForwardResult& a, const bp::ref::ForwardResult& b) {
-  if (a.captures.size() != b.captures.size()) return false;
-  for (size_t i = 0; i < a.captures.size(); ++i)
-    if (a.captures[i].name != b.captures[i].name || a.captures[i].shape != b.captures[i].shape ||
-        a.captures[i].bf16_data != b.captures[i].bf16_data)
-      return false;
-  return true;
-}
+using bp::test::same_captures;
 
 class CudaLayoutsTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -140,16 +129,6 @@ TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
                std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest,
-                         ::testing::Values(Case{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-fmaseq-v1"}),
-                         [](const auto& info) {
-                           std::string n = info.param.fixture + "_" + info.param.contract;
-                           for (char& c : n)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
 
 }  // namespace

@@ -16,13 +16,9 @@ using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
 
-constexpr uint64_t kWeightSeed = 20261122;
-constexpr uint64_t kCoefSeed = 11;
-
-struct Case {
-  std::string fixture, contract;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.contract; }
+using Case = bp::test::FixtureCase;
+constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
+constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
 class CudaModelTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -34,19 +30,6 @@ class CudaModelTest : public ::testing::TestWithParam<Case> {
     seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 150, 7, 21});
     opt_.entropy = true;
     opt_.capture = true;
-  }
-
-  static void expect_same_captures(const bp::ref::ForwardResult& got, const bp::ref::ForwardResult& want,
-                                   const std::string& what) {
-    ASSERT_EQ(got.captures.size(), want.captures.size()) << what;
-    for (size_t i = 0; i < want.captures.size(); ++i) {
-      const auto& g = got.captures[i];
-      const auto& w = want.captures[i];
-      ASSERT_EQ(g.name, w.name) << what;
-      ASSERT_EQ(g.shape, w.shape) << what << " " << w.name;
-      EXPECT_EQ(0, std::memcmp(g.bf16_data.data(), w.bf16_data.data(), w.bf16_data.size() * sizeof(bp::bf16)))
-          << what << " " << w.name;
-    }
   }
 
   bp::ModelConfig cfg_;
@@ -68,7 +51,7 @@ TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
     const auto got = gpu.forward(seqs_, sched, opt_);
     EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << name;
     EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << name;
-    expect_same_captures(got, want, name);
+    EXPECT_TRUE(bp::test::same_captures(got, want)) << name;
   }
 }
 
@@ -101,16 +84,6 @@ TEST_P(CudaModelTest, FlippedWeightBitDiffers) {
   EXPECT_FALSE(same_bits(flat(got.logprob), flat(want.logprob)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
-                         ::testing::Values(Case{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-fmaseq-v1"}),
-                         [](const auto& info) {
-                           std::string n = info.param.fixture + "_" + info.param.contract;
-                           for (char& c : n)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
 
 }  // namespace

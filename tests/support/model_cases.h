@@ -1,13 +1,18 @@
 // Shared by the model-level suites: the tiny fixtures, seeded token batches and
 // bitwise comparison of per-sequence results.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "harness/io/hf_config.h"
 #include "reference/common/rng.h"
+#include "reference/model/qwen3.h"
 #include "support/golden.h"
 
 namespace bp::test {
@@ -39,6 +44,40 @@ inline std::vector<float> flat(const Rows& r) {
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The model-level suites' parameter: a tiny fixture under a contract.
+struct FixtureCase {
+  std::string fixture, contract;
+};
+inline void PrintTo(const FixtureCase& c, std::ostream* os) { *os << c.fixture << "/" << c.contract; }
+
+// Both tiny fixtures under both contracts, and their gtest names.
+inline auto every_fixture_case() {
+  return ::testing::Values(FixtureCase{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
+                           FixtureCase{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
+                           FixtureCase{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
+                           FixtureCase{"qwen3-moe-tiny", "bf16-fmaseq-v1"});
+}
+inline std::string fixture_case_name(const ::testing::TestParamInfo<FixtureCase>& info) {
+  std::string n = info.param.fixture + "_" + info.param.contract;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+// The weights and loss coefficients the layout and GPU model suites share.
+inline constexpr uint64_t kFixtureWeightSeed = 20261122;
+inline constexpr uint64_t kFixtureCoefSeed = 11;
+
+// Every capture of a has b's name, shape and bits, in the same order.
+inline bool same_captures(const ref::ForwardResult& a, const ref::ForwardResult& b) {
+  if (a.captures.size() != b.captures.size()) return false;
+  for (size_t i = 0; i < a.captures.size(); ++i)
+    if (a.captures[i].name != b.captures[i].name || a.captures[i].shape != b.captures[i].shape ||
+        a.captures[i].bf16_data != b.captures[i].bf16_data)
+      return false;
+  return true;
 }
 
 }  // namespace bp::test
