@@ -230,15 +230,17 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     saved->aseqs = aseq;
   }
 
-  BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD), kn = zeros(T, KD),
-       qr = zeros(T, QD), kr = zeros(T, KD), o = zeros(T, QD), ao = zeros(T, H), a2 = zeros(T, H), mo = zeros(T, H);
-  FBuf rstd1 = fzeros(T), rstd_q = fzeros(int64_t{T} * Hq), rstd_k = fzeros(int64_t{T} * Hkv),
-       ms = fzeros(int64_t{T} * Hq), ls = fzeros(int64_t{T} * Hq), rstd2 = fzeros(T);
-  BBuf kp = zeros(kv_rows, KD), vp = zeros(kv_rows, KD);
+  BBuf ao = zeros(T, H), mo = zeros(T, H), kp = zeros(kv_rows, KD), vp = zeros(kv_rows, KD);
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
     const size_t l = static_cast<size_t>(li);
-    BBuf x_in = be_.clone(x);
+    // Fresh buffers per layer: the backward keeps them (moved, not copied).
+    BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD),
+         kn = zeros(T, KD), qr = zeros(T, QD), kr = zeros(T, KD), o = zeros(T, QD), a2 = zeros(T, H);
+    FBuf rstd1 = fzeros(T), rstd_q = fzeros(int64_t{T} * Hq), rstd_k = fzeros(int64_t{T} * Hkv),
+         ms = fzeros(int64_t{T} * Hq), ls = fzeros(int64_t{T} * Hq), rstd2 = fzeros(T);
+    // x is updated in place: the backward needs the layer's input and midpoint.
+    BBuf x_in = saved ? be_.clone(x) : BBuf{};
     be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "input_layernorm.weight")), eps, a.data(), rstd1.data(), T, 1, H);
     cap(cname(li, "input_norm"), a, H);
     be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.q_proj.weight")), q.data(), T, H, QD, 1);
@@ -275,7 +277,7 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     cap(cname(li, "attn_out"), ao, H);
     be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
     cap(cname(li, "resid_attn"), x, H);
-    BBuf x_mid = be_.clone(x);
+    BBuf x_mid = saved ? be_.clone(x) : BBuf{};
     be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "post_attention_layernorm.weight")), eps, a2.data(), rstd2.data(), T, 1,
                     H);
     cap(cname(li, "post_norm"), a2, H);
@@ -296,27 +298,11 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     cap(cname(li, "mlp_out"), mo, H);
     be_.residual_fwd(kn_, x.data(), mo.data(), x.data(), x.size());
     cap(cname(li, "resid_mlp"), x, H);
-    if (saved) {
-      typename Saved::Layer& s = saved->layers[l];
-      s.x_in = std::move(x_in);
-      s.a1 = be_.clone(a);
-      s.q_pre = be_.clone(q);
-      s.k_pre = be_.clone(k);
-      s.qn = be_.clone(qn);
-      s.kn = be_.clone(kn);
-      s.q = be_.clone(qr);
-      s.k = be_.clone(kr);
-      s.v = be_.clone(v);
-      s.o = be_.clone(o);
-      s.x_mid = std::move(x_mid);
-      s.a2 = be_.clone(a2);
-      s.rstd1 = be_.clone(rstd1);
-      s.rstd_q = be_.clone(rstd_q);
-      s.rstd_k = be_.clone(rstd_k);
-      s.m = be_.clone(ms);
-      s.l = be_.clone(ls);
-      s.rstd2 = be_.clone(rstd2);
-    }
+    if (saved)  // in Saved::Layer's field order
+      saved->layers[l] = {std::move(x_in), std::move(a),     std::move(q),     std::move(k),      std::move(qn),
+                          std::move(kn),   std::move(qr),    std::move(kr),    std::move(v),      std::move(o),
+                          std::move(x_mid), std::move(a2),   std::move(rstd1), std::move(rstd_q), std::move(rstd_k),
+                          std::move(ms),   std::move(ls),    std::move(rstd2)};
   }
   for (const Piece& p : pieces) st.kv_len[p.seq] = p.start + p.len;
 
