@@ -15,14 +15,13 @@ CSV on stdout with bench_moe's columns:
 Exit 125 when torch, torch._grouped_mm or a CUDA GPU is missing (the CTest / bisect
 skip code).
 """
-import argparse
-import statistics
 import sys
+
+from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda, median_us, parse_timing_args
 
 H, I, E, TOP_K = 2048, 768, 128, 8
 ROUTER_SEED = 30
 TOKENS = (128, 1024, 4096)
-EXIT_CANNOT_TEST = 125
 MASK = (1 << 64) - 1
 
 
@@ -41,21 +40,6 @@ def hash_router(tokens):
         order = sorted(range(E), key=lambda e: (-counter_hash(ROUTER_SEED, t * E + e), e))
         ids.append(order[:TOP_K])
     return ids
-
-
-def median_us(torch, call, warmup, reps):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000.0)
-    return statistics.median(times)
 
 
 def bench_case(torch, tokens, w_gate_up, w_down, warmup, reps):
@@ -96,19 +80,9 @@ def bench_case(torch, tokens, w_gate_up, w_down, warmup, reps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=30)
-    args = parser.parse_args()
-    if args.warmup < 0 or args.reps < 1:
-        parser.error("--warmup must be >= 0 and --reps >= 1")
-    try:
-        import torch
-    except ImportError:
-        print("grouped_mm_peer: torch is not installed: skipped", file=sys.stderr)
-        return EXIT_CANNOT_TEST
-    if not torch.cuda.is_available():
-        print("grouped_mm_peer: no CUDA GPU: skipped", file=sys.stderr)
+    args = parse_timing_args(__doc__.splitlines()[0], warmup=5, reps=30)
+    torch = import_torch_with_cuda("grouped_mm_peer")
+    if torch is None:
         return EXIT_CANNOT_TEST
     if not hasattr(torch, "_grouped_mm"):
         print(f"grouped_mm_peer: torch {torch.__version__} has no _grouped_mm: skipped", file=sys.stderr)

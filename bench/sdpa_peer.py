@@ -12,12 +12,11 @@ to all kv_len cached keys (no mask needed). GQA goes through enable_gqa=True (no
 copy of K/V); a backend that refuses a case is left out of it.
 Exit 125 when torch or a CUDA GPU is missing (the CTest / bisect skip code).
 """
-import argparse
-import statistics
 import sys
 
+from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda, median_us, parse_timing_args
+
 HQ, HKV, D = 32, 4, 128
-EXIT_CANNOT_TEST = 125
 
 
 def cases():
@@ -27,21 +26,6 @@ def cases():
     for batch in (1, 8, 64):
         for cache in (1024, 8192, 32768):
             yield "decode", batch, 1, cache
-
-
-def median_us(torch, call, warmup, reps):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000.0)
-    return statistics.median(times)
 
 
 def backends(torch):
@@ -88,19 +72,9 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=20)
-    args = parser.parse_args()
-    if args.warmup < 0 or args.reps < 1:
-        parser.error("--warmup must be >= 0 and --reps >= 1")
-    try:
-        import torch
-    except ImportError:
-        print("sdpa_peer: torch is not installed: skipped", file=sys.stderr)
-        return EXIT_CANNOT_TEST
-    if not torch.cuda.is_available():
-        print("sdpa_peer: no CUDA GPU: skipped", file=sys.stderr)
+    args = parse_timing_args(__doc__.splitlines()[0], warmup=3, reps=20)
+    torch = import_torch_with_cuda("sdpa_peer")
+    if torch is None:
         return EXIT_CANNOT_TEST
     print(f"sdpa_peer: torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
     print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps")

@@ -28,7 +28,6 @@ using bp::test::same_bits;
 using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
-constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
 // Every layout of the matrix the model allows.
@@ -63,17 +62,12 @@ const std::vector<std::pair<std::string, Schedule>>& paths() {
   return p;
 }
 
-class LayoutsTest : public ::testing::TestWithParam<Case> {
+class LayoutsTest : public bp::test::FixtureTest {
  protected:
   void SetUp() override {
-    cfg_ = bp::test::load_fixture(GetParam().fixture);
-    w_ = bp::generate_weights(cfg_, kWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
-    // Four sequences (one per e at EP 4); the 150-token one spans two gradient
-    // chunks, so attention's dk/dv chunks sit on different CP ranks, and the batch
-    // (223 tokens) spans two weight-gradient chunks.
-    grad_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {23, 150, 41, 9});
-    path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 30, 7, 21});
+    FixtureTest::SetUp();
+    grad_seqs_ = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths);
+    path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
   }
 
   void expect_forward_exact(const std::vector<Layout>& layouts, const std::vector<std::string>& path_names) {
@@ -104,9 +98,6 @@ class LayoutsTest : public ::testing::TestWithParam<Case> {
     }
   }
 
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
   Seqs grad_seqs_, path_seqs_;
 };
 
@@ -215,7 +206,7 @@ TEST(Layout, RefusesWhatTheModelCannotShard) {
   EXPECT_NE(why("tp1-ep2-cp1", dense).find("needs a MoE model"), std::string::npos);
   EXPECT_NE(why("tp1-ep3-cp1", moe).find("ep 3 does not divide num_experts 8"), std::string::npos);
   EXPECT_NE(why("tp8-ep1-cp1", moe).find("num_key_value_heads 4"), std::string::npos);
-  const auto w = bp::generate_weights(dense, kWeightSeed);
+  const auto w = bp::generate_weights(dense, bp::test::kFixtureWeightSeed);
   EXPECT_THROW(bp::layouts::forward(dense, w, kn, *bp::layouts::parse_layout("tp1-ep2-cp1"), {{1, 2}},
                                     Schedule::extend()),
                std::invalid_argument);
@@ -226,7 +217,7 @@ TEST(Layout, RefusesWhatTheModelCannotShard) {
 TEST(Layout, RankFailureIsReportedNotDeadlocked) {
   const bp::Knobs kn = bp::find_contract("bf16-fmaseq-v1")->knobs;
   const bp::ModelConfig cfg = bp::test::load_fixture("qwen3-moe-tiny");
-  const auto w = bp::generate_weights(cfg, kWeightSeed);
+  const auto w = bp::generate_weights(cfg, bp::test::kFixtureWeightSeed);
   Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {6, 6});
   seqs[1][4] = static_cast<int32_t>(cfg.vocab_size);  // on rank e = 1, c = 1 only
   try {

@@ -25,21 +25,16 @@ using bp::test::same_bits;
 using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
-constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
 using bp::test::same_captures;
 
-class CudaLayoutsTest : public ::testing::TestWithParam<Case> {
+class CudaLayoutsTest : public bp::test::FixtureTest {
  protected:
   void SetUp() override {
-    cfg_ = bp::test::load_fixture(GetParam().fixture);
-    w_ = bp::generate_weights(cfg_, kWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
-    // As tests/cpu/test_layouts.cpp: the 150-token sequence spans two gradient
-    // chunks (dk/dv chunks on different CP ranks), the batch two weight-gradient chunks.
-    grad_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {23, 150, 41, 9});
-    path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 30, 7, 21});
+    FixtureTest::SetUp();
+    grad_seqs_ = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths);
+    path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
   }
 
   // TP, EP (MoE only), CP zigzag and a mix; the dense fixture drops EP.
@@ -56,9 +51,6 @@ class CudaLayoutsTest : public ::testing::TestWithParam<Case> {
 
   Layout layout(const char* name) const { return *bp::layouts::parse_layout(name); }
 
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
   Seqs grad_seqs_, path_seqs_;
 };
 

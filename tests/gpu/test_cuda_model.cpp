@@ -17,24 +17,18 @@ using bp::test::same_bits;
 using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
-constexpr uint64_t kWeightSeed = bp::test::kFixtureWeightSeed;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 
-class CudaModelTest : public ::testing::TestWithParam<Case> {
+class CudaModelTest : public bp::test::FixtureTest {
  protected:
   void SetUp() override {
-    cfg_ = bp::test::load_fixture(GetParam().fixture);
-    w_ = bp::generate_weights(cfg_, kWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
+    FixtureTest::SetUp();
     // 150 tokens: more than one attention KV split and two weight-gradient chunks.
     seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 150, 7, 21});
     opt_.entropy = true;
     opt_.capture = true;
   }
 
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
   Seqs seqs_;
   bp::ref::ForwardOptions opt_;
 };

@@ -70,6 +70,27 @@ inline std::string fixture_case_name(const ::testing::TestParamInfo<FixtureCase>
 inline constexpr uint64_t kFixtureWeightSeed = 20261122;
 inline constexpr uint64_t kFixtureCoefSeed = 11;
 
+// A suite over every fixture case: the fixture's config, its generated weights
+// (kFixtureWeightSeed) and the contract's knobs.
+class FixtureTest : public ::testing::TestWithParam<FixtureCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = load_fixture(GetParam().fixture);
+    w_ = generate_weights(cfg_, kFixtureWeightSeed);
+    kn_ = find_contract(GetParam().contract)->knobs;
+  }
+  ModelConfig cfg_;
+  Weights w_;
+  Knobs kn_;
+};
+
+// The layout suites' batches (CPU emulated ranks and GPU virtual ranks alike). For
+// the backward four sequences (one per e at EP 4): the 150-token one spans two
+// gradient chunks, so attention's dk/dv chunks sit on different CP ranks, and the
+// batch (223 tokens) spans two weight-gradient chunks. For the paths, a short batch.
+inline const std::vector<int> kLayoutGradLengths = {23, 150, 41, 9};
+inline const std::vector<int> kLayoutPathLengths = {13, 30, 7, 21};
+
 // Every capture of a has b's name, shape and bits, in the same order.
 inline bool same_captures(const ref::ForwardResult& a, const ref::ForwardResult& b) {
   if (a.captures.size() != b.captures.size()) return false;
