@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -38,12 +39,31 @@ namespace bp::cuda {
 // n elements of T in device memory, allocated and freed in the order of `stream`
 // (cudaMallocAsync / cudaFreeAsync), so a temporary may go out of scope while the
 // kernels that use it are still queued on that stream.
+// The default pool would hand freed memory back to the driver at every
+// synchronisation, and the next allocation map it again (tens to hundreds of
+// microseconds for a large temporary, e.g. linear's chunk-tree scratch); the
+// process keeps it instead, once per device.
+inline void keep_freed_pool_memory() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  BP_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev % 64);
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  cudaMemPool_t pool;
+  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t keep_all = UINT64_MAX;
+  BP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
 template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t n, cudaStream_t stream = 0) : n_(n), stream_(stream) {
-    if (n > 0) BP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), stream));
+    if (n == 0) return;
+    keep_freed_pool_memory();
+    BP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), stream));
   }
   // A copy of `host`. A pageable source is staged before the call returns, so
   // `host` may be released at once.

@@ -15,7 +15,10 @@
 //     product returns its accumulator unchanged, so padding is exact;
 //   - fma-seq: per thread, a micro-tile of outputs, one fmaf per valid reduction
 //     element in increasing order (padding is skipped: fma(0, 0, -0) would be +0);
-//   - the chunk partials fold into the tree as they finish (ChunkTree).
+//   - the chunk partials fold into the tree as they finish (ChunkTree);
+//   - sm90-tc where TMA can read both operands and M is past decode sizes: the
+//     warpgroup kernel, the same G steps on wgmma with TMA-fed, swizzled stages
+//     of 64 reduction elements (the section below says how).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +29,8 @@
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/ptx.cuh"
+#include "optimized/cuda/tma.h"
+#include "optimized/cuda/wgmma.cuh"
 #include "optimized/cuda/linear.h"
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
@@ -142,6 +147,7 @@ __device__ void load_stage(const Operand op, int row0, int j0, int jvalid, bf16*
 // proved against the model. Accumulator i = (mt·kNTiles + nt)·4 + e.
 template <class Cfg, Major MA, Major MB>
 struct TensorCoreDot {
+  using PairedColumns = void;  // accumulators 2i and 2i + 1 are adjacent columns
   using TA = SmemTile<MA, Cfg::kBM>;
   using TB = SmemTile<MB, Cfg::kBN>;
   float acc[Cfg::kAcc];
@@ -308,16 +314,40 @@ struct ChunkTree {
 };
 
 // --- the kernel -----------------------------------------------------------------
+// Dots whose accumulators i and i + 1 (i even) are adjacent columns of one row
+// store them with one access where the row length and the pointer allow.
+template <class Dot>
+concept PairedColumns = requires { typename Dot::PairedColumns; };
+
 template <class Cfg, class Dot>
 __device__ void store_outputs(const Problem& p, const Dot& d, int row0, int col0) {
+  constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
+  const void* out = p.out_f32 ? static_cast<const void*>(p.out_f32) : static_cast<const void*>(p.out_bf16);
+  const bool paired = kStep == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
 #pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) {
+  for (int i = 0; i < Cfg::kAcc; i += kStep) {
     const int r = row0 + d.row(i), c = col0 + d.col(i);
     if (r >= p.m || c >= p.n) continue;
     const size_t at = static_cast<size_t>(r) * p.n + c;
-    if (p.out_f32) p.out_f32[at] = d.acc[i];
-    else p.out_bf16[at] = round_bf16(d.acc[i]);
+    if (paired) {
+      if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(d.acc[i], d.acc[i + 1]);
+      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(d.acc[i]).bits |
+                                                           (static_cast<uint32_t>(round_bf16(d.acc[i + 1]).bits) << 16);
+      continue;
+    }
+#pragma unroll
+    for (int e = 0; e < kStep; ++e) {
+      if (c + e >= p.n) break;
+      if (p.out_f32) p.out_f32[at + e] = d.acc[i + e];
+      else p.out_bf16[at + e] = round_bf16(d.acc[i + e]);
+    }
   }
+}
+
+// Reduction elements of stage s (bk elements each, stages_per_chunk per chunk)
+// that belong to its chunk; <= 0: none (the last chunk may be shorter).
+__device__ inline int stage_valid(const Problem& p, int s, int stages_per_chunk, int bk) {
+  return min(p.chunk, p.red - (s / stages_per_chunk) * p.chunk) - (s % stages_per_chunk) * bk;
 }
 
 // The CTA's output tile at (row0, col0) of problem p, over the whole reduction.
@@ -332,11 +362,7 @@ __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
 
   const int stages_per_chunk = (p.chunk + kBK - 1) / kBK;
   const int stages = p.chunks * stages_per_chunk;
-  // Reduction elements of stage s that belong to its chunk (<= 0: none).
-  auto valid_of = [&](int s) {
-    const int c = s / stages_per_chunk;
-    return min(p.chunk, p.red - c * p.chunk) - (s % stages_per_chunk) * kBK;
-  };
+  auto valid_of = [&](int s) { return stage_valid(p, s, stages_per_chunk, kBK); };
   auto issue = [&](int s) {
     if (s < stages) {
       const int j0 = (s / stages_per_chunk) * p.chunk + (s % stages_per_chunk) * kBK;
@@ -381,6 +407,215 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   gemm_tile<Cfg, DotT, MA, MB>(p, tile.row0, tile.col0);
 }
 
+// --- the warpgroup kernel (sm90-tc on wgmma, operands by TMA) ------------------
+// The same G steps in the same order as TensorCoreDot — each wgmma k16 is one G
+// step per output, K groups walked upward, one CTA per output tile, the chunk
+// tree unchanged — on Hopper's asynchronous path: one producer warpgroup (one
+// thread) copies 64-element reduction stages of both operands into 128-byte-
+// swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
+// run wgmma on them while the next stages arrive. Each chunk's stages start at
+// the chunk's first element, and a stage's k16 groups past its chunk's end are
+// not issued (whatever the copy brought there), so no group straddles two chunks
+// as long as chunks are whole groups (chunk % 16 == 0, or a single chunk); the
+// part of a stage past the reduction's end arrives as zeros, exactly the padding
+// of gemm_tile.
+constexpr int kWgBK = 64;                              // one 128-byte swizzle row of bf16
+constexpr int kBox = 64;                               // TMA boxes: 64 × 64 bf16
+constexpr uint32_t kBoxBytes = kBox * kBox * sizeof(bf16);
+constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: the SBO of every operand
+
+template <int BN, int RegSlots, int Stages>
+struct WarpgroupTile {
+  static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages;
+  static constexpr int kConsumers = kBM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
+  static constexpr uint32_t kABytes = kBM * kWgBK * sizeof(bf16), kBBytes = kBN * kWgBK * sizeof(bf16);
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // Stages, their barriers, and slack to align the first stage to 1024 bytes.
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
+};
+// A single chunk and enough tiles: 128 × 256 (128 accumulators per consumer thread).
+using WgWideTile = WarpgroupTile<256, 0, 4>;
+// Chunked reductions or fewer tiles: 128 × 128, the tree's first level in registers.
+using WgNarrowTile = WarpgroupTile<128, 1, 6>;
+
+// Where an operand's stage lives in shared memory: Red operands are kRows rows of
+// 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
+// of 64 rows × 64 reduction elements, one 128-byte line per reduction element
+// (M/N-major, a box every kBoxBytes). The k16 group kk starts 32 bytes (Red) or 16
+// lines (Row) further.
+template <Major M>
+struct SwizzledOperand {
+  static constexpr int kTrans = M == Major::Row ? 1 : 0;
+  static constexpr uint32_t kLbo = M == Major::Row ? kBoxBytes : 16;  // K-major swizzled: unused
+  __device__ static uint32_t group_offset(int kk) { return M == Major::Red ? 32u * kk : 16u * 128u * kk; }
+  __device__ static uint64_t descriptor(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + group_offset(kk), kLbo, kSwizzleGroupBytes);
+  }
+  // Copies rows [row0, row0 + rows) × reduction [j0, j0 + kWgBK) as rows / 64 boxes.
+  __device__ static void load(void* tile, const void* map, uint64_t* bar, int row0, int j0, int rows) {
+    for (int b = 0; b < rows / kBox; ++b) {
+      void* dst = static_cast<char*>(tile) + b * kBoxBytes;
+      if constexpr (M == Major::Red) sm90::tma_load_2d(dst, map, bar, j0, row0 + b * kBox);
+      else sm90::tma_load_2d(dst, map, bar, row0 + b * kBox, j0);
+    }
+  }
+};
+
+template <int N, int TransA, int TransB>
+__device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b);
+  else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b);
+}
+
+// A consumer warpgroup's 64 × kBN accumulators: warp w of the group holds rows
+// 16w..16w+15 in mma.sync's C layout, n8 block after n8 block (PTX ISA, wgmma
+// register fragments).
+template <class Cfg, Major MA, Major MB>
+struct WarpgroupDot {
+  using PairedColumns = void;  // accumulators 2i and 2i + 1 are adjacent columns
+  using OpA = SwizzledOperand<MA>;
+  using OpB = SwizzledOperand<MB>;
+  float acc[Cfg::kAcc];
+  int consumer, row_base, lane;
+
+  __device__ explicit WarpgroupDot(int c) : consumer(c) {
+    const int t = threadIdx.x % 128;
+    row_base = 64 * c + 16 * (t / 32);
+    lane = t % 32;
+    clear();
+  }
+  __device__ void clear() {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
+  }
+  __device__ int row(int i) const { return row_base + lane / 4 + 8 * ((i % 4) / 2); }
+  __device__ int col(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
+
+  // Issues the stage's groups that hold reduction elements, in increasing order.
+  __device__ void step(uint32_t tile_a, uint32_t tile_b, int jvalid) {
+    const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
+    sm90::fence_accumulators(acc);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgBK / 16; ++kk)
+      if (kk * 16 < jvalid)
+        wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk));
+    sm90::wgmma_commit();
+  }
+  template <int Pending>
+  __device__ void wait() {
+    sm90::wgmma_wait<Pending>();
+    sm90::fence_accumulators(acc);
+  }
+};
+
+// Shared-memory plan of one CTA: the stages (1024-byte aligned), then a "full"
+// barrier per stage (the producer's copies landed) and an "empty" one (every
+// consumer thread is done reading it).
+template <class Cfg>
+struct WarpgroupSmem {
+  unsigned char* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ explicit WarpgroupSmem(unsigned char* raw) {
+    stages = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
+    full = reinterpret_cast<uint64_t*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    empty = full + Cfg::kStages;
+  }
+  __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
+  __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
+};
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_producer(const Problem& p, const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm,
+                                   int row0, int col0, int stages_per_chunk, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % Cfg::kStages, round = s / Cfg::kStages;
+    if (round > 0) sm90::mbarrier_wait(&sm.empty[slot], (round - 1) & 1);
+    if (stage_valid(p, s, stages_per_chunk, kWgBK) <= 0) {  // nothing to copy: the consumers issue no group
+      sm90::mbarrier_arrive(&sm.full[slot]);
+      continue;
+    }
+    sm90::mbarrier_arrive_expect_tx(&sm.full[slot], Cfg::kStageBytes);
+    const int j0 = (s / stages_per_chunk) * p.chunk + (s % stages_per_chunk) * kWgBK;
+    SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, j0, Cfg::kBM);
+    SwizzledOperand<MB>::load(sm.b(slot), map_b, &sm.full[slot], col0, j0, Cfg::kBN);
+  }
+}
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_consumer(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
+                                   int stages_per_chunk, int stages, int consumer) {
+  using Dot = WarpgroupDot<Cfg, MA, MB>;
+  Dot dot(consumer);
+  ChunkTree<Cfg, Dot> tree(p, row0, col0);
+  int unreleased = -1;  // the slot whose wgmma may still read it
+  auto release = [&](int slot) { sm90::mbarrier_arrive(&sm.empty[slot]); };
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % Cfg::kStages;
+    sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+    const int c = s / stages_per_chunk;
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages_per_chunk, kWgBK));
+    if (s % stages_per_chunk == stages_per_chunk - 1) {  // the chunk's partial is complete
+      dot.template wait<0>();
+      if (unreleased >= 0) release(unreleased);
+      release(slot);
+      unreleased = -1;
+      if (tree.finish_chunk(dot, c)) store_outputs<Cfg>(p, dot, row0, col0);
+      else dot.clear();
+    } else {  // keep one stage's wgmma in flight
+      dot.template wait<1>();
+      if (unreleased >= 0) release(unreleased);
+      unreleased = slot;
+    }
+  }
+}
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* map_b, int row0, int col0) {
+  extern __shared__ __align__(128) unsigned char wg_smem_raw[];
+  const WarpgroupSmem<Cfg> sm(wg_smem_raw);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      sm90::mbarrier_init(&sm.full[s], 1);
+      sm90::mbarrier_init(&sm.empty[s], 128 * Cfg::kConsumers);
+    }
+    sm90::mbarrier_init_fence();
+  }
+  __syncthreads();
+  const int stages_per_chunk = (p.chunk + kWgBK - 1) / kWgBK;
+  const int stages = p.chunks * stages_per_chunk;
+  const int group = threadIdx.x / 128;
+  if (group == 0) {
+    sm90::release_registers<40>();
+    if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(p, map_a, map_b, sm, row0, col0, stages_per_chunk, stages);
+  } else {
+    sm90::claim_registers<232>();
+    warpgroup_consumer<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, stages, group - 1);
+  }
+}
+
+// One CTA per tile: x over column tiles, y over row tiles.
+template <class Cfg, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const Problem p) {
+  warpgroup_tile<Cfg, MA, MB>(p, &map_a, &map_b, blockIdx.y * Cfg::kBM, blockIdx.x * Cfg::kBN);
+}
+
+// maps: problem g's A and B maps at 2g and 2g + 1 (device memory).
+template <class Cfg, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    warpgroup_grouped_kernel(const Problem* __restrict__ problems, const CUtensorMap* __restrict__ maps,
+                             const GroupTile* __restrict__ tiles) {
+  const GroupTile tile = tiles[blockIdx.x];
+  const Problem p = problems[tile.problem];
+  warpgroup_tile<Cfg, MA, MB>(p, &maps[2 * tile.problem], &maps[2 * tile.problem + 1], tile.row0, tile.col0);
+}
+
 // --- host side ------------------------------------------------------------------
 template <class Cfg, Major MA, Major MB>
 constexpr size_t kSmemBytes =
@@ -393,33 +628,23 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
-template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
-void launch(const Problem& p, cudaStream_t stream) {
-  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
-  const auto kernel = linear_kernel<Cfg, DotT, MA, MB>;
-  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
-  BP_CUDA_CHECK(opt_in);
-  const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
-  BP_CUDA_CHECK_LAUNCH();
-}
-
-template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
-void launch_grouped(const Problem* problems, const GroupTile* tiles, size_t count, cudaStream_t stream) {
-  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
-  const auto kernel = grouped_kernel<Cfg, DotT, MA, MB>;
-  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
-  BP_CUDA_CHECK(opt_in);
-  kernel<<<static_cast<unsigned>(count), Cfg::kThreads, kSmem, stream>>>(problems, tiles);
-  BP_CUDA_CHECK_LAUNCH();
-}
-
 // Levels of the chunk tree that hold a pending node at some point: chunk c < chunks − 1
 // stores at the level of its trailing one bits.
 int tree_levels(int chunks) {
   int levels = 0;
   while ((1 << levels) - 1 <= chunks - 2) ++levels;
   return levels;
+}
+
+// Scratch elements for the tree levels Cfg keeps out of registers.
+template <class Cfg>
+size_t spill_elems(const Problem& p) {
+  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * p.m * p.n;
+}
+
+template <class Cfg>
+long long tile_count(const Problem& p) {
+  return static_cast<long long>((p.m + Cfg::kBM - 1) / Cfg::kBM) * ((p.n + Cfg::kBN - 1) / Cfg::kBN);
 }
 
 int multiprocessors() {
@@ -429,30 +654,81 @@ int multiprocessors() {
   return sms;
 }
 
-// Runs the GEMM with the tile that fills the GPU best: decode-sized M gets the
-// 16-row tile, a single chunk the 128 × 128 tile if it alone gives a wave, else
-// the narrower tiles (which keep three tree levels in registers).
-template <template <class, Major, Major> class DotT, Major MA, Major MB>
-void run_with_dot(Problem p, cudaStream_t stream) {
+// One launch over all tiles of p (its tree scratch freed in stream order after it).
+template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
+void launch(Problem p, cudaStream_t stream) {
+  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
+  const auto kernel = linear_kernel<Cfg, DotT, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
+  BP_CUDA_CHECK(opt_in);
+  DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
+  p.spill = spill.get();
+  const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+// The A and B operands of p as TMA maps with 64 × 64 boxes; the reduction
+// extent is p.red, so a stage reaching past it reads zeros.
+template <Major M>
+CUtensorMap operand_map(const Operand& op, int red) {
+  if constexpr (M == Major::Red) return bf16_tensor_map(op.p, red, op.rows, op.ld, kBox, kBox);
+  else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
+}
+
+template <class Cfg, Major MA, Major MB>
+void launch_warpgroup(Problem p, cudaStream_t stream) {
+  const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
+  BP_CUDA_CHECK(opt_in);
+  DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
+  p.spill = spill.get();
+  const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// TMA reads an operand in place when its base is 16-byte aligned and its rows
+// are whole 16-byte units apart.
+bool tma_ready(const Operand& op) { return aligned16(op.p) && op.ld % 8 == 0; }
+
+// The warpgroup kernel computes p when TMA can read both operands and chunks are
+// whole k16 groups.
+bool warpgroup_can_run(const Problem& p) {
+  return tma_ready(p.a) && tma_ready(p.b) && (p.chunks == 1 || p.chunk % 16 == 0);
+}
+
+// ... and takes it when M is past decode sizes (the 16-row tile keeps more weight
+// bytes in flight there).
+bool warpgroup_fits(const Problem& p) { return warpgroup_can_run(p) && p.m > SmallTile::kBM; }
+
+// The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 256
+// for one chunk and at least a wave of tiles, else 128 × 128 if that gives an
+// eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
+// measured on these shapes, so even a partial wave wins); false leaves p to the
+// mma.sync kernels.
+template <Major MA, Major MB>
+bool run_warpgroup(const Problem& p, cudaStream_t stream) {
+  if (!warpgroup_fits(p)) return false;
   const int sms = multiprocessors();
-  auto ctas = [&](auto cfg) {
-    using Cfg = decltype(cfg);
-    return static_cast<long long>((p.m + Cfg::kBM - 1) / Cfg::kBM) * ((p.n + Cfg::kBN - 1) / Cfg::kBN);
-  };
-  auto run = [&](auto cfg) {
-    using Cfg = decltype(cfg);
-    const int spill_levels = std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots);
-    void* spill = nullptr;
-    if (spill_levels > 0)
-      BP_CUDA_CHECK(cudaMallocAsync(&spill, sizeof(float) * spill_levels * static_cast<size_t>(p.m) * p.n, stream));
-    p.spill = static_cast<float*>(spill);
-    launch<Cfg, DotT, MA, MB>(p, stream);
-    if (spill) BP_CUDA_CHECK(cudaFreeAsync(spill, stream));
-  };
-  if (p.m <= SmallTile::kBM) return run(SmallTile{});
-  if (p.chunks == 1 && ctas(WideTile{}) >= sms) return run(WideTile{});
-  if (ctas(NarrowTile{}) >= sms) return run(NarrowTile{});
-  run(MidTile{});
+  if (p.chunks == 1 && tile_count<WgWideTile>(p) >= sms) launch_warpgroup<WgWideTile, MA, MB>(p, stream);
+  else if (8 * tile_count<WgNarrowTile>(p) >= sms) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
+  else return false;
+  return true;
+}
+
+// Runs the GEMM with the mma.sync tile that fills the GPU best: decode-sized M
+// gets the 16-row tile, a single chunk the 128 × 128 tile if it alone gives a
+// wave, else the narrower tiles (which keep three tree levels in registers).
+template <template <class, Major, Major> class DotT, Major MA, Major MB>
+void run_with_dot(const Problem& p, cudaStream_t stream) {
+  const int sms = multiprocessors();
+  if (p.m <= SmallTile::kBM) return launch<SmallTile, DotT, MA, MB>(p, stream);
+  if (p.chunks == 1 && tile_count<WideTile>(p) >= sms) return launch<WideTile, DotT, MA, MB>(p, stream);
+  if (tile_count<NarrowTile>(p) >= sms) return launch<NarrowTile, DotT, MA, MB>(p, stream);
+  launch<MidTile, DotT, MA, MB>(p, stream);
 }
 
 template <Major MA, Major MB>
@@ -464,38 +740,89 @@ void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
                                   bytes, stream));
     return;
   }
-  if (model == DotModel::Sm90Tc) run_with_dot<TensorCoreDot, MA, MB>(p, stream);
-  else run_with_dot<SimtFmaDot, MA, MB>(p, stream);
+  if (model == DotModel::Sm90Tc) {
+    if (!run_warpgroup<MA, MB>(p, stream)) run_with_dot<TensorCoreDot, MA, MB>(p, stream);
+  } else {
+    run_with_dot<SimtFmaDot, MA, MB>(p, stream);
+  }
 }
 
-// Problems of one grouped launch (same chunking, any sizes): one tile config for
-// all, the 16-row tile when every problem is decode-sized, else the 64 × 64 tile,
-// whose many CTAs fill the GPU over small groups. The chunk-tree levels past the
-// registers get one scratch plane set per problem.
+// A grouped launch: one CTA per tile of every problem (problem-major), and each
+// problem's chunk-tree scratch, past the registers Cfg keeps, in one buffer.
+template <class Cfg>
+struct GroupPlan {
+  std::vector<Problem> problems;
+  std::vector<GroupTile> tiles;
+  DeviceBuffer<float> spill;
+
+  GroupPlan(std::vector<Problem> ps, cudaStream_t stream) : problems(std::move(ps)) {
+    std::vector<size_t> spill_at;
+    size_t elems = 0;
+    for (size_t g = 0; g < problems.size(); ++g) {
+      const Problem& p = problems[g];
+      spill_at.push_back(elems);
+      elems += spill_elems<Cfg>(p);
+      for (int r = 0; r < p.m; r += Cfg::kBM)
+        for (int c = 0; c < p.n; c += Cfg::kBN) tiles.push_back({static_cast<int>(g), r, c});
+    }
+    spill = DeviceBuffer<float>(elems, stream);
+    for (size_t g = 0; g < problems.size(); ++g)
+      problems[g].spill = spill.get() ? spill.get() + spill_at[g] : nullptr;
+  }
+};
+
+template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
+void launch_grouped(std::vector<Problem> problems, cudaStream_t stream) {
+  constexpr size_t kSmem = kSmemBytes<Cfg, MA, MB>;
+  const auto kernel = grouped_kernel<Cfg, DotT, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, kSmem);
+  BP_CUDA_CHECK(opt_in);
+  GroupPlan<Cfg> plan(std::move(problems), stream);
+  const DeviceBuffer<Problem> d_problems(plan.problems, stream);
+  const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
+  kernel<<<static_cast<unsigned>(plan.tiles.size()), Cfg::kThreads, kSmem, stream>>>(d_problems.get(), d_tiles.get());
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg, Major MA, Major MB>
+void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream) {
+  const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
+  BP_CUDA_CHECK(opt_in);
+  GroupPlan<Cfg> plan(std::move(problems), stream);
+  std::vector<CUtensorMap> maps;
+  for (const Problem& p : plan.problems) {
+    maps.push_back(operand_map<MA>(p.a, p.red));
+    maps.push_back(operand_map<MB>(p.b, p.red));
+  }
+  const DeviceBuffer<Problem> d_problems(plan.problems, stream);
+  const DeviceBuffer<CUtensorMap> d_maps(maps, stream);
+  const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
+  kernel<<<static_cast<unsigned>(plan.tiles.size()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      d_problems.get(), d_maps.get(), d_tiles.get());
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+// Problems of one grouped launch on the mma.sync/SIMT tiles: the 16-row tile when
+// every problem is decode-sized, else the 64 × 64 tile, whose many CTAs fill the
+// GPU over small groups.
 template <template <class, Major, Major> class DotT, Major MA, Major MB>
 void run_grouped_with_dot(std::vector<Problem> problems, cudaStream_t stream) {
   int max_m = 0;
   for (const Problem& p : problems) max_m = std::max(max_m, p.m);
-  auto run = [&](auto cfg) {
-    using Cfg = decltype(cfg);
-    std::vector<size_t> spill_at(problems.size());
-    size_t spill_elems = 0;
-    std::vector<GroupTile> tiles;
-    for (size_t g = 0; g < problems.size(); ++g) {
-      const Problem& p = problems[g];
-      spill_at[g] = spill_elems;
-      spill_elems += static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * p.m * p.n;
-      for (int r = 0; r < p.m; r += Cfg::kBM)
-        for (int c = 0; c < p.n; c += Cfg::kBN) tiles.push_back({static_cast<int>(g), r, c});
-    }
-    DeviceBuffer<float> spill(spill_elems, stream);
-    for (size_t g = 0; g < problems.size(); ++g) problems[g].spill = spill.get() ? spill.get() + spill_at[g] : nullptr;
-    const DeviceBuffer<Problem> d_problems(problems, stream);
-    const DeviceBuffer<GroupTile> d_tiles(tiles, stream);
-    launch_grouped<Cfg, DotT, MA, MB>(d_problems.get(), d_tiles.get(), tiles.size(), stream);
-  };
-  if (max_m <= SmallTile::kBM) run(SmallTile{});
-  else run(MidTile{});
+  if (max_m <= SmallTile::kBM) launch_grouped<SmallTile, DotT, MA, MB>(std::move(problems), stream);
+  else launch_grouped<MidTile, DotT, MA, MB>(std::move(problems), stream);
+}
+
+// The warpgroup kernel (128 × 128) takes a group when every problem fits it and
+// they average half a tile of rows or more.
+bool warpgroup_group_fits(const std::vector<Problem>& problems) {
+  long long rows = 0;
+  for (const Problem& p : problems) {
+    if (!warpgroup_can_run(p)) return false;
+    rows += p.m;
+  }
+  return 2 * rows >= static_cast<long long>(problems.size()) * WgNarrowTile::kBM;
 }
 
 template <Major MA, Major MB>
@@ -507,11 +834,10 @@ void run_grouped(DotModel model, const std::vector<Problem>& problems, cudaStrea
     else launched.push_back(p);
   }
   if (launched.empty()) return;
-  if (model == DotModel::Sm90Tc) run_grouped_with_dot<TensorCoreDot, MA, MB>(std::move(launched), stream);
-  else run_grouped_with_dot<SimtFmaDot, MA, MB>(std::move(launched), stream);
+  if (model == DotModel::FmaSeq) run_grouped_with_dot<SimtFmaDot, MA, MB>(std::move(launched), stream);
+  else if (warpgroup_group_fits(launched)) launch_warpgroup_grouped<WgNarrowTile, MA, MB>(std::move(launched), stream);
+  else run_grouped_with_dot<TensorCoreDot, MA, MB>(std::move(launched), stream);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // An operand whose reduction index is contiguous: 16-byte runs stay inside one
 // chunk when rows, chunk starts and chunk lengths are multiples of 8 elements.
@@ -545,33 +871,43 @@ Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_
                  K == 0 ? 0 : k_chunks, out_f32, out_bf16, nullptr};
 }
 
-void forward(const Knobs& kn, const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
-             int k_chunks, cudaStream_t stream) {
-  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, out_f32, out_bf16, T, K, N, k_chunks), stream);
-}
-
 // out[t][k] over N (input gradient): dy [T][N] reduction-contiguous, w [N][K] read
 // as w[n][k] with the output index k contiguous.
-void dgrad(const Knobs& kn, const bf16* dy, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
-           int n_chunks, cudaStream_t stream) {
+Problem dgrad_problem(const bf16* dy, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
+                      int n_chunks) {
   check_sizes(T, K, N);
   check_chunks(N, n_chunks, "N");
   const int chunk = N / n_chunks;
-  const Problem p{red_major(dy, N, T, N, chunk), row_major(w, K, K), T, K, N, chunk,
-                  N == 0 ? 0 : n_chunks, out_f32, out_bf16, nullptr};
-  run_gemm<Major::Red, Major::Row>(kn.dot, p, stream);
+  return Problem{red_major(dy, N, T, N, chunk), row_major(w, K, K), T, K, N, chunk,
+                 N == 0 ? 0 : n_chunks, out_f32, out_bf16, nullptr};
+}
+
+// dw[n][k] over tokens: A(n, t) = dy[t][n] and B(k, t) = x[t][k], both with the
+// output index contiguous; chunks of grad_token_chunk tokens, the last shorter.
+Problem wgrad_problem(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N) {
+  check_sizes(T, K, N);
+  if (kn.grad_token_chunk < 1)
+    throw std::invalid_argument("linear_wgrad: grad_token_chunk = " + std::to_string(kn.grad_token_chunk));
+  const int chunks = (T + kn.grad_token_chunk - 1) / kn.grad_token_chunk;
+  return Problem{row_major(dy, N, N), row_major(x, K, K), N, K, T, kn.grad_token_chunk, chunks, dw, nullptr, nullptr};
+}
+
+// exactly one of acc, y: the group's output.
+void check_one_output(const char* fn, int g, const void* acc, const void* y) {
+  if ((acc == nullptr) == (y == nullptr))
+    throw std::invalid_argument(std::string(fn) + ": group " + std::to_string(g) + " needs exactly one of acc, y");
 }
 
 }  // namespace
 
 void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
                 cudaStream_t stream) {
-  forward(kn, x, w, acc, nullptr, T, K, N, k_chunks, stream);
+  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, acc, nullptr, T, K, N, k_chunks), stream);
 }
 
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
                 cudaStream_t stream) {
-  forward(kn, x, w, nullptr, y, T, K, N, k_chunks, stream);
+  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, nullptr, y, T, K, N, k_chunks), stream);
 }
 
 void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int k_chunks,
@@ -579,8 +915,7 @@ void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, i
   std::vector<Problem> problems;
   for (int g = 0; g < count; ++g) {
     const LinearGroup& lg = groups[g];
-    if ((lg.acc == nullptr) == (lg.y == nullptr))
-      throw std::invalid_argument("linear_fwd_grouped: group " + std::to_string(g) + " needs exactly one of acc, y");
+    check_one_output("linear_fwd_grouped", g, lg.acc, lg.y);
     problems.push_back(forward_problem(lg.x, lg.w, lg.acc, lg.y, lg.T, K, N, k_chunks));
   }
   run_grouped<Major::Red, Major::Red>(kn.dot, problems, stream);
@@ -588,25 +923,35 @@ void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, i
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
                   cudaStream_t stream) {
-  dgrad(kn, dy, w, nullptr, dx, T, K, N, n_chunks, stream);
+  run_gemm<Major::Red, Major::Row>(kn.dot, dgrad_problem(dy, w, nullptr, dx, T, K, N, n_chunks), stream);
 }
 
 void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
                       cudaStream_t stream) {
-  dgrad(kn, dy, w, acc, nullptr, T, K, N, n_chunks, stream);
+  run_gemm<Major::Red, Major::Row>(kn.dot, dgrad_problem(dy, w, acc, nullptr, T, K, N, n_chunks), stream);
 }
 
-// dw[n][k] over tokens: A(n, t) = dy[t][n] and B(k, t) = x[t][k], both with the
-// output index contiguous; chunks of grad_token_chunk tokens, the last shorter.
+void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int n_chunks,
+                          cudaStream_t stream) {
+  std::vector<Problem> problems;
+  for (int g = 0; g < count; ++g) {
+    const LinearGroup& lg = groups[g];
+    check_one_output("linear_dgrad_grouped", g, lg.acc, lg.y);
+    problems.push_back(dgrad_problem(lg.x, lg.w, lg.acc, lg.y, lg.T, K, N, n_chunks));
+  }
+  run_grouped<Major::Red, Major::Row>(kn.dot, problems, stream);
+}
+
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,
                   cudaStream_t stream) {
-  check_sizes(T, K, N);
-  if (kn.grad_token_chunk < 1)
-    throw std::invalid_argument("linear_wgrad: grad_token_chunk = " + std::to_string(kn.grad_token_chunk));
-  const int chunks = (T + kn.grad_token_chunk - 1) / kn.grad_token_chunk;
-  const Problem p{row_major(dy, N, N), row_major(x, K, K), N, K, T, kn.grad_token_chunk, chunks, dw, nullptr,
-                  nullptr};
-  run_gemm<Major::Row, Major::Row>(kn.dot, p, stream);
+  run_gemm<Major::Row, Major::Row>(kn.dot, wgrad_problem(kn, dy, x, dw, T, K, N), stream);
+}
+
+void linear_wgrad_grouped(const Knobs& kn, const WgradGroup* groups, int count, int K, int N, cudaStream_t stream) {
+  std::vector<Problem> problems;
+  for (int g = 0; g < count; ++g)
+    problems.push_back(wgrad_problem(kn, groups[g].dy, groups[g].x, groups[g].dw, groups[g].T, K, N));
+  run_grouped<Major::Row, Major::Row>(kn.dot, problems, stream);
 }
 
 }  // namespace bp::cuda

@@ -1,6 +1,7 @@
 // CUDA twin of reference/ops/linear.h (SPEC.md §5.4): same arguments, device
 // pointers, bit-identical results under every contract. Asynchronous on `stream`.
-// sm90-tc runs on the tensor cores (mma.sync.m16n8k16), fma-seq on the SIMT cores.
+// sm90-tc runs on the tensor cores (wgmma fed by TMA where the operands allow and
+// M > 16, else mma.sync.m16n8k16), fma-seq on the SIMT cores.
 // Reductions with more chunks than a tile keeps in registers (tree levels >= 3,
 // e.g. wgrad over more than 8 token chunks) allocate a stream-ordered fp32 scratch
 // of one [rows][cols] plane per extra level.
@@ -42,8 +43,25 @@ void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int 
 void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
                       cudaStream_t stream = 0);
 
+// Every group's linear_dgrad / linear_dgrad_acc in one launch, with LinearGroup's
+// x read as the group's dy [T][N] and w [N][K] its weight.
+void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int n_chunks,
+                          cudaStream_t stream = 0);
+
 // dw[n][k] = token-chunked dot over t of dy[t][n] · x[t][k] (grad_token_chunk), fp32.
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,
                   cudaStream_t stream = 0);
+
+// One weight gradient of a grouped launch: dy [T][N], x [T][K] into dw [N][K].
+struct WgradGroup {
+  const bf16* dy;
+  const bf16* x;
+  int T;
+  float* dw;
+};
+
+// Every group's linear_wgrad (the same bits) in one launch.
+void linear_wgrad_grouped(const Knobs& kn, const WgradGroup* groups, int count, int K, int N,
+                          cudaStream_t stream = 0);
 
 }  // namespace bp::cuda

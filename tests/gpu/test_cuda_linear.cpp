@@ -254,6 +254,18 @@ TEST_P(LinearGpu, EdgeValues) {
     check_problem(contract(), contract().knobs, pb, Fill::Edge, seed += 5, 1 << 30, {});
 }
 
+// Shapes large enough for the warpgroup (wgmma + TMA) kernel by linear.cu's rule
+// (M > 16, at least 17 tiles of 128 x 128; the first forward has 153 tiles of
+// 128 x 256), every function, Spread and Edge values: reduction tails that end
+// inside a k16 group (K = 1032, N = 1000, 300 tokens = two token chunks of 128 and
+// one of 44), chunks that are not whole 64-element stages (K = 768 in 8 chunks of
+// 96), edge tiles in both output dimensions. Sampled rows (the reference is slow).
+TEST_P(LinearGpu, WarpgroupShapes) {
+  uint64_t seed = 3000;
+  for (const Problem& pb : {Problem{300, 1032, 1000, 1}, Problem{260, 768, 2048, 8}, Problem{1100, 200, 4100, 1}})
+    for (Fill fill : {Fill::Spread, Fill::Edge}) check_problem(contract(), contract().knobs, pb, fill, seed += 11, 24, {});
+}
+
 // The real projections at M = 1, 16, 128, 1024 (and 4096 for two), k_chunks 1 and
 // tp_tree_width, sampled rows; the lm_heads forward only. cuBLAS must differ
 // from the reference somewhere in this sweep.
