@@ -151,6 +151,40 @@ ExpertsForward experts_forward(const Knobs& kn, const MoeDispatch& plan, int e_b
   return f;
 }
 
+// Per expert, mlp_down_bwd then mlp_hidden_bwd (swiglu.cu) from the output
+// gradient dacc of its rows: the same GEMMs grouped over the experts, one launch
+// each, and the elementwise stages once over all rows (rows are independent).
+// dx gets every row's input-gradient accumulator (gate's plus up's).
+void experts_mlp_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int e_end, const RangeRows& rows,
+                     const ExpertsForward& f, const ExpertWeights& w, const bf16* dacc, float* dx,
+                     const ExpertGrads& dw, int H, int I, cudaStream_t stream) {
+  const size_t n = rows.size();
+  DeviceBuffer<bf16> dm(elems(n, I), stream), dg(elems(n, I), stream), du(elems(n, I), stream);
+  DeviceBuffer<float> dx_up(elems(n, H), stream);
+  std::vector<LinearGroup> down_dgrad, gate_dgrad, up_dgrad;
+  std::vector<WgradGroup> down_wgrad, hidden_wgrad;
+  for_each_expert_slice(plan, e_begin, e_end, rows, [&](int e, size_t i0, int ne) {
+    const bf16* dy = dacc + elems(i0, H);
+    const bf16* x = f.x.get() + elems(i0, H);
+    bf16* dg_e = dg.get() + elems(i0, I);
+    bf16* du_e = du.get() + elems(i0, I);
+    down_dgrad.push_back({dy, w.down[e], ne, nullptr, dm.get() + elems(i0, I)});
+    down_wgrad.push_back({dy, f.m.get() + elems(i0, I), ne, dw.down[e]});
+    gate_dgrad.push_back({dg_e, w.gate[e], ne, dx + elems(i0, H), nullptr});
+    up_dgrad.push_back({du_e, w.up[e], ne, dx_up.get() + elems(i0, H), nullptr});
+    hidden_wgrad.push_back({dg_e, x, ne, dw.gate[e]});
+    hidden_wgrad.push_back({du_e, x, ne, dw.up[e]});
+  });
+  const auto count = [](const auto& groups) { return static_cast<int>(groups.size()); };
+  linear_dgrad_grouped(kn, down_dgrad.data(), count(down_dgrad), I, H, 1, stream);
+  linear_wgrad_grouped(kn, down_wgrad.data(), count(down_wgrad), I, H, stream);
+  swiglu_bwd(f.g.get(), f.u.get(), dm.get(), dg.get(), du.get(), static_cast<int>(elems(n, I)), stream);
+  linear_dgrad_grouped(kn, gate_dgrad.data(), count(gate_dgrad), H, I, kn.tp_tree_width, stream);
+  linear_dgrad_grouped(kn, up_dgrad.data(), count(up_dgrad), H, I, kn.tp_tree_width, stream);
+  add_f32(dx, dx_up.get(), elems(n, H), stream);
+  linear_wgrad_grouped(kn, hidden_wgrad.data(), count(hidden_wgrad), H, I, stream);
+}
+
 // ---- The layer's routing, shared by its forward and backward ----------------------
 struct Routed {
   DeviceBuffer<bf16> logits, topk_w;
@@ -212,7 +246,7 @@ void moe_experts_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
   if (n == 0) return;
   const ExpertsForward f = experts_forward(kn, plan, e_begin, e_end, rows, a, w, H, I, stream);
   const DeviceBuffer<int> tokens(rows.tokens, stream), slot_rows(rows.slot_rows, stream);
-  DeviceBuffer<bf16> dacc(elems(n, H), stream), dm(elems(n, I), stream);
+  DeviceBuffer<bf16> dacc(elems(n, H), stream);
   DeviceBuffer<float> dx(elems(n, H), stream);
   with_row_team(H, kn.row_reduce, [&](auto warp_per_row) {
     using Team = RowTeam<decltype(warp_per_row)::value>;
@@ -222,12 +256,7 @@ void moe_experts_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
             dacc.get());
   });
   BP_CUDA_CHECK_LAUNCH();
-  for_each_expert_slice(plan, e_begin, e_end, rows, [&](int e, size_t i0, int ne) {
-    mlp_down_bwd(kn, dacc.get() + elems(i0, H), w.down[e], f.m.get() + elems(i0, I), dm.get() + elems(i0, I),
-                 dw.down[e], ne, H, I, stream);
-    mlp_hidden_bwd(kn, f.x.get() + elems(i0, H), w.gate[e], w.up[e], f.g.get() + elems(i0, I), f.u.get() + elems(i0, I),
-                   dm.get() + elems(i0, I), dx.get() + elems(i0, H), dw.gate[e], dw.up[e], ne, H, I, stream);
-  });
+  experts_mlp_bwd(kn, plan, e_begin, e_end, rows, f, w, dacc.get(), dx.get(), dw, H, I, stream);
   scatter_rows(dx.get(), H, rows.slot_rows, da_slot, stream);
 }
 
