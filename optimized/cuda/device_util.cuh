@@ -8,12 +8,13 @@
 // 16..1; lane 0 then holds reduce.h's v[0] of the warp, the other lanes hold other
 // association orders and are never used) and the same tree over the warp totals.
 //
-// Two team shapes give these bits:
-//  - a block of L threads per row (RowTeam<false>), and
+// Three team shapes give these bits:
+//  - a block of L threads per row (RowTeam<false>),
 //  - a warp per row (RowTeam<true>) when the row has at most 32 runs: lanes 32..L-1
 //    then hold +0, every warp total but the first is +0, and x + (+0) = x because
 //    no lane value is −0 (each starts at +0, and a rounded sum is −0 only if both
-//    operands are), so the tree over the warp totals returns warp 0's total.
+//    operands are), so the tree over the warp totals returns warp 0's total, and
+//  - a warp per packed row whose threads each hold several lanes (WarpRow).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -269,5 +270,75 @@ struct RowTeam {
     }
   }
 };
+
+// ---- A warp per row ------------------------------------------------------------
+// A packed row of vec = kPack (lane shape L × 8) summed by one warp with no block
+// barrier: thread t holds the contract's lanes t + 32·g for g < kGroups. In the
+// warp's view the runs (one pack each) are t + 32·q, q = 0, 1, ...: run t + 32·q
+// is lane (t + 32·q) mod L = t + 32·(q mod kGroups), its sweep q / kGroups, so
+// adding pack q into acc[q % kGroups] in increasing q gives every lane its terms in
+// index order. kGroups = L/32, or fewer when the row has fewer runs: the groups left
+// out hold +0 in every lane, their warp totals are +0, and the tree over the warp
+// totals adds them as x + (+0) = x (no lane value is −0), so the tree over the
+// first kGroups totals (a power of two) gives the same bits.
+template <int kGroups, int kSweeps>
+struct WarpRow {
+  static constexpr int kPacks = kGroups * kSweeps;  // the most packs a thread holds
+  int lane;  // 0 .. 31
+  int n;     // a multiple of kPack
+
+  __device__ int start(int q) const { return (lane + kWarp * q) * kPack; }
+  __device__ bool has(int q) const { return start(q) < n; }
+
+  // f(q, start(q)) for the thread's packs, in increasing q.
+  template <class F>
+  __device__ void for_each(F&& f) const {
+#pragma unroll
+    for (int q = 0; q < kPacks; ++q)
+      if (has(q)) f(q, start(q));
+  }
+
+  // The thread's packs of `row` (16-byte aligned), all loads issued before any use.
+  __device__ void load(const bf16* row, Bf16x8 (&packs)[kPacks]) const {
+    for_each([&](int q, int i) { packs[q] = load8(row + i); });
+  }
+
+  // The row's lane_sum: pack_terms(q, i, add) calls add(term) for the kPack terms
+  // of pack q in index order. Every thread of the warp must call; all get lane 0's
+  // total (the other threads' trees run in other association orders).
+  template <class PackTerms>
+  __device__ float sum(PackTerms&& pack_terms) const {
+    float acc[kGroups] = {};
+    for_each([&](int q, int i) {
+      float& a = acc[q % kGroups];  // q is a constant after unrolling
+      pack_terms(q, i, [&](float term) { a = add_rn(a, term); });
+    });
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) acc[g] = warp_tree(acc[g], AddRn{});
+    // Offsets kGroups/2 .. 1 over the group totals (constant trip counts, so that
+    // acc stays in registers).
+#pragma unroll
+    for (int level = 1; level < kGroups; level *= 2)
+#pragma unroll
+      for (int g = 0; g < kGroups / 2; ++g) {
+        const int off = kGroups / (2 * level);
+        if (g < off) acc[g] = add_rn(acc[g], acc[g + off]);
+      }
+    return __shfl_sync(kFullMask, acc[0], 0);
+  }
+};
+
+// WarpRow's template arguments for a packed row of n (vec = kPack): kGroups the
+// lane groups that hold a run (a power of two, at most L/32), kSweeps the runs per
+// lane.
+struct WarpRowShape {
+  int groups, sweeps;
+};
+inline WarpRowShape warp_row_shape(int n, LaneShape shape) {
+  const int runs = (n + kPack - 1) / kPack, per_thread = (runs + kWarp - 1) / kWarp;
+  int groups = 1;
+  while (groups < per_thread && groups < shape.lanes / kWarp) groups *= 2;
+  return {groups, (per_thread + groups - 1) / groups};
+}
 
 }  // namespace bp::cuda

@@ -1,16 +1,19 @@
-// rmsnorm on the GPU (SPEC.md §5.2): one team per row (a block of row_reduce.lanes
-// threads, or a warp for rows of at most 32 runs, as the q/k norms over head_dim
-// 128), the row sums by the contract's lane tree (device_util.cuh); dw as the
-// token-chunked dot of the reference, one thread per (feature, token chunk) and
-// one per feature for the pairwise tree over the chunk partials.
-//
-// Packed rows (vec and n multiples of 8, 16-byte aligned pointers, at most
-// kMaxCachedPacks packs per lane: n <= 8192 at 256 x 8) are read once from global
-// memory with 16-byte loads: each lane keeps its kPacks packs in registers from the
-// sum to the per-element pass (kPacks = 1 at n = 2048, so that 8 blocks of 256 fit
-// an SM's registers). Other rows take the scalar path (kPacks = 0), which reads the
-// row twice. Both paths apply the same per-element functions below, and each lane
-// adds its terms in the same order (LanePacks), so they give the same bits.
+// rmsnorm on the GPU (SPEC.md §5.2): the row sums by the contract's lane tree
+// (device_util.cuh); dw as the token-chunked dot of the reference, one thread per
+// (feature, token chunk) and one per feature for the pairwise tree over the chunk
+// partials. Three ways to hold a row, all giving the same bits (the same
+// per-element functions below; every lane adds its terms in the same order and the
+// lanes meet in the same tree):
+//  - a warp per row (WarpRow) for packed rows with vec = 8 that fit its registers
+//    (n <= 4096 at 256 x 8): each thread holds 8 of the 256 lanes, loads its packs
+//    with 16-byte loads and keeps them from the sum to the per-element pass. No
+//    block barrier: each warp's load -> tree -> store runs on its own, and at
+//    n = 2048 the 4096 rows of a 4096-token batch are all resident at once.
+//  - a block per row (RowTeam; a warp when the row has at most 32 runs) for the
+//    other packed rows (vec and n multiples of 8, 16-byte aligned pointers, at most
+//    kMaxCachedPacks packs per lane): the same 16-byte loads and register cache,
+//    the tree over the warp totals in shared memory behind __syncthreads.
+//  - the same teams' scalar path (kPacks = 0) for the rest, reading the row twice.
 #include <initializer_list>
 #include <type_traits>
 
@@ -25,6 +28,9 @@ namespace {
 
 // Most packs of a row one lane holds in registers (uint4 each: x, and dy in the backward).
 constexpr int kMaxCachedPacks = 4;
+// Most packs of a row one warp-per-row thread holds (dx: x and dy, 2 x 16 x 4
+// registers at n = 4096 with 256 x 8).
+constexpr int kMaxWarpPacks = 16;
 
 // t = R(f(x)·r): the normalised value before the weight (forward and dw).
 __device__ bf16 normed(bf16 x, float r) { return round_bf16(mul_rn(widen(x), r)); }
@@ -48,12 +54,16 @@ __device__ bf16 dx_value(bf16 x, bf16 w, bf16 dy, float r, float coef) {
   return round_bf16(sub_rn(mul_rn(r, grad_t(dy, w)), mul_rn(widen(x), coef)));
 }
 
-// The packs per lane the kernels keep for rows of n at these addresses: 1, 2 or 4
-// (at least lane_packs_max), or 0 for the scalar path.
+bool all_aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+// The packs per lane the block-team kernels keep for rows of n at these addresses:
+// 1, 2 or 4 (at least lane_packs_max), or 0 for the scalar path.
 int cached_packs(int n, LaneShape shape, std::initializer_list<const void*> rows) {
-  for (const void* p : rows)
-    if (!aligned16(p)) return 0;
-  if (!row_packed(n, shape)) return 0;
+  if (!all_aligned16(rows) || !row_packed(n, shape)) return 0;
   const int packs = lane_packs_max(n, shape);
   return packs <= 1 ? 1 : packs <= 2 ? 2 : packs <= kMaxCachedPacks ? kMaxCachedPacks : 0;
 }
@@ -72,6 +82,63 @@ void launch_row_teams(int rows, int n, LaneShape shape, int packs, Launch launch
     }
   });
   BP_CUDA_CHECK_LAUNCH();
+}
+
+// Where a warp per row takes rows of n (vec = kPack, n a multiple of kPack, every
+// pointer 16-byte aligned, at most kMaxWarpPacks packs and 2 sweeps per thread):
+// launch(groups, sweeps), WarpRow's arguments as integral constants, on
+// RowTeam<true>::grid(rows) blocks of kBlockThreads, and true; else false.
+template <class Launch>
+bool launch_warp_rows(int rows, int n, LaneShape shape, std::initializer_list<const void*> pointers,
+                      Launch launch) {
+  if (shape.vec != kPack || n % kPack != 0 || !all_aligned16(pointers)) return false;
+  const WarpRowShape ws = warp_row_shape(n, shape);
+  if (ws.sweeps > 2 || ws.groups * ws.sweeps > kMaxWarpPacks) return false;
+  const dim3 grid = RowTeam<true>::grid(rows);
+  const auto go = [&](auto groups) {
+    constexpr int kGroups = decltype(groups)::value;
+    if constexpr (kGroups * 2 <= kMaxWarpPacks) {
+      if (ws.sweeps == 2) {
+        launch(groups, std::integral_constant<int, 2>{}, grid);
+        return;
+      }
+    }
+    launch(groups, std::integral_constant<int, 1>{}, grid);
+  };
+  switch (ws.groups) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 8: go(std::integral_constant<int, 8>{}); break;
+    default: go(std::integral_constant<int, 16>{}); break;  // groups * sweeps <= kMaxWarpPacks
+  }
+  BP_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+// x and out may be the same buffer: the warp's tree needs every thread's loads,
+// and every store needs the tree's total.
+template <int kGroups, int kSweeps>
+__global__ void __launch_bounds__(kBlockThreads)
+    rmsnorm_fwd_warp_kernel(const bf16* x, const bf16* __restrict__ w, float eps, bf16* out,
+                            float* __restrict__ rstd, int rows, int n) {
+  const auto team = RowTeam<true>::here();
+  if (team.row >= rows) return;  // uniform over the warp
+  const size_t at = static_cast<size_t>(team.row) * n;
+  using Row = WarpRow<kGroups, kSweeps>;
+  const Row row{team.lane, n};
+  Bf16x8 xs[Row::kPacks];
+  row.load(x + at, xs);
+  const float ss = row.sum([&](int q, int, auto add) {
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) add(square(xs[q][j]));
+  });
+  const float r = rstd_of(ss, n, eps);
+  if (team.lane == 0) rstd[team.row] = r;
+  row.for_each([&](int q, int i) {
+    const Bf16x8 ws = load8(w + i);
+    store8(out + at + i, Bf16x8::of([&](int j) { return fwd_value(xs[q][j], ws[j], r); }));
+  });
 }
 
 // x and out may be the same buffer: every read of the row precedes the team's
@@ -117,6 +184,33 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
 }
 
 // dx = R(r·g − f(x)·c) with c = r³·(lane_sum(g·f(x))/n); also t = R(f(x)·r) for dw.
+template <int kGroups, int kSweeps>
+__global__ void __launch_bounds__(kBlockThreads)
+    rmsnorm_dx_warp_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ rstd,
+                           const bf16* __restrict__ dy, bf16* __restrict__ dx, bf16* __restrict__ t, int rows,
+                           int n) {
+  const auto team = RowTeam<true>::here();
+  if (team.row >= rows) return;  // uniform over the warp
+  const size_t at = static_cast<size_t>(team.row) * n;
+  using Row = WarpRow<kGroups, kSweeps>;
+  const Row row{team.lane, n};
+  Bf16x8 xs[Row::kPacks], dys[Row::kPacks];
+  row.load(x + at, xs);
+  row.load(dy + at, dys);
+  const float r = rstd[team.row];
+  const float s = row.sum([&](int q, int i, auto add) {
+    const Bf16x8 ws = load8(w + i);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) add(bwd_term(xs[q][j], ws[j], dys[q][j]));
+  });
+  const float coef = bwd_coef(s, n, r);
+  row.for_each([&](int q, int i) {
+    const Bf16x8 ws = load8(w + i);
+    store8(dx + at + i, Bf16x8::of([&](int j) { return dx_value(xs[q][j], ws[j], dys[q][j], r, coef); }));
+    store8(t + at + i, Bf16x8::of([&](int j) { return normed(xs[q][j], r); }));
+  });
+}
+
 template <bool kWarpPerRow, int kPacks>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     rmsnorm_dx_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ rstd,
@@ -189,6 +283,11 @@ void rmsnorm_fwd(const Knobs& kn, const bf16* x, const bf16* w, float eps, bf16*
   check_lane_shape(kn.row_reduce, "rmsnorm");
   const int rows = T * heads;
   if (rows == 0 || n == 0) return;
+  if (launch_warp_rows(rows, n, kn.row_reduce, {x, w, out}, [&](auto groups, auto sweeps, dim3 grid) {
+        rmsnorm_fwd_warp_kernel<decltype(groups)::value, decltype(sweeps)::value>
+            <<<grid, kBlockThreads, 0, stream>>>(x, w, eps, out, rstd, rows, n);
+      }))
+    return;
   const int packs = cached_packs(n, kn.row_reduce, {x, w, out});
   launch_row_teams(rows, n, kn.row_reduce, packs, [&](auto warp_per_row, auto cached, dim3 grid, dim3 block) {
     rmsnorm_fwd_kernel<decltype(warp_per_row)::value, decltype(cached)::value>
@@ -206,11 +305,16 @@ void rmsnorm_bwd(const Knobs& kn, const bf16* x, const bf16* w, const float* rst
     return;
   }
   DeviceBuffer<bf16> t(static_cast<size_t>(rows) * n, stream);
-  const int packs = cached_packs(n, kn.row_reduce, {x, w, dy, dx, t.get()});
-  launch_row_teams(rows, n, kn.row_reduce, packs, [&](auto warp_per_row, auto cached, dim3 grid, dim3 block) {
-    rmsnorm_dx_kernel<decltype(warp_per_row)::value, decltype(cached)::value>
-        <<<grid, block, 0, stream>>>(x, w, rstd, dy, dx, t.get(), rows, n, kn.row_reduce);
-  });
+  if (!launch_warp_rows(rows, n, kn.row_reduce, {x, w, dy, dx, t.get()}, [&](auto groups, auto sweeps, dim3 grid) {
+        rmsnorm_dx_warp_kernel<decltype(groups)::value, decltype(sweeps)::value>
+            <<<grid, kBlockThreads, 0, stream>>>(x, w, rstd, dy, dx, t.get(), rows, n);
+      })) {
+    const int packs = cached_packs(n, kn.row_reduce, {x, w, dy, dx, t.get()});
+    launch_row_teams(rows, n, kn.row_reduce, packs, [&](auto warp_per_row, auto cached, dim3 grid, dim3 block) {
+      rmsnorm_dx_kernel<decltype(warp_per_row)::value, decltype(cached)::value>
+          <<<grid, block, 0, stream>>>(x, w, rstd, dy, dx, t.get(), rows, n, kn.row_reduce);
+    });
+  }
 
   const int chunk_rows = kn.grad_token_chunk * heads;
   const int chunks = (rows + chunk_rows - 1) / chunk_rows;

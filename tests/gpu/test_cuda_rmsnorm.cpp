@@ -93,9 +93,11 @@ void expect_matches(const Knobs& kn, Shape s, const Inputs& in, const char* what
 
 // Layer norms at hidden 1024 and 2048 and q/k norms (32 and 4 heads of 128: a
 // warp per row) at 4096 tokens; n = 100 and 40 (a short last run), n = 5000 (more
-// than one sweep of the lanes), one token, none.
-constexpr Shape kShapes[] = {{4096, 1, 1024}, {4096, 1, 2048}, {1024, 32, 128}, {4096, 4, 128}, {5, 1, 100},
-                             {3, 1, 40},      {2, 1, 5000},    {1, 1, 2048},    {0, 1, 1024}};
+// than one sweep of the lanes), n = 4096 (two sweeps of a warp's registers), n = 8192
+// (the block kernel's register cache), one token, none.
+constexpr Shape kShapes[] = {{4096, 1, 1024}, {4096, 1, 2048}, {1024, 32, 128}, {4096, 4, 128},
+                             {5, 1, 100},     {3, 1, 40},      {2, 1, 5000},    {3, 1, 4096},
+                             {2, 1, 8192},    {1, 1, 2048},    {0, 1, 1024}};
 
 using RmsnormGpu = ContractTest;
 
@@ -108,10 +110,12 @@ TEST_P(RmsnormGpu, EdgeRowsMatchReference) {
     expect_matches(knobs(), s, make_inputs(s, 200 + s.n, true), "edge rows");
 }
 
-// Lane shapes beyond v1's 256 x 8 (one warp; more runs than lanes; 1024 lanes):
-// the kernels follow the knob, not a constant.
+// Lane shapes beyond v1's 256 x 8 (one warp; more runs than lanes; 1024 lanes;
+// 16-byte runs on 64, 128 and 512 lanes: a block per row, a warp holding two sweeps,
+// a warp holding 8 of 16 lane groups): the kernels follow the knob, not a constant.
 TEST_P(RmsnormGpu, OtherLaneShapesMatchReference) {
-  for (LaneShape shape : {LaneShape{32, 4}, LaneShape{64, 2}, LaneShape{1024, 1}}) {
+  for (LaneShape shape : {LaneShape{32, 4}, LaneShape{64, 2}, LaneShape{1024, 1}, LaneShape{64, 8},
+                          LaneShape{128, 8}, LaneShape{512, 8}}) {
     Knobs kn = knobs();
     kn.row_reduce = shape;
     for (Shape s : {Shape{7, 1, 2048}, Shape{5, 4, 128}, Shape{3, 1, 300}})
