@@ -128,10 +128,14 @@ struct CaseEngine::Loaded {
   size_t model = 0;
   Weights weights;
   std::map<std::string, std::unique_ptr<ref::Model>> by_contract;
+  GpuRunner gpu;  // with its device copy of these weights, one contract at a time
   const ref::Model& model_for(const ModelConfig& cfg, const std::string& contract) {
     auto& m = by_contract[contract];
     if (!m) m = std::make_unique<ref::Model>(cfg, weights, contract_of(contract).knobs);
     return *m;
+  }
+  GpuModelSource gpu_source(const ModelConfig& cfg, const std::string& contract) const {
+    return {model, contract, cfg, weights, contract_of(contract).knobs};
   }
 };
 
@@ -289,7 +293,7 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
   if (c.backend == Backend::kCuda) {
-    GpuCaseResult r = run_gpu_case({cfg, l.weights, kn, c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+    GpuCaseResult r = l.gpu.run({l.gpu_source(cfg, c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
     last_peak_device_bytes_ = r.peak_device_bytes;
     fwd = std::move(r.forward);
     bwd = std::move(r.backward);
@@ -326,19 +330,22 @@ Case CaseEngine::compare(const CaseSpec& spec) {
                     {"backend", backend_name(spec.backend)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
-  // The time is the case's own model work: its weights are loaded (once per model)
-  // and the reference is computed (once per model and contract) outside it.
-  loaded(spec.model);
+  // The time is the case's own model work: its weights are loaded (once per model),
+  // copied to the device (cuda, unsharded: once per model and contract) and the
+  // reference is computed (once per model and contract) outside it.
+  Loaded& l = loaded(spec.model);
   last_peak_device_bytes_.reset();
   std::vector<NamedTensor> got;
   std::optional<std::string> cannot_test;
-  const auto start = std::chrono::steady_clock::now();
   try {
+    if (spec.backend == Backend::kCuda)
+      l.gpu.prepare(l.gpu_source(configs_[spec.model], spec.contract), spec.layout);
+    const auto start = std::chrono::steady_clock::now();
     got = run(spec);
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const CannotTest& e) {
     cannot_test = e.what();
   }
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.peak_device_bytes = last_peak_device_bytes_;
   if (cannot_test) {
     out.verdict = Verdict::kSkipped;

@@ -105,7 +105,7 @@ class CaseEngine {
   std::vector<std::string> names_;
   std::vector<ModelConfig> configs_;
   std::vector<std::vector<std::vector<int32_t>>> tokens_;  // per model
-  std::unique_ptr<Loaded> loaded_;        // the last model's weights (sweeps go model by model)
+  std::unique_ptr<Loaded> loaded_;        // the last model's weights, host and device (sweeps go model by model)
   std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
   std::vector<CaseSpec> cases_;
   std::vector<std::string> dropped_;

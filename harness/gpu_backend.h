@@ -1,12 +1,22 @@
 // The `cuda` backend of the case engine: one case on the GPU — the GPU model
 // (optimized/model/qwen3.h) for the unsharded layout, virtual GPU ranks
 // (optimized/layouts/virtual_ranks.h) for the others — with the peak device
-// memory it took. A build without CUDA, or a
-// machine without a Hopper GPU, throws CannotTest saying why (exit code 125 when
-// nothing else ran).
+// memory it took. A build without CUDA, or a machine without a Hopper GPU, throws
+// CannotTest saying why (exit code 125 when nothing else ran).
+//
+// The GPU model's upload (every weight to the device: gigabytes for a real
+// checkpoint) is kept between cases: a sweep runs a (model, contract)'s cases one
+// after another (CaseEngine::cases), so its tp1-ep1-cp1 cases, one per path, share
+// one upload. The model is stateless between runs (forward and backward make their
+// KV caches and activations per call), so a kept one gives the results of a fresh
+// one bit for bit. Virtual ranks are not kept: each rank's model is bound to the
+// case's own rank threads, streams and communicators, and slices its shard from the
+// host weights per case.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "harness/cases.h"
@@ -18,13 +28,25 @@ namespace bp::harness {
 struct GpuCaseResult {
   ref::ForwardResult forward;
   std::optional<ref::BackwardResult> backward;  // when asked for
-  uint64_t peak_device_bytes = 0;               // weights, caches, activations, scratch
+  // The pool's high watermark over the case. It starts at the memory in use, so
+  // the weights count in every case: the kept model's (resident when the case
+  // starts) or the virtual ranks' shards (uploaded inside the case); then KV
+  // caches, activations and scratch.
+  uint64_t peak_device_bytes = 0;
 };
 
-struct GpuCaseInput {
+// A case's model and the key its device copy is kept under: the engine's model
+// index and the contract (whose knobs the copy is built with).
+struct GpuModelSource {
+  size_t model;
+  const std::string& contract;
   const ModelConfig& cfg;
   const Weights& weights;
   const Knobs& knobs;
+};
+
+struct GpuCaseInput {
+  GpuModelSource model;
   const layouts::Layout& layout;
   const std::vector<std::vector<int32_t>>& seqs;
   const ref::Schedule& path;
@@ -33,6 +55,28 @@ struct GpuCaseInput {
   uint64_t coef_seed;
 };
 
-GpuCaseResult run_gpu_case(const GpuCaseInput& in);
+// Runs cuda cases, keeping at most one uploaded GPU model: the last unsharded
+// case's. One is enough (a sweep never comes back to a (model, contract) it has
+// left), and it bounds the device memory to one copy of a model's weights.
+class GpuRunner {
+ public:
+  GpuRunner();
+  ~GpuRunner();  // frees the kept model
+  GpuRunner(const GpuRunner&) = delete;
+  GpuRunner& operator=(const GpuRunner&) = delete;
+
+  // Readies the device for a case of `layout`: for the unsharded layout, m's GPU
+  // model, uploaded unless it is the kept one (a different kept model is freed
+  // first); for virtual ranks, which upload their own shards, no kept model (freed,
+  // so that the device never holds two copies of the weights). The engine calls it
+  // before it starts a case's clock (as it loads the host weights before); run()
+  // calls it too. Throws CannotTest.
+  void prepare(const GpuModelSource& m, const layouts::Layout& layout);
+  GpuCaseResult run(const GpuCaseInput& in);
+
+ private:
+  struct Kept;
+  std::unique_ptr<Kept> kept_;
+};
 
 }  // namespace bp::harness

@@ -7,32 +7,58 @@
 
 namespace bp::harness {
 
+struct GpuRunner::Kept {
+  explicit Kept(const GpuModelSource& m)
+      : model(m.model), contract(m.contract), gpu(m.cfg, m.weights, m.knobs) {}
+  bool is(const GpuModelSource& m) const { return model == m.model && contract == m.contract; }
+
+  size_t model;
+  std::string contract;
+  const cuda::Model gpu;
+};
+
 namespace {
 
-GpuCaseResult run_unsharded(const GpuCaseInput& in) {
+GpuCaseResult run_model(const cuda::Model& model, const GpuCaseInput& in) {
   GpuCaseResult r;
-  const cuda::Model model(in.cfg, in.weights, in.knobs);
   r.forward = model.forward(in.seqs, in.path, in.options);
   if (in.grads) r.backward = model.backward(in.seqs, in.coef_seed, in.options.temperature);
   return r;
 }
 
 GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
+  const GpuModelSource& m = in.model;
   GpuCaseResult r;
-  r.forward = cuda::layouts::forward(in.cfg, in.weights, in.knobs, in.layout, in.seqs, in.path, in.options);
+  r.forward = cuda::layouts::forward(m.cfg, m.weights, m.knobs, in.layout, in.seqs, in.path, in.options);
   if (in.grads)
-    r.backward = cuda::layouts::backward(in.cfg, in.weights, in.knobs, in.layout, in.seqs, in.coef_seed,
+    r.backward = cuda::layouts::backward(m.cfg, m.weights, m.knobs, in.layout, in.seqs, in.coef_seed,
                                          in.options.temperature);
   return r;
 }
 
 }  // namespace
 
-GpuCaseResult run_gpu_case(const GpuCaseInput& in) {
+GpuRunner::GpuRunner() = default;
+GpuRunner::~GpuRunner() = default;
+
+void GpuRunner::prepare(const GpuModelSource& m, const layouts::Layout& layout) {
   if (const std::string why = cuda::no_hopper_reason(); !why.empty()) throw CannotTest(why);
+  const bool unsharded = layout == layouts::Layout{};
+  if (unsharded && kept_ && kept_->is(m)) return;
+  kept_.reset();  // first: one copy of a model's weights on the device at a time
+  if (!unsharded) return;  // virtual ranks upload their own shards in the case
+  kept_ = std::make_unique<Kept>(m);
+  BP_CUDA_CHECK(cudaDeviceSynchronize());  // the upload ends here, not in the case's time
+}
+
+GpuCaseResult GpuRunner::run(const GpuCaseInput& in) {
+  prepare(in.model, in.layout);
+  // A reset restarts the watermark at the memory in use (the kept weights), once
+  // the frees queued before it are done.
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::reset_pool_peak();
-  GpuCaseResult r = in.layout == layouts::Layout{} ? run_unsharded(in) : run_virtual_ranks(in);
+  // prepare() keeps a model exactly when the layout is the unsharded one.
+  GpuCaseResult r = kept_ ? run_model(kept_->gpu, in) : run_virtual_ranks(in);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   r.peak_device_bytes = cuda::pool_peak_bytes();
   return r;

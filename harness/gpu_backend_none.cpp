@@ -3,8 +3,19 @@
 
 namespace bp::harness {
 
-GpuCaseResult run_gpu_case(const GpuCaseInput&) {
-  throw CannotTest("no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)");
-}
+namespace {
+
+[[noreturn]] void no_cuda() { throw CannotTest("no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)"); }
+
+}  // namespace
+
+struct GpuRunner::Kept {};  // never made: nothing is uploaded without CUDA
+
+GpuRunner::GpuRunner() = default;
+GpuRunner::~GpuRunner() = default;
+
+void GpuRunner::prepare(const GpuModelSource&, const layouts::Layout&) { no_cuda(); }
+
+GpuCaseResult GpuRunner::run(const GpuCaseInput&) { no_cuda(); }
 
 }  // namespace bp::harness
