@@ -5,10 +5,15 @@
 // Each time is the median of --reps event-timed calls after --warmup calls (the
 // call includes its host planning and task upload: that is the API's cost). Inputs
 // random, never zeros. CSV on stdout, the columns bench/sdpa_peer.py writes too:
-//   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps
+//   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
 // flops count the causal QK^T and PV products (4·Hq·D per visible (query, key));
 // bytes are q, k, v read once and o written once (the decode roofline: gbps against
-// the measured copy bandwidth). Exit 125 without a Hopper GPU.
+// the measured copy bandwidth). peak_bytes: the peak of DeviceBuffer's pool over the
+// calls (bench::measure): q, k, v, o and the fp32 m, l (allocated before, live
+// throughout) plus what each call allocates from the pool (its uploaded runs and
+// tasks; partial sums when it splits the keys across CTAs). sdpa_peer.py's
+// peak_bytes is torch's counterpart (its q, k, v and each call's allocations).
+// Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,22 +46,24 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
   bench::fill(q, 1);
   bench::fill(k, 2);
   bench::fill(v, 3);
-  const double us = bench::median_us(opt, [&] {
+  const bench::Measured run = bench::measure(opt, [&] {
     cuda::attention_fwd(kn, kDims, seqs.data(), batch, q.get(), k.get(), v.get(), o.get(), m.get(), l.get());
   });
+  const double us = run.us;
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   // Visible (query, key) pairs: query i of a sequence sees kv_len − q_len + i + 1 keys.
   const double pairs = double(batch) * q_len * (kv_len - q_len) + double(batch) * q_len * (q_len + 1) / 2;
   const double flops = 4.0 * kDims.Hq * kDims.D * pairs;
   const double bytes = 2.0 * (2.0 * q_elems + 2.0 * kv_elems);
-  std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f\n", kind, contract.c_str(), batch, q_len, kv_len, kDims.Hq,
-              kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3);
+  std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f,%llu\n", kind, contract.c_str(), batch, q_len, kv_len,
+              kDims.Hq, kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3,
+              static_cast<unsigned long long>(run.peak_bytes));
   std::fflush(stdout);
 }
 
 int run(const Options& opt) {
   bench::require_hopper("bench_attention", opt);
-  std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps\n");
+  std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes\n");
   for (const char* c : {"bf16-sm90tc-v1", "bf16-fmaseq-v1"}) {
     for (int batch : {1, 8})
       for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);

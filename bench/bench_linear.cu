@@ -4,8 +4,13 @@
 // with k_chunks = tp_tree_width, as the model does (cuBLAS has no such knob).
 // Each time is the median of --reps event-timed launches after --warmup launches,
 // inputs random (never zeros). CSV on stdout:
-//   model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas
+//   model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes
 // speed_vs_cublas = cublas_us / ours_us (1.0 = as fast as cuBLAS).
+// ours_peak_bytes: the peak of DeviceBuffer's pool over our calls (bench::measure):
+// x, w and y, (M·K + N·K + M·N)·2 bytes allocated before and live throughout, plus
+// whatever linear_fwd allocates from the pool per call (its scratch), each rounded up
+// to the pool's granularity. cuBLAS's calls come after, outside it (its workspace is
+// not from the pool anyway).
 // Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
@@ -25,6 +30,7 @@
 namespace bp {
 namespace {
 
+using bench::Measured;
 using bench::median_us;
 using bench::Options;
 
@@ -33,12 +39,14 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
   cuda::DeviceBuffer<bf16> x(size_t(M) * s.K), w(size_t(s.N) * s.K), y(size_t(M) * s.N);
   bench::fill(x, 1);
   bench::fill(w, 2);
-  const double ours = median_us(opt, [&] { cuda::linear_fwd(kn, x.get(), w.get(), y.get(), M, s.K, s.N, chunks); });
+  const Measured ours =
+      bench::measure(opt, [&] { cuda::linear_fwd(kn, x.get(), w.get(), y.get(), M, s.K, s.N, chunks); });
   const double peer = median_us(opt, [&] { cublas.forward(x.get(), w.get(), y.get(), CUDA_R_16BF, M, s.K, s.N); });
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   const double flop = 2.0 * M * s.K * s.N;
-  std::printf("%s,%s,%d,%d,%d,%d,%.2f,%.2f,%.1f,%.1f,%.3f\n", s.model, s.proj, M, s.K, s.N, chunks, ours, peer,
-              flop / ours * 1e-6, flop / peer * 1e-6, peer / ours);
+  std::printf("%s,%s,%d,%d,%d,%d,%.2f,%.2f,%.1f,%.1f,%.3f,%llu\n", s.model, s.proj, M, s.K, s.N, chunks, ours.us,
+              peer, flop / ours.us * 1e-6, flop / peer * 1e-6, peer / ours.us,
+              static_cast<unsigned long long>(ours.peak_bytes));
   std::fflush(stdout);
 }
 
@@ -46,7 +54,8 @@ int run(const Options& opt) {
   bench::require_hopper("bench_linear", opt);
   const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
   test::CublasPeer cublas;
-  std::printf("model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas\n");
+  std::printf(
+      "model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes\n");
   std::vector<test::LinearShape> shapes = test::qwen3_linear_shapes();
   for (const test::LinearShape& s : test::qwen3_lm_heads()) shapes.push_back(s);
   for (const test::LinearShape& s : shapes)

@@ -1,9 +1,11 @@
-// What every benchmark binary shares: random device inputs, event-timed medians,
-// the Hopper check (exit 125 without one) and the --warmup/--reps options.
+// What every benchmark binary shares: random device inputs, event-timed medians
+// (with the peak device memory meanwhile), the Hopper check (exit 125 without one)
+// and the --warmup/--reps options.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -91,6 +93,26 @@ double median_us(const Options& opt, F&& launch) {
   BP_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+struct Measured {
+  double us;            // median_us
+  uint64_t peak_bytes;  // the pool's high watermark over the warmup and timed calls
+};
+
+// median_us, and the peak of the pool DeviceBuffer allocates from (pool_peak_bytes)
+// while it ran. The reset comes after a device sync (queued frees done), and a reset
+// restarts the watermark at the memory in use: the peak counts the caller's live
+// buffers (the inputs and outputs) and what the calls allocate from the pool, not
+// memory from outside it (cuBLAS's workspace, the context). The sync only precedes
+// the warmup: the timed calls are median_us's.
+template <class F>
+Measured measure(const Options& opt, F&& launch) {
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::reset_pool_peak();
+  const double us = median_us(opt, launch);
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  return {us, cuda::pool_peak_bytes()};
 }
 
 // Runs body() and maps exceptions to exit 3 with the binary's name.

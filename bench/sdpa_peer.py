@@ -4,9 +4,12 @@ on the same Qwen3-30B-A3B attention shapes, bf16, on the device's GPU.
 
 For every case each SDPA backend that accepts it (flash, cuDNN, memory-efficient, math)
 is timed and the fastest is reported, named in the `impl` column (sdpa-<backend>).
-Timing as bench_attention: CUDA events around each call, warmup, the median of --reps.
+Timing as bench_attention: CUDA events around each call, warmup, the median of --reps;
+peak device memory of the reported backend's calls: torch.cuda.max_memory_allocated,
+reset before them, so it counts q, k, v (allocated before, as bench_attention's
+inputs are) and what each call allocates.
 CSV on stdout with bench_attention's columns:
-    kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps
+    kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
 Extend is causal over the whole sequence; decode is one query per sequence attending
 to all kv_len cached keys (no mask needed). GQA goes through enable_gqa=True (no
 copy of K/V); a backend that refuses a case is left out of it.
@@ -51,22 +54,26 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
         if name == "math" and kv_len * q_len * batch * HQ > (1 << 31):
             continue  # the math backend materialises the score matrix: too large
         try:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
             with sdpa_kernel(backend):
                 call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
                 us = median_us(torch, call, warmup, reps)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
         except RuntimeError:
             continue  # this backend does not take the case
         if best is None or us < best[1]:
-            best = (name, us)
+            best = (name, us, peak)
     if best is None:
         print(f"sdpa_peer: no SDPA backend ran {kind} batch {batch} kv {kv_len}", file=sys.stderr)
         return
-    name, us = best
+    name, us, peak = best
     pairs = batch * q_len * (kv_len - q_len) + batch * q_len * (q_len + 1) / 2
     flops = 4.0 * HQ * D * pairs
     bytes_moved = 2.0 * (2 * batch * q_len * HQ * D + 2 * batch * kv_len * HKV * D)
     print(f"{kind},sdpa-{name},{batch},{q_len},{kv_len},{HQ},{HKV},{D},{us:.2f},{flops / us * 1e-6:.2f},"
-          f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f}", flush=True)
+          f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f},{peak}", flush=True)
     del q, k, v
     torch.cuda.empty_cache()
 
@@ -77,7 +84,7 @@ def main():
     if torch is None:
         return EXIT_CANNOT_TEST
     print(f"sdpa_peer: torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
-    print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps")
+    print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes")
     for kind, batch, q_len, kv_len in cases():
         bench_case(torch, kind, batch, q_len, kv_len, args.warmup, args.reps)
     return 0
