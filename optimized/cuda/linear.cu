@@ -892,10 +892,17 @@ Problem wgrad_problem(const Knobs& kn, const bf16* dy, const bf16* x, float* dw,
   return Problem{row_major(dy, N, N), row_major(x, K, K), N, K, T, kn.grad_token_chunk, chunks, dw, nullptr, nullptr};
 }
 
-// exactly one of acc, y: the group's output.
-void check_one_output(const char* fn, int g, const void* acc, const void* y) {
-  if ((acc == nullptr) == (y == nullptr))
-    throw std::invalid_argument(std::string(fn) + ": group " + std::to_string(g) + " needs exactly one of acc, y");
+// The problems of a grouped forward or input gradient (make: a LinearGroup's
+// problem), each group with exactly one output.
+template <class Make>
+std::vector<Problem> group_problems(const char* fn, const LinearGroup* groups, int count, Make make) {
+  std::vector<Problem> problems;
+  for (int g = 0; g < count; ++g) {
+    if ((groups[g].acc == nullptr) == (groups[g].y == nullptr))
+      throw std::invalid_argument(std::string(fn) + ": group " + std::to_string(g) + " needs exactly one of acc, y");
+    problems.push_back(make(groups[g]));
+  }
+  return problems;
 }
 
 }  // namespace
@@ -912,13 +919,8 @@ void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, i
 
 void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int k_chunks,
                         cudaStream_t stream) {
-  std::vector<Problem> problems;
-  for (int g = 0; g < count; ++g) {
-    const LinearGroup& lg = groups[g];
-    check_one_output("linear_fwd_grouped", g, lg.acc, lg.y);
-    problems.push_back(forward_problem(lg.x, lg.w, lg.acc, lg.y, lg.T, K, N, k_chunks));
-  }
-  run_grouped<Major::Red, Major::Red>(kn.dot, problems, stream);
+  const auto problem = [&](const LinearGroup& g) { return forward_problem(g.x, g.w, g.acc, g.y, g.T, K, N, k_chunks); };
+  run_grouped<Major::Red, Major::Red>(kn.dot, group_problems("linear_fwd_grouped", groups, count, problem), stream);
 }
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
@@ -933,13 +935,8 @@ void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc
 
 void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int n_chunks,
                           cudaStream_t stream) {
-  std::vector<Problem> problems;
-  for (int g = 0; g < count; ++g) {
-    const LinearGroup& lg = groups[g];
-    check_one_output("linear_dgrad_grouped", g, lg.acc, lg.y);
-    problems.push_back(dgrad_problem(lg.x, lg.w, lg.acc, lg.y, lg.T, K, N, n_chunks));
-  }
-  run_grouped<Major::Red, Major::Row>(kn.dot, problems, stream);
+  const auto problem = [&](const LinearGroup& g) { return dgrad_problem(g.x, g.w, g.acc, g.y, g.T, K, N, n_chunks); };
+  run_grouped<Major::Red, Major::Row>(kn.dot, group_problems("linear_dgrad_grouped", groups, count, problem), stream);
 }
 
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,
