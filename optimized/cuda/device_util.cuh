@@ -1,6 +1,6 @@
 // Device-side helpers shared by the kernels of optimized/cuda/: launch sizes, a
 // grid-stride loop, 16-byte vector access to bf16 and fp32 arrays, and the
-// contract's row reduction (SPEC.md §2.4.2).
+// contract's row reduction (SPEC.md §2.4.2), and math::exp over many values.
 //
 // A row's lane_sum is computed by a team of threads: lane l adds the runs
 // r = l, l + L, l + 2L, ... (r·vec .. r·vec + vec) in increasing index from +0,
@@ -27,6 +27,7 @@
 
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
+#include "reference/numerics/math.h"
 #include "reference/numerics/reduce.h"
 
 namespace bp::cuda {
@@ -51,6 +52,28 @@ template <class F>
 __device__ void for_each_index(size_t n, F&& f) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) f(i);
+}
+
+// x[j] = math::exp(x[j]) for j < N (N ≤ 32; x a register array, indices unrolled).
+// The common case (a result ≥ 2^-126) has no branch, so the N evaluations
+// interleave; a branch per value (math::exp's subnormal path) would serialise
+// them, each a ~40-instruction dependent chain. Subnormal results (x < −87.3)
+// are redone by math::exp afterwards: the same bits, a rare slow path.
+template <int N>
+__device__ inline void exp_in_place(float* x) {
+  static_assert(N >= 1 && N <= 32, "one bit per value");
+  uint32_t below = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    bool b = false;
+    const float y = math::exp_unless_subnormal(x[j], b);
+    below |= static_cast<uint32_t>(b) << j;
+    x[j] = b ? x[j] : y;
+  }
+  if (below == 0) return;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    if ((below >> j) & 1u) x[j] = math::exp(x[j]);
 }
 
 // ---- 16-byte accesses ---------------------------------------------------------

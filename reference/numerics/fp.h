@@ -110,6 +110,14 @@ BP_HD inline float sqrt_rn(float a) {
 BP_HD inline bool is_nan(float x) { return (bits_of(x) & 0x7fffffffu) > 0x7f800000u; }
 BP_HD inline bool is_inf(float x) { return (bits_of(x) & 0x7fffffffu) == 0x7f800000u; }
 
+// A non-NaN float's place in IEEE totalOrder (−0 < +0) as a signed integer, so that
+// a max or min is one integer compare and a select: no branch, which lets a kernel
+// interleave many of them.
+BP_HD inline int32_t total_order_key(float x) {
+  const auto b = static_cast<int32_t>(bits_of(x));
+  return b ^ ((b >> 31) & 0x7fffffff);
+}
+
 // The one NaN bitparity produces and compares: positive quiet NaN, no payload.
 constexpr uint32_t kCanonicalNanF32 = 0x7fc00000u;
 

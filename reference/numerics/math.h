@@ -50,10 +50,16 @@ struct Pair {
 // rounded to an integer, result = sign(hi)·(ai + g)·2^-149.
 // Valid for 2^-40 <= |hi + lo| < 2^8 (or hi = lo = 0) and -160 <= k <= 160,
 // and for subnormal hi with k = 0.
-BP_HD inline float finish(float hi, float lo, int k) {
+//
+// finish_normal is the first case alone (no branch), with `below` set where the
+// result lies below 2^-126 and finish_subnormal must give it instead.
+BP_HD inline float finish_normal(float hi, float lo, int k, bool& below) {
   const float v = add_rn(hi, lo);
   const int ev = static_cast<int>((bits_of(v) >> 23) & 0xffu) - 127;
-  if (ev + k >= -126) return scale2(v, k);
+  below = ev + k < -126;
+  return scale2(v, k);
+}
+BP_HD inline float finish_subnormal(float hi, float lo, int k) {
   const uint32_t sign = bits_of(hi) & kSignBit;
   const float a = scale2(float_of(bits_of(hi) ^ sign), k + 149);  // exact
   const float b = scale2(float_of(bits_of(lo) ^ sign), k + 149);
@@ -62,6 +68,11 @@ BP_HD inline float finish(float hi, float lo, int k) {
   const float gi = sub_rn(add_rn(g, kRoundShift), kRoundShift);
   const float n = add_rn(ai, gi);
   return float_of(bits_of(mul_rn(mul_rn(n, 0x1p-75f), 0x1p-74f)) | sign);
+}
+BP_HD inline float finish(float hi, float lo, int k) {
+  bool below = false;
+  const float y = finish_normal(hi, lo, k, below);
+  return below ? finish_subnormal(hi, lo, k) : y;
 }
 
 // exp(rh + rl) for |rh| <= 0.3467 and |rl| <= 2^-20 as a pair hi + lo with
@@ -274,14 +285,31 @@ inline constexpr double kMaxUlpSilu = 0.522;     // measured 0.5213 at 0xc22ffd5
 inline constexpr double kMaxUlpSinCos = 0.522;   // measured sin 0.5204 at 0x77a31567, cos 0.5211 at 0x4d30779c
 inline constexpr double kMaxUlpSinCosRope = 0.521;  // |x| <= 2^17: sin 0.5203 at 0x43648a2b, cos 0.5204 at 0x469255eb
 
-// e^x = (hi + lo)·2^k by exp_parts, rounded once by finish.
+// exp(x) wherever the result is not below 2^-126, without a branch (selects only),
+// so that a kernel can interleave many; `below` is set where it is (x < −87.3),
+// and then exp(x) must be called instead. Out-of-range and NaN x are evaluated at
+// 0 and their result selected afterwards.
+BP_HD inline float exp_unless_subnormal(float x, bool& below) {
+  const bool in_range = x >= -110.0f && x <= 100.0f;  // false for NaN
+  int k = 0;
+  const detail::Pair p = detail::exp_parts(in_range ? x : 0.0f, k);
+  const float y = detail::finish_normal(p.hi, p.lo, k, below);
+  below = below && in_range;
+  // One select each (a nested conditional compiles to a branch).
+  const float clamped = x > 0.0f ? float_of(detail::kInfBits) : 0.0f;
+  const float finite_or_clamped = in_range ? y : clamped;
+  return is_nan(x) ? detail::canonical_nan() : finite_or_clamped;
+}
+
+// e^x = (hi + lo)·2^k by exp_parts, rounded once by finish: NaN → NaN, x > 100 →
+// +Inf, x < −110 → +0.
 BP_HD inline float exp(float x) {
-  if (is_nan(x)) return detail::canonical_nan();
-  if (x > 100.0f) return float_of(detail::kInfBits);
-  if (x < -110.0f) return 0.0f;
+  bool below = false;
+  const float y = exp_unless_subnormal(x, below);
+  if (!below) return y;
   int k = 0;
   const detail::Pair p = detail::exp_parts(x, k);
-  return detail::finish(p.hi, p.lo, k);
+  return detail::finish_subnormal(p.hi, p.lo, k);
 }
 
 // 2^x. x = k + f (k nearest integer, f exact), 2^f = exp(f·ln2) with f·ln2 as a

@@ -75,10 +75,9 @@ BP_HD inline float attn_scale(int D) { return sqrt_rn(div_rn(1.0f, static_cast<f
 // IEEE 754-2019 maximumNumber: a NaN operand is ignored, +0 > -0. Commutative and
 // associative, so a running max has the same bits in any reduction order.
 BP_HD inline float max_num(float a, float b) {
-  if (is_nan(a)) return b;
-  if (is_nan(b)) return a;
-  if (a == b) return (bits_of(a) >> 31) ? b : a;
-  return a > b ? a : b;
+  const float larger = total_order_key(b) > total_order_key(a) ? b : a;  // selects only
+  const float b_unless_nan = is_nan(b) ? a : larger;
+  return is_nan(a) ? b : b_unless_nan;
 }
 
 // Model::chain over a frame of n slots of which only [lo, hi) are present; absent

@@ -24,9 +24,8 @@ BP_HD inline float scaled_logit(bf16 logit, float temp) { return div_rn(widen(lo
 // IEEE 754-2019 maximum: NaN (canonical) if either input is NaN, and −0 < +0.
 // Commutative and associative, so every max tree over a row gives these bits.
 BP_HD inline float max_nan(float a, float b) {
-  if (is_nan(a) || is_nan(b)) return float_of(kCanonicalNanF32);
-  if (a == b) return float_of(bits_of(a) & bits_of(b));  // only ±0 differ: +0 unless both are −0
-  return a > b ? a : b;
+  const float larger = total_order_key(b) > total_order_key(a) ? b : a;  // selects only
+  return (is_nan(a) | is_nan(b)) ? float_of(kCanonicalNanF32) : larger;
 }
 
 // d = x − M and e = exp(d): the shifted exponential the forward sums and the

@@ -384,8 +384,8 @@ namespace {
 using MathFn = float (*)(float);
 #define BP_HW_NAME(f) #f,
 #define BP_HW_PTR(f) &bp::math::f,
-const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME)};
-const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR)};
+const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME) "exp_batch"};
+const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR) & bp::math::exp};
 #undef BP_HW_NAME
 #undef BP_HW_PTR
 }  // namespace

@@ -29,6 +29,7 @@
 #include <string>
 
 #include "harness/exit_codes.h"
+#include "optimized/cuda/device_util.cuh"
 #include "reference/numerics/math.h"
 #include "tests/gpu/hw_truth.h"
 
@@ -184,6 +185,19 @@ __global__ void math_kernel(uint32_t first, uint32_t step, uint32_t n, uint32_t*
     out[i] = __float_as_uint(F{}(__uint_as_float(first + i * step)));
 }
 
+// exp_batch: math::exp as the kernels evaluate it, 32 values per thread through
+// exp_in_place (the branch-free common case and the subnormal redo); n % 32 == 0.
+constexpr int kExpBatch = 32;
+__global__ void exp_batch_kernel(uint32_t first, uint32_t step, uint32_t n, uint32_t* __restrict__ out) {
+  for (uint32_t base = (blockIdx.x * blockDim.x + threadIdx.x) * kExpBatch; base < n;
+       base += gridDim.x * blockDim.x * kExpBatch) {
+    float x[kExpBatch];
+    for (int j = 0; j < kExpBatch; ++j) x[j] = __uint_as_float(first + (base + j) * step);
+    bp::cuda::exp_in_place<kExpBatch>(x);
+    for (int j = 0; j < kExpBatch; ++j) out[base + j] = __float_as_uint(x[j]);
+  }
+}
+
 void launch_math(int fn, uint32_t first, uint32_t step, uint32_t n, uint32_t* out) {
   int id = 0;
 #define BP_HW_LAUNCH(f)                                      \
@@ -193,6 +207,7 @@ void launch_math(int fn, uint32_t first, uint32_t step, uint32_t n, uint32_t* ou
   }
   BP_HW_MATH_FUNCTIONS(BP_HW_LAUNCH)
 #undef BP_HW_LAUNCH
+  exp_batch_kernel<<<1024, 256>>>(first, step, n, out);
 }
 
 // ---------------------------------------------------------------------------

@@ -57,6 +57,7 @@
 #include "reference/ops/attention.h"
 #include "reference/truth/attention.h"
 #include "support/bounds.h"
+#include "support/float_gen.h"
 #include "support/golden.h"
 
 namespace bp {
@@ -416,6 +417,14 @@ TEST(AttentionScalars, ScaleExpAndMax) {
   EXPECT_EQ(ref::max_num(NAN, 2.0f), 2.0f);
   EXPECT_EQ(ref::max_num(2.0f, NAN), 2.0f);
   EXPECT_EQ(ref::max_num(-INFINITY, 3.0f), 3.0f);
+}
+
+// max_num is written with selects only (kernels interleave many): equal to the IEEE
+// definition on every bf16 pattern against specials and random fp32, both orders.
+// Control: a plain `a > b ? a : b` misses NaNs and the order of the zeros.
+TEST(AttentionScalars, MaxNumIsMaximumNumber) {
+  EXPECT_EQ(test::max_mismatches([](float a, float b) { return ref::max_num(a, b); }, false), 0u);
+  EXPECT_GT(test::max_mismatches([](float a, float b) { return a > b ? a : b; }, false), 0u);
 }
 
 // ---- accuracy ----

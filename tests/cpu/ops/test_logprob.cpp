@@ -40,9 +40,11 @@
 #include <cstdio>
 
 #include "reference/common/rng.h"
+#include "reference/ops/attention.h"
 #include "reference/ops/logprob.h"
 #include "reference/truth/logprob.h"
 #include "support/bounds.h"
+#include "support/float_gen.h"
 #include "support/golden.h"
 #include "support/logprob_cases.h"
 
@@ -214,6 +216,14 @@ TEST_P(LogprobTest, SlowWithinDerivedBoundManyRealVocabRows) {
 // evaluation. Along one logit, logprob''' = −p(1−p)(1−2p)/temp³, at most
 // 1/(4·temp³) in magnitude; each row's log-softmax is a few roundings of values
 // below |x| + log V, so ε <= 2^-48·Σ|c_t|·(1 + 2·max|x|).
+// max_nan is written with selects only (kernels interleave many): IEEE maximum
+// (NaN wins, canonical; −0 < +0) on every bf16 pattern against specials and random
+// fp32, both orders. Control: max_num, which ignores NaNs, is caught.
+TEST(LogprobScalars, MaxNanIsMaximum) {
+  EXPECT_EQ(test::max_mismatches([](float a, float b) { return ref::max_nan(a, b); }, true), 0u);
+  EXPECT_GT(test::max_mismatches([](float a, float b) { return ref::max_num(a, b); }, true), 0u);
+}
+
 TEST(LogprobTruth, GradientMatchesFiniteDifferences) {
   const int T = 3, V = 7;
   const double temp = 0.7, h = 1e-5;
