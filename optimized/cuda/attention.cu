@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/ptx.cuh"
 #include "reference/numerics/dot.h"
 #include "reference/numerics/math.h"
@@ -84,6 +85,21 @@ __device__ void load_tile(bf16* tile, Src src) {
   }
 }
 
+// The same for evenly spaced rows (keys, values): row r < n_rows at row0 + r·stride,
+// +0 from n_rows on. Each thread keeps one 16-byte column and steps down the rows.
+template <int D>
+__device__ void load_rows(bf16* tile, const bf16* row0, size_t stride, int n_rows) {
+  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0, "a thread's column is fixed");
+  const int c = (threadIdx.x % kChunks) * 8;
+#pragma unroll
+  for (int r = threadIdx.x / kChunks; r < kTile; r += kRowStep) {
+    bf16* dst = tile + r * kLd<D> + c;
+    if (r < n_rows) cp_async16(dst, row0 + r * stride + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Whether any bf16 of tile rows [r0, r1) is Inf or NaN, over the whole CTA (every
 // thread must call; the rows must be complete in shared memory).
 template <int D>
@@ -120,15 +136,21 @@ __device__ void tile_dots(float (&s)[8][4], const bf16* sa, const bf16* sb, cons
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    // ldmatrix addresses: A rows 16·warp + lane % 16, columns + 8 for lanes ≥ 16;
+    // B (the keys, [n][k] = the mma's col layout) matrix lane / 8 is n8 tile
+    // 2·np + lane / 16 at k half (lane / 8) % 2.
+    const bf16* a_row = sa + (16 * ln.warp + ln.lane % 16) * LD + (ln.lane / 16) * 8;
+    const bf16* b_row = sb + ((ln.lane / 16) * 8 + ln.lane % 8) * LD + ((ln.lane / 8) % 2) * 8;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const bf16* a0 = sa + ln.row(0) * LD + kk * 16 + 2 * ln.t;
-      const bf16* a1 = sa + ln.row(1) * LD + kk * 16 + 2 * ln.t;
-      const uint32_t a[4] = {ld32(a0), ld32(a1), ld32(a0 + 8), ld32(a1 + 8)};
+      uint32_t a[4];
+      ldmatrix_x4(a, a_row + kk * 16);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const bf16* b = sb + (8 * nt + ln.g) * LD + kk * 16 + 2 * ln.t;
-        mma_m16n8k16(s[nt], a, ld32(b), ld32(b + 8));
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, b_row + np * 16 * LD + kk * 16);
+        mma_m16n8k16(s[2 * np], a, b[0], b[1]);
+        mma_m16n8k16(s[2 * np + 1], a, b[2], b[3]);
       }
     }
   } else {
@@ -235,10 +257,13 @@ __device__ SlotTile slot_tile(const AttnSeq* seqs, const Task& task, const Heads
   return {s, h.G, h.Hq, static_cast<int>(blockIdx.y), task.slot0, s.q_len * h.G};
 }
 
-// Key j of the sequence at kv head kvh, or null past `last` (zero-filled: never read).
+// Block b of the sequence's keys (or values) at kv head kvh; keys past `last` are
+// zero-filled (never read).
 template <int D>
-__device__ const bf16* key_row(const bf16* base, const SlotTile& tile, int Hkv, int j, int last) {
-  return j <= last ? base + (static_cast<size_t>(tile.s.kv_begin + j) * Hkv + tile.kvh) * D : nullptr;
+__device__ void load_key_block(bf16* dst, const bf16* base, const SlotTile& tile, int Hkv, int b, int last) {
+  const int j0 = b * kTile;
+  load_rows<D>(dst, base + (static_cast<size_t>(tile.s.kv_begin + j0) * Hkv + tile.kvh) * D,
+               static_cast<size_t>(Hkv) * D, last + 1 - j0);
 }
 
 // Which of the thread's rows see block kb.. and how many of its keys (SPEC.md §5.6:
@@ -277,30 +302,49 @@ struct FwdArgs {
 // slots); returns α per row (1 for rows that do not see the block).
 __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
                               float scale, const Lane& ln) {
-  float bmax[2] = {neg_inf(), neg_inf()};
+  // Every slot is scaled; an absent slot becomes −Inf, which maximumNumber ignores
+  // and which the select below keeps out of P.
+  bool visible[8][4];
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (ln.col(nt, e) < br.vis[i]) {
-          s[nt][2 * i + e] = mul_rn(s[nt][2 * i + e], scale);
-          bmax[i] = max_num(bmax[i], s[nt][2 * i + e]);
-        }
-  // maximumNumber is associative and commutative, and each partial starts at −Inf
-  // (never NaN), so the quad's tree gives the reference's sequential bits.
+    for (int e = 0; e < 4; ++e) {
+      visible[nt][e] = ln.col(nt, e % 2) < br.vis[e / 2];
+      const float x = mul_rn(s[nt][e], scale);
+      s[nt][e] = visible[nt][e] ? x : neg_inf();
+    }
+  // maximumNumber is associative and commutative, so any tree gives the reference's
+  // sequential bits. It runs on total_order_key integers (one IMNMX a node, no
+  // NaN tests): a NaN score gets the least key, so it is ignored as maximumNumber
+  // ignores it, and the −Inf seed (what the reference starts from) keeps a row
+  // whose scores are all NaN at −Inf. The key map is its own inverse.
+  float bmax[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    bmax[i] = max_num(bmax[i], __shfl_xor_sync(kFull, bmax[i], 1));
-    bmax[i] = max_num(bmax[i], __shfl_xor_sync(kFull, bmax[i], 2));
+    int32_t t[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float x = s[j / 2][2 * i + j % 2];
+      t[j] = is_nan(x) ? INT32_MIN : total_order_key(x);
+    }
+#pragma unroll
+    for (int w = 8; w >= 1; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) t[j] = max(t[j], t[j + w]);
+    int32_t key = max(t[0], total_order_key(neg_inf()));
+    key = max(key, __shfl_xor_sync(kFull, key, 1));
+    key = max(key, __shfl_xor_sync(kFull, key, 2));
+    bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
   }
+  // exp(+0) = 1 is α of a row that does not see the block; exp(−Inf) = +0 is P of
+  // an absent slot.
   float m_new[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     m_new[i] = max_num(m[i], bmax[i]);
-    alpha[i] = br.act[i] ? math::exp(sub_rn(m[i], m_new[i])) : 1.0f;
+    alpha[i] = br.act[i] ? sub_rn(m[i], m_new[i]) : 0.0f;
   }
+  exp_in_place<2>(alpha);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -308,8 +352,9 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& p = s[nt][2 * i + e];
-        p = ln.col(nt, e) < br.vis[i] ? math::exp(sub_rn(p, m_new[i])) : 0.0f;
+        p = visible[nt][2 * i + e] ? sub_rn(p, m_new[i]) : neg_inf();
       }
+  exp_in_place<32>(&s[0][0]);
   // pairwise_tree over the 64 slots: level 1 pairs columns (2t, 2t+1) in the thread,
   // levels 2 and 3 pair t ^ 1 and t ^ 2 (addition is commutative), levels 4-6 pair
   // the n8 tiles in the thread.
@@ -340,7 +385,9 @@ struct MergeFactors {
 };
 __device__ MergeFactors merge_split(float& M, float& L, float m, float l) {
   const float m_new = max_num(M, m);
-  const MergeFactors f{math::exp(sub_rn(M, m_new)), math::exp(sub_rn(m, m_new))};
+  float x[2] = {sub_rn(M, m_new), sub_rn(m, m_new)};
+  exp_in_place<2>(x);
+  const MergeFactors f{x[0], x[1]};
   L = fma_rn(f.a, L, mul_rn(f.b, l));
   M = m_new;
   return f;
@@ -366,12 +413,19 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
 
-  load_tile<D>(sQ, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
-  cp_async_commit();
-
   const int last_block = hi_pos / kTile;
   const int first = kSplitCtas ? task.split * a.split_blocks : 0;
   const int end = kSplitCtas ? min(last_block, first + a.split_blocks - 1) : last_block;
+  auto load_kv = [&](bf16* dst, const bf16* src, int b) {
+    load_key_block<D>(dst, src, tile, a.h.Hkv, b, hi_pos);
+    cp_async_commit();
+  };
+
+  // K(b + 1) is copied while block b's softmax and P·V run, V(b + 1) while block
+  // b + 1's scores run: one buffer each, two commit groups in flight.
+  load_tile<D>(sQ, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
+  load_kv(sK, a.k, first);
+  load_kv(sV, a.v, first);
 
   float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
   float acc[NT][4];
@@ -391,17 +445,16 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 
   for (int b = first; b <= end; ++b) {
     const int kb = b * kTile;
-    load_tile<D>(sK, [&](int jj) { return key_row<D>(a.k, tile, a.h.Hkv, kb + jj, hi_pos); });
-    cp_async_commit();
-    load_tile<D>(sV, [&](int jj) { return key_row<D>(a.v, tile, a.h.Hkv, kb + jj, hi_pos); });
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K
+    cp_async_wait<1>();  // Q and K(b); V(b) may be in flight
     __syncthreads();
 
     const BlockRows br(pos, kb);
     float p[8][4], alpha[2];
+    if (br.warp_live) tile_dots<Model, D>(p, sQ, sK, ln);
+    __syncthreads();  // every warp is done with sK
+    if (b < end) load_kv(sK, a.k, b + 1);
+    else cp_async_commit();  // an empty group keeps the count uniform
     if (br.warp_live) {
-      tile_dots<Model, D>(p, sQ, sK, ln);
       softmax_block(p, m, l, alpha, br, a.h.scale, ln);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -409,7 +462,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
         for (int e = 0; e < 4; ++e)
           if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
     }
-    cp_async_wait<0>();  // V
+    cp_async_wait<1>();  // V(b)
     __syncthreads();
     // Keys past the first row's position are absent for some row of the tile.
     bool slow = false;
@@ -425,6 +478,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
         chain_tile<Model, true>(acc, sP, sV, LD, 0, {0, 0}, br.vis, br.act, ln);
       }
     }
+    __syncthreads();  // every warp is done with sV
+    if (b < end) load_kv(sV, a.v, b + 1);
     if (!kSplitCtas && (b == end || (b + 1) % a.split_blocks == 0)) {
       const int split_first = (b / a.split_blocks) * a.split_blocks;
 #pragma unroll
@@ -447,7 +502,6 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
       }
       reset_split();
     }
-    __syncthreads();  // before the next block overwrites K, V
   }
 
 #pragma unroll
@@ -520,10 +574,20 @@ __device__ void slot_stats(float* sM, float* sInvL, float* sDelta, const bf16* d
   sDelta[threadIdx.x] = Model::chain(0.0f, dout + at * D, 1, o + at * D, 1, D);
 }
 
-// R(dS) of one element (reference recompute_probs), from the raw dots s = q·k and
-// dp = dout·v: P = exp(s·scale − m) · (1 ÷ l), dS = P · (dp − Δ).
-__device__ inline float probability(float s, float scale, float m, float inv_l) {
-  return mul_rn(math::exp(sub_rn(mul_rn(s, scale), m)), inv_l);
+// P = exp(s·scale − m) · (1 ÷ l) of the thread's elements in place (reference
+// recompute_probs; then dS = P · (dp − Δ)), from the raw dots s = q·k; element
+// [nt][e] takes its m and 1 ÷ l at sM[at(nt, e)], sInvL[at(nt, e)].
+template <class At>
+__device__ void probabilities(float (&s)[8][4], float scale, const float* sM, const float* sInvL, At at) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = sub_rn(mul_rn(s[nt][e], scale), sM[at(nt, e)]);
+  exp_in_place<32>(&s[0][0]);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = mul_rn(s[nt][e], sInvL[at(nt, e)]);
 }
 
 template <class Model, int D>
@@ -562,8 +626,8 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
 
   for (int b = 0; b <= hi_pos / kTile; ++b) {
     const int kb = b * kTile;
-    load_tile<D>(sK, [&](int jj) { return key_row<D>(a.k, tile, a.h.Hkv, kb + jj, hi_pos); });
-    load_tile<D>(sV, [&](int jj) { return key_row<D>(a.v, tile, a.h.Hkv, kb + jj, hi_pos); });
+    load_key_block<D>(sK, a.k, tile, a.h.Hkv, b, hi_pos);
+    load_key_block<D>(sV, a.v, tile, a.h.Hkv, b, hi_pos);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -574,14 +638,14 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
       float dp[8][4];
       tile_dots<Model, D>(ds, sQ, sK, ln);
       tile_dots<Model, D>(dp, sdO, sV, ln);
+      probabilities(ds, a.h.scale, sM, sInvL, [&](int, int e) { return ln.row(e / 2); });
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = ln.row(e / 2);
-          const float p = probability(ds[nt][e], a.h.scale, sM[r], sInvL[r]);
-          ds[nt][e] = ln.col(nt, e % 2) < br.vis[e / 2] ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], sDelta[r]))))
-                                                         : 0.0f;
+          const float p = ds[nt][e], delta = sDelta[ln.row(e / 2)];
+          ds[nt][e] =
+              ln.col(nt, e % 2) < br.vis[e / 2] ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], delta)))) : 0.0f;
         }
     }
     bool slow = false;
@@ -656,8 +720,8 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   const size_t kv_stride = static_cast<size_t>(a.h.Hkv) * D;
   const bf16* kbase = a.k + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
   const bf16* vbase = a.v + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
-  load_tile<D>(sK, [&](int jj) { return key0 + jj < S ? kbase + (key0 + jj) * kv_stride : nullptr; });
-  load_tile<D>(sV, [&](int jj) { return key0 + jj < S ? vbase + (key0 + jj) * kv_stride : nullptr; });
+  load_rows<D>(sK, kbase + key0 * kv_stride, kv_stride, S - key0);
+  load_rows<D>(sV, vbase + key0 * kv_stride, kv_stride, S - key0);
   cp_async_commit();
 
   int key[2];
@@ -696,13 +760,14 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
       float dp[8][4];
       tile_dots<Model, D>(pb, sK, sQ, ln);
       tile_dots<Model, D>(dp, sV, sdO, ln);
+      probabilities(pb, a.h.scale, sM, sInvL, [&](int nt, int e) { return ln.col(nt, e % 2); });
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = ln.col(nt, e % 2), j = key[e / 2];
           const bool present = j < S && sPos[col] >= j;
-          const float p = probability(pb[nt][e], a.h.scale, sM[col], sInvL[col]);
+          const float p = pb[nt][e];
           dsb[nt][e] = present ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], sDelta[col])))) : 0.0f;
           pb[nt][e] = present ? widen(round_bf16(p)) : 0.0f;
         }

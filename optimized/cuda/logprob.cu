@@ -93,12 +93,26 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   const bf16* c = at.start(logits, ld, chunk_len);
   const float M = row_max[at.t];
   float s = 0.0f, w = 0.0f;
-  for_lane_values<kPacked>(c, team.lane, chunk_len, shape, [&](bf16 l) {
-    const float d = ref::shifted_diff(ref::scaled_logit(l, temp), M);
-    const float e = math::exp(d);
+  auto add_terms = [&](float e, float d) {
     s = add_rn(s, e);
     if (chunk_tsum) w = add_rn(w, ref::entropy_term(e, d));
-  });
+  };
+  if constexpr (kPacked) {  // a pack's 8 exps at once (exp_in_place), then added in order
+    LanePacks{team.lane, chunk_len, shape}.for_each([&](int i) {
+      const Bf16x8 pack = load8(c + i);
+      float d[kPack], e[kPack];
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) e[j] = d[j] = ref::shifted_diff(ref::scaled_logit(pack[j], temp), M);
+      exp_in_place<kPack>(e);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) add_terms(e[j], d[j]);
+    });
+  } else {
+    for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
+      const float d = ref::shifted_diff(ref::scaled_logit(c[i], temp), M);
+      add_terms(math::exp(d), d);
+    });
+  }
   const int64_t out = static_cast<int64_t>(at.t) * out_ld + at.j;
   s = team.tree(s, warp_totals);
   if (team.lane == 0) chunk_sum[out] = canonical(s);
@@ -133,12 +147,14 @@ __global__ void combine_kernel(const float* __restrict__ chunk_sum, const float*
   });
 }
 
-// dl = R((c·(δ − p)) ÷ τ), p = exp(x − M) ÷ S, for the logit l of row t at vocabulary index v.
+// dl = R((c·(δ − p)) ÷ τ), p = exp(x − M) ÷ S, for the logit l of row t at vocabulary
+// index v: shifted(l) = x − M, then the gradient from e = exp(x − M) (ref::shifted_exp).
 struct RowGrad {
   float temp, M, S, coef;
   int target;
-  __device__ bf16 operator()(bf16 l, int64_t v) const {
-    const float p = div_rn(ref::shifted_exp(ref::scaled_logit(l, temp), M), S);
+  __device__ float shifted(bf16 l) const { return ref::shifted_diff(ref::scaled_logit(l, temp), M); }
+  __device__ bf16 operator()(float e, int64_t v) const {
+    const float p = div_rn(e, S);
     const float delta = v == target ? 1.0f : 0.0f;
     return round_bf16(div_rn(mul_rn(coef, sub_rn(delta, p)), temp));
   }
@@ -158,9 +174,13 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
     const RowGrad grad{temp, row_max[t], row_sum[t], coef[t], targets[t]};
     if constexpr (kStep == kPack) {
       const Bf16x8 l = load8(logits + at);
-      store8(dlogits + at, Bf16x8::of([&](int j) { return grad(l[j], vocab_begin + v + j); }));
+      float e[kPack];
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) e[j] = grad.shifted(l[j]);
+      exp_in_place<kPack>(e);
+      store8(dlogits + at, Bf16x8::of([&](int j) { return grad(e[j], vocab_begin + v + j); }));
     } else {
-      dlogits[at] = grad(logits[at], vocab_begin + v);
+      dlogits[at] = grad(math::exp(grad.shifted(logits[at])), vocab_begin + v);
     }
   });
 }
