@@ -165,14 +165,15 @@ __device__ void tile_dots(float (&s)[8][4], const bf16* sa, const bf16* sb, cons
 }
 
 // A fragments (4 groups of 16 columns) of the bf16 rounding of a 16 × 64 accumulator
-// slice: the score layout is the A layout of the next mma.
+// slice: the score layout is the A layout of the next mma. One cvt per pair: the
+// fragments only feed the mma, where R and cvt give the same product bits.
 __device__ void a_fragments(uint32_t (&a)[4][4], const float (&p)[8][4]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
-    a[kk][1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
-    a[kk][2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[kk][3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    a[kk][0] = cvt_bf16x2_rn(p[2 * kk][0], p[2 * kk][1]);
+    a[kk][1] = cvt_bf16x2_rn(p[2 * kk][2], p[2 * kk][3]);
+    a[kk][2] = cvt_bf16x2_rn(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[kk][3] = cvt_bf16x2_rn(p[2 * kk + 1][2], p[2 * kk + 1][3]);
   }
 }
 

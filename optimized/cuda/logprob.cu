@@ -54,11 +54,29 @@ struct ChunkOfTeam {
   }
 };
 
+// x = f(l) ÷ τ (ref::scaled_logit) and the backward's final ÷ τ. The kernels are
+// also instantiated for τ = 1, where they skip the division: x ÷ 1 = x for every
+// non-NaN x, and a NaN stays a NaN that every output canonicalises. IEEE division
+// compiles to a call behind a branch, which would serialise a thread's batch of
+// logits as exp's branch did.
+template <bool kUnitTemp>
+struct Temp {
+  float temp;
+  __device__ float div(float x) const {
+    if constexpr (kUnitTemp) return x;
+    else return div_rn(x, temp);
+  }
+  __device__ float logit(bf16 l) const {
+    if constexpr (kUnitTemp) return widen(l);
+    else return ref::scaled_logit(l, temp);
+  }
+};
+
 // max_nan is commutative and associative: any lane order and tree give its bits.
-template <bool kWarpPerRow, bool kPacked>
+template <bool kWarpPerRow, bool kPacked, bool kUnitTemp>
 __global__ void __launch_bounds__(kMaxTeamThreads)
-    chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
-                     LaneShape shape, float* __restrict__ chunk_max, int out_ld) {
+    chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                     Temp<kUnitTemp> temp, LaneShape shape, float* __restrict__ chunk_max, int out_ld) {
   __shared__ float warp_totals[kWarp];
   const auto team = RowTeam<kWarpPerRow>::here();
   if (team.row >= T * n_chunks) return;
@@ -66,7 +84,7 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   const bf16* c = at.start(logits, ld, chunk_len);
   float m = kNegInf;
   for_lane_values<kPacked>(c, team.lane, chunk_len, shape,
-                           [&](bf16 l) { m = ref::max_nan(m, ref::scaled_logit(l, temp)); });
+                           [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
   m = team.reduce(m, warp_totals, MaxNan{});
   if (team.lane == 0) chunk_max[static_cast<int64_t>(at.t) * out_ld + at.j] = m;
 }
@@ -81,9 +99,10 @@ __global__ void row_max_kernel(const float* __restrict__ chunk_max, int T, int C
 
 // The lane sums of exp(d) and (with tsum) of entropy_term(exp(d), d), d = x − M,
 // in one pass: each is the reference's lane_sum over the chunk-local indices.
-template <bool kWarpPerRow, bool kPacked>
+template <bool kWarpPerRow, bool kPacked, bool kUnitTemp>
 __global__ void __launch_bounds__(kMaxTeamThreads)
-    chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+    chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                      Temp<kUnitTemp> temp,
                       LaneShape shape, const float* __restrict__ row_max, float* __restrict__ chunk_sum,
                       float* __restrict__ chunk_tsum, int out_ld) {
   __shared__ float warp_totals[kWarp];
@@ -102,14 +121,14 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
       const Bf16x8 pack = load8(c + i);
       float d[kPack], e[kPack];
 #pragma unroll
-      for (int j = 0; j < kPack; ++j) e[j] = d[j] = ref::shifted_diff(ref::scaled_logit(pack[j], temp), M);
+      for (int j = 0; j < kPack; ++j) e[j] = d[j] = ref::shifted_diff(temp.logit(pack[j]), M);
       exp_in_place<kPack>(e);
 #pragma unroll
       for (int j = 0; j < kPack; ++j) add_terms(e[j], d[j]);
     });
   } else {
     for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
-      const float d = ref::shifted_diff(ref::scaled_logit(c[i], temp), M);
+      const float d = ref::shifted_diff(temp.logit(c[i]), M);
       add_terms(math::exp(d), d);
     });
   }
@@ -149,29 +168,31 @@ __global__ void combine_kernel(const float* __restrict__ chunk_sum, const float*
 
 // dl = R((c·(δ − p)) ÷ τ), p = exp(x − M) ÷ S, for the logit l of row t at vocabulary
 // index v: shifted(l) = x − M, then the gradient from e = exp(x − M) (ref::shifted_exp).
+template <bool kUnitTemp>
 struct RowGrad {
-  float temp, M, S, coef;
+  Temp<kUnitTemp> temp;
+  float M, S, coef;
   int target;
-  __device__ float shifted(bf16 l) const { return ref::shifted_diff(ref::scaled_logit(l, temp), M); }
+  __device__ float shifted(bf16 l) const { return ref::shifted_diff(temp.logit(l), M); }
   __device__ bf16 operator()(float e, int64_t v) const {
     const float p = div_rn(e, S);
     const float delta = v == target ? 1.0f : 0.0f;
-    return round_bf16(div_rn(mul_rn(coef, sub_rn(delta, p)), temp));
+    return round_bf16(temp.div(mul_rn(coef, sub_rn(delta, p))));
   }
 };
 
 // One thread per kStep logits of a row: kStep = 8 (16-byte loads and stores) where
 // vocab_len and ld are multiples of 8 and the pointers 16-byte aligned, else 1.
-template <int kStep>
+template <int kStep, bool kUnitTemp>
 __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                                  const int32_t* __restrict__ targets, const float* __restrict__ coef,
-                                 const float* __restrict__ row_max, const float* __restrict__ row_sum, float temp,
-                                 bf16* __restrict__ dlogits) {
+                                 const float* __restrict__ row_max, const float* __restrict__ row_sum,
+                                 Temp<kUnitTemp> temp, bf16* __restrict__ dlogits) {
   const int steps = vocab_len / kStep;
   for_each_index(static_cast<size_t>(T) * steps, [&](size_t idx) {
     const int64_t t = static_cast<int64_t>(idx / steps), v = static_cast<int64_t>(idx % steps) * kStep;
     const int64_t at = t * ld + v;
-    const RowGrad grad{temp, row_max[t], row_sum[t], coef[t], targets[t]};
+    const RowGrad<kUnitTemp> grad{temp, row_max[t], row_sum[t], coef[t], targets[t]};
     if constexpr (kStep == kPack) {
       const Bf16x8 l = load8(logits + at);
       float e[kPack];
@@ -185,9 +206,10 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
   });
 }
 
-// Launches kernel<kWarpPerRow, kPacked> with one team per (row, slice chunk).
+// Launches kernel<kWarpPerRow, kPacked, kUnitTemp> with one team per (row, slice
+// chunk): launch(warp_per_row, packed, Temp<τ == 1>, grid, block, stream).
 template <class Launch>
-void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                      cudaStream_t stream, Launch launch) {
   check_lane_shape(kn.row_reduce, "logprob");
   const int teams = T * n_chunks;
@@ -195,8 +217,11 @@ void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int
   const bool packed = row_packed(chunk_len, kn.row_reduce) && ld % kPack == 0 && aligned16(logits);
   with_row_team(chunk_len, kn.row_reduce, [&](auto warp_per_row) {
     with_flag(packed, [&](auto packed_flag) {
-      using Team = RowTeam<decltype(warp_per_row)::value>;
-      launch(warp_per_row, packed_flag, Team::grid(teams), Team::block(kn.row_reduce), stream);
+      with_flag(temp == 1.0f, [&](auto unit) {
+        using Team = RowTeam<decltype(warp_per_row)::value>;
+        launch(warp_per_row, packed_flag, Temp<decltype(unit)::value>{temp}, Team::grid(teams),
+               Team::block(kn.row_reduce), stream);
+      });
     });
   });
   BP_CUDA_CHECK_LAUNCH();
@@ -207,10 +232,10 @@ void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                        float* chunk_max, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, stream,
-                  [&](auto warp_per_row, auto packed, dim3 grid, dim3 block, cudaStream_t s) {
+  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, temp, stream,
+                  [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_max_kernel<decltype(warp_per_row)::value, decltype(packed)::value>
-        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, chunk_max, out_ld);
+        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, chunk_max, out_ld);
   });
 }
 
@@ -223,10 +248,10 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                         const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, stream,
-                  [&](auto warp_per_row, auto packed, dim3 grid, dim3 block, cudaStream_t s) {
+  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, temp, stream,
+                  [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value><<<grid, block, 0, s>>>(
-        logits, ld, T, chunk_len, n_chunks, temp, kn.row_reduce, row_max, chunk_sum, chunk_tsum, out_ld);
+        logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, row_max, chunk_sum, chunk_tsum, out_ld);
   });
 }
 
@@ -271,12 +296,16 @@ void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int 
   check_temperature(temp);
   const size_t n = static_cast<size_t>(T) * vocab_len;
   if (n == 0) return;
-  if (vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits))
-    bwd_slice_kernel<kPack><<<grid_for(n / kPack), kBlockThreads, 0, stream>>>(
-        logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, temp, dlogits);
-  else
-    bwd_slice_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets,
-                                                                   coef, row_max, row_sum, temp, dlogits);
+  const bool packed = vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits);
+  with_flag(temp == 1.0f, [&](auto unit) {
+    const Temp<decltype(unit)::value> scale{temp};
+    if (packed)
+      bwd_slice_kernel<kPack><<<grid_for(n / kPack), kBlockThreads, 0, stream>>>(
+          logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
+    else
+      bwd_slice_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets,
+                                                                     coef, row_max, row_sum, scale, dlogits);
+  });
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -34,6 +34,16 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "memory");
 }
 
+// {R(lo), R(hi)} as one register (lo in the low half) for every non-NaN input (a NaN
+// becomes 0x7FFF where R gives 0x7FC0): only for mma operands, whose NaN result is
+// 0x7FFFFFFF whatever the operand's payload (SPEC.md §2.3.3), so the bits of the
+// product do not depend on it. hw_truth's bf16_cvt row checks it over all 2^32 inputs.
+__device__ inline uint32_t cvt_bf16x2_rn(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
 // d = d + A·B for one 16 × 8 tile and one group of 16: one G step of sm90-tc per output.
 __device__ inline void mma_m16n8k16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -384,11 +384,13 @@ namespace {
 using MathFn = float (*)(float);
 #define BP_HW_NAME(f) #f,
 #define BP_HW_PTR(f) &bp::math::f,
-const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME) "exp_batch"};
-const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR) & bp::math::exp};
+const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME) "exp_batch", "bf16_cvt"};
+const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR) & bp::math::exp, &widened_round_bf16};
 #undef BP_HW_NAME
 #undef BP_HW_PTR
 }  // namespace
+
+float widened_round_bf16(float x) { return widen(round_bf16(x)); }
 
 const std::vector<std::string>& math_functions() { return kMathNames; }
 

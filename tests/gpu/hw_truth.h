@@ -66,8 +66,11 @@ struct Results {
 // --- bp::math, host build ---------------------------------------------------
 // The functions compared, in one list for both sides (index = function id).
 #define BP_HW_MATH_FUNCTIONS(X) X(exp) X(exp2) X(log) X(rsqrt) X(sigmoid) X(silu) X(sin) X(cos)
-// One more, after those: "exp_batch", the kernels' exp (optimized/cuda/device_util.cuh
-// exp_in_place, 32 values per thread) on the device against the host's math::exp.
+// Two more, after those: "exp_batch", the kernels' exp (optimized/cuda/device_util.cuh
+// exp_in_place, 32 values per thread) on the device against the host's math::exp, and
+// "bf16_cvt", cvt.rn.bf16x2.f32 (ptx.cuh cvt_bf16x2_rn, attention's mma operands)
+// against the host's R, both widened back to fp32 (NaNs compare canonicalised).
+float widened_round_bf16(float x);
 const std::vector<std::string>& math_functions();
 // out[i] = bits of f(float_of(first + i * step)) for i < n, computed with OpenMP.
 void host_math(int fn, uint32_t first, uint32_t step, uint32_t n, uint32_t* out);
