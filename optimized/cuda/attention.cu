@@ -22,10 +22,11 @@
 //            Flash-decoding schedule: one CTA per (tile, kv head, split) writes the
 //            split's (m, l, acc) and fwd_combine merges splits in order per row.
 //   dq       one CTA per (query tile, kv head), key blocks upward, one chain per row.
-//   dk, dv   one CTA per (key tile, kv head, query chunk, 64 output columns): the
-//            chunk's slots are the contraction dimension, in 64-slot tiles from the
-//            chunk's first slot; partials go to global memory and kv_combine runs the
-//            pairwise tree over chunks (as a binary counter: same bits).
+//   dk, dv   one CTA per (key tile, kv head, query chunk), all D columns: the chunk's
+//            slots are the contraction dimension, in 64-slot tiles from the chunk's
+//            first slot, with Δ = dot(dout, o) per query row computed once before
+//            (slot_delta_kernel); partials go to global memory and kv_combine runs
+//            the pairwise tree over chunks (as a binary counter: same bits).
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
@@ -177,17 +178,16 @@ __device__ void a_fragments(uint32_t (&a)[4][4], const float (&p)[8][4]) {
   }
 }
 
-// acc (16 rows × 8·NT columns from col0) += A · B over the tile's 64 k slots, groups
+// acc (16 rows × 8·NT columns) += A · B over the tile's 64 k slots, groups
 // of 16 in increasing order; B is [k][n] in shared memory (row stride ld).
 template <int NT>
-__device__ void mma_tile(float (&acc)[NT][4], const uint32_t (&a)[4][4], const bf16* sb, int ld, int col0,
-                         const Lane& ln) {
+__device__ void mma_tile(float (&acc)[NT][4], const uint32_t (&a)[4][4], const bf16* sb, int ld, const Lane& ln) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, sb + (kk * 16 + (ln.lane & 15)) * ld + col0 + np * 16 + (ln.lane >> 4) * 8);
+      ldmatrix_x4_trans(b, sb + (kk * 16 + (ln.lane & 15)) * ld + np * 16 + (ln.lane >> 4) * 8);
       mma_m16n8k16(acc[2 * np], a[kk], b[0], b[1]);
       mma_m16n8k16(acc[2 * np + 1], a[kk], b[2], b[3]);
     }
@@ -203,12 +203,12 @@ __device__ void store_rounded(bf16* sp, const float (&x)[8][4], const Lane& ln) 
 }
 
 // The SIMT contraction: for each live row i, acc continues over the slots [lo_i, hi_i)
-// of the tile with operands sa[row][slot] and sb[slot][col0 + col]. kFramed: the tile
+// of the tile with operands sa[row][slot] and sb[slot][col]. kFramed: the tile
 // is the reference's whole frame (framed_chain, forward and dq blocks); otherwise
 // one piece of a longer chunk frame (sm90-tc groups align to the tile; fma-seq is a
 // plain chain and the frame's end is handled by the caller).
 template <class Model, bool kFramed, int NT>
-__device__ void chain_tile(float (&acc)[NT][4], const bf16* sa, const bf16* sb, int ld, int col0, const int (&lo)[2],
+__device__ void chain_tile(float (&acc)[NT][4], const bf16* sa, const bf16* sb, int ld, const int (&lo)[2],
                            const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -219,7 +219,7 @@ __device__ void chain_tile(float (&acc)[NT][4], const bf16* sa, const bf16* sb, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& c = acc[nt][2 * i + e];
-        const bf16* b = sb + lo[i] * ld + col0 + ln.col(nt, e);
+        const bf16* b = sb + lo[i] * ld + ln.col(nt, e);
         if constexpr (kFramed || Model::kModel == DotModel::Sm90Tc) c = framed_dot<Model>(c, a, b, ld, lo[i], hi[i]);
         else c = chain_dot<Model>(c, a, b, ld, hi[i] - lo[i]);
       }
@@ -472,11 +472,11 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
       if (kTc && !slow) {
         uint32_t pa[4][4];
         a_fragments(pa, p);
-        mma_tile(acc, pa, sV, LD, 0, ln);
+        mma_tile(acc, pa, sV, LD, ln);
       } else {
         store_rounded(sP, p, ln);
         __syncwarp();
-        chain_tile<Model, true>(acc, sP, sV, LD, 0, {0, 0}, br.vis, br.act, ln);
+        chain_tile<Model, true>(acc, sP, sV, LD, {0, 0}, br.vis, br.act, ln);
       }
     }
     __syncthreads();  // every warp is done with sV
@@ -562,17 +562,32 @@ struct BwdArgs {
   bf16* dq;
 };
 
-// Per-slot statistics of the backward: m, 1 ÷ l and Δ = dot(dout, o) (reference
-// recompute_probs), for the slot rows whose index is not null.
-template <class Model, int D, class Index>
-__device__ void slot_stats(float* sM, float* sInvL, float* sDelta, const bf16* dout, const bf16* o, const float* m,
-                           const float* l, Index index) {
+// Δ = dot(dout, o) of query row `at` (row = token·Hq + head; reference recompute_probs).
+template <class Model, int D>
+__device__ float slot_delta(const bf16* dout, const bf16* o, long long at) {
+  return Model::chain(0.0f, dout + at * D, 1, o + at * D, 1, D);
+}
+
+// Per-slot statistics of the backward: m, 1 ÷ l and Δ = delta_of(row), for the slot
+// rows whose index is not negative.
+template <class Index, class DeltaOf>
+__device__ void slot_stats(float* sM, float* sInvL, float* sDelta, const float* m, const float* l, Index index,
+                           DeltaOf delta_of) {
   if (threadIdx.x >= kTile) return;
   const long long at = index(static_cast<int>(threadIdx.x));
   if (at < 0) return;
   sM[threadIdx.x] = m[at];
   sInvL[threadIdx.x] = div_rn(1.0f, l[at]);
-  sDelta[threadIdx.x] = Model::chain(0.0f, dout + at * D, 1, o + at * D, 1, D);
+  sDelta[threadIdx.x] = delta_of(at);
+}
+
+// Δ of rows [row0, row0 + n), for the dk/dv kernel: a software tensor-core chain of
+// D products per row is far dearer than a tile's mma work, and every (key tile,
+// column part) CTA would otherwise redo it for every slot.
+template <class Model, int D>
+__global__ void slot_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ o, size_t row0, size_t n,
+                                  float* __restrict__ delta) {
+  for_each_index(n, [&](size_t i) { delta[i] = slot_delta<Model, D>(dout, o, static_cast<long long>(row0 + i)); });
 }
 
 // P = exp(s·scale − m) · (1 ÷ l) of the thread's elements in place (reference
@@ -615,9 +630,10 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
   load_tile<D>(sQ, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
   load_tile<D>(sdO, [&](int r) { return tile.valid(r) ? a.dout + tile.row_index(r) * D : nullptr; });
   cp_async_commit();
-  slot_stats<Model, D>(sM, sInvL, sDelta, a.dout, a.o, a.m, a.l, [&](int r) {
-    return tile.valid(r) ? static_cast<long long>(tile.row_index(r)) : -1LL;
-  });
+  slot_stats(
+      sM, sInvL, sDelta, a.m, a.l,
+      [&](int r) { return tile.valid(r) ? static_cast<long long>(tile.row_index(r)) : -1LL; },
+      [&](long long at) { return slot_delta<Model, D>(a.dout, a.o, at); });
 
   float acc[NT][4];
 #pragma unroll
@@ -625,20 +641,30 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
-  for (int b = 0; b <= hi_pos / kTile; ++b) {
+  // V(b + 1) is copied while block b's scores, probabilities and dq run, K(b + 1)
+  // while block b + 1's dP = dO·V^T runs: one buffer each, two cp.async groups.
+  const int last_block = hi_pos / kTile;
+  load_key_block<D>(sV, a.v, tile, a.h.Hkv, 0, hi_pos);
+  cp_async_commit();
+  load_key_block<D>(sK, a.k, tile, a.h.Hkv, 0, hi_pos);
+  cp_async_commit();
+  for (int b = 0; b <= last_block; ++b) {
     const int kb = b * kTile;
-    load_key_block<D>(sK, a.k, tile, a.h.Hkv, b, hi_pos);
-    load_key_block<D>(sV, a.v, tile, a.h.Hkv, b, hi_pos);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
     const BlockRows br(pos, kb);
+    cp_async_wait<1>();  // V(b); K(b) may still be in flight
+    __syncthreads();
+    float dp[8][4];
+    if (br.warp_live) tile_dots<Model, D>(dp, sdO, sV, ln);
+    cp_async_wait<0>();
+    __syncthreads();  // K(b) is here and no warp reads V(b) any more
+    if (b < last_block) {
+      load_key_block<D>(sV, a.v, tile, a.h.Hkv, b + 1, hi_pos);
+      cp_async_commit();
+    }
+
     float ds[8][4];
     if (br.warp_live) {
-      float dp[8][4];
       tile_dots<Model, D>(ds, sQ, sK, ln);
-      tile_dots<Model, D>(dp, sdO, sV, ln);
       probabilities(ds, a.h.scale, sM, sInvL, [&](int, int e) { return ln.row(e / 2); });
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -655,14 +681,18 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
       if (kTc && !slow) {
         uint32_t fa[4][4];
         a_fragments(fa, ds);
-        mma_tile(acc, fa, sK, LD, 0, ln);
+        mma_tile(acc, fa, sK, LD, ln);
       } else {
         store_rounded(sDS, ds, ln);
         __syncwarp();
-        chain_tile<Model, true>(acc, sDS, sK, LD, 0, {0, 0}, br.vis, br.act, ln);
+        chain_tile<Model, true>(acc, sDS, sK, LD, {0, 0}, br.vis, br.act, ln);
       }
     }
     __syncthreads();
+    if (b < last_block) {
+      load_key_block<D>(sK, a.k, tile, a.h.Hkv, b + 1, hi_pos);
+      cp_async_commit();
+    }
   }
 
 #pragma unroll
@@ -682,19 +712,17 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
 struct KvArgs {
   AttnSeq s;
   Heads h;
-  int C, c_begin, d_parts;
-  const bf16 *q, *k, *v, *o, *dout;
+  int C, c_begin;
+  const bf16 *q, *k, *v, *dout;
   const float *m, *l;
+  const float* delta;     // Δ of the sequence's query rows, from row delta_row0
+  long long delta_row0;
   float *dk_part, *dv_part;
 };
 
-// Output columns per kv CTA: dk and dv accumulators stay at 32 registers each.
-template <int D>
-constexpr int kKvCols = D < 64 ? D : 64;
-
 template <class Model, int D>
 __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
-  constexpr int LD = kLd<D>, NT = kKvCols<D> / 8;
+  constexpr int LD = kLd<D>, NT = D / 8;
   constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
   extern __shared__ uint4 smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
@@ -711,8 +739,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   const AttnSeq& s = a.s;
   const int S = s.past_len + s.q_len, G = a.h.G, kvh = blockIdx.y;
   const int key0 = blockIdx.x * kTile, key_last = min(key0 + kTile - 1, S - 1);
-  const int c = a.c_begin + static_cast<int>(blockIdx.z) / a.d_parts;
-  const int col0 = (static_cast<int>(blockIdx.z) % a.d_parts) * kKvCols<D>;
+  const int c = a.c_begin + static_cast<int>(blockIdx.z);
   const int frame = a.C * G, chunk_pos0 = c * a.C, chunk_end = min(S, (c + 1) * a.C);
   // Slots before this position see no key of the tile (or are not queries): zero rows.
   const int first_pos = max(s.past_len, key0);
@@ -721,9 +748,11 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   const size_t kv_stride = static_cast<size_t>(a.h.Hkv) * D;
   const bf16* kbase = a.k + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
   const bf16* vbase = a.v + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
-  load_rows<D>(sK, kbase + key0 * kv_stride, kv_stride, S - key0);
-  load_rows<D>(sV, vbase + key0 * kv_stride, kv_stride, S - key0);
-  cp_async_commit();
+  if (chunk_end > first_pos) {  // else no slot of the chunk sees a key of the tile: the partial is +0
+    load_rows<D>(sK, kbase + key0 * kv_stride, kv_stride, S - key0);
+    load_rows<D>(sV, vbase + key0 * kv_stride, kv_stride, S - key0);
+    cp_async_commit();
+  }
 
   int key[2];
 #pragma unroll
@@ -749,7 +778,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
     load_tile<D>(sQ, [&](int r) { const long long at = slot_index(r); return at < 0 ? nullptr : a.q + at * D; });
     load_tile<D>(sdO, [&](int r) { const long long at = slot_index(r); return at < 0 ? nullptr : a.dout + at * D; });
     cp_async_commit();
-    slot_stats<Model, D>(sM, sInvL, sDelta, a.dout, a.o, a.m, a.l, slot_index);
+    slot_stats(sM, sInvL, sDelta, a.m, a.l, slot_index, [&](long long at) { return a.delta[at - a.delta_row0]; });
     if (threadIdx.x < kTile) sPos[threadIdx.x] = slot_pos(threadIdx.x);
     cp_async_wait<0>();
     __syncthreads();
@@ -785,9 +814,9 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
     if (kTc && !slow) {
       uint32_t fa[4][4];
       a_fragments(fa, pb);
-      mma_tile(dv, fa, sdO, LD, col0, ln);
+      mma_tile(dv, fa, sdO, LD, ln);
       a_fragments(fa, dsb);
-      mma_tile(dk, fa, sQ, LD, col0, ln);
+      mma_tile(dk, fa, sQ, LD, ln);
     } else {
       store_rounded(sP, pb, ln);
       store_rounded(sDS, dsb, ln);
@@ -806,8 +835,8 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
           }
         live[i] = key[i] < S && lo[i] < hi[i];
       }
-      chain_tile<Model, false>(dv, sP, sdO, LD, col0, lo, hi, live, ln);
-      chain_tile<Model, false>(dk, sDS, sQ, LD, col0, lo, hi, live, ln);
+      chain_tile<Model, false>(dv, sP, sdO, LD, lo, hi, live, ln);
+      chain_tile<Model, false>(dk, sDS, sQ, LD, lo, hi, live, ln);
     }
     __syncthreads();
   }
@@ -816,7 +845,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (key[i] >= S) continue;
-    const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[i]) * a.h.Hkv + kvh) * D + col0;
+    const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[i]) * a.h.Hkv + kvh) * D;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1033,11 +1062,19 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
   const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
   const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
   if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
+  const size_t delta_row0 = static_cast<size_t>(seq.q_begin) * dims.Hq, rows = static_cast<size_t>(seq.q_len) * dims.Hq;
+  DeviceBuffer<float> delta(rows, stream);
   with_shape(kn, dims.D, [&](auto model, auto d) {
-    constexpr int D = decltype(d)::value, d_parts = D / kKvCols<D>;
-    const KvArgs args{seq, heads(dims), C, c_begin, d_parts, q, k, v, o, dout, m, l, dk_part, dv_part};
+    constexpr int D = decltype(d)::value;
+    if (rows > 0) {
+      slot_delta_kernel<decltype(model), D>
+          <<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, delta_row0, rows, delta.get());
+      BP_CUDA_CHECK_LAUNCH();
+    }
+    const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
+                      delta.get(), static_cast<long long>(delta_row0), dk_part, dv_part};
     const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
-                    static_cast<unsigned>(n_chunks * d_parts));
+                    static_cast<unsigned>(n_chunks));
     launch(attn_kv_kernel<decltype(model), D>, grid, kv_smem<D>(), stream, args);
   });
   return n_chunks;

@@ -329,6 +329,29 @@ TEST_P(AttentionGpu, OtherSplitAndChunkKnobsMatchReference) {
       << "the split size should change some output bit";
 }
 
+// Every kernel instantiation (both forward schedules, dq, the dk/dv partials and
+// their combine, the tensor-core slow path) of one head_dim, on problems small
+// enough for compute-sanitizer's racecheck to finish: a split of 128 keys gives
+// several splits, prefix caches and decode over a few hundred keys. One test per
+// head_dim, so racecheck can run them as separate processes.
+void every_kernel_on_small_problems(Knobs kn, AttnDims d, uint64_t seed) {
+  kn.attn_kv_split = 128;
+  kn.grad_token_chunk = 48;
+  const auto seqs = packed({{0, 150}, {100, 30}, {300, 1}, {0, 1}});
+  expect_matches(kn, make_problem(d, seqs, seed), "small problems");
+  expect_matches(kn, make_problem(d, seqs, seed + 1, 2.0f, 400), "small problems, special values");
+}
+
+TEST_P(AttentionGpu, EveryKernelOnSmallProblemsHeadDim32) {
+  every_kernel_on_small_problems(knobs(), AttnDims{4, 4, 32}, 8500);
+}
+TEST_P(AttentionGpu, EveryKernelOnSmallProblemsHeadDim64) {
+  every_kernel_on_small_problems(knobs(), AttnDims{8, 2, 64}, 8510);
+}
+TEST_P(AttentionGpu, EveryKernelOnSmallProblemsHeadDim128) {
+  every_kernel_on_small_problems(knobs(), AttnDims{8, 1, 128}, 8520);
+}
+
 TEST_P(AttentionGpu, UnsupportedShapesAreRefused) {
   Knobs kn = knobs();
   kn.attn_kv_block = 32;
