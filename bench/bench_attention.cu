@@ -1,14 +1,18 @@
 // bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
 // heads, head_dim 128), both contracts:
 //   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8);
-//   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys.
+//   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys;
+//   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
+//           tokens, from the forward's own o, m and l.
 // Each time is the median of --reps event-timed calls after --warmup calls (the
 // call includes its host planning and task upload: that is the API's cost). Inputs
 // random, never zeros. CSV on stdout, the columns bench/sdpa_peer.py writes too:
 //   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
 // flops count the causal QK^T and PV products (4·Hq·D per visible (query, key));
-// bytes are q, k, v read once and o written once (the decode roofline: gbps against
-// the measured copy bandwidth). peak_bytes: the peak of DeviceBuffer's pool over the
+// the backward counts 2.5 times that (QK^T, dP = dO·V^T, dV, dK and dQ: the
+// convention of FlashAttention and of sdpa_peer.py). bytes are q, k, v read once
+// and o written once (the decode roofline: gbps against the measured copy
+// bandwidth); the backward's are q, k, v, o, dout read and dq, dk, dv written. peak_bytes: the peak of DeviceBuffer's pool over the
 // calls (bench::measure): q, k, v, o and the fp32 m, l (allocated before, live
 // throughout) plus what each call allocates from the pool (its uploaded runs and
 // tasks; partial sums when it splits the keys across CTAs). sdpa_peer.py's
@@ -46,15 +50,28 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
   bench::fill(q, 1);
   bench::fill(k, 2);
   bench::fill(v, 3);
-  const bench::Measured run = bench::measure(opt, [&] {
+  auto forward = [&] {
     cuda::attention_fwd(kn, kDims, seqs.data(), batch, q.get(), k.get(), v.get(), o.get(), m.get(), l.get());
-  });
+  };
+  const bool backward = std::string(kind) == "backward";
+  bench::Measured run{};
+  if (backward) {
+    cuda::DeviceBuffer<bf16> dout(q_elems), dq(q_elems), dk(kv_elems), dv(kv_elems);
+    bench::fill(dout, 4);
+    forward();
+    run = bench::measure(opt, [&] {
+      cuda::attention_bwd(kn, kDims, seqs.data(), batch, q.get(), k.get(), v.get(), o.get(), m.get(), l.get(),
+                          dout.get(), dq.get(), dk.get(), dv.get());
+    });
+  } else {
+    run = bench::measure(opt, forward);
+  }
   const double us = run.us;
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   // Visible (query, key) pairs: query i of a sequence sees kv_len − q_len + i + 1 keys.
   const double pairs = double(batch) * q_len * (kv_len - q_len) + double(batch) * q_len * (q_len + 1) / 2;
-  const double flops = 4.0 * kDims.Hq * kDims.D * pairs;
-  const double bytes = 2.0 * (2.0 * q_elems + 2.0 * kv_elems);
+  const double flops = (backward ? 10.0 : 4.0) * kDims.Hq * kDims.D * pairs;
+  const double bytes = backward ? 2.0 * (4.0 * q_elems + 4.0 * kv_elems) : 2.0 * (2.0 * q_elems + 2.0 * kv_elems);
   std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f,%llu\n", kind, contract.c_str(), batch, q_len, kv_len,
               kDims.Hq, kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3,
               static_cast<unsigned long long>(run.peak_bytes));
@@ -69,6 +86,7 @@ int run(const Options& opt) {
       for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);
     for (int batch : {1, 8, 64})
       for (int cache : {1024, 8192, 32768}) bench_case(opt, c, "decode", batch, 1, cache);
+    for (int T : {1024, 4096}) bench_case(opt, c, "backward", 1, T, T);
   }
   return kExitExact;
 }

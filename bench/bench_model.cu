@@ -4,8 +4,11 @@
 // parameter gradient, wall time and the peak device memory of each phase.
 // The weights are the generated ones (reference/model/weights.h). CSV on stdout:
 //   phase,layers,tokens,seconds,peak_device_bytes
-// "upload" is building the model (weights to the device); the peaks include the
-// resident weights.
+// "upload" is building the model (weights to the device); "forward" returns the
+// logprobs to the host; "forward+backward_on_device" ends when the last kernel of
+// the backward has finished, every gradient still in device memory; then
+// "gradient_download" copies them into host vectors, as Model::backward returns
+// them. The peaks include the resident weights.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -46,8 +49,10 @@ ModelOptions parse(int argc, char** argv) {
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-void row(const char* phase, const ModelOptions& o, double seconds) {
+// One phase, timed from `start` to the end of its last kernel.
+void row(const char* phase, const ModelOptions& o, Clock::time_point start) {
   BP_CUDA_CHECK(cudaDeviceSynchronize());
+  const double seconds = since(start);
   std::printf("%s,%d,%d,%.3f,%llu\n", phase, o.layers, o.tokens, seconds,
               static_cast<unsigned long long>(bp::cuda::pool_peak_bytes()));
   std::fflush(stdout);
@@ -74,14 +79,22 @@ int main(int argc, char** argv) {
     bp::cuda::reset_pool_peak();
     t = Clock::now();
     const bp::cuda::Model model(cfg, w, bp::find_contract(o.contract)->knobs);
-    row("upload", o, since(t));
+    row("upload", o, t);
     t = Clock::now();
     const auto fwd = model.forward(seqs, bp::ref::Schedule::extend());
-    row("forward", o, since(t));
+    row("forward", o, t);
     t = Clock::now();
-    const auto bwd = model.backward(seqs, 11);
-    row("forward+backward", o, since(t));
-    std::fprintf(stderr, "bench_model: logprob[0] %.6f, %zu gradients\n", fwd.logprob[0][0], bwd.grads.size());
+    auto bwd = model.backward_resident(seqs, 11);
+    row("forward+backward_on_device", o, t);
+    t = Clock::now();
+    size_t bytes = 0;
+    for (auto& [name, g] : bwd.grads) {
+      bytes += g.size() * sizeof(float);
+      bwd.result.grads[name] = model.backend().take(std::move(g));
+    }
+    row("gradient_download", o, t);
+    std::fprintf(stderr, "bench_model: logprob[0] %.6f, %zu gradients, %.2f GB\n", fwd.logprob[0][0],
+                 bwd.result.grads.size(), bytes * 1e-9);
     return 0;
   });
 }

@@ -11,7 +11,9 @@ inputs are) and what each call allocates.
 CSV on stdout with bench_attention's columns:
     kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
 Extend is causal over the whole sequence; decode is one query per sequence attending
-to all kv_len cached keys (no mask needed). GQA goes through enable_gqa=True (no
+to all kv_len cached keys (no mask needed); backward times torch.autograd.grad of a
+causal extend's output (dq, dk, dv from a fixed dout, the forward run once before),
+with 2.5 times the forward's flops, as bench_attention counts them. GQA goes through enable_gqa=True (no
 copy of K/V); a backend that refuses a case is left out of it.
 Exit 125 when torch or a CUDA GPU is missing (the CTest / bisect skip code).
 """
@@ -29,6 +31,8 @@ def cases():
     for batch in (1, 8, 64):
         for cache in (1024, 8192, 32768):
             yield "decode", batch, 1, cache
+    for t in (1024, 4096):
+        yield "backward", 1, t, t
 
 
 def backends(torch):
@@ -48,7 +52,12 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
     k = torch.randn(batch, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(batch, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     extra = {"enable_gqa": True}  # GQA without copying K/V (torch >= 2.5; the image has 2.11)
-    causal = kind == "extend"  # decode: the single query sees every cached key
+    causal = kind != "decode"  # decode: the single query sees every cached key
+    backward = kind == "backward"
+    if backward:
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        dout = torch.randn_like(q, requires_grad=False)
     best = None
     for name, backend in backends(torch):
         if name == "math" and kv_len * q_len * batch * HQ > (1 << 31):
@@ -57,7 +66,11 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             with sdpa_kernel(backend):
-                call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
+                if backward:
+                    call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                else:
+                    call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
                 us = median_us(torch, call, warmup, reps)
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
@@ -70,8 +83,9 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
         return
     name, us, peak = best
     pairs = batch * q_len * (kv_len - q_len) + batch * q_len * (q_len + 1) / 2
-    flops = 4.0 * HQ * D * pairs
-    bytes_moved = 2.0 * (2 * batch * q_len * HQ * D + 2 * batch * kv_len * HKV * D)
+    flops = (10.0 if backward else 4.0) * HQ * D * pairs
+    per_side = 4 if backward else 2  # q, o (+ dout, dq) and k, v (+ dk, dv)
+    bytes_moved = 2.0 * (per_side * batch * q_len * HQ * D + per_side * batch * kv_len * HKV * D)
     print(f"{kind},sdpa-{name},{batch},{q_len},{kv_len},{HQ},{HKV},{D},{us:.2f},{flops / us * 1e-6:.2f},"
           f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f},{peak}", flush=True)
     del q, k, v

@@ -33,12 +33,22 @@ class Qwen3Program {
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
                           float temperature = 1.0f) const;
 
+  // The same backward with every gradient left in the backend's buffers (result's
+  // grads stay empty): a GPU caller that keeps them on the device, or times the
+  // backward apart from copying them out.
+  template <class T>
+  using Buf = typename B::template Buf<T>;
+  struct ResidentBackward {
+    BackwardResult result;
+    std::map<std::string, Buf<float>> grads;
+  };
+  ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                                     float temperature = 1.0f) const;
+
   const ModelConfig& config() const { return cfg_; }
   const B& backend() const { return be_; }
 
  private:
-  template <class T>
-  using Buf = typename B::template Buf<T>;
   using BBuf = Buf<bf16>;
   using FBuf = Buf<float>;
   using Piece = SchedulePiece;
@@ -389,6 +399,14 @@ ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& 
 template <class B>
 BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
                                          float temperature) const {
+  ResidentBackward r = backward_resident(seqs, coef_seed, temperature);
+  for (auto& [name, g] : r.grads) r.result.grads[name] = be_.take(std::move(g));
+  return std::move(r.result);
+}
+
+template <class B>
+typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
+    const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) const {
   const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
   const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
@@ -536,8 +554,7 @@ BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>
     be_.add_f32(demb, dlm.data(), dlm.size());
   else
     G["lm_head.weight"] = std::move(dlm);
-  for (auto& [name, g] : G) res.grads[name] = be_.take(std::move(g));
-  return res;
+  return {std::move(res), std::move(G)};
 }
 
 }  // namespace bp::ref
