@@ -7,7 +7,7 @@
 #include "harness/gpu_backend.h"
 #include "harness/io/errors.h"
 #include "harness/models.h"
-#include "reference/layouts/runner.h"
+#include "host/layouts.h"
 
 namespace bp::harness {
 

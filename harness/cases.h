@@ -23,7 +23,7 @@
 #include "harness/compare.h"
 #include "harness/plan.h"
 #include "harness/report/report.h"
-#include "reference/model/qwen3.h"
+#include "host/model.h"
 
 namespace bp::harness {
 

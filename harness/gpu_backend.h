@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "harness/cases.h"
-#include "reference/layouts/layout.h"
-#include "reference/model/qwen3.h"
+#include "host/model.h"
+#include "program/layouts/layout.h"
 
 namespace bp::harness {
 

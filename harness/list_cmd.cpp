@@ -58,7 +58,7 @@ int list(const ListOptions& o) {
   std::printf("  %-16s the float64 twin of the model (run only; no paths, layouts or captures)\n", kTruthContract);
   std::printf("backends:\n"
               "  reference  the unsharded CPU reference model (ref::Model), every path\n"
-              "  emulated   the sharded layouts on emulated CPU ranks (reference/layouts)\n"
+              "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
               "  cuda       not available in this build (its cases exit 125: cannot test here)\n");
   std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
               "control); those of the default grid each model runs under every contract:\n");

@@ -1,5 +1,5 @@
 // Data movement and elementwise arithmetic the model and rank programs need
-// beside the ops (reference/model/host_backend.h has the host versions): row
+// beside the ops (host/backend.h has the host versions): row
 // gathers, scatters and copies by host lists of row indices, an elementwise fp32
 // addition and rounding, and the layouts' reductions of rank or chunk partials.
 // Asynchronous on `stream`.

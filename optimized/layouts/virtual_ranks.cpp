@@ -2,8 +2,8 @@
 
 #include "optimized/cuda/common.h"
 #include "optimized/model/cuda_backend.h"
-#include "reference/layouts/rank_program.h"
-#include "reference/layouts/rank_runs.h"
+#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_runs.h"
 
 template class bp::layouts::RankModel<bp::cuda::CudaBackend>;
 

@@ -1,15 +1,19 @@
-// Virtual ranks: the layouts' rank program (reference/layouts/rank_program.h) run
+// Virtual ranks: the layouts' rank program (program/layouts/rank_program.h) run
 // by layout.world() ranks on one GPU — one host thread and one CUDA stream per
 // rank, the bp::cuda ops, collectives as device copies between the ranks'
 // buffers (CudaBackend) — so that TP/EP/CP layouts run on a single GPU. The API
-// and the results are the reference runner's (reference/layouts/runner.h), and
+// and the results are the reference runner's (host/layouts.h), and
 // for every valid layout bit-identical to the unsharded model's (SPEC.md §7).
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "reference/layouts/layout.h"
-#include "reference/model/qwen3.h"
+#include "program/layouts/layout.h"
+#include "program/results.h"
+#include "program/schedule.h"
+#include "reference/contract/contract.h"
+#include "reference/model/config.h"
+#include "reference/model/weights.h"
 
 namespace bp::cuda::layouts {
 

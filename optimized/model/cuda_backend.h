@@ -1,5 +1,5 @@
-// The model program's backend on a GPU (the interface is described in
-// reference/model/host_backend.h): tensors in device memory (DeviceBuffer, from
+// The programs' compute backend on a GPU (the interface: program/backend.h):
+// tensors in device memory (DeviceBuffer, from
 // the stream-ordered pool), the bp::cuda twins of the ops, all on one stream.
 // Host-side arguments (attention runs, MoE plans, expert pointer tables) are
 // what those twins take on the host, as the reference does. Collectives are
@@ -25,8 +25,8 @@
 #include "optimized/cuda/rope.h"
 #include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
-#include "reference/layouts/comm.h"
-#include "reference/model/host_backend.h"  // BP_MODEL_OPS
+#include "program/backend.h"
+#include "program/layouts/comm.h"
 
 namespace bp::cuda {
 
@@ -123,7 +123,7 @@ class CudaBackend {
   decltype(auto) op(A&&... a) const {                        \
     return ::bp::cuda::op(std::forward<A>(a)..., stream_);   \
   }
-  BP_MODEL_OPS(BP_CUDA_OP)
+  BP_PROGRAM_OPS(BP_CUDA_OP)
 #undef BP_CUDA_OP
 
  private:

@@ -1,11 +1,11 @@
 // The Qwen3 / Qwen3-MoE model on a GPU: the reference's model program
-// (reference/model/qwen3_program.h) over the bp::cuda ops, so every path (extend,
+// (program/qwen3_program.h) over the bp::cuda ops, so every path (extend,
 // chunked prefill, decode, ragged) keeps its KV caches in device memory and the
 // backward runs on the device. Same API and results as ref::Model, bit for bit;
 // the constructor uploads every weight (the host copy may go away afterwards).
 #pragma once
 #include "optimized/model/cuda_backend.h"
-#include "reference/model/qwen3_program.h"
+#include "program/qwen3_program.h"
 
 namespace bp::cuda {
 

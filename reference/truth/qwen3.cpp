@@ -7,7 +7,7 @@
 #include "embedding.h"
 #include "logprob.h"
 #include "moe_experts.h"
-#include "reference/model/qwen3.h"
+#include "reference/model/loss.h"
 #include "residual.h"
 #include "rmsnorm.h"
 #include "rope.h"

@@ -41,7 +41,7 @@
 #include "harness/io/checkpoint.h"
 #include "harness/io/hf_config.h"
 #include "harness/io/safetensors.h"
-#include "reference/model/qwen3.h"
+#include "host/model.h"
 #include "reference/truth/qwen3.h"
 #include "support/golden.h"
 

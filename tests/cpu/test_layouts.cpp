@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "reference/layouts/runner.h"
-#include "reference/layouts/sharding.h"
+#include "host/layouts.h"
+#include "program/layouts/sharding.h"
 #include "support/model_cases.h"
 
 namespace {

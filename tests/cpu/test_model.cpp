@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "harness/io/hf_config.h"
+#include "host/model.h"
 #include "reference/common/rng.h"
-#include "reference/model/qwen3.h"
 #include "support/golden.h"
 #include "support/model_cases.h"
 

@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "host/layouts.h"
 #include "optimized/layouts/virtual_ranks.h"
-#include "reference/layouts/runner.h"
-#include "reference/layouts/sharding.h"
+#include "program/layouts/sharding.h"
 #include "support/model_cases.h"
 
 namespace {

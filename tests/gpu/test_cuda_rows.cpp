@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <random>
 
+#include "host/backend.h"
 #include "optimized/cuda/rows.h"
-#include "reference/model/host_backend.h"
 #include "tests/gpu/cuda_op_test.h"
 
 namespace bp::test {

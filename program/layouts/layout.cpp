@@ -1,4 +1,4 @@
-#include "reference/layouts/layout.h"
+#include "program/layouts/layout.h"
 
 #include <regex>
 

@@ -1,8 +1,8 @@
 // The Qwen3 / Qwen3-MoE model program (SPEC.md §6), written once over a backend
-// (host_backend.h): the reference model runs it on the CPU ops, the CUDA model
-// (optimized/model/qwen3.h) on their GPU twins, so both make the same op calls
-// in the same order on the same shapes. Results come back to the host in
-// ref::ForwardResult / ref::BackwardResult (qwen3.h).
+// (backend.h): the reference model (host/model.h) runs it on the CPU ops, the CUDA
+// model (optimized/model/qwen3.h) on their GPU twins, so both make the same op
+// calls in the same order on the same shapes. Results come back to the host in
+// ref::ForwardResult / ref::BackwardResult (results.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -12,7 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "reference/model/qwen3.h"
+#include "program/model_check.h"
+#include "program/results.h"
+#include "program/schedule.h"
+#include "reference/model/loss.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/rope.h"
@@ -114,14 +117,7 @@ struct Qwen3Program<B>::State {
 template <class B>
 Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, B backend)
     : cfg_(cfg), kn_(knobs), be_(std::move(backend)) {
-  const std::string bad = validate(knobs);
-  if (!bad.empty()) throw std::invalid_argument("model: " + bad);
-  for (const WeightSpec& s : weight_specs(cfg)) {
-    if (!weights.contains(s.name)) throw std::invalid_argument("model: missing weight " + s.name);
-    if (weights.at(s.name).shape != s.shape) throw std::invalid_argument("model: wrong shape for " + s.name);
-  }
-  if (cfg.head_dim % 2 != 0 || cfg.num_key_value_heads <= 0 || cfg.num_attention_heads % cfg.num_key_value_heads)
-    throw std::invalid_argument("model: bad head geometry");
+  check_model(cfg, weights, knobs);
   for (const WeightSpec& s : weight_specs(cfg)) {
     w_.emplace(s.name, be_.resident(weights.at(s.name).data));
     numel_.emplace(s.name, s.numel());

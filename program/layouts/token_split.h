@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "reference/layouts/comm.h"
+#include "program/layouts/comm.h"
 #include "reference/numerics/reduce.h"
 
 namespace bp::layouts {

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "reference/layouts/layout.h"
+#include "program/layouts/layout.h"
 
 namespace bp::layouts {
 

@@ -1,15 +1,10 @@
-#include "reference/model/qwen3.h"
+#include "program/schedule.h"
 
 #include <algorithm>
 #include <stdexcept>
-
-#include "reference/common/rng.h"
-#include "reference/model/host_backend.h"
-#include "reference/model/qwen3_program.h"
+#include <string>
 
 namespace bp::ref {
-
-float loss_coef(uint64_t seed, uint64_t row) { return counter_uniform(seed, row); }
 
 std::vector<std::vector<SchedulePiece>> schedule_steps(const std::vector<std::vector<int32_t>>& seqs,
                                                        const Schedule& sched, int64_t max_positions) {
@@ -57,22 +52,5 @@ std::vector<std::vector<SchedulePiece>> schedule_steps(const std::vector<std::ve
   }
   return steps;
 }
-
-Model::Model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs)
-    : program_(std::make_unique<const Qwen3Program<HostBackend>>(cfg, weights, knobs)) {}
-
-Model::~Model() = default;
-
-ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
-                             const ForwardOptions& opt) const {
-  return program_->forward(seqs, sched, opt);
-}
-
-BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
-                               float temperature) const {
-  return program_->backward(seqs, coef_seed, temperature);
-}
-
-const ModelConfig& Model::config() const { return program_->config(); }
 
 }  // namespace bp::ref

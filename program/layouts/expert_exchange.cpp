@@ -1,4 +1,4 @@
-#include "reference/layouts/expert_exchange.h"
+#include "program/layouts/expert_exchange.h"
 
 #include <algorithm>
 #include <array>

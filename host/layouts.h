@@ -7,8 +7,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "reference/layouts/layout.h"
-#include "reference/model/qwen3.h"
+#include "program/layouts/layout.h"
+#include "program/results.h"
+#include "program/schedule.h"
+#include "reference/contract/contract.h"
+#include "reference/model/config.h"
+#include "reference/model/weights.h"
 
 namespace bp::layouts {
 

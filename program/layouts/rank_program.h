@@ -1,8 +1,8 @@
 // The sharded rank program (SPEC.md §7): what one rank of a layout computes,
 // forward on every path and backward, talking to the other ranks only through
-// comm.h. Written once over a backend (reference/model/host_backend.h), like the
+// comm.h. Written once over a backend (program/backend.h), like the
 // unsharded model program: the reference runs it on host vectors and the ref ops
-// (emulated ranks, runner.h), the GPU on the bp::cuda ops (virtual ranks,
+// (emulated ranks, host/layouts.h), the GPU on the bp::cuda ops (virtual ranks,
 // optimized/layouts/virtual_ranks.h). Activations live in the backend and every
 // operation on them is a backend call, collectives included (B::all_gather,
 // B::all_to_all over a Comm); every reduction of rank or chunk partials is
@@ -18,14 +18,16 @@
 #include <utility>
 #include <vector>
 
-#include "reference/layouts/comm.h"
-#include "reference/layouts/expert_exchange.h"
-#include "reference/layouts/layout.h"
-#include "reference/layouts/rank_model.h"
-#include "reference/layouts/sharding.h"
-#include "reference/layouts/token_split.h"
-#include "reference/model/host_backend.h"
-#include "reference/model/qwen3.h"
+#include "program/backend.h"
+#include "program/layouts/comm.h"
+#include "program/layouts/expert_exchange.h"
+#include "program/layouts/layout.h"
+#include "program/layouts/rank_result.h"
+#include "program/layouts/sharding.h"
+#include "program/layouts/token_split.h"
+#include "program/results.h"
+#include "program/schedule.h"
+#include "reference/model/loss.h"
 #include "reference/numerics/reduce.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
@@ -994,7 +996,5 @@ RankResult RankModel<B>::backward(const std::vector<std::vector<int32_t>>& seqs,
   emit(run, "model.embed_tokens.weight", std::move(my_rows), {Block::RowSlice, d.Vl, d.H});
   return std::move(run.result);
 }
-
-extern template class RankModel<ref::HostBackend>;
 
 }  // namespace bp::layouts

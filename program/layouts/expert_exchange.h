@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "reference/layouts/comm.h"
-#include "reference/layouts/layout.h"
+#include "program/layouts/comm.h"
+#include "program/layouts/layout.h"
 #include "reference/ops/moe_experts.h"
 
 namespace bp::layouts {

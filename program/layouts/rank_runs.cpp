@@ -1,11 +1,11 @@
-#include "reference/layouts/runner.h"
+#include "program/layouts/rank_runs.h"
 
 #include <map>
 #include <stdexcept>
 
-#include "reference/layouts/emulated.h"
-#include "reference/layouts/rank_program.h"
-#include "reference/layouts/rank_runs.h"
+#include "program/layouts/emulated.h"
+#include "program/model_check.h"
+#include "reference/model/loss.h"
 
 namespace bp::layouts {
 namespace {
@@ -50,7 +50,7 @@ std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights
                                   const std::function<RankResult(int rank, RankComms& comms)>& body) {
   const std::string why = shard_check(layout, cfg, knobs);
   if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
-  ref::Model(cfg, weights, knobs);  // the unsharded model's validation of config and weights
+  check_model(cfg, weights, knobs);  // as the unsharded model checks them
   std::vector<RankResult> results(static_cast<size_t>(layout.world()));
   run_emulated(layout, [&](int rank, RankComms& comms) { results[static_cast<size_t>(rank)] = body(rank, comms); });
   return results;
@@ -83,23 +83,6 @@ ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, cons
         std::copy_n(b.data.begin() + i * b.cols, b.cols, g.begin() + (b.row0 + i) * b.width + b.col0);
     }
   return r;
-}
-
-ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
-                           const ref::ForwardOptions& opt) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, sched, opt);
-  });
-  return assemble_forward(ranks, seqs, opt);
-}
-
-ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coef_seed, temperature);
-  });
-  return assemble_backward(ranks, weights, seqs, coef_seed);
 }
 
 }  // namespace bp::layouts

@@ -4,8 +4,8 @@
 #pragma once
 #include <functional>
 
-#include "reference/layouts/comm.h"
-#include "reference/layouts/layout.h"
+#include "program/layouts/comm.h"
+#include "program/layouts/layout.h"
 
 namespace bp::layouts {
 

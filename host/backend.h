@@ -1,23 +1,5 @@
-// Where the model program (qwen3_program.h) keeps its tensors and runs its ops:
-// here the reference's, on host vectors. optimized/model/cuda_backend.h is the
-// same interface on a GPU, so that both run one program, op for op.
-//
-// A backend provides
-//   Buf<T>                 owning tensor storage: data(), size(), movable
-//   Resident<T>            a read-only copy of host data in backend memory (here a
-//                          view: the host vector must outlive it)
-//   zeros<T>(n)            a Buf of n +0 elements
-//   clone(buf)             a copy
-//   resident(host vector)  a Resident
-//   to_host(p, n)          n elements at backend pointer p, on the host
-//   take(buf)              a whole Buf on the host
-//   copy(dst, src, n)      within backend memory
-//   resident(span)         the same for a part of a host array
-//   gather_rows / scatter_rows / copy_rows, add_f32, round_to_bf16,
-//   reduce_partials        data movement and elementwise arithmetic (below)
-//   all_gather / all_to_all  collectives over a layouts::Comm (comm.h), for the
-//                          layouts' rank program (reference/layouts/rank_program.h)
-//   every op the programs call (BP_MODEL_OPS), under its reference name and arguments.
+// The reference's compute backend (program/backend.h): host vectors and the ops
+// of reference/ops, so that the programs run on the CPU exactly as SPEC.md defines.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -26,7 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "reference/layouts/comm.h"
+#include "program/backend.h"
+#include "program/layouts/comm.h"
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
 #include "reference/numerics/reduce.h"
@@ -40,15 +23,6 @@
 #include "reference/ops/rmsnorm.h"
 #include "reference/ops/rope.h"
 #include "reference/ops/swiglu.h"
-
-// The ops the model and rank programs call; each backend forwards them to its own twins.
-#define BP_MODEL_OPS(X)                                                                                              \
-  X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(linear_fwd) X(linear_dgrad) X(linear_dgrad_acc) \
-  X(linear_wgrad) X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(residual_fwd) X(sum_round)            \
-  X(router_fwd) X(moe_experts_fwd) X(moe_combine_fwd) X(moe_layer_bwd) X(mlp_hidden_fwd) X(mlp_bwd)                 \
-  X(logprob_fwd) X(logprob_bwd) X(linear_acc) X(swiglu_bwd) X(attention_bwd_dq) X(attention_bwd_kv_partials)           \
-  X(attention_bwd_kv_combine) X(logprob_chunk_max) X(logprob_row_max) X(logprob_chunk_sums) X(logprob_target_logit) \
-  X(logprob_combine) X(logprob_bwd_slice) X(router_bwd) X(moe_experts_bwd) X(moe_combine_bwd)
 
 namespace bp::ref {
 
@@ -147,7 +121,7 @@ struct HostBackend {
   decltype(auto) op(A&&... a) const {          \
     return ::bp::ref::op(std::forward<A>(a)...); \
   }
-  BP_MODEL_OPS(BP_HOST_OP)
+  BP_PROGRAM_OPS(BP_HOST_OP)
 #undef BP_HOST_OP
 
  private:

@@ -7,10 +7,14 @@
 #include <functional>
 #include <vector>
 
-#include "reference/layouts/comm.h"
-#include "reference/layouts/layout.h"
-#include "reference/layouts/rank_model.h"
-#include "reference/model/qwen3.h"
+#include "program/layouts/comm.h"
+#include "program/layouts/layout.h"
+#include "program/layouts/rank_result.h"
+#include "program/results.h"
+#include "program/schedule.h"
+#include "reference/contract/contract.h"
+#include "reference/model/config.h"
+#include "reference/model/weights.h"
 
 namespace bp::layouts {
 

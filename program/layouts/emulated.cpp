@@ -1,4 +1,4 @@
-#include "reference/layouts/emulated.h"
+#include "program/layouts/emulated.h"
 
 #include <omp.h>
 

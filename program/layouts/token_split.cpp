@@ -1,4 +1,4 @@
-#include "reference/layouts/token_split.h"
+#include "program/layouts/token_split.h"
 
 #include <algorithm>
 #include <tuple>

@@ -1,0 +1,25 @@
+#include "host/model.h"
+
+#include "host/backend.h"
+#include "program/qwen3_program.h"
+
+namespace bp::ref {
+
+Model::Model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs)
+    : program_(std::make_unique<const Qwen3Program<HostBackend>>(cfg, weights, knobs)) {}
+
+Model::~Model() = default;
+
+ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+                             const ForwardOptions& opt) const {
+  return program_->forward(seqs, sched, opt);
+}
+
+BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                               float temperature) const {
+  return program_->backward(seqs, coef_seed, temperature);
+}
+
+const ModelConfig& Model::config() const { return program_->config(); }
+
+}  // namespace bp::ref
