@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     const bp::cuda::Model model(cfg, w, bp::find_contract(o.contract)->knobs);
     row("upload", o, t);
     t = Clock::now();
-    const auto fwd = model.forward(seqs, bp::ref::Schedule::extend());
+    const auto fwd = model.forward(seqs, bp::ref::Path::extend());
     row("forward", o, t);
     t = Clock::now();
     auto bwd = model.backward_resident(seqs, 11);

@@ -253,7 +253,7 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
         const std::vector<layouts::Layout> ls =
             b == Backend::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
         for (const layouts::Layout& l : ls)
-          for (const ref::Schedule& p : plan_.paths) cases_.push_back({m, contract, b, l, p});
+          for (const ref::Path& p : plan_.paths) cases_.push_back({m, contract, b, l, p});
       }
     }
   }
@@ -289,7 +289,7 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   opt.temperature = plan_.temperature;
   opt.entropy = true;
   opt.capture = plan_.capture_ops;
-  const bool grads = plan_.grads && c.path.kind == ref::Schedule::Kind::Extend;
+  const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
   if (c.backend == Backend::kCuda) {
@@ -315,7 +315,7 @@ const CaseEngine::Canonical& CaseEngine::canonical(size_t model, const std::stri
   c->model = model;
   c->contract = contract;
   // The reference is the unsharded model's extend path (with its backward).
-  c->tensors = run({model, contract, Backend::kReference, layouts::Layout{}, ref::Schedule::extend()});
+  c->tensors = run({model, contract, Backend::kReference, layouts::Layout{}, ref::Path::extend()});
   for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
   canonical_ = std::move(c);
   return *canonical_;
@@ -355,7 +355,7 @@ Case CaseEngine::compare(const CaseSpec& spec) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
   const Canonical& ref = canonical(spec.model, spec.contract);
-  const bool grads = plan_.grads && spec.path.kind == ref::Schedule::Kind::Extend;
+  const bool grads = plan_.grads && spec.path.kind == ref::Path::Kind::Extend;
   for (const NamedTensor& r : ref.tensors) {
     if (r.name.rfind("grads.", 0) == 0 && !grads) continue;
     const auto it = by_name.find(r.name);

@@ -46,7 +46,7 @@ struct CaseSpec {
   std::string contract;
   Backend backend = Backend::kReference;
   layouts::Layout layout;
-  ref::Schedule path;
+  ref::Path path;
 };
 
 // Execution order of the captured ops (Model::step) and which captured tensors

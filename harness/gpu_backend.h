@@ -49,7 +49,7 @@ struct GpuCaseInput {
   GpuModelSource model;
   const layouts::Layout& layout;
   const std::vector<std::vector<int32_t>>& seqs;
-  const ref::Schedule& path;
+  const ref::Path& path;
   const ref::ForwardOptions& options;
   bool grads;  // also the backward (L = Σ c_t·logprob_t, c from coef_seed)
   uint64_t coef_seed;

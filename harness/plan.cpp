@@ -30,12 +30,12 @@ std::optional<Backend> parse_backend(std::string_view s) {
   return std::nullopt;
 }
 
-std::string path_name(const ref::Schedule& s) {
+std::string path_name(const ref::Path& s) {
   switch (s.kind) {
-    case ref::Schedule::Kind::Extend: return "extend";
-    case ref::Schedule::Kind::Decode: return "decode";
-    case ref::Schedule::Kind::Ragged: return "ragged";
-    case ref::Schedule::Kind::Chunked: {
+    case ref::Path::Kind::Extend: return "extend";
+    case ref::Path::Kind::Decode: return "decode";
+    case ref::Path::Kind::Ragged: return "ragged";
+    case ref::Path::Kind::Chunked: {
       std::string r = "chunked:";
       for (size_t i = 0; i < s.chunks.size(); ++i) r += (i ? "," : "") + std::to_string(s.chunks[i]);
       return r;
@@ -44,14 +44,14 @@ std::string path_name(const ref::Schedule& s) {
   return "?";
 }
 
-std::optional<ref::Schedule> parse_path(std::string_view s, std::string* why) {
-  auto fail = [&](const std::string& w) -> std::optional<ref::Schedule> {
+std::optional<ref::Path> parse_path(std::string_view s, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<ref::Path> {
     if (why) *why = w;
     return std::nullopt;
   };
-  if (s == "extend") return ref::Schedule::extend();
-  if (s == "decode") return ref::Schedule::decode();
-  if (s == "ragged") return ref::Schedule::ragged();
+  if (s == "extend") return ref::Path::extend();
+  if (s == "decode") return ref::Path::decode();
+  if (s == "ragged") return ref::Path::ragged();
   constexpr std::string_view kChunked = "chunked:";
   if (s.substr(0, kChunked.size()) != kChunked)
     return fail("unknown path; the paths are extend, chunked:<n>[,<n>...], decode, ragged");
@@ -68,7 +68,7 @@ std::optional<ref::Schedule> parse_path(std::string_view s, std::string* why) {
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
-  return ref::Schedule::chunked(std::move(chunks));
+  return ref::Path::chunked(std::move(chunks));
 }
 
 std::vector<std::string> contract_names() {
@@ -277,14 +277,14 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   }
 
   if (const json* v = field("paths")) {
-    plan.paths = rd.list<ref::Schedule>(rd.name("paths"), *v, [&](const std::string& f, const json& x) {
+    plan.paths = rd.list<ref::Path>(rd.name("paths"), *v, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
       std::string why;
       const auto p = parse_path(s, &why);
       if (!p) rd.bad(f, "bad path '" + s + "': " + why);
       return *p;
     });
-    no_duplicates<ref::Schedule>(rd, rd.name("paths"), plan.paths, [](const ref::Schedule& p) { return path_name(p); });
+    no_duplicates<ref::Path>(rd, rd.name("paths"), plan.paths, [](const ref::Path& p) { return path_name(p); });
   }
   if (const json* v = field("tokens")) apply_tokens(rd, *v, plan.tokens);
   if (const json* v = field("weight_seed")) plan.weight_seed = rd.seed(rd.name("weight_seed"), *v);

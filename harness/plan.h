@@ -36,7 +36,7 @@
 #include "harness/io/errors.h"
 #include "program/layouts/layout.h"
 #include "program/results.h"
-#include "program/schedule.h"
+#include "program/path.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
@@ -49,8 +49,8 @@ std::optional<Backend> parse_backend(std::string_view s);
 inline constexpr Backend kAllBackends[] = {Backend::kReference, Backend::kEmulated, Backend::kCuda};
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
-std::string path_name(const ref::Schedule& s);
-std::optional<ref::Schedule> parse_path(std::string_view s, std::string* why = nullptr);
+std::string path_name(const ref::Path& s);
+std::optional<ref::Path> parse_path(std::string_view s, std::string* why = nullptr);
 
 // The contracts a plan may name: bp::contracts(), and for `run` (allow_truth) the
 // float64 twin of the model, "truth".
@@ -74,8 +74,8 @@ struct SweepPlan {
   std::vector<Backend> backends = {Backend::kReference, Backend::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
-  std::vector<ref::Schedule> paths = {ref::Schedule::extend(), ref::Schedule::chunked({5, 3}),
-                                      ref::Schedule::decode(), ref::Schedule::ragged()};
+  std::vector<ref::Path> paths = {ref::Path::extend(), ref::Path::chunked({5, 3}),
+                                      ref::Path::decode(), ref::Path::ragged()};
   TokenSpec tokens;
   uint64_t weight_seed = 20261122;
   uint64_t coef_seed = 7;

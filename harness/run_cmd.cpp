@@ -19,7 +19,7 @@ std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
   if (plan.backends[0] != Backend::kReference) plan.bad("backends", "[0]", "the float64 truth runs on the reference backend only");
-  if (plan.paths[0].kind != ref::Schedule::Kind::Extend)
+  if (plan.paths[0].kind != ref::Path::Kind::Extend)
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
   if (!plan.layouts.empty() && plan.layouts != std::vector<layouts::Layout>{layouts::Layout{}})
@@ -108,7 +108,7 @@ SweepPlan single_case_defaults() {
   p.contracts = {contract_names().front()};
   p.backends = {Backend::kReference};
   p.layouts = {layouts::Layout{}};
-  p.paths = {ref::Schedule::extend()};
+  p.paths = {ref::Path::extend()};
   p.allow_truth = true;
   return p;
 }

@@ -178,7 +178,7 @@ int sweep(const SweepOptions& o) {
   const Verdict overall = r.overall();
   if (!o.quiet) {
     std::vector<std::string> path_names;
-    for (const ref::Schedule& p : plan.paths) path_names.push_back(path_name(p));
+    for (const ref::Path& p : plan.paths) path_names.push_back(path_name(p));
     print_table(r, path_names, stdout);
     if (!o.verbose) {
       size_t shown = 0;

@@ -6,13 +6,13 @@
 
 namespace bp::layouts {
 
-template class RankModel<ref::HostBackend>;
+template class RankProgram<ref::HostBackend>;
 
 ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
                            const ref::ForwardOptions& opt) {
   const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, sched, opt);
+    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, path, opt);
   });
   return assemble_forward(ranks, seqs, opt);
 }
@@ -20,7 +20,7 @@ ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const
 ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
                              const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
   const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankModel<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coef_seed, temperature);
+    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coef_seed, temperature);
   });
   return assemble_backward(ranks, weights, seqs, coef_seed);
 }

@@ -9,7 +9,7 @@
 
 #include "program/layouts/layout.h"
 #include "program/results.h"
-#include "program/schedule.h"
+#include "program/path.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
@@ -17,9 +17,9 @@
 namespace bp::layouts {
 
 // Throws std::invalid_argument when shard_check(layout, cfg, knobs) is not empty,
-// and what ref::Model throws for bad sequences or schedules.
+// and what ref::Model throws for bad sequences or paths.
 ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
                            const ref::ForwardOptions& opt = {});
 
 // Backward of L = Σ c_t·logprob_t over the batch (the packed forward), as

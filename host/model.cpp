@@ -10,9 +10,9 @@ Model::Model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs)
 
 Model::~Model() = default;
 
-ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                              const ForwardOptions& opt) const {
-  return program_->forward(seqs, sched, opt);
+  return program_->forward(seqs, path, opt);
 }
 
 BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "program/results.h"
-#include "program/schedule.h"
+#include "program/path.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/loss.h"
@@ -32,7 +32,7 @@ class Model {
   Model(const ModelConfig&, Weights&&, const Knobs&) = delete;
   ~Model();
 
-  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                         const ForwardOptions& opt = {}) const;
 
   // Backward of L = Σ c_t·logprob_t over the batch (all sequences packed, the

@@ -14,7 +14,7 @@
 
 #include "program/model_check.h"
 #include "program/results.h"
-#include "program/schedule.h"
+#include "program/path.h"
 #include "reference/model/loss.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
@@ -30,7 +30,7 @@ class Qwen3Program {
   // `weights`, which must then outlive the program.
   Qwen3Program(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, B backend = {});
 
-  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                         const ForwardOptions& opt = {}) const;
   // Backward of L = Σ c_t·logprob_t (qwen3.h, Model::backward).
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
@@ -54,7 +54,7 @@ class Qwen3Program {
  private:
   using BBuf = Buf<bf16>;
   using FBuf = Buf<float>;
-  using Piece = SchedulePiece;
+  using Piece = PathPiece;
   struct Saved;
   struct State;
 
@@ -380,9 +380,9 @@ typename Qwen3Program<B>::State Qwen3Program<B>::start(const std::vector<std::ve
 }
 
 template <class B>
-ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const Schedule& sched,
+ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                                        const ForwardOptions& opt) const {
-  const auto steps = schedule_steps(seqs, sched, cfg_.max_position_embeddings);
+  const auto steps = path_steps(seqs, path, cfg_.max_position_embeddings);
   State st = start(seqs, opt.entropy);
   for (const auto& pieces : steps) step(seqs, pieces, st, opt, nullptr);
   ForwardResult r;
@@ -409,7 +409,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const RopeTable rt = rope_table();
 
   // The packed forward (bit-identical to extend), keeping its activations.
-  const std::vector<Piece> ps = schedule_steps(seqs, Schedule::ragged(), cfg_.max_position_embeddings).at(0);
+  const std::vector<Piece> ps = path_steps(seqs, Path::ragged(), cfg_.max_position_embeddings).at(0);
   State st = start(seqs, false);
   Saved sv;
   ForwardOptions fo;

@@ -5,14 +5,14 @@
 #include "program/layouts/rank_program.h"
 #include "program/layouts/rank_runs.h"
 
-template class bp::layouts::RankModel<bp::cuda::CudaBackend>;
+template class bp::layouts::RankProgram<bp::cuda::CudaBackend>;
 
 namespace bp::cuda::layouts {
 namespace {
 
 using bp::layouts::RankComms;
 using bp::layouts::RankResult;
-using RankModel = bp::layouts::RankModel<CudaBackend>;
+using RankProgram = bp::layouts::RankProgram<CudaBackend>;
 
 // A rank's own stream, so that the ranks' threads do not serialise on one; it
 // goes once its queued work (the model's buffer frees last) is done.
@@ -37,7 +37,7 @@ std::vector<RankResult> run_virtual(const ModelConfig& cfg, const Weights& weigh
                                     const Layout& layout, Program&& program) {
   return bp::layouts::run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
     const RankStream stream;
-    RankModel model(cfg, weights, knobs, layout, rank, comms, CudaBackend(stream.get()));
+    RankProgram model(cfg, weights, knobs, layout, rank, comms, CudaBackend(stream.get()));
     return program(model);
   });
 }
@@ -45,17 +45,17 @@ std::vector<RankResult> run_virtual(const ModelConfig& cfg, const Weights& weigh
 }  // namespace
 
 ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Schedule& sched,
+                           const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
                            const ref::ForwardOptions& opt) {
   const auto ranks =
-      run_virtual(cfg, weights, knobs, layout, [&](RankModel& m) { return m.forward(seqs, sched, opt); });
+      run_virtual(cfg, weights, knobs, layout, [&](RankProgram& m) { return m.forward(seqs, path, opt); });
   return bp::layouts::assemble_forward(ranks, seqs, opt);
 }
 
 ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
                              const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
   const auto ranks = run_virtual(cfg, weights, knobs, layout,
-                                 [&](RankModel& m) { return m.backward(seqs, coef_seed, temperature); });
+                                 [&](RankProgram& m) { return m.backward(seqs, coef_seed, temperature); });
   return bp::layouts::assemble_backward(ranks, weights, seqs, coef_seed);
 }
 

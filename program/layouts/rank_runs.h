@@ -11,7 +11,7 @@
 #include "program/layouts/layout.h"
 #include "program/layouts/rank_result.h"
 #include "program/results.h"
-#include "program/schedule.h"
+#include "program/path.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"

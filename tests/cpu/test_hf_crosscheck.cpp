@@ -217,7 +217,7 @@ TEST_P(HfCrossCheck, AccuracyNoWorseThanHfBf16Eager) {
     const bp::Contract* k = bp::find_contract(name);
     ASSERT_NE(k, nullptr);
     const bp::ref::Model m(c.cfg, c.w, k->knobs);
-    const RowsD lp = widen_rows(m.forward(c.seqs, bp::ref::Schedule::extend()).logprob);
+    const RowsD lp = widen_rows(m.forward(c.seqs, bp::ref::Path::extend()).logprob);
     const ErrStats e = err_stats(lp, tr.fwd.logprob);
     const RowsD hf = c.rows("logprob_bf16");
     double sum = 0, sum2 = 0, n = 0;  // paired differences of the absolute errors

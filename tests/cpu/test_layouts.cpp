@@ -22,7 +22,7 @@ namespace {
 using bp::layouts::CpSplit;
 using bp::layouts::Layout;
 using bp::layouts::Reduction;
-using bp::ref::Schedule;
+using bp::ref::Path;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -54,11 +54,11 @@ std::vector<Layout> subset(const bp::ModelConfig& cfg, const bp::Knobs& kn, std:
   return out;
 }
 
-const std::vector<std::pair<std::string, Schedule>>& paths() {
-  static const std::vector<std::pair<std::string, Schedule>> p = {{"extend", Schedule::extend()},
-                                                                  {"ragged", Schedule::ragged()},
-                                                                  {"chunked:5,3", Schedule::chunked({5, 3})},
-                                                                  {"decode", Schedule::decode()}};
+const std::vector<std::pair<std::string, Path>>& paths() {
+  static const std::vector<std::pair<std::string, Path>> p = {{"extend", Path::extend()},
+                                                                  {"ragged", Path::ragged()},
+                                                                  {"chunked:5,3", Path::chunked({5, 3})},
+                                                                  {"decode", Path::decode()}};
   return p;
 }
 
@@ -74,11 +74,11 @@ class LayoutsTest : public bp::test::FixtureTest {
     const bp::ref::Model ref(cfg_, w_, kn_);
     bp::ref::ForwardOptions opt;
     opt.entropy = true;
-    const auto want = ref.forward(path_seqs_, Schedule::extend(), opt);
+    const auto want = ref.forward(path_seqs_, Path::extend(), opt);
     for (const Layout& l : layouts)
-      for (const auto& [name, sched] : paths()) {
+      for (const auto& [name, path] : paths()) {
         if (std::find(path_names.begin(), path_names.end(), name) == path_names.end()) continue;
-        const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, sched, opt);
+        const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, path, opt);
         EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
         EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
       }
@@ -123,9 +123,9 @@ TEST_P(LayoutsTest, SlowWholeMatrixExact) {
 TEST_P(LayoutsTest, CapturesExact) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   Layout l = *bp::layouts::parse_layout(cfg_.is_moe_model() ? "tp2-ep2-cp2z" : "tp2-ep1-cp2z");
-  const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Schedule::chunked({4}), opt);
+  const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Path::chunked({4}), opt);
   ASSERT_EQ(got.captures.size(), want.captures.size());
   for (size_t i = 0; i < want.captures.size(); ++i) {
     EXPECT_EQ(got.captures[i].name, want.captures[i].name);
@@ -144,7 +144,7 @@ TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
   auto run = [&](const char* layout) {
-    return bp::layouts::forward(cfg_, w_, kn_, *bp::layouts::parse_layout(layout), path_seqs_, Schedule::extend(),
+    return bp::layouts::forward(cfg_, w_, kn_, *bp::layouts::parse_layout(layout), path_seqs_, Path::extend(),
                                 opt);
   };
   auto first_difference = [](const bp::ref::ForwardResult& a, const bp::ref::ForwardResult& b) -> std::string {
@@ -152,7 +152,7 @@ TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
       if (a.captures[i].bf16_data != b.captures[i].bf16_data) return a.captures[i].name;
     return same_bits(flat(a.logprob), flat(b.logprob)) ? "" : "logprob";
   };
-  const auto ref = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const auto ref = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   const auto ring1 = run("tp1-ep1-cp1+ring"), ring2 = run("tp2-ep1-cp1+ring"), tree2 = run("tp2-ep1-cp1");
   auto row_parallel_output = [](const std::string& op) {
     return op.ends_with(".attn_out") || op.ends_with(".mlp_out");
@@ -208,7 +208,7 @@ TEST(Layout, RefusesWhatTheModelCannotShard) {
   EXPECT_NE(why("tp8-ep1-cp1", moe).find("num_key_value_heads 4"), std::string::npos);
   const auto w = bp::generate_weights(dense, bp::test::kFixtureWeightSeed);
   EXPECT_THROW(bp::layouts::forward(dense, w, kn, *bp::layouts::parse_layout("tp1-ep2-cp1"), {{1, 2}},
-                                    Schedule::extend()),
+                                    Path::extend()),
                std::invalid_argument);
 }
 
@@ -221,7 +221,7 @@ TEST(Layout, RankFailureIsReportedNotDeadlocked) {
   Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {6, 6});
   seqs[1][4] = static_cast<int32_t>(cfg.vocab_size);  // on rank e = 1, c = 1 only
   try {
-    bp::layouts::forward(cfg, w, kn, *bp::layouts::parse_layout("tp2-ep2-cp2"), seqs, Schedule::extend());
+    bp::layouts::forward(cfg, w, kn, *bp::layouts::parse_layout("tp2-ep2-cp2"), seqs, Path::extend());
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << e.what();

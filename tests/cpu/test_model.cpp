@@ -25,7 +25,7 @@
 namespace {
 
 using bp::ref::Model;
-using bp::ref::Schedule;
+using bp::ref::Path;
 using Seqs = std::vector<std::vector<int32_t>>;
 using Rows = std::vector<std::vector<float>>;
 
@@ -67,30 +67,30 @@ TEST_P(ModelTest, EveryPathSameBits) {
   const Model m(cfg_, w_, contract_->knobs);
   bp::ref::ForwardOptions opt;
   opt.entropy = true;
-  const auto ext = m.forward(seqs_, Schedule::extend(), opt);
+  const auto ext = m.forward(seqs_, Path::extend(), opt);
   const auto ref = flat(ext.logprob), ref_ent = flat(ext.entropy);
   for (float x : ref) ASSERT_TRUE(std::isfinite(x) && x <= 0.0f);
-  const std::vector<std::pair<std::string, Schedule>> paths = {
-      {"ragged", Schedule::ragged()},
-      {"decode", Schedule::decode()},
-      {"chunked 5", Schedule::chunked({5})},
-      {"chunked 1,7,3", Schedule::chunked({1, 7, 3})},
-      {"chunked 64,2", Schedule::chunked({64, 2})},
-      {"chunked 17,40", Schedule::chunked({17, 40})},
+  const std::vector<std::pair<std::string, Path>> paths = {
+      {"ragged", Path::ragged()},
+      {"decode", Path::decode()},
+      {"chunked 5", Path::chunked({5})},
+      {"chunked 1,7,3", Path::chunked({1, 7, 3})},
+      {"chunked 64,2", Path::chunked({64, 2})},
+      {"chunked 17,40", Path::chunked({17, 40})},
   };
-  for (const auto& [name, sched] : paths) {
-    const auto r = m.forward(seqs_, sched, opt);
+  for (const auto& [name, path] : paths) {
+    const auto r = m.forward(seqs_, path, opt);
     EXPECT_TRUE(same_bits(flat(r.logprob), ref)) << name;
     EXPECT_TRUE(same_bits(flat(r.entropy), ref_ent)) << name;
   }
   // A sequence alone equals itself inside a ragged batch (and inside a batch in
   // another order, at another packed offset).
   for (size_t s = 0; s < seqs_.size(); ++s) {
-    const auto alone = m.forward({seqs_[s]}, Schedule::ragged(), opt);
+    const auto alone = m.forward({seqs_[s]}, Path::ragged(), opt);
     EXPECT_TRUE(same_bits(alone.logprob[0], ext.logprob[s])) << "sequence " << s;
   }
   const Seqs rev(seqs_.rbegin(), seqs_.rend());
-  const auto r = m.forward(rev, Schedule::ragged(), opt);
+  const auto r = m.forward(rev, Path::ragged(), opt);
   for (size_t s = 0; s < seqs_.size(); ++s)
     EXPECT_TRUE(same_bits(r.logprob[seqs_.size() - 1 - s], ext.logprob[s])) << "reversed batch, sequence " << s;
   bp::test::expect_golden("model.txt", case_name(GetParam()) + "/logprob", bp::test::digest(ref));
@@ -102,8 +102,8 @@ TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
   const Seqs two = {seqs_[0], seqs_[1]};
-  const auto a = m.forward(two, Schedule::ragged(), opt);
-  const auto b = m.forward(two, Schedule::chunked({9, 30}), opt);
+  const auto a = m.forward(two, Path::ragged(), opt);
+  const auto b = m.forward(two, Path::chunked({9, 30}), opt);
   ASSERT_EQ(a.captures.size(), b.captures.size());
   // embed + 17 per layer + final_norm + logits
   EXPECT_EQ(a.captures.size(), static_cast<size_t>(3 + 17 * cfg_.num_hidden_layers));
@@ -120,13 +120,13 @@ TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
 
 TEST_P(ModelTest, NegativeControls) {
   const Model m(cfg_, w_, contract_->knobs);
-  const auto ref = flat(m.forward(seqs_, Schedule::ragged()).logprob);
+  const auto ref = flat(m.forward(seqs_, Path::ragged()).logprob);
   bp::Knobs kb = contract_->knobs;
   kb.attn_kv_block = 32;  // the 70-token sequence's keys fall in other blocks
-  EXPECT_FALSE(same_bits(flat(Model(cfg_, w_, kb).forward(seqs_, Schedule::ragged()).logprob), ref));
+  EXPECT_FALSE(same_bits(flat(Model(cfg_, w_, kb).forward(seqs_, Path::ragged()).logprob), ref));
   bp::Knobs kd = contract_->knobs;
   kd.dot = kd.dot == bp::DotModel::Sm90Tc ? bp::DotModel::FmaSeq : bp::DotModel::Sm90Tc;
-  EXPECT_FALSE(same_bits(flat(Model(cfg_, w_, kd).forward(seqs_, Schedule::ragged()).logprob), ref));
+  EXPECT_FALSE(same_bits(flat(Model(cfg_, w_, kd).forward(seqs_, Path::ragged()).logprob), ref));
 }
 
 TEST_P(ModelTest, BackwardFiniteDeterministic) {
@@ -140,7 +140,7 @@ TEST_P(ModelTest, BackwardFiniteDeterministic) {
   ASSERT_GE(omp_get_num_procs(), 1);
 
   // The backward's forward is the extend path.
-  EXPECT_TRUE(same_bits(flat(g1.logprob), flat(m.forward(seqs_, Schedule::extend()).logprob)));
+  EXPECT_TRUE(same_bits(flat(g1.logprob), flat(m.forward(seqs_, Path::extend()).logprob)));
   EXPECT_EQ(flat(g1.coef).size(), flat(g1.logprob).size());
   EXPECT_EQ(g1.coef[0][0], bp::ref::loss_coef(kCoefSeed, 0));
 
@@ -179,8 +179,8 @@ TEST_P(ModelTest, RefusesMissingWeight) {
     if (name != "model.layers.1.self_attn.k_norm.weight") w.insert(name, t);
   EXPECT_THROW(Model(cfg_, w, contract_->knobs), std::invalid_argument);
   const Model m(cfg_, w_, contract_->knobs);
-  EXPECT_THROW(m.forward({{1, 2, 3}, {}}, Schedule::extend()), std::invalid_argument);
-  EXPECT_THROW(m.forward(seqs_, Schedule::chunked({})), std::invalid_argument);
+  EXPECT_THROW(m.forward({{1, 2, 3}, {}}, Path::extend()), std::invalid_argument);
+  EXPECT_THROW(m.forward(seqs_, Path::chunked({})), std::invalid_argument);
 }
 
 // A sanity check of the gradient's meaning (not of its bits): moving a parameter
@@ -189,7 +189,7 @@ TEST_P(ModelTest, RefusesMissingWeight) {
 TEST_P(ModelTest, GradientPointsUphill) {
   const auto g = Model(cfg_, w_, contract_->knobs).backward(seqs_, kCoefSeed);
   auto loss = [&](const bp::Weights& w) {
-    const auto lp = Model(cfg_, w, contract_->knobs).forward(seqs_, Schedule::ragged()).logprob;
+    const auto lp = Model(cfg_, w, contract_->knobs).forward(seqs_, Path::ragged()).logprob;
     double L = 0;
     for (size_t s = 0; s < lp.size(); ++s)
       for (size_t t = 0; t < lp[s].size(); ++t) L += static_cast<double>(g.coef[s][t]) * lp[s][t];
@@ -252,9 +252,9 @@ TEST(Model30B, SlowOneLayerForwardBackward) {
   const Model m(cfg, w, bp::find_contract("bf16-sm90tc-v1")->knobs);
   Seqs seqs = {make_seqs(cfg.vocab_size)[0]};
   seqs[0].resize(16);
-  const auto ext = m.forward(seqs, Schedule::extend());
+  const auto ext = m.forward(seqs, Path::extend());
   const auto t2 = std::chrono::steady_clock::now();
-  const auto dec = m.forward(seqs, Schedule::decode());
+  const auto dec = m.forward(seqs, Path::decode());
   EXPECT_TRUE(same_bits(flat(dec.logprob), flat(ext.logprob)));
   const auto t3 = std::chrono::steady_clock::now();
   const auto g = m.backward(seqs, kCoefSeed);

@@ -19,7 +19,7 @@
 namespace {
 
 using bp::layouts::Layout;
-using bp::ref::Schedule;
+using bp::ref::Path;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -57,14 +57,14 @@ class CudaLayoutsTest : public bp::test::FixtureTest {
 TEST_P(CudaLayoutsTest, EveryPathEqualsReferenceExtend) {
   bp::ref::ForwardOptions opt;
   opt.entropy = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
-  const std::pair<const char*, Schedule> paths[] = {{"extend", Schedule::extend()},
-                                                    {"ragged", Schedule::ragged()},
-                                                    {"chunked:5,3", Schedule::chunked({5, 3})},
-                                                    {"decode", Schedule::decode()}};
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
+  const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
+                                                    {"ragged", Path::ragged()},
+                                                    {"chunked:5,3", Path::chunked({5, 3})},
+                                                    {"decode", Path::decode()}};
   for (const Layout& l : layouts())
-    for (const auto& [name, sched] : paths) {
-      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, sched, opt);
+    for (const auto& [name, path] : paths) {
+      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, path, opt);
       EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
       EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
     }
@@ -74,9 +74,9 @@ TEST_P(CudaLayoutsTest, EveryPathEqualsReferenceExtend) {
 TEST_P(CudaLayoutsTest, CapturesEqualReference) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   for (const Layout& l : layouts()) {
-    const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Schedule::chunked({4}), opt);
+    const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Path::chunked({4}), opt);
     ASSERT_EQ(got.captures.size(), want.captures.size()) << l.name();
     for (size_t i = 0; i < want.captures.size(); ++i) {
       EXPECT_EQ(got.captures[i].name, want.captures[i].name) << l.name();
@@ -103,10 +103,10 @@ TEST_P(CudaLayoutsTest, BackwardEqualsReference) {
 TEST_P(CudaLayoutsTest, RingReductionDiffersAsOnTheCpu) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Schedule::extend(), opt);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   const Layout ring = layout("tp2-ep1-cp1+ring");
-  const auto gpu = bp::cuda::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Schedule::extend(), opt);
-  const auto cpu = bp::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Schedule::extend(), opt);
+  const auto gpu = bp::cuda::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
+  const auto cpu = bp::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
   EXPECT_FALSE(same_captures(gpu, want));
   EXPECT_TRUE(same_captures(gpu, cpu));
   EXPECT_TRUE(same_bits(flat(gpu.logprob), flat(cpu.logprob)));
@@ -117,7 +117,7 @@ TEST_P(CudaLayoutsTest, RingReductionDiffersAsOnTheCpu) {
 TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
   Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, {6, 6});
   seqs[1][4] = static_cast<int32_t>(cfg_.vocab_size);
-  EXPECT_THROW(bp::cuda::layouts::forward(cfg_, w_, kn_, layout("tp2-ep1-cp2"), seqs, Schedule::extend()),
+  EXPECT_THROW(bp::cuda::layouts::forward(cfg_, w_, kn_, layout("tp2-ep1-cp2"), seqs, Path::extend()),
                std::invalid_argument);
 }
 

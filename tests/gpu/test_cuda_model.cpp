@@ -11,7 +11,7 @@
 
 namespace {
 
-using bp::ref::Schedule;
+using bp::ref::Path;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -34,15 +34,15 @@ class CudaModelTest : public bp::test::FixtureTest {
 };
 
 TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Schedule::extend(), opt_);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Path::extend(), opt_);
   const bp::cuda::Model gpu(cfg_, w_, kn_);
-  const std::pair<const char*, Schedule> paths[] = {{"extend", Schedule::extend()},
-                                                    {"ragged", Schedule::ragged()},
-                                                    {"chunked:5,3", Schedule::chunked({5, 3})},
-                                                    {"chunked:64", Schedule::chunked({64})},
-                                                    {"decode", Schedule::decode()}};
-  for (const auto& [name, sched] : paths) {
-    const auto got = gpu.forward(seqs_, sched, opt_);
+  const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
+                                                    {"ragged", Path::ragged()},
+                                                    {"chunked:5,3", Path::chunked({5, 3})},
+                                                    {"chunked:64", Path::chunked({64})},
+                                                    {"decode", Path::decode()}};
+  for (const auto& [name, path] : paths) {
+    const auto got = gpu.forward(seqs_, path, opt_);
     EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << name;
     EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << name;
     EXPECT_TRUE(bp::test::same_captures(got, want)) << name;
@@ -66,15 +66,15 @@ TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
   const auto a = gpu.backward(seqs_, kCoefSeed);
   const auto b = gpu.backward(seqs_, kCoefSeed);
   for (const auto& [name, g] : a.grads) EXPECT_TRUE(same_bits(b.grads.at(name), g)) << name;
-  EXPECT_TRUE(same_bits(flat(gpu.forward(seqs_, Schedule::decode()).logprob),
-                        flat(gpu.forward(seqs_, Schedule::decode()).logprob)));
+  EXPECT_TRUE(same_bits(flat(gpu.forward(seqs_, Path::decode()).logprob),
+                        flat(gpu.forward(seqs_, Path::decode()).logprob)));
 }
 
 TEST_P(CudaModelTest, FlippedWeightBitDiffers) {
   bp::Weights w = w_;
   w.at("model.layers.0.self_attn.q_proj.weight").data[5].bits ^= 0x0100;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Schedule::extend());
-  const auto got = bp::cuda::Model(cfg_, w, kn_).forward(seqs_, Schedule::extend());
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Path::extend());
+  const auto got = bp::cuda::Model(cfg_, w, kn_).forward(seqs_, Path::extend());
   EXPECT_FALSE(same_bits(flat(got.logprob), flat(want.logprob)));
 }
 

@@ -1,5 +1,5 @@
-// How a batch of sequences goes through the model: the paths (SPEC.md §6.2) as
-// schedules of calls, each call a list of pieces packed together.
+// How a batch of sequences goes through the model (SPEC.md §6.2): a path (the
+// CLI's --path) is a list of model calls, each call a list of pieces packed together.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -15,28 +15,28 @@ namespace bp::ref {
 //   Decode:  token by token with the KV cache; every step packs the next token of
 //            every unfinished sequence into one call (ragged decode).
 //   Ragged:  every sequence, whole, packed into one call.
-struct Schedule {
+struct Path {
   enum class Kind { Extend, Chunked, Decode, Ragged };
   Kind kind = Kind::Extend;
   std::vector<int> chunks;  // Chunked only; every size >= 1
-  static Schedule extend() { return {Kind::Extend, {}}; }
-  static Schedule ragged() { return {Kind::Ragged, {}}; }
-  static Schedule decode() { return {Kind::Decode, {}}; }
-  static Schedule chunked(std::vector<int> c) { return {Kind::Chunked, std::move(c)}; }
+  static Path extend() { return {Kind::Extend, {}}; }
+  static Path ragged() { return {Kind::Ragged, {}}; }
+  static Path decode() { return {Kind::Decode, {}}; }
+  static Path chunked(std::vector<int> c) { return {Kind::Chunked, std::move(c)}; }
 };
 
-// One model call of a schedule: `len` tokens of sequence `seq` (its index in the
+// One piece of a model call: `len` tokens of sequence `seq` (its index in the
 // batch) at absolute positions start .. start+len−1, extending its KV cache.
-struct SchedulePiece {
+struct PathPiece {
   int seq;
   int start;
   int len;
 };
 
-// The calls a schedule makes, in order, each a list of pieces packed into one call.
+// The calls a path makes, in order, each a list of pieces packed into one call.
 // Throws std::invalid_argument for an empty sequence, one longer than
-// max_positions, or a chunked schedule without chunks or with a size < 1.
-std::vector<std::vector<SchedulePiece>> schedule_steps(const std::vector<std::vector<int32_t>>& seqs,
-                                                       const Schedule& sched, int64_t max_positions);
+// max_positions, or a chunked path without chunks or with a size < 1.
+std::vector<std::vector<PathPiece>> path_steps(const std::vector<std::vector<int32_t>>& seqs,
+                                                       const Path& path, int64_t max_positions);
 
 }  // namespace bp::ref
