@@ -16,6 +16,7 @@
 #include "program/results.h"
 #include "program/path.h"
 #include "reference/model/loss.h"
+#include "reference/model/model_graph.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/rope.h"
@@ -58,10 +59,10 @@ class Qwen3Program {
   struct Saved;
   struct State;
 
-  static std::string lname(int64_t i, const std::string& what) {
-    return "model.layers." + std::to_string(i) + "." + what;
-  }
-  static std::string cname(int64_t i, const char* what) { return "layers." + std::to_string(i) + "." + what; }
+  using Param = graph::Param;
+  using Op = graph::Op;
+  static std::string lname(int64_t i, Param p) { return graph::param_name(i, p); }
+  static std::string cname(int64_t i, Op op) { return graph::capture_name(i, op); }
   const bf16* w(const std::string& name) const { return w_.at(name).data(); }
   RopeTable rope_table() const {
     return {rope_cos_.data(), rope_sin_.data(), rope_max_pos_, static_cast<int>(cfg_.head_dim)};
@@ -122,7 +123,7 @@ Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, co
     w_.emplace(s.name, be_.resident(weights.at(s.name).data));
     numel_.emplace(s.name, s.numel());
   }
-  lm_head_ = w(cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  lm_head_ = w(cfg.tie_word_embeddings ? graph::param_name(Param::Embed) : graph::param_name(Param::LmHead));
   rope_max_pos_ = static_cast<int>(cfg.max_position_embeddings);
   const size_t half = static_cast<size_t>(cfg.head_dim / 2);
   rope_cos_host_.resize(static_cast<size_t>(rope_max_pos_) * half);
@@ -138,10 +139,9 @@ Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, co
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     if (!cfg.is_moe_layer(i)) continue;
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
-      const std::string p = lname(i, "mlp.experts.") + std::to_string(e) + ".";
-      eg_[i].push_back(w(p + "gate_proj.weight"));
-      eu_[i].push_back(w(p + "up_proj.weight"));
-      ed_[i].push_back(w(p + "down_proj.weight"));
+      eg_[i].push_back(w(graph::param_name(i, e, Param::ExpertGate)));
+      eu_[i].push_back(w(graph::param_name(i, e, Param::ExpertUp)));
+      ed_[i].push_back(w(graph::param_name(i, e, Param::ExpertDown)));
     }
   }
 }
@@ -179,16 +179,16 @@ void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State
   BBuf rl = be_.template zeros<bf16>(static_cast<size_t>(T) * E), tw = be_.template zeros<bf16>(static_cast<size_t>(T) * K),
        cs = be_.template zeros<bf16>(static_cast<size_t>(T) * K * H);
   Buf<int> ids = be_.template zeros<int>(static_cast<size_t>(T) * K);
-  be_.router_fwd(kn_, a2.data(), w(lname(li, "mlp.gate.weight")), rl.data(), ids.data(), tw.data(), T, H, E, K,
+  be_.router_fwd(kn_, a2.data(), w(lname(li, Param::Router)), rl.data(), ids.data(), tw.data(), T, H, E, K,
                  cfg_.norm_topk_prob);
-  if (cap) capture(st, crow, cname(li, "router_logits"), rl, E);
-  if (cap) capture(st, crow, cname(li, "router_weights"), tw, K);
+  if (cap) capture(st, crow, cname(li, Op::RouterLogits), rl, E);
+  if (cap) capture(st, crow, cname(li, Op::RouterWeights), tw, K);
   const std::vector<int> ids_host = be_.to_host(ids.data(), ids.size());
   std::vector<int> off(static_cast<size_t>(E) + 1), ptok(ids_host.size()), pslot(ids_host.size());
   moe_dispatch(ids_host.data(), T, K, E, off.data(), ptok.data(), pslot.data());
   const MoeDispatch plan{E, off.data(), ptok.data(), pslot.data()};
   be_.moe_experts_fwd(kn_, plan, 0, E, a2.data(), tw.data(), ew, cs.data(), K, H, I);
-  if (cap) capture(st, crow, cname(li, "expert_out"), cs, K * H);
+  if (cap) capture(st, crow, cname(li, Op::ExpertOut), cs, K * H);
   be_.moe_combine_fwd(cs.data(), mo.data(), T, K, H);
 }
 
@@ -228,8 +228,8 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
   auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
 
   BBuf x = zeros(T, H);
-  be_.embedding_fwd(kn_, tok_dev.data(), w("model.embed_tokens.weight"), x.data(), T, V, H);
-  cap("embed", x, H);
+  be_.embedding_fwd(kn_, tok_dev.data(), w(graph::param_name(Param::Embed)), x.data(), T, V, H);
+  cap(graph::capture_name(Op::Embed), x, H);
   if (saved) {
     saved->layers.resize(static_cast<size_t>(cfg_.num_hidden_layers));
     saved->tokens = tok;
@@ -247,22 +247,22 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
          ms = fzeros(int64_t{T} * Hq), ls = fzeros(int64_t{T} * Hq), rstd2 = fzeros(T);
     // x is updated in place: the backward needs the layer's input and midpoint.
     BBuf x_in = saved ? be_.clone(x) : BBuf{};
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "input_layernorm.weight")), eps, a.data(), rstd1.data(), T, 1, H);
-    cap(cname(li, "input_norm"), a, H);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.q_proj.weight")), q.data(), T, H, QD, 1);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.k_proj.weight")), k.data(), T, H, KD, 1);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, "self_attn.v_proj.weight")), v.data(), T, H, KD, 1);
-    cap(cname(li, "q_proj"), q, QD);
-    cap(cname(li, "k_proj"), k, KD);
-    cap(cname(li, "v_proj"), v, KD);
-    be_.rmsnorm_fwd(kn_, q.data(), w(lname(li, "self_attn.q_norm.weight")), eps, qn.data(), rstd_q.data(), T, Hq, D);
-    be_.rmsnorm_fwd(kn_, k.data(), w(lname(li, "self_attn.k_norm.weight")), eps, kn.data(), rstd_k.data(), T, Hkv, D);
-    cap(cname(li, "q_norm"), qn, QD);
-    cap(cname(li, "k_norm"), kn, KD);
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::InputNorm)), eps, a.data(), rstd1.data(), T, 1, H);
+    cap(cname(li, Op::InputNorm), a, H);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::QProj)), q.data(), T, H, QD, 1);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::KProj)), k.data(), T, H, KD, 1);
+    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::VProj)), v.data(), T, H, KD, 1);
+    cap(cname(li, Op::QProj), q, QD);
+    cap(cname(li, Op::KProj), k, KD);
+    cap(cname(li, Op::VProj), v, KD);
+    be_.rmsnorm_fwd(kn_, q.data(), w(lname(li, Param::QNorm)), eps, qn.data(), rstd_q.data(), T, Hq, D);
+    be_.rmsnorm_fwd(kn_, k.data(), w(lname(li, Param::KNorm)), eps, kn.data(), rstd_k.data(), T, Hkv, D);
+    cap(cname(li, Op::QNorm), qn, QD);
+    cap(cname(li, Op::KNorm), kn, KD);
     be_.rope_fwd(kn_, rt, pos_dev.data(), qn.data(), qr.data(), T, Hq);
     be_.rope_fwd(kn_, rt, pos_dev.data(), kn.data(), kr.data(), T, Hkv);
-    cap(cname(li, "q_rope"), qr, QD);
-    cap(cname(li, "k_rope"), kr, KD);
+    cap(cname(li, Op::QRope), qr, QD);
+    cap(cname(li, Op::KRope), kr, KD);
     // Append the new keys and values to each sequence's cache, then pack every
     // piece's keys 0 .. start+len−1 at its kv_begin.
     for (size_t pi = 0; pi < pieces.size(); ++pi) {
@@ -278,15 +278,15 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     }
     be_.attention_fwd(kn_, AttnDims{Hq, Hkv, D}, aseq.data(), static_cast<int>(aseq.size()), qr.data(), kp.data(),
                       vp.data(), o.data(), ms.data(), ls.data());
-    cap(cname(li, "attn"), o, QD);
-    be_.linear_fwd(kn_, o.data(), w(lname(li, "self_attn.o_proj.weight")), ao.data(), T, QD, H, C);
-    cap(cname(li, "attn_out"), ao, H);
+    cap(cname(li, Op::Attn), o, QD);
+    be_.linear_fwd(kn_, o.data(), w(lname(li, Param::OProj)), ao.data(), T, QD, H, C);
+    cap(cname(li, Op::AttnOut), ao, H);
     be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
-    cap(cname(li, "resid_attn"), x, H);
+    cap(cname(li, Op::ResidAttn), x, H);
     BBuf x_mid = saved ? be_.clone(x) : BBuf{};
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "post_attention_layernorm.weight")), eps, a2.data(), rstd2.data(), T, 1,
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::PostNorm)), eps, a2.data(), rstd2.data(), T, 1,
                     H);
-    cap(cname(li, "post_norm"), a2, H);
+    cap(cname(li, Op::PostNorm), a2, H);
     // The MLP by its stages (bit-identical to mlp_fwd / moe_layer_fwd, which are
     // these chains), so that the intermediate outputs can be captured.
     if (cfg_.is_moe_layer(li)) {
@@ -294,16 +294,16 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     } else {
       const int I = static_cast<int>(cfg_.intermediate_size);
       BBuf g = zeros(T, I), u = zeros(T, I), hm = zeros(T, I);
-      be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+      be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
                          g.data(), u.data(), hm.data(), T, H, I);
-      cap(cname(li, "mlp_gate"), g, I);
-      cap(cname(li, "mlp_up"), u, I);
-      cap(cname(li, "mlp_act"), hm, I);
-      be_.linear_fwd(kn_, hm.data(), w(lname(li, "mlp.down_proj.weight")), mo.data(), T, I, H, C);
+      cap(cname(li, Op::MlpGate), g, I);
+      cap(cname(li, Op::MlpUp), u, I);
+      cap(cname(li, Op::MlpAct), hm, I);
+      be_.linear_fwd(kn_, hm.data(), w(lname(li, Param::MlpDown)), mo.data(), T, I, H, C);
     }
-    cap(cname(li, "mlp_out"), mo, H);
+    cap(cname(li, Op::MlpOut), mo, H);
     be_.residual_fwd(kn_, x.data(), mo.data(), x.data(), x.size());
-    cap(cname(li, "resid_mlp"), x, H);
+    cap(cname(li, Op::ResidMlp), x, H);
     if (saved)  // in Saved::Layer's field order
       saved->layers[l] = {std::move(x_in), std::move(a),     std::move(q),     std::move(k),      std::move(qn),
                           std::move(kn),   std::move(qr),    std::move(kr),    std::move(v),      std::move(o),
@@ -314,11 +314,11 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
 
   BBuf hn = zeros(T, H);
   FBuf rstd_f = fzeros(T);
-  be_.rmsnorm_fwd(kn_, x.data(), w("model.norm.weight"), eps, hn.data(), rstd_f.data(), T, 1, H);
-  cap("final_norm", hn, H);
+  be_.rmsnorm_fwd(kn_, x.data(), w(graph::param_name(Param::FinalNorm)), eps, hn.data(), rstd_f.data(), T, 1, H);
+  cap(graph::capture_name(Op::FinalNorm), hn, H);
   BBuf logits = zeros(T, V);
   be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, H, V, 1);
-  cap("logits", logits, V);
+  cap(graph::capture_name(Op::Logits), logits, V);
 
   // Teacher forcing: rows whose position has a next token, gathered in packed order.
   std::vector<int> rows;
@@ -472,8 +472,9 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   be_.linear_dgrad(kn_, dlogits.data(), lm_head_, dh.data(), T, H, V, C);
   be_.linear_wgrad(kn_, dlogits.data(), sv.hn.data(), dlm.data(), T, H, V);
   dlogits = BBuf{};
-  be_.rmsnorm_bwd(kn_, sv.x_final.data(), w("model.norm.weight"), sv.rstd_f.data(), dh.data(), dx.data(),
-                  grad("model.norm.weight"), T, 1, H);
+  const std::string final_norm = graph::param_name(Param::FinalNorm);
+  be_.rmsnorm_bwd(kn_, sv.x_final.data(), w(final_norm), sv.rstd_f.data(), dh.data(), dx.data(), grad(final_norm), T, 1,
+                  H);
 
   BBuf dq = zeros(T, QD), dk = zeros(T, KD), dv = zeros(T, KD), dqn = zeros(T, QD), dkn = zeros(T, KD),
        dqp = zeros(T, QD), dkp = zeros(T, KD), da = zeros(T, H), dO = zeros(T, QD);
@@ -492,64 +493,63 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
       const int E = static_cast<int>(cfg_.num_experts);
       std::vector<float*> pg, pu, pd;
       for (int e = 0; e < E; ++e) {
-        const std::string p = lname(li, "mlp.experts.") + std::to_string(e) + ".";
-        pg.push_back(grad(p + "gate_proj.weight"));
-        pu.push_back(grad(p + "up_proj.weight"));
-        pd.push_back(grad(p + "down_proj.weight"));
+        pg.push_back(grad(graph::param_name(li, e, Param::ExpertGate)));
+        pu.push_back(grad(graph::param_name(li, e, Param::ExpertUp)));
+        pd.push_back(grad(graph::param_name(li, e, Param::ExpertDown)));
       }
       const ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
       const ExpertGrads eg{pg.data(), pu.data(), pd.data()};
-      be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, "mlp.gate.weight")), ew, dx.data(), da.data(),
-                        grad(lname(li, "mlp.gate.weight")), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
+      be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, Param::Router)), ew, dx.data(), da.data(),
+                        grad(lname(li, Param::Router)), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
                         static_cast<int>(cfg_.moe_intermediate_size), cfg_.norm_topk_prob);
     } else {
-      be_.mlp_bwd(kn_, s.a2.data(), w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
-                  w(lname(li, "mlp.down_proj.weight")), dx.data(), da.data(), grad(lname(li, "mlp.gate_proj.weight")),
-                  grad(lname(li, "mlp.up_proj.weight")), grad(lname(li, "mlp.down_proj.weight")), T, H,
+      be_.mlp_bwd(kn_, s.a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
+                  w(lname(li, Param::MlpDown)), dx.data(), da.data(), grad(lname(li, Param::MlpGate)),
+                  grad(lname(li, Param::MlpUp)), grad(lname(li, Param::MlpDown)), T, H,
                   static_cast<int>(cfg_.intermediate_size));
     }
-    be_.rmsnorm_bwd(kn_, s.x_mid.data(), w(lname(li, "post_attention_layernorm.weight")), s.rstd2.data(), da.data(),
-                    db.data(), grad(lname(li, "post_attention_layernorm.weight")), T, 1, H);
+    be_.rmsnorm_bwd(kn_, s.x_mid.data(), w(lname(li, Param::PostNorm)), s.rstd2.data(), da.data(),
+                    db.data(), grad(lname(li, Param::PostNorm)), T, 1, H);
     // x_mid feeds the skip and the post-attention norm: the residual op adds them.
     be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
     // Attention branch: o_proj is row-parallel; its input gradient reduces over H (one chain).
-    be_.linear_dgrad(kn_, dx.data(), w(lname(li, "self_attn.o_proj.weight")), dO.data(), T, QD, H, 1);
-    be_.linear_wgrad(kn_, dx.data(), s.o.data(), grad(lname(li, "self_attn.o_proj.weight")), T, QD, H);
+    be_.linear_dgrad(kn_, dx.data(), w(lname(li, Param::OProj)), dO.data(), T, QD, H, 1);
+    be_.linear_wgrad(kn_, dx.data(), s.o.data(), grad(lname(li, Param::OProj)), T, QD, H);
     be_.attention_bwd(kn_, AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
                       s.k.data(), s.v.data(), s.o.data(), s.m.data(), s.l.data(), dO.data(), dq.data(), dk.data(),
                       dv.data());
     be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, Hq);
     be_.rope_bwd(kn_, rt, pos_dev.data(), dk.data(), dkn.data(), T, Hkv);
-    be_.rmsnorm_bwd(kn_, s.q_pre.data(), w(lname(li, "self_attn.q_norm.weight")), s.rstd_q.data(), dqn.data(),
-                    dqp.data(), grad(lname(li, "self_attn.q_norm.weight")), T, Hq, D);
-    be_.rmsnorm_bwd(kn_, s.k_pre.data(), w(lname(li, "self_attn.k_norm.weight")), s.rstd_k.data(), dkn.data(),
-                    dkp.data(), grad(lname(li, "self_attn.k_norm.weight")), T, Hkv, D);
+    be_.rmsnorm_bwd(kn_, s.q_pre.data(), w(lname(li, Param::QNorm)), s.rstd_q.data(), dqn.data(),
+                    dqp.data(), grad(lname(li, Param::QNorm)), T, Hq, D);
+    be_.rmsnorm_bwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), s.rstd_k.data(), dkn.data(),
+                    dkp.data(), grad(lname(li, Param::KNorm)), T, Hkv, D);
     // a1 feeds q, k and v (column-parallel: each input gradient in C chunks over its
     // output features); one rounding of the fp32 sum ((0 + q) + k) + v.
-    const bf16* wq = w(lname(li, "self_attn.q_proj.weight"));
-    const bf16* wk = w(lname(li, "self_attn.k_proj.weight"));
-    const bf16* wvv = w(lname(li, "self_attn.v_proj.weight"));
+    const bf16* wq = w(lname(li, Param::QProj));
+    const bf16* wk = w(lname(li, Param::KProj));
+    const bf16* wvv = w(lname(li, Param::VProj));
     be_.linear_dgrad_acc(kn_, dqp.data(), wq, tmpq.data(), T, H, QD, C);
     be_.linear_dgrad_acc(kn_, dkp.data(), wk, tmpk.data(), T, H, KD, C);
     be_.linear_dgrad_acc(kn_, dv.data(), wvv, accv.data(), T, H, KD, C);
     const float* qkv_parts[3] = {tmpq.data(), tmpk.data(), accv.data()};
     be_.sum_round(qkv_parts, 3, da.data(), accv.size());
-    be_.linear_wgrad(kn_, dqp.data(), s.a1.data(), grad(lname(li, "self_attn.q_proj.weight")), T, H, QD);
-    be_.linear_wgrad(kn_, dkp.data(), s.a1.data(), grad(lname(li, "self_attn.k_proj.weight")), T, H, KD);
-    be_.linear_wgrad(kn_, dv.data(), s.a1.data(), grad(lname(li, "self_attn.v_proj.weight")), T, H, KD);
-    be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, "input_layernorm.weight")), s.rstd1.data(), da.data(), db.data(),
-                    grad(lname(li, "input_layernorm.weight")), T, 1, H);
+    be_.linear_wgrad(kn_, dqp.data(), s.a1.data(), grad(lname(li, Param::QProj)), T, H, QD);
+    be_.linear_wgrad(kn_, dkp.data(), s.a1.data(), grad(lname(li, Param::KProj)), T, H, KD);
+    be_.linear_wgrad(kn_, dv.data(), s.a1.data(), grad(lname(li, Param::VProj)), T, H, KD);
+    be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, Param::InputNorm)), s.rstd1.data(), da.data(), db.data(),
+                    grad(lname(li, Param::InputNorm)), T, 1, H);
     be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
     s = typename Saved::Layer{};  // this layer's activations are spent
   }
 
   // Embedding; tied: dE = embedding_bwd + lm_head wgrad, one fp32 addition per element.
-  float* demb = grad("model.embed_tokens.weight");
+  float* demb = grad(graph::param_name(Param::Embed));
   be_.embedding_bwd(kn_, tok_dev.data(), dx.data(), demb, T, V, H);
   if (cfg_.tie_word_embeddings)
     be_.add_f32(demb, dlm.data(), dlm.size());
   else
-    G["lm_head.weight"] = std::move(dlm);
+    G[graph::param_name(Param::LmHead)] = std::move(dlm);
   return {std::move(res), std::move(G)};
 }
 

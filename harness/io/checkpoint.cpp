@@ -7,6 +7,7 @@
 #include <set>
 
 #include "harness/io/json_strict.h"
+#include "reference/model/model_graph.h"
 
 namespace bp::io {
 
@@ -178,8 +179,9 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
   std::set<int64_t> fused_layers;
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     if (!cfg.is_moe_layer(i)) continue;
-    const std::string p = "model.layers." + std::to_string(i) + ".mlp.experts.";
-    const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
+    const std::string p = graph::experts_prefix(i);
+    const std::string gu = graph::fused_experts_name(i, graph::FusedExperts::GateUp);
+    const std::string dn = graph::fused_experts_name(i, graph::FusedExperts::Down);
     const Checkpoint::Entry* egu = ck.find(gu);
     const Checkpoint::Entry* edn = ck.find(dn);
     if (egu == nullptr && edn == nullptr) continue;
@@ -199,15 +201,14 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
     const std::vector<bf16> a = egu->file->read_bf16(*egu->info);
     const std::vector<bf16> b = edn->file->read_bf16(*edn->info);
     for (int64_t e = 0; e < E; ++e) {
-      const std::string q = p + std::to_string(e) + ".";
       const size_t base = static_cast<size_t>(e * 2 * I * H), half = static_cast<size_t>(I * H);
       Tensor g{{I, H}, std::vector<bf16>(a.begin() + base, a.begin() + base + half)};
       Tensor u{{I, H}, std::vector<bf16>(a.begin() + base + half, a.begin() + base + 2 * half)};
       const size_t db = static_cast<size_t>(e * H * I), dl = static_cast<size_t>(H * I);
       Tensor d{{H, I}, std::vector<bf16>(b.begin() + db, b.begin() + db + dl)};
-      w.insert(q + "gate_proj.weight", std::move(g));
-      w.insert(q + "up_proj.weight", std::move(u));
-      w.insert(q + "down_proj.weight", std::move(d));
+      w.insert(graph::param_name(i, e, graph::Param::ExpertGate), std::move(g));
+      w.insert(graph::param_name(i, e, graph::Param::ExpertUp), std::move(u));
+      w.insert(graph::param_name(i, e, graph::Param::ExpertDown), std::move(d));
     }
     consumed.insert(gu);
     consumed.insert(dn);
@@ -219,8 +220,7 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
     const Checkpoint::Entry* e = ck.find(s.name);
     if (e == nullptr) {
       // A per-expert name of a layer already reported as fused-but-incomplete is not repeated.
-      const bool in_fused = s.name.find(".mlp.experts.") != std::string::npos &&
-                            fused_layers.count(std::stoll(s.name.substr(13))) != 0;
+      const bool in_fused = s.expert >= 0 && fused_layers.count(s.layer) != 0;
       if (!in_fused) missing.push_back(s.name);
       continue;
     }
@@ -232,14 +232,16 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
                    std::to_string(missing.size()) + " tensor(s) that " + origin + " implies are missing: " + name_list(missing));
 
   if (cfg.tie_word_embeddings) {
-    if (const Checkpoint::Entry* e = ck.find("lm_head.weight")) {
-      const Tensor& emb = w.at("model.embed_tokens.weight");
-      checked(*e, "lm_head.weight", emb.shape, origin);
+    const std::string lm_head = graph::param_name(graph::Param::LmHead);
+    if (const Checkpoint::Entry* e = ck.find(lm_head)) {
+      const std::string embed = graph::param_name(graph::Param::Embed);
+      const Tensor& emb = w.at(embed);
+      checked(*e, lm_head, emb.shape, origin);
       const std::vector<bf16> lm = e->file->read_bf16(*e->info);
       if (lm.size() != emb.data.size() || std::memcmp(lm.data(), emb.data.data(), lm.size() * sizeof(bf16)) != 0)
-        throw BadInput(e->file->path(), "lm_head.weight",
-                       "present and different from model.embed_tokens.weight although tie_word_embeddings is true");
-      consumed.insert("lm_head.weight");
+        throw BadInput(e->file->path(), lm_head,
+                       "present and different from " + embed + " although tie_word_embeddings is true");
+      consumed.insert(lm_head);
     }
   }
 
@@ -280,19 +282,17 @@ void save_weights(const std::string& dir, const Weights& w, const ModelConfig& c
     if (t.shape != s.shape || static_cast<int64_t>(t.data.size()) != s.numel())
       throw std::invalid_argument("save_weights: " + s.name + " has shape " + shape_str(t.shape) + ", expected " +
                                   shape_str(s.shape));
-    const size_t pos = s.name.find(".mlp.experts.");
-    if (opt.fused_experts && pos != std::string::npos) {
-      // Emit the fused pair once per layer, at expert 0's gate_proj.
-      const std::string p = s.name.substr(0, pos) + ".mlp.experts.";
-      if (s.name != p + "0.gate_proj.weight") continue;
-      const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
-      Item gu{p + "gate_up_proj", {uint64_t(E), uint64_t(2 * I), uint64_t(H)}, {}, nullptr};
-      Item dn{p + "down_proj", {uint64_t(E), uint64_t(H), uint64_t(I)}, {}, nullptr};
+    if (opt.fused_experts && s.expert >= 0) {
+      // Emit the fused pair once per layer, at expert 0's first parameter.
+      if (s.expert != 0 || s.param != graph::Param::ExpertGate) continue;
+      const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size, i = s.layer;
+      Item gu{graph::fused_experts_name(i, graph::FusedExperts::GateUp),
+              {uint64_t(E), uint64_t(2 * I), uint64_t(H)}, {}, nullptr};
+      Item dn{graph::fused_experts_name(i, graph::FusedExperts::Down), {uint64_t(E), uint64_t(H), uint64_t(I)}, {}, nullptr};
       for (int64_t e = 0; e < E; ++e) {
-        const std::string q = p + std::to_string(e) + ".";
-        const auto& g = w.at(q + "gate_proj.weight").data;
-        const auto& u = w.at(q + "up_proj.weight").data;
-        const auto& d = w.at(q + "down_proj.weight").data;
+        const auto& g = w.at(graph::param_name(i, e, graph::Param::ExpertGate)).data;
+        const auto& u = w.at(graph::param_name(i, e, graph::Param::ExpertUp)).data;
+        const auto& d = w.at(graph::param_name(i, e, graph::Param::ExpertDown)).data;
         gu.owned.insert(gu.owned.end(), g.begin(), g.end());
         gu.owned.insert(gu.owned.end(), u.begin(), u.end());
         dn.owned.insert(dn.owned.end(), d.begin(), d.end());

@@ -88,10 +88,10 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const Buf da =
       cfg_.is_moe_layer(li) ? moe_bwd(run, split, tk, li, s.a2, dx) : dense_mlp_bwd(run, split, li, s.a2, dx);
   const Buf db =
-      norm_bwd(run, split, lname(li, "post_attention_layernorm.weight"), s.x_mid, s.rstd2, da, 1, d.H, false);
+      norm_bwd(run, split, lname(li, Param::PostNorm), s.x_mid, s.rstd2, da, 1, d.H, false);
   be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
 
-  const std::string wo = lname(li, "self_attn.o_proj.weight");
+  const std::string wo = lname(li, Param::OProj);
   Buf dO = zeros(int64_t{T} * d.QDl);
   be_.linear_dgrad(kn_, dx.data(), w(wo), dO.data(), T, d.QDl, d.H, 1);
   emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), {Block::ColumnSlice, d.H, d.QDl});
@@ -106,12 +106,12 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const auto pos_dev = be_.resident(tk.pos);
   be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, d.Hql);
   be_.rope_bwd(kn_, rt, pos_dev.data(), dk.data(), dkn.data(), T, d.Hkvl);
-  const Buf dqp = norm_bwd(run, split, lname(li, "self_attn.q_norm.weight"), s.q_pre, s.rstd_q, dqn, d.Hql, d.D, true);
-  const Buf dkp = norm_bwd(run, split, lname(li, "self_attn.k_norm.weight"), s.k_pre, s.rstd_k, dkn, d.Hkvl, d.D, true);
+  const Buf dqp = norm_bwd(run, split, lname(li, Param::QNorm), s.q_pre, s.rstd_q, dqn, d.Hql, d.D, true);
+  const Buf dkp = norm_bwd(run, split, lname(li, Param::KNorm), s.k_pre, s.rstd_k, dkn, d.Hkvl, d.D, true);
 
   // a1 feeds q, k and v: three column-parallel input gradients, rounded once.
-  const std::string wq = lname(li, "self_attn.q_proj.weight"), wk = lname(li, "self_attn.k_proj.weight"),
-                    wv = lname(li, "self_attn.v_proj.weight");
+  const std::string wq = lname(li, Param::QProj), wk = lname(li, Param::KProj),
+                    wv = lname(li, Param::VProj);
   const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.QDl);
   const FBuf from_k = column_dgrad(dkp.data(), w(wk), T, d.H, d.KDl);
   const FBuf from_v = column_dgrad(dv.data(), w(wv), T, d.H, d.KDl);
@@ -121,7 +121,7 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), {Block::RowSlice, d.QDl, d.H});
   emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), {Block::RowSlice, d.KDl, d.H});
   emit(run, wv, split_wgrad(split, dv, d.KDl, s.a1, d.H), {Block::RowSlice, d.KDl, d.H});
-  const Buf dbi = norm_bwd(run, split, lname(li, "input_layernorm.weight"), s.x_in, s.rstd1, da1, 1, d.H, false);
+  const Buf dbi = norm_bwd(run, split, lname(li, Param::InputNorm), s.x_in, s.rstd1, da1, 1, d.H, false);
   be_.residual_fwd(kn_, dx.data(), dbi.data(), dx.data(), dx.size());
 }
 
@@ -164,7 +164,7 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   // lm_head: vocabulary-parallel (its input gradient reduces over V in C chunks).
   const Buf dh = round_all(column_dgrad(dl.data(), lm_head_, T, d.H, d.Vl));
   FBuf dlm = split_wgrad(split, dl, d.Vl, sv.hn, d.H);
-  Buf dx = norm_bwd(run, split, "model.norm.weight", sv.x_final, sv.rstd_f, dh, 1, d.H, false);
+  Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, false);
 
   for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) backward_layer(run, split, sv, li, dx);
 
@@ -182,9 +182,9 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   if (cfg_.tie_word_embeddings) {
     be_.add_f32(my_rows.data(), dlm.data(), my_rows.size());
   } else {
-    emit(run, "lm_head.weight", std::move(dlm), {Block::RowSlice, d.Vl, d.H});
+    emit(run, graph::param_name(Param::LmHead), std::move(dlm), {Block::RowSlice, d.Vl, d.H});
   }
-  emit(run, "model.embed_tokens.weight", std::move(my_rows), {Block::RowSlice, d.Vl, d.H});
+  emit(run, graph::param_name(Param::Embed), std::move(my_rows), {Block::RowSlice, d.Vl, d.H});
   return std::move(run.result);
 }
 

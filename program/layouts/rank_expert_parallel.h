@@ -14,24 +14,23 @@ typename RankProgram<B>::Buf RankProgram<B>::dense_mlp(Run& run, const Tokens& t
   const Dims& d = d_;
   const int T = tk.size();
   Buf g = zeros(int64_t{T} * d.Il), u = zeros(int64_t{T} * d.Il), m = zeros(int64_t{T} * d.Il);
-  be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
+  be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
                      g.data(), u.data(), m.data(), T, d.H, d.Il);
   const int64_t col0 = int64_t{at_.t} * d.Il;
-  capture(run, tk, cname(li, "mlp_gate"), g, d.Il, col0, d.I);
-  capture(run, tk, cname(li, "mlp_up"), u, d.Il, col0, d.I);
-  capture(run, tk, cname(li, "mlp_act"), m, d.Il, col0, d.I);
-  return row_parallel(m.data(), lname(li, "mlp.down_proj.weight"), T, d.Il, d.H);
+  capture(run, tk, cname(li, Op::MlpGate), g, d.Il, col0, d.I);
+  capture(run, tk, cname(li, Op::MlpUp), u, d.Il, col0, d.I);
+  capture(run, tk, cname(li, Op::MlpAct), m, d.Il, col0, d.I);
+  return row_parallel(m.data(), lname(li, Param::MlpDown), T, d.Il, d.H);
 }
 
 // The experts this rank holds (others null: it must never touch them).
 template <class B>
 ref::ExpertWeights RankProgram<B>::expert_weights(int64_t li, int e_begin, int e_end,
                                                 std::vector<const bf16*> (&ptr)[3]) const {
-  static const char* kind[3] = {"gate_proj", "up_proj", "down_proj"};
   for (int j = 0; j < 3; ++j) {
     ptr[j].assign(sz(d_.E), nullptr);
     for (int e = e_begin; e < e_end; ++e)
-      ptr[j][sz(e)] = w(lname(li, "mlp.experts." + std::to_string(e) + "." + kind[j] + ".weight"));
+      ptr[j][sz(e)] = w(graph::param_name(li, e, kExpertParams[j]));
   }
   return {ptr[0].data(), ptr[1].data(), ptr[2].data()};
 }
@@ -41,7 +40,7 @@ template <class B>
 typename RankProgram<B>::Routing RankProgram<B>::route(int64_t li, const Buf& a2, int T) const {
   const Dims& d = d_;
   Routing r{zeros(int64_t{T} * d.E), zeros(int64_t{T} * d.K), be_.template zeros<int>(sz(int64_t{T} * d.K)), {}};
-  be_.router_fwd(kn_, a2.data(), w(lname(li, "mlp.gate.weight")), r.logits.data(), r.ids.data(), r.weights.data(), T,
+  be_.router_fwd(kn_, a2.data(), w(lname(li, Param::Router)), r.logits.data(), r.ids.data(), r.weights.data(), T,
                  d.H, d.E, d.K, cfg_.norm_topk_prob);
   r.ids_host = be_.to_host(r.ids.data(), r.ids.size());
   return r;
@@ -53,8 +52,8 @@ typename RankProgram<B>::Buf RankProgram<B>::moe(Run& run, const Tokens& tk, int
   const Dims& d = d_;
   const int T = tk.size();
   const Routing r = route(li, a2, T);
-  capture(run, tk, cname(li, "router_logits"), r.logits, d.E, 0, d.E);
-  capture(run, tk, cname(li, "router_weights"), r.weights, d.K, 0, d.K);
+  capture(run, tk, cname(li, Op::RouterLogits), r.logits, d.E, 0, d.E);
+  capture(run, tk, cname(li, Op::RouterWeights), r.weights, d.K, 0, d.K);
   const ExpertExchange ex(comms_.plane, layout_, d.E, d.K, r.ids_host, tk.row);
   const Buf a_recv = ex.send_tokens(be_, a2.data(), d.H);
   const Buf w_recv = ex.send_slots(be_, r.weights.data(), 1);
@@ -63,7 +62,7 @@ typename RankProgram<B>::Buf RankProgram<B>::moe(Run& run, const Tokens& tk, int
   be_.moe_experts_fwd(kn_, ex.plan(), ex.e_begin(), ex.e_end(), a_recv.data(), w_recv.data(),
                       expert_weights(li, ex.e_begin(), ex.e_end(), ptr), c_recv.data(), d.K, d.H, d.Ie);
   const Buf cs = ex.return_slots(be_, c_recv.data(), d.H);
-  capture(run, tk, cname(li, "expert_out"), cs, int64_t{d.K} * d.H, 0, int64_t{d.K} * d.H);
+  capture(run, tk, cname(li, Op::ExpertOut), cs, int64_t{d.K} * d.H, 0, int64_t{d.K} * d.H);
   Buf out = zeros(int64_t{T} * d.H);
   be_.moe_combine_fwd(cs.data(), out.data(), T, d.K, d.H);
   return out;
@@ -74,8 +73,8 @@ typename RankProgram<B>::Buf RankProgram<B>::dense_mlp_bwd(Run& run, const Token
                                                        const Buf& dout) const {
   const Dims& d = d_;
   const int T = static_cast<int>(a2.size() / sz(d.H));
-  const std::string wg = lname(li, "mlp.gate_proj.weight"), wu = lname(li, "mlp.up_proj.weight"),
-                    wd = lname(li, "mlp.down_proj.weight");
+  const std::string wg = lname(li, Param::MlpGate), wu = lname(li, Param::MlpUp),
+                    wd = lname(li, Param::MlpDown);
   const int64_t n = int64_t{T} * d.Il;
   Buf g = zeros(n), u = zeros(n), m = zeros(n), dm = zeros(n), dg = zeros(n), du = zeros(n);
   be_.mlp_hidden_fwd(kn_, a2.data(), w(wg), w(wu), g.data(), u.data(), m.data(), T, d.H, d.Il);
@@ -117,18 +116,17 @@ typename RankProgram<B>::Buf RankProgram<B>::moe_bwd(Run& run, const TokenSplit&
   be_.moe_experts_bwd(kn_, ex.plan(), ex.e_begin(), ex.e_end(), a_recv.data(), w_recv.data(),
                       expert_weights(li, ex.e_begin(), ex.e_end(), ptr), dout_recv.data(), da_slot_recv.data(),
                       dw_recv.data(), ref::ExpertGrads{gp[0].data(), gp[1].data(), gp[2].data()}, d.K, d.H, d.Ie);
-  static const char* kind[3] = {"gate_proj", "up_proj", "down_proj"};
   if (at_.t == 0)
     for (int e = ex.e_begin(), i = 0; e < ex.e_end(); ++e)
       for (int j = 0; j < 3; ++j, ++i) {
         const int64_t rows = j == 2 ? d.H : d.Ie, cols = j == 2 ? d.Ie : d.H;
-        run.result.grads.push_back({lname(li, "mlp.experts." + std::to_string(e) + "." + kind[j] + ".weight"), 0,
+        run.result.grads.push_back({graph::param_name(li, e, kExpertParams[j]), 0,
                                     rows, 0, cols, cols, be_.take(std::move(grads[sz(i)]))});
       }
   const FBuf da_slot = ex.return_slots(be_, da_slot_recv.data(), d.H);
   const Buf dtopk = ex.return_slots(be_, dw_recv.data(), 1);
   // The router at home: its input-gradient accumulator joins the slots' in the combine.
-  const std::string wr = lname(li, "mlp.gate.weight");
+  const std::string wr = lname(li, Param::Router);
   Buf dlogits = zeros(int64_t{T} * d.E);
   FBuf router_acc = fzeros(int64_t{T} * d.H), dwr_unused = fzeros(int64_t{d.E} * d.H);
   be_.router_bwd(kn_, a2.data(), w(wr), r.logits.data(), r.ids.data(), dtopk.data(), dlogits.data(),

@@ -25,8 +25,8 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   const auto pos_dev = be_.resident(tk.pos);
 
   Buf x = zeros(int64_t{T} * d.H);
-  be_.embedding_fwd(kn_, tok_dev.data(), w("model.embed_tokens.weight"), x.data(), T, d.V, d.H);
-  capture(run, tk, "embed", x, d.H, 0, d.H);
+  be_.embedding_fwd(kn_, tok_dev.data(), w(graph::param_name(Param::Embed)), x.data(), T, d.V, d.H);
+  capture(run, tk, graph::capture_name(Op::Embed), x, d.H, 0, d.H);
   if (saved) saved->layers.resize(sz(cfg_.num_hidden_layers));
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
@@ -34,35 +34,35 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     s.x_in = be_.clone(x);
     s.a1 = zeros(int64_t{T} * d.H);
     s.rstd1 = fzeros(T);
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "input_layernorm.weight")), d.eps, s.a1.data(), s.rstd1.data(), T, 1,
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::InputNorm)), d.eps, s.a1.data(), s.rstd1.data(), T, 1,
                     d.H);
-    capture(run, tk, cname(li, "input_norm"), s.a1, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::InputNorm), s.a1, d.H, 0, d.H);
     // Column-parallel q, k, v: this rank's heads.
     s.q_pre = zeros(int64_t{T} * d.QDl);
     s.k_pre = zeros(int64_t{T} * d.KDl);
     Buf v = zeros(int64_t{T} * d.KDl);
-    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, "self_attn.q_proj.weight")), s.q_pre.data(), T, d.H, d.QDl, 1);
-    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, "self_attn.k_proj.weight")), s.k_pre.data(), T, d.H, d.KDl, 1);
-    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, "self_attn.v_proj.weight")), v.data(), T, d.H, d.KDl, 1);
-    capture(run, tk, cname(li, "q_proj"), s.q_pre, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, "k_proj"), s.k_pre, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
-    capture(run, tk, cname(li, "v_proj"), v, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::QProj)), s.q_pre.data(), T, d.H, d.QDl, 1);
+    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::KProj)), s.k_pre.data(), T, d.H, d.KDl, 1);
+    be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::VProj)), v.data(), T, d.H, d.KDl, 1);
+    capture(run, tk, cname(li, Op::QProj), s.q_pre, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::KProj), s.k_pre, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture(run, tk, cname(li, Op::VProj), v, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
     s.qn = zeros(int64_t{T} * d.QDl);
     s.kn = zeros(int64_t{T} * d.KDl);
     s.rstd_q = fzeros(int64_t{T} * d.Hql);
     s.rstd_k = fzeros(int64_t{T} * d.Hkvl);
-    be_.rmsnorm_fwd(kn_, s.q_pre.data(), w(lname(li, "self_attn.q_norm.weight")), d.eps, s.qn.data(), s.rstd_q.data(),
+    be_.rmsnorm_fwd(kn_, s.q_pre.data(), w(lname(li, Param::QNorm)), d.eps, s.qn.data(), s.rstd_q.data(),
                     T, d.Hql, d.D);
-    be_.rmsnorm_fwd(kn_, s.k_pre.data(), w(lname(li, "self_attn.k_norm.weight")), d.eps, s.kn.data(), s.rstd_k.data(),
+    be_.rmsnorm_fwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), d.eps, s.kn.data(), s.rstd_k.data(),
                     T, d.Hkvl, d.D);
-    capture(run, tk, cname(li, "q_norm"), s.qn, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, "k_norm"), s.kn, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture(run, tk, cname(li, Op::QNorm), s.qn, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::KNorm), s.kn, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
     s.q = zeros(int64_t{T} * d.QDl);
     Buf kr = zeros(int64_t{T} * d.KDl);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.qn.data(), s.q.data(), T, d.Hql);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.kn.data(), kr.data(), T, d.Hkvl);
-    capture(run, tk, cname(li, "q_rope"), s.q, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, "k_rope"), kr, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture(run, tk, cname(li, Op::QRope), s.q, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::KRope), kr, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
 
     std::map<int, int> kv_begin;
     share_kv(run, tk, li, kr, v, pieces, s.kp, s.vp, kv_begin);
@@ -72,21 +72,21 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     s.l = fzeros(int64_t{T} * d.Hql);
     be_.attention_fwd(kn_, ref::AttnDims{d.Hql, d.Hkvl, d.D}, runs.data(), static_cast<int>(runs.size()), s.q.data(),
                       s.kp.data(), s.vp.data(), s.o.data(), s.m.data(), s.l.data());
-    capture(run, tk, cname(li, "attn"), s.o, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    const Buf ao = row_parallel(s.o.data(), lname(li, "self_attn.o_proj.weight"), T, d.QDl, d.H);
-    capture(run, tk, cname(li, "attn_out"), ao, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::Attn), s.o, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    const Buf ao = row_parallel(s.o.data(), lname(li, Param::OProj), T, d.QDl, d.H);
+    capture(run, tk, cname(li, Op::AttnOut), ao, d.H, 0, d.H);
     be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
-    capture(run, tk, cname(li, "resid_attn"), x, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::ResidAttn), x, d.H, 0, d.H);
     s.x_mid = be_.clone(x);
     s.a2 = zeros(int64_t{T} * d.H);
     s.rstd2 = fzeros(T);
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, "post_attention_layernorm.weight")), d.eps, s.a2.data(),
+    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::PostNorm)), d.eps, s.a2.data(),
                     s.rstd2.data(), T, 1, d.H);
-    capture(run, tk, cname(li, "post_norm"), s.a2, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::PostNorm), s.a2, d.H, 0, d.H);
     const Buf mo = cfg_.is_moe_layer(li) ? moe(run, tk, li, s.a2) : dense_mlp(run, tk, li, s.a2);
-    capture(run, tk, cname(li, "mlp_out"), mo, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::MlpOut), mo, d.H, 0, d.H);
     be_.residual_fwd(kn_, x.data(), mo.data(), x.data(), x.size());
-    capture(run, tk, cname(li, "resid_mlp"), x, d.H, 0, d.H);
+    capture(run, tk, cname(li, Op::ResidMlp), x, d.H, 0, d.H);
     if (saved) {
       if (li == 0) saved->kv_begin = kv_begin;
       saved->layers[sz(li)] = std::move(s);
@@ -95,11 +95,11 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
 
   Buf hn = zeros(int64_t{T} * d.H);
   FBuf rstd_f = fzeros(T);
-  be_.rmsnorm_fwd(kn_, x.data(), w("model.norm.weight"), d.eps, hn.data(), rstd_f.data(), T, 1, d.H);
-  capture(run, tk, "final_norm", hn, d.H, 0, d.H);
+  be_.rmsnorm_fwd(kn_, x.data(), w(graph::param_name(Param::FinalNorm)), d.eps, hn.data(), rstd_f.data(), T, 1, d.H);
+  capture(run, tk, graph::capture_name(Op::FinalNorm), hn, d.H, 0, d.H);
   Buf logits = zeros(int64_t{T} * d.Vl);
   be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, d.H, d.Vl, 1);
-  capture(run, tk, "logits", logits, d.Vl, t0 * d.Vl, d.V);
+  capture(run, tk, graph::capture_name(Op::Logits), logits, d.Vl, t0 * d.Vl, d.V);
   logprobs(run, tk, logits, saved);
   if (saved) {
     saved->tk = tk;

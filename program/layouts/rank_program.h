@@ -33,6 +33,7 @@
 #include "program/results.h"
 #include "program/path.h"
 #include "reference/model/loss.h"
+#include "reference/model/model_graph.h"
 #include "reference/numerics/reduce.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
@@ -73,10 +74,12 @@ class RankProgram {
     int64_t rows, cols;  // of this rank's block
   };
 
-  static std::string lname(int64_t i, const std::string& what) {
-    return "model.layers." + std::to_string(i) + "." + what;
-  }
-  static std::string cname(int64_t i, const char* what) { return "layers." + std::to_string(i) + "." + what; }
+  using Param = graph::Param;
+  using Op = graph::Op;
+  static std::string lname(int64_t i, Param p) { return graph::param_name(i, p); }
+  static std::string cname(int64_t i, Op op) { return graph::capture_name(i, op); }
+  // An expert's parameters, in the order of ExpertWeights' pointer tables.
+  static constexpr Param kExpertParams[3] = {Param::ExpertGate, Param::ExpertUp, Param::ExpertDown};
   static size_t sz(int64_t n) { return static_cast<size_t>(n); }
   Buf zeros(int64_t n) const { return be_.template zeros<bf16>(sz(n)); }
   FBuf fzeros(int64_t n) const { return be_.template zeros<float>(sz(n)); }
@@ -253,31 +256,28 @@ void RankProgram<B>::keep_weights(const Weights& weights) {
       std::copy_n(t.data.begin() + r * k_full + int64_t{at_.t} * k_local, k_local, shard.begin() + r * k_local);
     w_.emplace(name, be_.resident(shard));
   };
-  whole("model.embed_tokens.weight");
-  whole("model.norm.weight");
-  if (!cfg_.tie_word_embeddings) rows("lm_head.weight", d.Vl);
+  whole(graph::param_name(Param::Embed));
+  whole(graph::param_name(Param::FinalNorm));
+  if (!cfg_.tie_word_embeddings) rows(graph::param_name(Param::LmHead), d.Vl);
   const auto [e_begin, e_end] = ExpertExchange::held_experts(layout_, d.E, at_.plane_rank(layout_));
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
-    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                             "self_attn.k_norm.weight"})
-      whole(lname(i, norm));
-    rows(lname(i, "self_attn.q_proj.weight"), d.QDl);
-    rows(lname(i, "self_attn.k_proj.weight"), d.KDl);
-    rows(lname(i, "self_attn.v_proj.weight"), d.KDl);
-    columns(lname(i, "self_attn.o_proj.weight"), d.Hq * d.D, d.QDl);
+    for (const Param norm : {Param::InputNorm, Param::PostNorm, Param::QNorm, Param::KNorm}) whole(lname(i, norm));
+    rows(lname(i, Param::QProj), d.QDl);
+    rows(lname(i, Param::KProj), d.KDl);
+    rows(lname(i, Param::VProj), d.KDl);
+    columns(lname(i, Param::OProj), d.Hq * d.D, d.QDl);
     if (cfg_.is_moe_layer(i)) {
-      whole(lname(i, "mlp.gate.weight"));
+      whole(lname(i, Param::Router));
       for (int e = e_begin; e < e_end; ++e)
-        for (const char* kind : {"gate_proj", "up_proj", "down_proj"})
-          whole(lname(i, "mlp.experts." + std::to_string(e) + "." + kind + ".weight"));
+        for (const Param p : kExpertParams) whole(graph::param_name(i, e, p));
     } else {
-      rows(lname(i, "mlp.gate_proj.weight"), d.Il);
-      rows(lname(i, "mlp.up_proj.weight"), d.Il);
-      columns(lname(i, "mlp.down_proj.weight"), d.I, d.Il);
+      rows(lname(i, Param::MlpGate), d.Il);
+      rows(lname(i, Param::MlpUp), d.Il);
+      columns(lname(i, Param::MlpDown), d.I, d.Il);
     }
   }
-  lm_head_ = cfg_.tie_word_embeddings ? w("model.embed_tokens.weight") + int64_t{at_.t} * d.Vl * d.H
-                                      : w("lm_head.weight");
+  lm_head_ = cfg_.tie_word_embeddings ? w(graph::param_name(Param::Embed)) + int64_t{at_.t} * d.Vl * d.H
+                                      : w(graph::param_name(Param::LmHead));
 }
 
 }  // namespace bp::layouts

@@ -1,10 +1,13 @@
 #include "reference/model/weights.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 
 #include "reference/common/rng.h"
 #include "reference/common/sha256.h"
+#include "reference/model/model_graph.h"
 
 namespace bp {
 
@@ -25,38 +28,74 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  std::vector<WeightSpec> s;
-  s.push_back({"model.embed_tokens.weight", {c.vocab_size, H}, WeightKind::Embedding});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    s.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, H}, WeightKind::Projection});
-    s.push_back({p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, H}, WeightKind::Projection});
-    s.push_back({p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, H}, WeightKind::Projection});
-    s.push_back({p + "self_attn.o_proj.weight", {H, c.num_attention_heads * D}, WeightKind::Projection});
-    s.push_back({p + "self_attn.q_norm.weight", {D}, WeightKind::Norm});
-    s.push_back({p + "self_attn.k_norm.weight", {D}, WeightKind::Norm});
-    if (c.is_moe_layer(i)) {
-      const int64_t I = c.moe_intermediate_size;
-      s.push_back({p + "mlp.gate.weight", {c.num_experts, H}, WeightKind::Router});
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-        s.push_back({q + "gate_proj.weight", {I, H}, WeightKind::Projection});
-        s.push_back({q + "up_proj.weight", {I, H}, WeightKind::Projection});
-        s.push_back({q + "down_proj.weight", {H, I}, WeightKind::Projection});
-      }
-    } else {
-      const int64_t I = c.intermediate_size;
-      s.push_back({p + "mlp.gate_proj.weight", {I, H}, WeightKind::Projection});
-      s.push_back({p + "mlp.up_proj.weight", {I, H}, WeightKind::Projection});
-      s.push_back({p + "mlp.down_proj.weight", {H, I}, WeightKind::Projection});
-    }
-    s.push_back({p + "input_layernorm.weight", {H}, WeightKind::Norm});
-    s.push_back({p + "post_attention_layernorm.weight", {H}, WeightKind::Norm});
+namespace {
+
+using graph::Param;
+using graph::ParamRow;
+using graph::Scope;
+
+// Parameter p of layer `layer` (−1: the model's) and expert `expert` (−1: none):
+// its name, shape ([out][in] as nn.Linear stores it) and generator kind.
+WeightSpec param_spec(const ModelConfig& c, Param p, int64_t layer = -1, int64_t expert = -1) {
+  std::string name = expert >= 0  ? graph::param_name(layer, expert, p)
+                     : layer >= 0 ? graph::param_name(layer, p)
+                                  : graph::param_name(p);
+  const int64_t H = c.hidden_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t I = c.intermediate_size, Im = c.moe_intermediate_size;
+  auto spec = [&](std::vector<int64_t> shape, WeightKind kind) {
+    return WeightSpec{std::move(name), std::move(shape), kind, p, layer, expert};
+  };
+  switch (p) {
+    case Param::Embed: return spec({V, H}, WeightKind::Embedding);
+    case Param::QProj: return spec({Q, H}, WeightKind::Projection);
+    case Param::KProj:
+    case Param::VProj: return spec({KV, H}, WeightKind::Projection);
+    case Param::OProj: return spec({H, Q}, WeightKind::Projection);
+    case Param::QNorm:
+    case Param::KNorm: return spec({c.head_dim}, WeightKind::Norm);
+    case Param::Router: return spec({c.num_experts, H}, WeightKind::Router);
+    case Param::ExpertGate:
+    case Param::ExpertUp: return spec({Im, H}, WeightKind::Projection);
+    case Param::ExpertDown: return spec({H, Im}, WeightKind::Projection);
+    case Param::MlpGate:
+    case Param::MlpUp: return spec({I, H}, WeightKind::Projection);
+    case Param::MlpDown: return spec({H, I}, WeightKind::Projection);
+    case Param::InputNorm:
+    case Param::PostNorm:
+    case Param::FinalNorm: return spec({H}, WeightKind::Norm);
+    case Param::LmHead: return spec({V, H}, WeightKind::LmHead);
   }
-  s.push_back({"model.norm.weight", {H}, WeightKind::Norm});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, H}, WeightKind::LmHead});
+  throw std::logic_error("weight_specs: unknown parameter");
+}
+
+}  // namespace
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
+  const auto* begin = std::begin(graph::kParams);
+  const auto* end = std::end(graph::kParams);
+  auto is_model = [](const ParamRow& r) { return r.scope == Scope::Model; };
+  const auto* layer_begin = std::find_if_not(begin, end, is_model);
+  const auto* layer_end = std::find_if(layer_begin, end, is_model);
+  std::vector<WeightSpec> s;
+  auto add_model = [&](const ParamRow& r) {
+    if (r.param != Param::LmHead || !c.tie_word_embeddings) s.push_back(param_spec(c, r.param));
+  };
+  std::for_each(begin, layer_begin, add_model);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool moe = c.is_moe_layer(i);
+    for (const auto* r = layer_begin; r != layer_end; ++r) {
+      if (r->scope == Scope::Expert) {  // each expert's parameters together, as HF's ModuleList lists them
+        const auto* block_end = std::find_if(r, layer_end, [](const ParamRow& x) { return x.scope != Scope::Expert; });
+        if (moe)
+          for (int64_t e = 0; e < c.num_experts; ++e)
+            for (const auto* x = r; x != block_end; ++x) s.push_back(param_spec(c, x->param, i, e));
+        r = block_end - 1;
+      } else if (r->scope == Scope::Layer || r->scope == (moe ? Scope::MoeLayer : Scope::DenseLayer)) {
+        s.push_back(param_spec(c, r->param, i));
+      }
+    }
+  }
+  std::for_each(layer_end, end, add_model);
   return s;
 }
 
@@ -73,7 +112,7 @@ Tensor& Weights::at(const std::string& name) {
 }
 
 const Tensor& Weights::lm_head(const ModelConfig& cfg) const {
-  return at(cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  return at(graph::param_name(cfg.tie_word_embeddings ? graph::Param::Embed : graph::Param::LmHead));
 }
 
 uint64_t weight_tensor_seed(uint64_t seed, std::string_view name) {

@@ -3,21 +3,8 @@
 // needs no weight file. Loading and saving safetensors checkpoints is
 // harness/io/checkpoint.h (the reference does no file I/O).
 //
-// Names and shapes (H hidden, D head_dim, Hq/Hkv heads, I intermediate, Im
-// moe_intermediate, E experts, V vocab; weights [out][in] as nn.Linear stores them):
-//   model.embed_tokens.weight                               [V, H]
-//   model.layers.{i}.input_layernorm.weight                 [H]
-//   model.layers.{i}.self_attn.q_proj.weight                [Hq*D, H]
-//   model.layers.{i}.self_attn.k_proj.weight / v_proj       [Hkv*D, H]
-//   model.layers.{i}.self_attn.o_proj.weight                [H, Hq*D]
-//   model.layers.{i}.self_attn.q_norm.weight / k_norm       [D]
-//   model.layers.{i}.post_attention_layernorm.weight        [H]
-//   dense layer:  model.layers.{i}.mlp.{gate,up}_proj.weight [I, H], mlp.down_proj.weight [H, I]
-//   MoE layer:    model.layers.{i}.mlp.gate.weight           [E, H]  (router)
-//                 model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight [Im, H]
-//                 model.layers.{i}.mlp.experts.{e}.down_proj.weight      [H, Im]
-//   model.norm.weight                                       [H]
-//   lm_head.weight                                          [V, H]  (absent when tied)
+// Names: model_graph.h (Hugging Face's, in its state_dict order); shapes: weight_specs,
+// as nn.Linear stores them ([out][in]).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -26,6 +13,7 @@
 #include <vector>
 
 #include "reference/model/config.h"
+#include "reference/model/model_graph.h"
 #include "reference/numerics/bf16.h"
 
 namespace bp {
@@ -36,6 +24,8 @@ struct WeightSpec {
   std::string name;
   std::vector<int64_t> shape;
   WeightKind kind = WeightKind::Projection;
+  graph::Param param = graph::Param::Embed;
+  int64_t layer = -1, expert = -1;  // where the graph's Layer and Expert scopes put it
   int64_t numel() const;
 };
 
@@ -55,7 +45,7 @@ class Weights {
   const Tensor& at(const std::string& name) const;
   Tensor& at(const std::string& name);
   void insert(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
-  // lm_head.weight, or model.embed_tokens.weight when the config ties them.
+  // The lm_head parameter, or the embedding when the config ties them.
   const Tensor& lm_head(const ModelConfig& cfg) const;
   const std::map<std::string, Tensor>& all() const { return tensors_; }
   size_t size() const { return tensors_.size(); }

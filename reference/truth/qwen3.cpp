@@ -8,6 +8,7 @@
 #include "logprob.h"
 #include "moe_experts.h"
 #include "reference/model/loss.h"
+#include "reference/model/model_graph.h"
 #include "residual.h"
 #include "rmsnorm.h"
 #include "rope.h"
@@ -16,7 +17,8 @@ namespace bp::truth {
 
 namespace {
 
-std::string lname(int64_t i, const std::string& what) { return "model.layers." + std::to_string(i) + "." + what; }
+using graph::Param;
+using graph::param_name;
 
 VecD vec(const MatD& row) { return row.row(0).transpose(); }
 
@@ -59,7 +61,9 @@ Model::Model(const ModelConfig& cfg, WeightsD weights) : cfg_(cfg), w_(std::move
 }
 
 const MatD& Model::w(const std::string& name) const { return w_.at(name); }
-const MatD& Model::lm_head() const { return w(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"); }
+const MatD& Model::lm_head() const {
+  return w(param_name(cfg_.tie_word_embeddings ? Param::Embed : Param::LmHead));
+}
 
 Model::Seq Model::run(const std::vector<int32_t>& tok, bool keep, bool fp32_storage) const {
   const int T = static_cast<int>(tok.size()), D = static_cast<int>(cfg_.head_dim);
@@ -79,37 +83,37 @@ Model::Seq Model::run(const std::vector<int32_t>& tok, bool keep, bool fp32_stor
   sq.cos = st(sq.cos);
   sq.sin = st(sq.sin);
 
-  MatD x = embedding_fwd(tok.data(), T, w("model.embed_tokens.weight"));
+  MatD x = embedding_fwd(tok.data(), T, w(param_name(Param::Embed)));
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
     Seq::Layer L;
     L.x_in = x;
-    L.a1 = st(rmsnorm_fwd(x, vec(w(lname(li, "input_layernorm.weight"))), eps));
-    L.q_pre = st(linear_fwd(L.a1, w(lname(li, "self_attn.q_proj.weight"))));
-    L.k_pre = st(linear_fwd(L.a1, w(lname(li, "self_attn.k_proj.weight"))));
-    L.v = st(linear_fwd(L.a1, w(lname(li, "self_attn.v_proj.weight"))));
-    const MatD qn = st(unheads(rmsnorm_fwd(heads(L.q_pre, D), vec(w(lname(li, "self_attn.q_norm.weight"))), eps), T));
-    const MatD kn = st(unheads(rmsnorm_fwd(heads(L.k_pre, D), vec(w(lname(li, "self_attn.k_norm.weight"))), eps), T));
+    L.a1 = st(rmsnorm_fwd(x, vec(w(param_name(li, Param::InputNorm))), eps));
+    L.q_pre = st(linear_fwd(L.a1, w(param_name(li, Param::QProj))));
+    L.k_pre = st(linear_fwd(L.a1, w(param_name(li, Param::KProj))));
+    L.v = st(linear_fwd(L.a1, w(param_name(li, Param::VProj))));
+    const MatD qn = st(unheads(rmsnorm_fwd(heads(L.q_pre, D), vec(w(param_name(li, Param::QNorm))), eps), T));
+    const MatD kn = st(unheads(rmsnorm_fwd(heads(L.k_pre, D), vec(w(param_name(li, Param::KNorm))), eps), T));
     L.q = st(rope_fwd(qn, sq.cos, sq.sin, Hq, D));
     L.k = st(rope_fwd(kn, sq.cos, sq.sin, Hkv, D));
     L.o = st(attention_fwd(L.q, L.k, L.v, geo).o);
-    L.x_mid = st(residual_fwd(x, st(linear_fwd(L.o, w(lname(li, "self_attn.o_proj.weight"))))));
-    L.a2 = st(rmsnorm_fwd(L.x_mid, vec(w(lname(li, "post_attention_layernorm.weight"))), eps));
+    L.x_mid = st(residual_fwd(x, st(linear_fwd(L.o, w(param_name(li, Param::OProj))))));
+    L.a2 = st(rmsnorm_fwd(L.x_mid, vec(w(param_name(li, Param::PostNorm))), eps));
     MatD mo;
     if (cfg_.is_moe_layer(li)) {
       const int K = static_cast<int>(cfg_.num_experts_per_tok);
       const Experts exs = experts(li);
-      const MatD& wr = w(lname(li, "mlp.gate.weight"));
+      const MatD& wr = w(param_name(li, Param::Router));
       L.ids = topk_ids(softmax_rows(linear_fwd(L.a2, wr)), K);
       mo = moe_layer_fwd(L.a2, wr, exs, L.ids, K, cfg_.norm_topk_prob);
     } else {
-      mo = mlp_fwd(L.a2, w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
-                   w(lname(li, "mlp.down_proj.weight")));
+      mo = mlp_fwd(L.a2, w(param_name(li, Param::MlpGate)), w(param_name(li, Param::MlpUp)),
+                   w(param_name(li, Param::MlpDown)));
     }
     x = st(residual_fwd(L.x_mid, st(mo)));
     if (keep) sq.layers.push_back(std::move(L));
   }
   sq.x_final = x;
-  sq.hn = st(rmsnorm_fwd(x, vec(w("model.norm.weight")), eps));
+  sq.hn = st(rmsnorm_fwd(x, vec(w(param_name(Param::FinalNorm))), eps));
   sq.logits = st(linear_fwd(sq.hn, lm_head()));
   return sq;
 }
@@ -117,10 +121,9 @@ Model::Seq Model::run(const std::vector<int32_t>& tok, bool keep, bool fp32_stor
 Experts Model::experts(int64_t li) const {
   Experts exs;
   for (int64_t e = 0; e < cfg_.num_experts; ++e) {
-    const std::string p = lname(li, "mlp.experts." + std::to_string(e) + ".");
-    exs.gate.push_back(w(p + "gate_proj.weight"));
-    exs.up.push_back(w(p + "up_proj.weight"));
-    exs.down.push_back(w(p + "down_proj.weight"));
+    exs.gate.push_back(w(param_name(li, e, Param::ExpertGate)));
+    exs.up.push_back(w(param_name(li, e, Param::ExpertUp)));
+    exs.down.push_back(w(param_name(li, e, Param::ExpertDown)));
   }
   return exs;
 }
@@ -166,8 +169,9 @@ BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, ui
     MatD dlogits = MatD::Zero(T, V);
     dlogits.topRows(n) = logprob_grad(sq.logits.topRows(n), tgt, c, temperature);
     dlm += linear_wgrad(dlogits, sq.hn);
-    const RmsNormGrads fn = rmsnorm_bwd(sq.x_final, vec(w("model.norm.weight")), eps, linear_dgrad(dlogits, lm_head()));
-    g["model.norm.weight"] += fn.dw.transpose();
+    const RmsNormGrads fn =
+        rmsnorm_bwd(sq.x_final, vec(w(param_name(Param::FinalNorm))), eps, linear_dgrad(dlogits, lm_head()));
+    g[param_name(Param::FinalNorm)] += fn.dw.transpose();
     MatD dx = fn.dx;
     for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
       const Seq::Layer& L = sq.layers[static_cast<size_t>(li)];
@@ -175,53 +179,52 @@ BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, ui
       if (cfg_.is_moe_layer(li)) {
         const int E = static_cast<int>(cfg_.num_experts), K = static_cast<int>(cfg_.num_experts_per_tok);
         const MoeLayerGrads mg =
-            moe_layer_bwd(L.a2, w(lname(li, "mlp.gate.weight")), experts(li), L.ids, dx, K, cfg_.norm_topk_prob);
+            moe_layer_bwd(L.a2, w(param_name(li, Param::Router)), experts(li), L.ids, dx, K, cfg_.norm_topk_prob);
         da2 = mg.da;
-        g[lname(li, "mlp.gate.weight")] += mg.dwr;
+        g[param_name(li, Param::Router)] += mg.dwr;
         for (int e = 0; e < E; ++e) {
-          const std::string p = lname(li, "mlp.experts." + std::to_string(e) + ".");
-          g[p + "gate_proj.weight"] += mg.dgate[static_cast<size_t>(e)];
-          g[p + "up_proj.weight"] += mg.dup[static_cast<size_t>(e)];
-          g[p + "down_proj.weight"] += mg.ddown[static_cast<size_t>(e)];
+          g[param_name(li, e, Param::ExpertGate)] += mg.dgate[static_cast<size_t>(e)];
+          g[param_name(li, e, Param::ExpertUp)] += mg.dup[static_cast<size_t>(e)];
+          g[param_name(li, e, Param::ExpertDown)] += mg.ddown[static_cast<size_t>(e)];
         }
       } else {
-        const MlpGrads mg = mlp_bwd(L.a2, w(lname(li, "mlp.gate_proj.weight")), w(lname(li, "mlp.up_proj.weight")),
-                                    w(lname(li, "mlp.down_proj.weight")), dx);
+        const MlpGrads mg = mlp_bwd(L.a2, w(param_name(li, Param::MlpGate)), w(param_name(li, Param::MlpUp)),
+                                    w(param_name(li, Param::MlpDown)), dx);
         da2 = mg.da;
-        g[lname(li, "mlp.gate_proj.weight")] += mg.dwg;
-        g[lname(li, "mlp.up_proj.weight")] += mg.dwu;
-        g[lname(li, "mlp.down_proj.weight")] += mg.dwd;
+        g[param_name(li, Param::MlpGate)] += mg.dwg;
+        g[param_name(li, Param::MlpUp)] += mg.dwu;
+        g[param_name(li, Param::MlpDown)] += mg.dwd;
       }
-      const RmsNormGrads pn = rmsnorm_bwd(L.x_mid, vec(w(lname(li, "post_attention_layernorm.weight"))), eps, da2);
-      g[lname(li, "post_attention_layernorm.weight")] += pn.dw.transpose();
+      const RmsNormGrads pn = rmsnorm_bwd(L.x_mid, vec(w(param_name(li, Param::PostNorm))), eps, da2);
+      g[param_name(li, Param::PostNorm)] += pn.dw.transpose();
       dx += pn.dx;  // x_mid feeds the skip and the norm
-      const MatD& wo = w(lname(li, "self_attn.o_proj.weight"));
-      g[lname(li, "self_attn.o_proj.weight")] += linear_wgrad(dx, L.o);
+      const MatD& wo = w(param_name(li, Param::OProj));
+      g[param_name(li, Param::OProj)] += linear_wgrad(dx, L.o);
       const AttnBackward ab = attention_bwd(L.q, L.k, L.v, linear_dgrad(dx, wo), {Hq, Hkv, D, 0});
       const MatD dqn = rope_bwd(ab.dq, sq.cos, sq.sin, Hq, D), dkn = rope_bwd(ab.dk, sq.cos, sq.sin, Hkv, D);
       const RmsNormGrads qg =
-          rmsnorm_bwd(heads(L.q_pre, D), vec(w(lname(li, "self_attn.q_norm.weight"))), eps, heads(dqn, D));
+          rmsnorm_bwd(heads(L.q_pre, D), vec(w(param_name(li, Param::QNorm))), eps, heads(dqn, D));
       const RmsNormGrads kg =
-          rmsnorm_bwd(heads(L.k_pre, D), vec(w(lname(li, "self_attn.k_norm.weight"))), eps, heads(dkn, D));
-      g[lname(li, "self_attn.q_norm.weight")] += qg.dw.transpose();
-      g[lname(li, "self_attn.k_norm.weight")] += kg.dw.transpose();
+          rmsnorm_bwd(heads(L.k_pre, D), vec(w(param_name(li, Param::KNorm))), eps, heads(dkn, D));
+      g[param_name(li, Param::QNorm)] += qg.dw.transpose();
+      g[param_name(li, Param::KNorm)] += kg.dw.transpose();
       const MatD dq = unheads(qg.dx, T), dk = unheads(kg.dx, T);
-      const MatD &wq = w(lname(li, "self_attn.q_proj.weight")), &wk = w(lname(li, "self_attn.k_proj.weight")),
-                 &wv = w(lname(li, "self_attn.v_proj.weight"));
-      g[lname(li, "self_attn.q_proj.weight")] += linear_wgrad(dq, L.a1);
-      g[lname(li, "self_attn.k_proj.weight")] += linear_wgrad(dk, L.a1);
-      g[lname(li, "self_attn.v_proj.weight")] += linear_wgrad(ab.dv, L.a1);
+      const MatD &wq = w(param_name(li, Param::QProj)), &wk = w(param_name(li, Param::KProj)),
+                 &wv = w(param_name(li, Param::VProj));
+      g[param_name(li, Param::QProj)] += linear_wgrad(dq, L.a1);
+      g[param_name(li, Param::KProj)] += linear_wgrad(dk, L.a1);
+      g[param_name(li, Param::VProj)] += linear_wgrad(ab.dv, L.a1);
       const MatD da = linear_dgrad(dq, wq) + linear_dgrad(dk, wk) + linear_dgrad(ab.dv, wv);
-      const RmsNormGrads in = rmsnorm_bwd(L.x_in, vec(w(lname(li, "input_layernorm.weight"))), eps, da);
-      g[lname(li, "input_layernorm.weight")] += in.dw.transpose();
+      const RmsNormGrads in = rmsnorm_bwd(L.x_in, vec(w(param_name(li, Param::InputNorm))), eps, da);
+      g[param_name(li, Param::InputNorm)] += in.dw.transpose();
       dx += in.dx;
     }
-    g["model.embed_tokens.weight"] += embedding_bwd(s.data(), T, dx, V);
+    g[param_name(Param::Embed)] += embedding_bwd(s.data(), T, dx, V);
   }
   if (cfg_.tie_word_embeddings)
-    g["model.embed_tokens.weight"] += dlm;
+    g[param_name(Param::Embed)] += dlm;
   else
-    g["lm_head.weight"] = dlm;
+    g[param_name(Param::LmHead)] = dlm;
   for (auto& [name, m] : g) res.grads[name].assign(m.data(), m.data() + m.size());
   return res;
 }
