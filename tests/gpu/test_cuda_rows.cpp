@@ -1,6 +1,6 @@
 // The data movement and partial reductions the rank and model programs call
 // (optimized/cuda/rows.h) against the host backend's (reference/model/
-// host_backend.h), bit for bit: reduce_partials in the three orders over partials
+// host/backend.h), bit for bit: reduce_partials in the three orders over partials
 // at scattered offsets, for partial counts that are and are not powers of two;
 // round_to_bf16 over every kind of float; copy_rows. Negative control: the tree
 // and the chain differ, so the comparison sees the order.
