@@ -297,6 +297,7 @@ std::vector<Item> compute_all() {
 
   math_item(items, "math.exp", specials, [](float x) { return math::exp(x); });
   math_item(items, "math.exp2", specials, [](float x) { return math::exp2(x); });
+  math_item(items, "math.exp2_poly", specials, [](float x) { return math::exp2_poly(x); });
   math_item(items, "math.log", specials, [](float x) { return math::log(x); });
   math_item(items, "math.rsqrt", specials, [](float x) { return math::rsqrt(x); });
   math_item(items, "math.sigmoid", specials, [](float x) { return math::sigmoid(x); });

@@ -44,6 +44,7 @@ struct Fn {
 const Fn kFns[] = {
     {"exp", bp::math::exp, truth::exp, 1, false},
     {"exp2", bp::math::exp2, truth::exp2, 1, false},
+    {"exp2_poly", bp::math::exp2_poly, truth::exp2_flushed, 1, false},
     {"log", bp::math::log, truth::log, 1, false},
     {"rsqrt", bp::math::rsqrt, truth::rsqrt, -1, false},
     {"sigmoid", bp::math::sigmoid, truth::sigmoid, 1, false},

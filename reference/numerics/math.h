@@ -278,6 +278,7 @@ BP_HD inline float sin_shifted(uint32_t ax, int q) {
 // `bitparity selfcheck` hold the functions to them.
 inline constexpr double kMaxUlpExp = 0.518;      // measured 0.5175 at 0x4047ce1f
 inline constexpr double kMaxUlpExp2 = 0.519;     // measured 0.5184 at 0xbeeb0775
+inline constexpr double kMaxUlpExp2Poly = 1.232;  // measured 1.2310 at 0xba4de201 (contract v2's exp2_poly)
 inline constexpr double kMaxUlpLog = 0.517;      // measured 0.5164 at 0x3fb7941e
 inline constexpr double kMaxUlpRsqrt = 0.501;    // measured 0.5000 at 0x00113e07
 inline constexpr double kMaxUlpSigmoid = 0.518;  // measured 0.5172 at 0xc2780a16
@@ -326,6 +327,38 @@ BP_HD inline float exp2(float x) {
   const float rl = fma_rn(f, kLn2Lo, fma_rn(f, kLn2, -rh));
   const detail::Pair p = detail::exp_core(rh, rl);
   return detail::finish(p.hi, p.lo, k);
+}
+
+// 2^x the way fast GPU softmax kernels compute it (contract v2, SPEC.md §2.2): x =
+// j + f with j = ⌊x⌋ by one rounding to an integer, 2^f by a degree-6 Horner
+// polynomial in fma, j added to the exponent field with one integer add. No branch,
+// no division, no pair arithmetic: about a third of exp2's instructions, within
+// 1 ulp instead of 0.52. NaN → canonical NaN, x ≥ 128 → +Inf, x < −125 → +0
+// (results below 2^-125 are flushed: the integer add makes no subnormals).
+// f is reduced to [0, 1], not [−1/2, 1/2], so that every Horner term is ≥ 0 and the
+// rounded result cannot decrease as x grows; p(0) = 1 and p(1) = 2 exactly, so it
+// cannot decrease where j steps either. The coefficients are tools/fit_exp2_poly.py's:
+// a relative-error minimax fit on [0, 1], rounded to fp32 one coefficient at a time
+// from c1 up, the higher ones refitted after each.
+BP_HD inline float exp2_poly(float x) {
+  constexpr float c1 = 0x1.62e42cp-1f, c2 = 0x1.ebfd3ap-3f, c3 = 0x1.c68af6p-5f, c4 = 0x1.3cfd82p-7f,
+                  c5 = 0x1.473738p-10f, c6 = 0x1.c44580p-13f;
+  // r = RN(x − 1/2) rounded to an integer (|x| < 2^22): ⌊x⌋, or x itself for an even
+  // integer x, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
+  const float r = add_rn(sub_rn(x, 0.5f), detail::kRoundShift);
+  const float f = sub_rn(x, sub_rn(r, detail::kRoundShift));  // exact; in [0, 1] but for |x| < 2^-25
+  float p = fma_rn(c6, f, c5);
+  p = fma_rn(p, f, c4);
+  p = fma_rn(p, f, c3);
+  p = fma_rn(p, f, c2);
+  p = fma_rn(p, f, c1);
+  p = fma_rn(p, f, 1.0f);  // in [1, 2]
+  // bits(r) = 0x4B400000 + j, and 0x4B400000 << 23 vanishes modulo 2^32.
+  const float y = float_of(bits_of(p) + (bits_of(r) << 23));
+  // One select each (a nested conditional compiles to a branch).
+  const float in_range = x < -125.0f ? 0.0f : y;  // x ≥ −125: j ≥ −125, a normal result
+  const float clamped = x >= 128.0f ? float_of(detail::kInfBits) : in_range;
+  return is_nan(x) ? detail::canonical_nan() : clamped;
 }
 
 // Natural logarithm. x = 2^E·m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact),

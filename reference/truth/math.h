@@ -17,6 +17,12 @@ inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + std::exp(-x)); }
 inline double sin(double x) { return std::sin(x); }
 inline double cos(double x) { return std::cos(x); }
+// exp2_poly's true value: 2^x where it does not flush (x ≥ −125) or saturate (x ≥ 128).
+inline double exp2_flushed(double x) {
+  if (std::isnan(x)) return x;
+  if (x >= 128.0) return INFINITY;
+  return x < -125.0 ? 0.0 : std::exp2(x);
+}
 
 // Error of y against the true value t in ulps of t (2^(floor(log2|t|) - 23), or
 // 2^-149 below 2^-126); neither is NaN. An infinite y counts as 2^128 unless t

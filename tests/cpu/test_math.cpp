@@ -41,6 +41,8 @@ const std::vector<MathFn>& functions() {
        {0x3eb17218u, 0xbeb17218u, 0x42b17218u, 0xc2aeac50u, 0xc2cff1b5u, 0x41200000u}},
       {"exp2", math::exp2, truth::exp2, math::kMaxUlpExp2, 1,
        {0x3f000000u, 0xbf000000u, 0x43000000u, 0xc2fc0000u, 0xc3150000u, 0xc3160000u}},
+      {"exp2_poly", math::exp2_poly, truth::exp2_flushed, math::kMaxUlpExp2Poly, 1,
+       {0x3f000000u, 0xbf000000u, 0x43000000u, 0xc2fa0000u, 0x00000000u, 0xba4de201u}},
       {"log", math::log, truth::log, math::kMaxUlpLog, 1,
        {0x3f3504f3u, 0x3fb504f3u, 0x00800000u, 0x7f7e0000u, 0x402df854u, 0x3e800000u}},
       {"rsqrt", math::rsqrt, truth::rsqrt, math::kMaxUlpRsqrt, -1,
@@ -185,6 +187,16 @@ TEST(Math, SpecialValues) {
       {math::exp2, 0x43000000u, kInf}, {math::exp2, 0x42fe0000u, 0x7f000000u}, {math::exp2, 0xc2fc0000u, 0x00800000u},
       {math::exp2, 0xc3150000u, 0x00000001u}, {math::exp2, 0xc3160000u, 0x00000000u},  // 2^-149, 2^-150 ties to 0
       {math::exp2, 0xc315ffffu, 0x00000001u}, {math::exp2, 0x3f000000u, 0x3fb504f3u},  // 2^-149.99.., sqrt(2)
+      // exp2_poly: integers give exact powers of two (odd ones through p(1) = 2), the
+      // flush below -125 and the saturation from 128
+      {math::exp2_poly, 0x00000000u, kOne}, {math::exp2_poly, 0x80000000u, kOne},
+      {math::exp2_poly, 0x7f800000u, kInf}, {math::exp2_poly, 0xff800000u, 0x00000000u},
+      {math::exp2_poly, 0x3f800000u, 0x40000000u}, {math::exp2_poly, 0xbf800000u, 0x3f000000u},  // 2, 1/2
+      {math::exp2_poly, 0x42fe0000u, 0x7f000000u}, {math::exp2_poly, 0x42fc0000u, 0x7e800000u},  // 2^127, 2^126
+      {math::exp2_poly, 0x43000000u, kInf}, {math::exp2_poly, 0x42ffffffu, 0x7f7fffa7u},       // 128, 128 - ulp
+      {math::exp2_poly, 0xc2fa0000u, 0x01000000u}, {math::exp2_poly, 0xc2fa0001u, 0x00000000u},  // -125, below
+      {math::exp2_poly, 0xc2f80000u, 0x01800000u}, {math::exp2_poly, 0x7f7fffffu, kInf},
+      {math::exp2_poly, 0xff7fffffu, 0x00000000u}, {math::exp2_poly, 0x00000001u, kOne},
       // log
       {math::log, 0x00000000u, kNegInf}, {math::log, 0x80000000u, kNegInf}, {math::log, 0x3f800000u, 0x00000000u},
       {math::log, 0x7f800000u, kInf}, {math::log, 0xff800000u, kNan}, {math::log, 0xbf800000u, kNan},
@@ -331,6 +343,7 @@ void exhaustive(const char* name) {
 }
 TEST(Math, SlowExhaustiveExp) { exhaustive("exp"); }
 TEST(Math, SlowExhaustiveExp2) { exhaustive("exp2"); }
+TEST(Math, SlowExhaustiveExp2Poly) { exhaustive("exp2_poly"); }
 TEST(Math, SlowExhaustiveLog) { exhaustive("log"); }
 TEST(Math, SlowExhaustiveRsqrt) { exhaustive("rsqrt"); }
 TEST(Math, SlowExhaustiveSigmoid) { exhaustive("sigmoid"); }

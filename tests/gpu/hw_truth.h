@@ -65,7 +65,7 @@ struct Results {
 
 // --- bp::math, host build ---------------------------------------------------
 // The functions compared, in one list for both sides (index = function id).
-#define BP_HW_MATH_FUNCTIONS(X) X(exp) X(exp2) X(log) X(rsqrt) X(sigmoid) X(silu) X(sin) X(cos)
+#define BP_HW_MATH_FUNCTIONS(X) X(exp) X(exp2) X(exp2_poly) X(log) X(rsqrt) X(sigmoid) X(silu) X(sin) X(cos)
 // Two more, after those: "exp_batch", the kernels' exp (optimized/cuda/device_util.cuh
 // exp_in_place, 32 values per thread) on the device against the host's math::exp, and
 // "bf16_cvt", cvt.rn.bf16x2.f32 (ptx.cuh cvt_bf16x2_rn, attention's mma operands)
