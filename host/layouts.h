@@ -2,7 +2,7 @@
 // by layout.world() emulated ranks on the CPU (emulated.h), and the ranks' shards
 // put back together. The results have the shapes and meaning of ref::Model's, and
 // for every valid layout they are bit-identical to the unsharded model's
-// (SPEC.md §7); that is what tests/cpu/test_layouts.cpp proves.
+// (SPEC.md §7); that is what tests/host/test_layouts.cpp proves.
 #pragma once
 #include <cstdint>
 #include <vector>

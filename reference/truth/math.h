@@ -1,5 +1,5 @@
 // Float64 twins of the elementary functions (reference/numerics/math.h) and how
-// their error is measured (SPEC.md §2.2): shared by tests/cpu/test_math.cpp and
+// their error is measured (SPEC.md §2.2): shared by tests/reference/numerics/test_math.cpp and
 // tools/ulp_scan.cpp so that both measure the same thing.
 #pragma once
 #include <algorithm>

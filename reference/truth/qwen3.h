@@ -3,7 +3,7 @@
 // widened exactly, double activations, exact softmax, RoPE angles from the exact
 // inverse frequencies — built from the truth ops (reference/truth/*.h). It is what
 // the bit-defined model approximates and what Hugging Face's float32 model
-// approximates; tests/cpu/test_hf_crosscheck.cpp measures both against it.
+// approximates; tests/reference/truth/test_hf_crosscheck.cpp measures both against it.
 //
 // Sequences are independent (no batch composition, no KV blocks); the MoE top-k
 // is chosen on the exact router probabilities (ties to the lower expert id).

@@ -1,5 +1,5 @@
 // The logprob op's test inputs and its reference run, shared by the CPU suite
-// (tests/cpu/ops/test_logprob.cpp) and the CUDA suite (tests/gpu/test_cuda_logprob.cpp).
+// (tests/reference/ops/test_logprob.cpp) and the CUDA suite (tests/optimized/cuda/test_cuda_logprob.cpp).
 #pragma once
 #include <cstdint>
 #include <vector>

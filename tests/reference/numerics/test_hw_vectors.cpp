@@ -1,5 +1,5 @@
 // Hardware truth, checked forever: every dot product captured on an H100/H200 by
-// tests/gpu/hw_truth.cu (fixtures/hw/sm90_cases.csv) must come out of the sm90-tc
+// tools/hw_truth/hw_truth.cu (fixtures/hw/sm90_cases.csv) must come out of the sm90-tc
 // model with the same bits, for mma.sync and for wgmma. NaN is compared after
 // canonicalisation (SPEC.md §3): payloads are not part of the contract.
 //
@@ -83,7 +83,7 @@ TEST(HwVectors, Sm90TcReproducesEveryCapturedBit) {
   ASSERT_TRUE(std::filesystem::exists(path))
       << path << " is missing. It is the hardware capture of the sm90-tc model: run `bash scripts/device` "
       << "on an H100/H200 (carry build-device) and commit $OUT/hw/sm90_cases.csv as " << kFixture
-      << " (see tests/gpu/hw_truth.cu).";
+      << " (see tools/hw_truth/hw_truth.cu).";
 
   io::CSVReader<kColumns, io::trim_chars<' ', '\t'>, io::no_quote_escape<','>, io::throw_on_overflow,
                 io::single_line_comment<'#'>>

@@ -9,7 +9,7 @@
 
 #include "host/backend.h"
 #include "optimized/cuda/rows.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -32,7 +32,7 @@
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/ptx.cuh"
 #include "reference/numerics/math.h"
-#include "tests/gpu/hw_truth.h"
+#include "tools/hw_truth/hw_truth.h"
 
 namespace bp::hw {
 namespace {

@@ -14,7 +14,7 @@
 #include "reference/numerics/math.h"
 #include "reference/numerics/sm90_vectors.h"
 #include "tests/support/float_gen.h"
-#include "tests/gpu/hw_truth.h"
+#include "tools/hw_truth/hw_truth.h"
 
 namespace bp::hw {
 
@@ -429,8 +429,8 @@ uint64_t count_mismatches(const uint32_t* host, const uint32_t* device, uint32_t
 namespace {
 
 void write_csv_header(std::ofstream& f) {
-  f << "# bitparity: Hopper bf16 tensor-core dot products captured by tests/gpu/hw_truth.cu\n"
-       "# (checked by tests/cpu/test_hw_vectors.cpp against bp::Sm90Tc, SPEC.md 2.3.2).\n"
+  f << "# bitparity: Hopper bf16 tensor-core dot products captured by tools/hw_truth/hw_truth.cu\n"
+       "# (checked by tests/reference/numerics/test_hw_vectors.cpp against bp::Sm90Tc, SPEC.md 2.3.2).\n"
        "# One row per single-group case: d = c + sum_{i<16} a_i*b_i, computed by one\n"
        "# mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (column mma) and one\n"
        "# wgmma.mma_async.m64n8k16.f32.bf16.bf16 k16 step (column wgmma).\n"
@@ -488,7 +488,7 @@ bool report_passes(const Report& r) {
 void write_summary(const std::string& path, const Report& r) {
   using nlohmann::json;
   json j;
-  j["program"] = "tests/gpu/hw_truth.cu";
+  j["program"] = "tools/hw_truth/hw_truth.cu";
   j["quick"] = r.quick;
   for (const auto& [k, v] : r.device) j["device"][k] = v;
   j["layout_probe"] = r.layout;

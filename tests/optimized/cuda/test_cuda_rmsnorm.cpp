@@ -1,7 +1,7 @@
 // bp::cuda rmsnorm_fwd / rmsnorm_bwd against the CPU reference, bit for bit.
 #include "optimized/cuda/rmsnorm.h"
 #include "reference/ops/rmsnorm.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

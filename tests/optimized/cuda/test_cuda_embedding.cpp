@@ -1,7 +1,7 @@
 // bp::cuda embedding_fwd / embedding_bwd against the CPU reference, bit for bit.
 #include "optimized/cuda/embedding.h"
 #include "reference/ops/embedding.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -1,4 +1,4 @@
-// Shared pieces of the bp::cuda op suites (tests/gpu/test_cuda_<op>.cpp): the
+// Shared pieces of the bp::cuda op suites (tests/optimized/cuda/test_cuda_<op>.cpp): the
 // contracts to run, device copies with poisoned outputs, bit comparison with the
 // CPU reference, and input generators with edge values.
 #pragma once

@@ -23,7 +23,7 @@
 #include "optimized/cuda/moe_experts.h"
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/moe_router.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -3,7 +3,7 @@
 
 #include "optimized/cuda/logprob.h"
 #include "reference/ops/logprob.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 #include "tests/support/logprob_cases.h"
 
 namespace bp::test {

@@ -2,7 +2,7 @@
 // which run every other mlp_* function) against the CPU reference, bit for bit.
 #include "optimized/cuda/swiglu.h"
 #include "reference/ops/swiglu.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -2,7 +2,7 @@
 // tables built on the host by ref::rope_tables and copied to the device.
 #include "optimized/cuda/rope.h"
 #include "reference/ops/rope.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "reference/ops/attention.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {

@@ -1,7 +1,7 @@
 // bp::cuda residual_fwd and sum_round against the CPU reference, bit for bit.
 #include "optimized/cuda/residual.h"
 #include "reference/ops/residual.h"
-#include "tests/gpu/cuda_op_test.h"
+#include "tests/optimized/cuda_op_test.h"
 
 namespace bp::test {
 namespace {
