@@ -1,4 +1,4 @@
-// The Hopper PTX of the warpgroup GEMM (linear.cu): mbarriers, TMA tile copies and
+// The Hopper PTX of the warpgroup GEMM (linear_wgmma.cu): mbarriers, TMA tile copies and
 // wgmma with both operands in 128-byte-swizzled shared memory. Each wgmma k16 is
 // one G step of the sm90-tc dot model per output, the same as mma.sync's
 // (tests/gpu/hw_truth.cu ran both instructions on every captured case and they
