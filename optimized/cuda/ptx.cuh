@@ -1,6 +1,6 @@
-// The PTX the tensor-core kernels share (linear.cu, attention.cu): cp.async copies,
-// ldmatrix fragment loads and the bf16 mma.sync whose chain of k16 groups is the
-// sm90-tc dot model (tests/gpu/hw_truth.cu proves it on the hardware).
+// The PTX the tensor-core kernels share (linear_mma.cu, attention_tile.cuh): cp.async
+// copies, ldmatrix fragment loads and the bf16 mma.sync whose chain of k16 groups is
+// the sm90-tc dot model (tools/hw_truth/hw_truth.cu proves it on the hardware).
 #pragma once
 #include <cstdint>
 

@@ -1,7 +1,7 @@
-// The Hopper PTX of the warpgroup GEMM (linear.cu): mbarriers, TMA tile copies and
+// The Hopper PTX of the warpgroup GEMM (linear_wgmma.cu): mbarriers, TMA tile copies and
 // wgmma with both operands in 128-byte-swizzled shared memory. Each wgmma k16 is
 // one G step of the sm90-tc dot model per output, the same as mma.sync's
-// (tests/gpu/hw_truth.cu ran both instructions on every captured case and they
+// (tools/hw_truth/hw_truth.cu ran both instructions on every captured case and they
 // always agreed). Needs sm_90a.
 #pragma once
 #include <cstdint>

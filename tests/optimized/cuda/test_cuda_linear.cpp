@@ -254,7 +254,7 @@ TEST_P(LinearGpu, EdgeValues) {
     check_problem(contract(), contract().knobs, pb, Fill::Edge, seed += 5, 1 << 30, {});
 }
 
-// Shapes large enough for the warpgroup (wgmma + TMA) kernel by linear.cu's rule
+// Shapes large enough for the warpgroup (wgmma + TMA) kernel by linear_wgmma.cu's rule
 // (M > 16, at least 17 tiles of 128 x 128; the first forward has 153 tiles of
 // 128 x 256), every function, Spread and Edge values: reduction tails that end
 // inside a k16 group (K = 1032, N = 1000, 300 tokens = two token chunks of 128 and

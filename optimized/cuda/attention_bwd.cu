@@ -1,0 +1,460 @@
+// The attention backward on the GPU (SPEC.md §5.6; attention_tile.cuh has the tile
+// layout, the dot models and the pieces shared with the forward):
+//   dq       one CTA per (query tile, kv head), key blocks upward, one chain per row.
+//   dk, dv   one CTA per (key tile, kv head, query chunk), all D columns: the chunk's
+//            slots are the contraction dimension, in 64-slot tiles from the chunk's
+//            first slot, with Δ = dot(dout, o) per query row computed once before
+//            (slot_delta_kernel); partials go to global memory and kv_combine runs
+//            the pairwise tree over chunks (as a binary counter: same bits).
+#include "optimized/cuda/attention.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "optimized/cuda/attention_tile.cuh"
+#include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/ptx.cuh"
+#include "reference/numerics/dot.h"
+#include "reference/numerics/math.h"
+
+namespace bp::cuda {
+namespace {
+
+using namespace attn;  // the pieces both passes share (attention_tile.cuh)
+
+// --- backward: dq -----------------------------------------------------------------
+
+struct BwdArgs {
+  const AttnSeq* seqs;
+  const Task* tasks;
+  Heads h;
+  const bf16 *q, *k, *v, *o, *dout;
+  const float *m, *l;
+  bf16* dq;
+};
+
+// Δ = dot(dout, o) of query row `at` (row = token·Hq + head; reference recompute_probs).
+template <class Model, int D>
+__device__ float slot_delta(const bf16* dout, const bf16* o, long long at) {
+  return Model::chain(0.0f, dout + at * D, 1, o + at * D, 1, D);
+}
+
+// Per-slot statistics of the backward: m, 1 ÷ l and Δ = delta_of(row), for the slot
+// rows whose index is not negative.
+template <class Index, class DeltaOf>
+__device__ void slot_stats(float* sM, float* sInvL, float* sDelta, const float* m, const float* l, Index index,
+                           DeltaOf delta_of) {
+  if (threadIdx.x >= kTile) return;
+  const long long at = index(static_cast<int>(threadIdx.x));
+  if (at < 0) return;
+  sM[threadIdx.x] = m[at];
+  sInvL[threadIdx.x] = div_rn(1.0f, l[at]);
+  sDelta[threadIdx.x] = delta_of(at);
+}
+
+// Δ of rows [row0, row0 + n), for the dk/dv kernel: a software tensor-core chain of
+// D products per row is far dearer than a tile's mma work, and every (key tile,
+// column part) CTA would otherwise redo it for every slot.
+template <class Model, int D>
+__global__ void slot_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ o, size_t row0, size_t n,
+                                  float* __restrict__ delta) {
+  for_each_index(n, [&](size_t i) { delta[i] = slot_delta<Model, D>(dout, o, static_cast<long long>(row0 + i)); });
+}
+
+// P = exp(s·scale − m) · (1 ÷ l) of the thread's elements in place (reference
+// recompute_probs; then dS = P · (dp − Δ)), from the raw dots s = q·k; element
+// [nt][e] takes its m and 1 ÷ l at sM[at(nt, e)], sInvL[at(nt, e)].
+template <class At>
+__device__ void probabilities(float (&s)[8][4], float scale, const float* sM, const float* sInvL, At at) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = sub_rn(mul_rn(s[nt][e], scale), sM[at(nt, e)]);
+  exp_in_place<32>(&s[0][0]);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = mul_rn(s[nt][e], sInvL[at(nt, e)]);
+}
+
+template <class Model, int D>
+__global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
+  constexpr int LD = kLd<D>, NT = D / 8;
+  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
+  extern __shared__ uint4 smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sdO = sQ + kTile * LD;
+  bf16* sK = sdO + kTile * LD;
+  bf16* sV = sK + kTile * LD;
+  bf16* sDS = sV + kTile * LD;
+  float* sM = reinterpret_cast<float*>(sDS + kTile * kPLd);
+  float* sInvL = sM + kTile;
+  float* sDelta = sInvL + kTile;
+
+  const SlotTile tile = slot_tile(a.seqs, a.tasks[blockIdx.x], a.h);
+  const Lane ln;
+  const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
+  int pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
+
+  load_tile<D>(sQ, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
+  load_tile<D>(sdO, [&](int r) { return tile.valid(r) ? a.dout + tile.row_index(r) * D : nullptr; });
+  cp_async_commit();
+  slot_stats(
+      sM, sInvL, sDelta, a.m, a.l,
+      [&](int r) { return tile.valid(r) ? static_cast<long long>(tile.row_index(r)) : -1LL; },
+      [&](long long at) { return slot_delta<Model, D>(a.dout, a.o, at); });
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+
+  // V(b + 1) is copied while block b's scores, probabilities and dq run, K(b + 1)
+  // while block b + 1's dP = dO·V^T runs: one buffer each, two cp.async groups.
+  const int last_block = hi_pos / kTile;
+  load_key_block<D>(sV, a.v, tile, a.h.Hkv, 0, hi_pos);
+  cp_async_commit();
+  load_key_block<D>(sK, a.k, tile, a.h.Hkv, 0, hi_pos);
+  cp_async_commit();
+  for (int b = 0; b <= last_block; ++b) {
+    const int kb = b * kTile;
+    const BlockRows br(pos, kb);
+    cp_async_wait<1>();  // V(b); K(b) may still be in flight
+    __syncthreads();
+    float dp[8][4];
+    if (br.warp_live) tile_dots<Model, D>(dp, sdO, sV, ln);
+    cp_async_wait<0>();
+    __syncthreads();  // K(b) is here and no warp reads V(b) any more
+    if (b < last_block) {
+      load_key_block<D>(sV, a.v, tile, a.h.Hkv, b + 1, hi_pos);
+      cp_async_commit();
+    }
+
+    float ds[8][4];
+    if (br.warp_live) {
+      tile_dots<Model, D>(ds, sQ, sK, ln);
+      probabilities(ds, a.h.scale, sM, sInvL, [&](int, int e) { return ln.row(e / 2); });
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = ds[nt][e], delta = sDelta[ln.row(e / 2)];
+          ds[nt][e] =
+              ln.col(nt, e % 2) < br.vis[e / 2] ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], delta)))) : 0.0f;
+        }
+    }
+    bool slow = false;
+    if constexpr (kTc) slow = any_nonfinite<D>(sK, lo_pos + 1 - kb, hi_pos + 1 - kb);
+    if (br.warp_live) {
+      if (kTc && !slow) {
+        uint32_t fa[4][4];
+        a_fragments(fa, ds);
+        mma_tile(acc, fa, sK, LD, ln);
+      } else {
+        store_rounded(sDS, ds, ln);
+        __syncwarp();
+        chain_tile<Model, true>(acc, sDS, sK, LD, {0, 0}, br.vis, br.act, ln);
+      }
+    }
+    __syncthreads();
+    if (b < last_block) {
+      load_key_block<D>(sK, a.k, tile, a.h.Hkv, b + 1, hi_pos);
+      cp_async_commit();
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < 0) continue;
+    bf16* out = a.dq + tile.row_index(ln.row(i)) * D;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      *reinterpret_cast<uint32_t*>(out + ln.col(nt, 0)) =
+          round_bf16(mul_rn(a.h.scale, acc[nt][2 * i])).bits |
+          (static_cast<uint32_t>(round_bf16(mul_rn(a.h.scale, acc[nt][2 * i + 1])).bits) << 16);
+  }
+}
+
+// --- backward: dk, dv chunk partials ----------------------------------------------
+
+struct KvArgs {
+  AttnSeq s;
+  Heads h;
+  int C, c_begin;
+  const bf16 *q, *k, *v, *dout;
+  const float *m, *l;
+  const float* delta;     // Δ of the sequence's query rows, from row delta_row0
+  long long delta_row0;
+  float *dk_part, *dv_part;
+};
+
+template <class Model, int D>
+__global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
+  constexpr int LD = kLd<D>, NT = D / 8;
+  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
+  extern __shared__ uint4 smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + kTile * LD;
+  bf16* sQ = sV + kTile * LD;
+  bf16* sdO = sQ + kTile * LD;
+  bf16* sP = sdO + kTile * LD;  // [key][slot]
+  bf16* sDS = sP + kTile * kPLd;
+  float* sM = reinterpret_cast<float*>(sDS + kTile * kPLd);
+  float* sInvL = sM + kTile;
+  float* sDelta = sInvL + kTile;
+  int* sPos = reinterpret_cast<int*>(sDelta + kTile);
+
+  const AttnSeq& s = a.s;
+  const int S = s.past_len + s.q_len, G = a.h.G, kvh = blockIdx.y;
+  const int key0 = blockIdx.x * kTile, key_last = min(key0 + kTile - 1, S - 1);
+  const int c = a.c_begin + static_cast<int>(blockIdx.z);
+  const int frame = a.C * G, chunk_pos0 = c * a.C, chunk_end = min(S, (c + 1) * a.C);
+  // Slots before this position see no key of the tile (or are not queries): zero rows.
+  const int first_pos = max(s.past_len, key0);
+  const Lane ln;
+
+  const size_t kv_stride = static_cast<size_t>(a.h.Hkv) * D;
+  const bf16* kbase = a.k + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
+  const bf16* vbase = a.v + (static_cast<size_t>(s.kv_begin) * a.h.Hkv + kvh) * D;
+  if (chunk_end > first_pos) {  // else no slot of the chunk sees a key of the tile: the partial is +0
+    load_rows<D>(sK, kbase + key0 * kv_stride, kv_stride, S - key0);
+    load_rows<D>(sV, vbase + key0 * kv_stride, kv_stride, S - key0);
+    cp_async_commit();
+  }
+
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = key0 + ln.row(i);
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.0f;
+
+  for (int u0 = 0; u0 < frame; u0 += kTile) {
+    const int p_lo = chunk_pos0 + u0 / G, p_hi = chunk_pos0 + (min(u0 + kTile, frame) - 1) / G;
+    if (p_hi < first_pos || p_lo >= chunk_end) continue;  // no slot of this tile sees a key of the tile
+    auto slot_pos = [&](int r) {
+      const int u = u0 + r, p = chunk_pos0 + u / G;
+      return u < frame && p >= first_pos && p < chunk_end ? p : -1;
+    };
+    auto slot_index = [&](int r) -> long long {
+      const int p = slot_pos(r);
+      if (p < 0) return -1;
+      return static_cast<long long>(s.q_begin + p - s.past_len) * a.h.Hq + kvh * G + (u0 + r) % G;
+    };
+    load_tile<D>(sQ, [&](int r) { const long long at = slot_index(r); return at < 0 ? nullptr : a.q + at * D; });
+    load_tile<D>(sdO, [&](int r) { const long long at = slot_index(r); return at < 0 ? nullptr : a.dout + at * D; });
+    cp_async_commit();
+    slot_stats(sM, sInvL, sDelta, a.m, a.l, slot_index, [&](long long at) { return a.delta[at - a.delta_row0]; });
+    if (threadIdx.x < kTile) sPos[threadIdx.x] = slot_pos(threadIdx.x);
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Rows are keys, columns slots: S^T = K·Q^T and dP^T = V·dO^T (the dots are
+    // symmetric in their operands under both models).
+    float pb[8][4], dsb[8][4];
+    {
+      float dp[8][4];
+      tile_dots<Model, D>(pb, sK, sQ, ln);
+      tile_dots<Model, D>(dp, sV, sdO, ln);
+      probabilities(pb, a.h.scale, sM, sInvL, [&](int nt, int e) { return ln.col(nt, e % 2); });
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = ln.col(nt, e % 2), j = key[e / 2];
+          const bool present = j < S && sPos[col] >= j;
+          const float p = pb[nt][e];
+          dsb[nt][e] = present ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], sDelta[col])))) : 0.0f;
+          pb[nt][e] = present ? widen(round_bf16(p)) : 0.0f;
+        }
+    }
+    bool slow = false;
+    if constexpr (kTc) {
+      // Loaded slots before the tile's last key are absent for some key: rows
+      // [first_pos, min(chunk_end, key_last)) in positions.
+      const int r0 = (first_pos - chunk_pos0) * G - u0;
+      const int r1 = min((min(chunk_end, key_last) - chunk_pos0) * G, frame) - u0;
+      slow = any_nonfinite<D>(sQ, r0, r1);
+      slow = any_nonfinite<D>(sdO, r0, r1) || slow;
+    }
+    if (kTc && !slow) {
+      uint32_t fa[4][4];
+      a_fragments(fa, pb);
+      mma_tile(dv, fa, sdO, LD, ln);
+      a_fragments(fa, dsb);
+      mma_tile(dk, fa, sQ, LD, ln);
+    } else {
+      store_rounded(sP, pb, ln);
+      store_rounded(sDS, dsb, ln);
+      __syncwarp();
+      // Present slots of key j: the contiguous run of slots with position >= j.
+      int lo[2], hi[2];
+      bool live[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        lo[i] = kTile;
+        hi[i] = 0;
+        for (int r = 0; r < kTile; ++r)
+          if (sPos[r] >= key[i]) {
+            lo[i] = min(lo[i], r);
+            hi[i] = r + 1;
+          }
+        live[i] = key[i] < S && lo[i] < hi[i];
+      }
+      chain_tile<Model, false>(dv, sP, sdO, LD, lo, hi, live, ln);
+      chain_tile<Model, false>(dk, sDS, sQ, LD, lo, hi, live, ln);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();  // a CTA whose slot tiles were all skipped still waits for its K, V copies
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (key[i] >= S) continue;
+    const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[i]) * a.h.Hkv + kvh) * D;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float k_acc = dk[nt][2 * i + e], v_acc = dv[nt][2 * i + e];
+        if constexpr (Model::kModel == DotModel::FmaSeq) {
+          // framed_chain's absent slots at the frame's end: fma(+0, +0, c) = c + (+0).
+          if (chunk_end < (c + 1) * a.C) {
+            k_acc = add_rn(k_acc, 0.0f);
+            v_acc = add_rn(v_acc, 0.0f);
+          }
+        }
+        a.dk_part[at + ln.col(nt, e)] = k_acc;
+        a.dv_part[at + ln.col(nt, e)] = v_acc;
+      }
+  }
+}
+
+// pairwise_tree over n values at p[0], p[stride], ...: as a binary counter (merge
+// equal-level neighbours as they arrive, then fold the stack from the top), which
+// is the same association for every n.
+__device__ float chunk_tree(const float* p, size_t stride, int n) {
+  float value[32];
+  int level[32], top = 0;
+  for (int c = 0; c < n; ++c) {
+    value[top] = p[c * stride];
+    level[top++] = 0;
+    while (top >= 2 && level[top - 1] == level[top - 2]) {
+      value[top - 2] = add_rn(value[top - 2], value[top - 1]);
+      ++level[top - 2];
+      --top;
+    }
+  }
+  if (top == 0) return 0.0f;
+  float sum = value[top - 1];
+  for (int x = top - 2; x >= 0; --x) sum = add_rn(value[x], sum);
+  return sum;
+}
+
+__global__ void kv_combine_kernel(size_t n, int n_chunks, float scale, const float* __restrict__ dk_part,
+                                  const float* __restrict__ dv_part, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dv[i] = round_bf16(chunk_tree(dv_part + i, n, n_chunks));
+    dk[i] = round_bf16(mul_rn(scale, chunk_tree(dk_part + i, n, n_chunks)));
+  }
+}
+
+// --- host side --------------------------------------------------------------------
+
+template <int D>
+constexpr size_t dq_smem() {
+  return sizeof(bf16) * (4 * kTile * kLd<D> + kTile * kPLd) + sizeof(float) * 3 * kTile;
+}
+template <int D>
+constexpr size_t kv_smem() {
+  return sizeof(bf16) * (4 * kTile * kLd<D> + 2 * kTile * kPLd) + sizeof(float) * 4 * kTile;
+}
+
+}  // namespace
+
+void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                      const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq,
+                      cudaStream_t stream) {
+  check_args(kn, dims, seqs, n_seqs);
+  check_aligned({q, k, v, o, dout, dq});
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false);
+  if (tasks.empty()) return;
+  const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
+  const DeviceBuffer<Task> d_tasks(tasks, stream);
+  const BwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, k, v, o, dout, m, l, dq};
+  with_shape(kn, dims.D, [&](auto model, auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attn_dq_kernel<decltype(model), D>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), dq_smem<D>(),
+           stream, args);
+  });
+}
+
+int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
+                              const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
+                              float* dk_part, float* dv_part, cudaStream_t stream) {
+  check_args(kn, dims, &seq, 1);
+  check_aligned({q, k, v, o, dout});
+  const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
+  const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
+  if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
+  const size_t delta_row0 = static_cast<size_t>(seq.q_begin) * dims.Hq, rows = static_cast<size_t>(seq.q_len) * dims.Hq;
+  DeviceBuffer<float> delta(rows, stream);
+  with_shape(kn, dims.D, [&](auto model, auto d) {
+    constexpr int D = decltype(d)::value;
+    if (rows > 0) {
+      slot_delta_kernel<decltype(model), D>
+          <<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, delta_row0, rows, delta.get());
+      BP_CUDA_CHECK_LAUNCH();
+    }
+    const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
+                      delta.get(), static_cast<long long>(delta_row0), dk_part, dv_part};
+    const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
+                    static_cast<unsigned>(n_chunks));
+    launch(attn_kv_kernel<decltype(model), D>, grid, kv_smem<D>(), stream, args);
+  });
+  return n_chunks;
+}
+
+// The combine reads no knob: the chunk count and the scale say everything.
+void attention_bwd_kv_combine(const Knobs& /*kn*/, AttnDims dims, int S, int n_chunks, const float* dk_part,
+                              const float* dv_part, bf16* dk, bf16* dv, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(S) * dims.Hkv * dims.D;
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, size_t{1} << 16));
+  kv_combine_kernel<<<blocks, 256, 0, stream>>>(n, n_chunks, ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                   const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
+                   bf16* dv, cudaStream_t stream) {
+  attention_bwd_dq(kn, dims, seqs, n_seqs, q, k, v, o, m, l, dout, dq, stream);
+  const int C = kn.grad_token_chunk;
+  for (int s = 0; s < n_seqs; ++s) {
+    // The sequence's keys see only its queries: chunks before past_len are +0.
+    const AttnSeq& seq = seqs[s];
+    const int S = seq.past_len + seq.q_len, n_chunks = (S + C - 1) / C, first = seq.past_len / C;
+    if (S == 0) continue;
+    const size_t chunk_size = static_cast<size_t>(S) * dims.Hkv * dims.D;
+    DeviceBuffer<float> dk_part(n_chunks * chunk_size, stream), dv_part(n_chunks * chunk_size, stream);
+    if (first > 0) {
+      BP_CUDA_CHECK(cudaMemsetAsync(dk_part.get(), 0, first * chunk_size * sizeof(float), stream));
+      BP_CUDA_CHECK(cudaMemsetAsync(dv_part.get(), 0, first * chunk_size * sizeof(float), stream));
+    }
+    attention_bwd_kv_partials(kn, dims, seq, q, k, v, o, m, l, dout, dk_part.get() + first * chunk_size,
+                              dv_part.get() + first * chunk_size, stream);
+    const size_t rows = static_cast<size_t>(seq.kv_begin) * dims.Hkv * dims.D;
+    attention_bwd_kv_combine(kn, dims, S, n_chunks, dk_part.get(), dv_part.get(), dk + rows, dv + rows, stream);
+  }
+}
+
+}  // namespace bp::cuda

@@ -1,0 +1,371 @@
+// The attention forward on the GPU (SPEC.md §5.6; attention_tile.cuh has the tile
+// layout, the dot models and the pieces shared with the backward):
+//   one CTA per (query tile, kv head): the tile is 64 (query, head) slots of one
+//   sequence, query-major (slot u = query u / G, head kvh·G + u % G), so GQA rows
+//   share the K/V tiles. KV blocks of 64 keys walk upward; the online-softmax state
+//   lives in registers, the split merge in shared memory. Flash-decoding schedule:
+//   one CTA per (tile, kv head, split) writes the split's (m, l, acc) and
+//   fwd_combine merges splits in order per row.
+#include "optimized/cuda/attention.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "optimized/cuda/attention_tile.cuh"
+#include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/ptx.cuh"
+#include "reference/numerics/dot.h"
+#include "reference/numerics/math.h"
+
+namespace bp::cuda {
+namespace {
+
+using namespace attn;  // the pieces both passes share (attention_tile.cuh)
+using ref::max_num;
+
+// --- forward --------------------------------------------------------------------
+
+struct FwdArgs {
+  const AttnSeq* seqs;
+  const Task* tasks;
+  Heads h;
+  int split_blocks;
+  const bf16 *q, *k, *v;
+  bf16* o;
+  float *m, *l;
+  float* part_acc;  // flash-decoding: [T·Hq][max_splits][D]
+  float* part_ml;   // [T·Hq][max_splits][2]: m, l
+  int max_splits;
+};
+
+// The online-softmax step of one block on the thread's two rows (reference
+// softmax_block, steps 1-4 and 6): s holds the raw dots and becomes P (+0 in absent
+// slots); returns α per row (1 for rows that do not see the block).
+__device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
+                              float scale, const Lane& ln) {
+  // Every slot is scaled; an absent slot becomes −Inf, which maximumNumber ignores
+  // and which the select below keeps out of P.
+  bool visible[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      visible[nt][e] = ln.col(nt, e % 2) < br.vis[e / 2];
+      const float x = mul_rn(s[nt][e], scale);
+      s[nt][e] = visible[nt][e] ? x : neg_inf();
+    }
+  // maximumNumber is associative and commutative, so any tree gives the reference's
+  // sequential bits. It runs on total_order_key integers (one IMNMX a node, no
+  // NaN tests): a NaN score gets the least key, so it is ignored as maximumNumber
+  // ignores it, and the −Inf seed (what the reference starts from) keeps a row
+  // whose scores are all NaN at −Inf. The key map is its own inverse.
+  float bmax[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    int32_t t[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float x = s[j / 2][2 * i + j % 2];
+      t[j] = is_nan(x) ? INT32_MIN : total_order_key(x);
+    }
+#pragma unroll
+    for (int w = 8; w >= 1; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) t[j] = max(t[j], t[j + w]);
+    int32_t key = max(t[0], total_order_key(neg_inf()));
+    key = max(key, __shfl_xor_sync(kFull, key, 1));
+    key = max(key, __shfl_xor_sync(kFull, key, 2));
+    bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
+  }
+  // exp(+0) = 1 is α of a row that does not see the block; exp(−Inf) = +0 is P of
+  // an absent slot.
+  float m_new[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_new[i] = max_num(m[i], bmax[i]);
+    alpha[i] = br.act[i] ? sub_rn(m[i], m_new[i]) : 0.0f;
+  }
+  exp_in_place<2>(alpha);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& p = s[nt][2 * i + e];
+        p = visible[nt][2 * i + e] ? sub_rn(p, m_new[i]) : neg_inf();
+      }
+  exp_in_place<32>(&s[0][0]);
+  // pairwise_tree over the 64 slots: level 1 pairs columns (2t, 2t+1) in the thread,
+  // levels 2 and 3 pair t ^ 1 and t ^ 2 (addition is commutative), levels 4-6 pair
+  // the n8 tiles in the thread.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float u[8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      u[nt] = add_rn(s[nt][2 * i], s[nt][2 * i + 1]);
+      u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 1));
+      u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 2));
+    }
+#pragma unroll
+    for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) u[j] = add_rn(u[2 * j], u[2 * j + 1]);
+    if (br.act[i]) {
+      l[i] = fma_rn(alpha[i], l[i], u[0]);
+      m[i] = m_new[i];
+    }
+  }
+}
+
+// Split merge (reference merge_split) of one row's (m, l) into (M, L); each O_d then
+// becomes merged(f, O_d, acc_d).
+struct MergeFactors {
+  float a, b;
+};
+__device__ MergeFactors merge_split(float& M, float& L, float m, float l) {
+  const float m_new = max_num(M, m);
+  float x[2] = {sub_rn(M, m_new), sub_rn(m, m_new)};
+  exp_in_place<2>(x);
+  const MergeFactors f{x[0], x[1]};
+  L = fma_rn(f.a, L, mul_rn(f.b, l));
+  M = m_new;
+  return f;
+}
+__device__ inline float merged(MergeFactors f, float O, float acc) { return fma_rn(f.a, O, mul_rn(f.b, acc)); }
+
+template <class Model, int D, bool kSplitCtas>
+__global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
+  constexpr int LD = kLd<D>, NT = D / 8;
+  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
+  extern __shared__ uint4 smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + kTile * LD;
+  bf16* sV = sK + kTile * LD;
+  bf16* sP = sV + kTile * LD;                                // R(P) rows for the SIMT contraction
+  float* sO = reinterpret_cast<float*>(sP + kTile * kPLd);  // merged O, thread-private (merged schedule)
+
+  const Task task = a.tasks[blockIdx.x];
+  const SlotTile tile = slot_tile(a.seqs, task, a.h);
+  const Lane ln;
+  const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
+  int pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
+
+  const int last_block = hi_pos / kTile;
+  const int first = kSplitCtas ? task.split * a.split_blocks : 0;
+  const int end = kSplitCtas ? min(last_block, first + a.split_blocks - 1) : last_block;
+  auto load_kv = [&](bf16* dst, const bf16* src, int b) {
+    load_key_block<D>(dst, src, tile, a.h.Hkv, b, hi_pos);
+    cp_async_commit();
+  };
+
+  // K(b + 1) is copied while block b's softmax and P·V run, V(b + 1) while block
+  // b + 1's scores run: one buffer each, two commit groups in flight.
+  load_tile<D>(sQ, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
+  load_kv(sK, a.k, first);
+  load_kv(sV, a.v, first);
+
+  float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
+  float acc[NT][4];
+  auto reset_split = [&] {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[i] = neg_inf();
+      l[i] = 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  };
+  reset_split();
+  auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * kThreads + threadIdx.x]; };
+
+  for (int b = first; b <= end; ++b) {
+    const int kb = b * kTile;
+    cp_async_wait<1>();  // Q and K(b); V(b) may be in flight
+    __syncthreads();
+
+    const BlockRows br(pos, kb);
+    float p[8][4], alpha[2];
+    if (br.warp_live) tile_dots<Model, D>(p, sQ, sK, ln);
+    __syncthreads();  // every warp is done with sK
+    if (b < end) load_kv(sK, a.k, b + 1);
+    else cp_async_commit();  // an empty group keeps the count uniform
+    if (br.warp_live) {
+      softmax_block(p, m, l, alpha, br, a.h.scale, ln);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
+    }
+    cp_async_wait<1>();  // V(b)
+    __syncthreads();
+    // Keys past the first row's position are absent for some row of the tile.
+    bool slow = false;
+    if constexpr (kTc) slow = any_nonfinite<D>(sV, lo_pos + 1 - kb, hi_pos + 1 - kb);
+    if (br.warp_live) {
+      if (kTc && !slow) {
+        uint32_t pa[4][4];
+        a_fragments(pa, p);
+        mma_tile(acc, pa, sV, LD, ln);
+      } else {
+        store_rounded(sP, p, ln);
+        __syncwarp();
+        chain_tile<Model, true>(acc, sP, sV, LD, {0, 0}, br.vis, br.act, ln);
+      }
+    }
+    __syncthreads();  // every warp is done with sV
+    if (b < end) load_kv(sV, a.v, b + 1);
+    if (!kSplitCtas && (b == end || (b + 1) % a.split_blocks == 0)) {
+      const int split_first = (b / a.split_blocks) * a.split_blocks;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (pos[i] < split_first * kTile) continue;  // the row ended before this split
+        if (split_first == 0) {  // the first split is the merged state
+          M[i] = m[i];
+          L[i] = l[i];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = acc[nt][2 * i + e];
+        } else {
+          const MergeFactors f = merge_split(M[i], L[i], m[i], l[i]);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = merged(f, o_at(nt, 2 * i + e), acc[nt][2 * i + e]);
+        }
+      }
+      reset_split();
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < first * kTile) continue;  // invalid row, or (decode schedule) a row this split does not reach
+    const size_t row = tile.row_index(ln.row(i));
+    if constexpr (kSplitCtas) {
+      const size_t at = row * a.max_splits + task.split;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<float2*>(a.part_acc + at * D + ln.col(nt, 0)) =
+            make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
+      if (ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<uint32_t*>(a.o + row * D + ln.col(nt, 0)) =
+            round_bf16(div_rn(o_at(nt, 2 * i), L[i])).bits |
+            (static_cast<uint32_t>(round_bf16(div_rn(o_at(nt, 2 * i + 1), L[i])).bits) << 16);
+      if (ln.t == 0) {
+        a.m[row] = M[i];
+        a.l[row] = L[i];
+      }
+    }
+  }
+}
+
+// Flash-decoding combine: row (t, h) merges its splits in increasing order (the
+// first is the merged state as it is), then o = R(O ÷ L). One thread per d.
+__global__ void fwd_combine_kernel(const int* __restrict__ token_pos, int Hq, int D, int split_blocks, int max_splits,
+                                   const float* __restrict__ part_acc, const float* __restrict__ part_ml, bf16* o,
+                                   float* m, float* l) {
+  const int p = token_pos[blockIdx.x];
+  if (p < 0) return;  // a token of no sequence
+  const size_t row = static_cast<size_t>(blockIdx.x) * Hq + blockIdx.y, base = row * max_splits;
+  const int d = threadIdx.x, splits = p / kTile / split_blocks + 1;
+  float M = part_ml[2 * base], L = part_ml[2 * base + 1], O = part_acc[base * D + d];
+  for (int s = 1; s < splits; ++s) {
+    const size_t at = base + s;
+    O = merged(merge_split(M, L, part_ml[2 * at], part_ml[2 * at + 1]), O, part_acc[at * D + d]);
+  }
+  o[row * D + d] = round_bf16(div_rn(O, L));
+  if (d == 0) {
+    m[row] = M;
+    l[row] = L;
+  }
+}
+
+// --- host side --------------------------------------------------------------------
+
+template <int D>
+constexpr size_t fwd_smem(bool split_ctas) {
+  return sizeof(bf16) * (3 * kTile * kLd<D> + kTile * kPLd) + (split_ctas ? 0 : sizeof(float) * D * kTile);
+}
+
+bool prefer_split_ctas(const AttnSeq* seqs, int n_seqs, AttnDims dims, int split_blocks) {
+  int device = 0, sms = 0;
+  BP_CUDA_CHECK(cudaGetDevice(&device));
+  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int G = dims.Hq / dims.Hkv;
+  size_t ctas = 0;
+  bool several_splits = false;
+  for (int s = 0; s < n_seqs; ++s) {
+    ctas += static_cast<size_t>(sequence_tiles(seqs[s], G)) * dims.Hkv;
+    several_splits |= seqs[s].q_len > 0 && (seqs[s].past_len + seqs[s].q_len - 1) / kTile >= split_blocks;
+  }
+  return several_splits && ctas < 2 * static_cast<size_t>(sms);
+}
+
+}  // namespace
+
+void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
+                             const bf16* k, const bf16* v, bf16* o, float* m, float* l, FwdSchedule schedule,
+                             cudaStream_t stream) {
+  check_args(kn, dims, seqs, n_seqs);
+  check_aligned({q, k, v, o});
+  const int split_blocks = kn.attn_kv_split / kn.attn_kv_block, G = dims.Hq / dims.Hkv;
+  const bool split_ctas = schedule == FwdSchedule::kSplitCtas ||
+                          (schedule == FwdSchedule::kAuto && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, G, split_blocks, split_ctas);
+  if (tasks.empty()) return;
+  const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
+  const DeviceBuffer<Task> d_tasks(tasks, stream);
+  FwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), split_blocks, q, k, v, o, m, l, nullptr, nullptr, 0};
+  const dim3 grid(static_cast<unsigned>(tasks.size()), static_cast<unsigned>(dims.Hkv));
+
+  if (!split_ctas) {
+    with_shape(kn, dims.D, [&](auto model, auto d) {
+      constexpr int D = decltype(d)::value;
+      launch(attn_fwd_kernel<decltype(model), D, false>, grid, fwd_smem<D>(false), stream, args);
+    });
+    return;
+  }
+  // Flash-decoding: per-token positions for the combine, split partials per row.
+  int T = 0, max_pos = 0;
+  for (int s = 0; s < n_seqs; ++s)
+    if (seqs[s].q_len > 0) {
+      T = std::max(T, seqs[s].q_begin + seqs[s].q_len);
+      max_pos = std::max(max_pos, seqs[s].past_len + seqs[s].q_len - 1);
+    }
+  std::vector<int> token_pos(T, -1);
+  for (int s = 0; s < n_seqs; ++s)
+    for (int i = 0; i < seqs[s].q_len; ++i) token_pos[seqs[s].q_begin + i] = seqs[s].past_len + i;
+  args.max_splits = max_pos / kTile / split_blocks + 1;
+  const size_t rows = static_cast<size_t>(T) * dims.Hq;
+  DeviceBuffer<float> part_acc(rows * args.max_splits * dims.D, stream), part_ml(rows * args.max_splits * 2, stream);
+  const DeviceBuffer<int> d_token_pos(token_pos, stream);
+  args.part_acc = part_acc.get();
+  args.part_ml = part_ml.get();
+  with_shape(kn, dims.D, [&](auto model, auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attn_fwd_kernel<decltype(model), D, true>, grid, fwd_smem<D>(true), stream, args);
+  });
+  fwd_combine_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, 0, stream>>>(
+      d_token_pos.get(), dims.Hq, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                   const bf16* v, bf16* o, float* m, float* l, cudaStream_t stream) {
+  attention_fwd_scheduled(kn, dims, seqs, n_seqs, q, k, v, o, m, l, FwdSchedule::kAuto, stream);
+}
+
+}  // namespace bp::cuda

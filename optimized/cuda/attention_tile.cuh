@@ -1,0 +1,344 @@
+// attention on the GPU (SPEC.md §5.6), bit-identical to reference/ops/attention.cpp:
+// the device pieces both passes use (the thread's place in a tile, tile loads, the
+// dot and contraction steps, the query tiles) and the host side they share (argument
+// checks, the query-tile plan, launches). The passes: attention_fwd.cu (the
+// forward, merged or flash-decoding) and attention_bwd.cu (dq, the dk/dv chunk
+// partials and their combine).
+//
+// Every kernel works on 64 × 64 tiles held by 4 warps of 16 rows, each thread
+// owning the mma.sync accumulator elements (rows g, g + 8 of its warp; columns
+// 8·nt + 2t, 8·nt + 2t + 1), g = lane / 4, t = lane % 4. The per-row scalar steps
+// (scale, maximumNumber, exp, the pairwise tree, fma merges, roundings) are the
+// reference's own BP_HD functions in the reference's order; only the dots run
+// differently, and those are the dot model by construction:
+//   - sm90-tc: one mma.sync.m16n8k16 per group of 16 in increasing order from the
+//     tile's first slot (tools/hw_truth/hw_truth.cu proves mma == Sm90Tc::group);
+//     absent slots are +0 operands, i.e. products that take no part;
+//   - fma-seq: SIMT, the reference's FmaSeq::chain / framed_chain on shared memory.
+// A tensor-core contraction whose absent slots meet a non-finite operand (0·Inf is
+// NaN on the tensor core, while the reference skips the slot) takes the SIMT path
+// with Sm90Tc::group for that tile: the "slow path" of SPEC.md §5.6.
+//
+// No kernel uses atomics: every output is written by exactly one thread.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "optimized/cuda/attention.h"
+#include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/ptx.cuh"
+#include "reference/numerics/dot.h"
+#include "reference/numerics/math.h"
+
+namespace bp::cuda::attn {
+
+using ref::framed_chain;
+
+constexpr int kTile = 64;      // query slots per CTA, keys per KV tile (= attn_kv_block), slots per kv-grad tile
+constexpr int kThreads = 128;  // 4 warps × 16 rows
+constexpr int kPLd = kTile + 8;  // shared-memory row of R(P) / R(dS), padded
+constexpr unsigned kFull = 0xffffffffu;
+
+// bf16 per shared-memory row of a [64][D] tile: 16-byte rows, ldmatrix rows on distinct banks.
+template <int D>
+constexpr int kLd = D + 8;
+
+__device__ inline float neg_inf() { return float_of(0xff800000u); }
+
+__device__ inline uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  return round_bf16(lo).bits | (static_cast<uint32_t>(round_bf16(hi).bits) << 16);
+}
+
+// --- the thread's place in the tile ----------------------------------------------
+struct Lane {
+  int warp, lane, g, t;
+  __device__ Lane() : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4) {}
+  __device__ int row(int i) const { return 16 * warp + g + 8 * i; }      // i = 0, 1
+  __device__ int col(int nt, int e) const { return 8 * nt + 2 * t + e; }  // e = 0, 1
+};
+// Accumulator element [nt][2i + e] is (row(i), col(nt, e)) of its 16 × 8·NT slice.
+
+// Rows [0, 64) of a tile from global memory (16-byte cp.async), or +0 where src(r) is null.
+template <int D, class Src>
+__device__ void load_tile(bf16* tile, Src src) {
+  constexpr int kChunks = D / 8;
+  for (int v = threadIdx.x; v < kTile * kChunks; v += kThreads) {
+    const int r = v / kChunks, c = (v % kChunks) * 8;
+    const bf16* row = src(r);
+    bf16* dst = tile + r * kLd<D> + c;
+    if (row) cp_async16(dst, row + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The same for evenly spaced rows (keys, values): row r < n_rows at row0 + r·stride,
+// +0 from n_rows on. Each thread keeps one 16-byte column and steps down the rows.
+template <int D>
+__device__ void load_rows(bf16* tile, const bf16* row0, size_t stride, int n_rows) {
+  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0, "a thread's column is fixed");
+  const int c = (threadIdx.x % kChunks) * 8;
+#pragma unroll
+  for (int r = threadIdx.x / kChunks; r < kTile; r += kRowStep) {
+    bf16* dst = tile + r * kLd<D> + c;
+    if (r < n_rows) cp_async16(dst, row0 + r * stride + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Whether any bf16 of tile rows [r0, r1) is Inf or NaN, over the whole CTA (every
+// thread must call; the rows must be complete in shared memory).
+template <int D>
+__device__ bool any_nonfinite(const bf16* tile, int r0, int r1) {
+  bool found = false;
+  r0 = max(r0, 0);
+  r1 = min(r1, kTile);
+  for (int v = r0 * (D / 2) + threadIdx.x; v < r1 * (D / 2); v += kThreads) {
+    const uint32_t w = ld32(tile + (v / (D / 2)) * kLd<D> + (v % (D / 2)) * 2);
+    found |= (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+  }
+  return __syncthreads_or(found) != 0;
+}
+
+// The SIMT dot steps, out of line: each is a loop over up to 128 elements, called
+// from unrolled loops over a thread's 32 or 64 accumulators, which would otherwise
+// multiply the code (and the compile time) by that count.
+template <class Model>
+__device__ __noinline__ float chain_dot(float c, const bf16* a, const bf16* b, int ld_b, int n) {
+  return Model::chain(c, a, 1, b, ld_b, n);
+}
+template <class Model>
+__device__ __noinline__ float framed_dot(float c, const bf16* a, const bf16* b, int ld_b, int lo, int hi) {
+  return framed_chain<Model>(c, a, 1, b, ld_b, lo, hi, kTile);
+}
+
+// s[nt][2i+e] = Model::chain(+0, a row(i), b row col(nt, e)) over D: the warp's 16
+// rows of `sa` against the 64 rows of `sb` (both [row][d] in shared memory).
+template <class Model, int D>
+__device__ void tile_dots(float (&s)[8][4], const bf16* sa, const bf16* sb, const Lane& ln) {
+  constexpr int LD = kLd<D>;
+  if constexpr (Model::kModel == DotModel::Sm90Tc) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    // ldmatrix addresses: A rows 16·warp + lane % 16, columns + 8 for lanes ≥ 16;
+    // B (the keys, [n][k] = the mma's col layout) matrix lane / 8 is n8 tile
+    // 2·np + lane / 16 at k half (lane / 8) % 2.
+    const bf16* a_row = sa + (16 * ln.warp + ln.lane % 16) * LD + (ln.lane / 16) * 8;
+    const bf16* b_row = sb + ((ln.lane / 16) * 8 + ln.lane % 8) * LD + ((ln.lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, a_row + kk * 16);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, b_row + np * 16 * LD + kk * 16);
+        mma_m16n8k16(s[2 * np], a, b[0], b[1]);
+        mma_m16n8k16(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s[nt][2 * i + e] = chain_dot<Model>(0.0f, sa + ln.row(i) * LD, sb + ln.col(nt, e) * LD, 1, D);
+  }
+}
+
+// A fragments (4 groups of 16 columns) of the bf16 rounding of a 16 × 64 accumulator
+// slice: the score layout is the A layout of the next mma. One cvt per pair: the
+// fragments only feed the mma, where R and cvt give the same product bits.
+__device__ inline void a_fragments(uint32_t (&a)[4][4], const float (&p)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = cvt_bf16x2_rn(p[2 * kk][0], p[2 * kk][1]);
+    a[kk][1] = cvt_bf16x2_rn(p[2 * kk][2], p[2 * kk][3]);
+    a[kk][2] = cvt_bf16x2_rn(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[kk][3] = cvt_bf16x2_rn(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  }
+}
+
+// acc (16 rows × 8·NT columns) += A · B over the tile's 64 k slots, groups
+// of 16 in increasing order; B is [k][n] in shared memory (row stride ld).
+template <int NT>
+__device__ void mma_tile(float (&acc)[NT][4], const uint32_t (&a)[4][4], const bf16* sb, int ld, const Lane& ln) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sb + (kk * 16 + (ln.lane & 15)) * ld + np * 16 + (ln.lane >> 4) * 8);
+      mma_m16n8k16(acc[2 * np], a[kk], b[0], b[1]);
+      mma_m16n8k16(acc[2 * np + 1], a[kk], b[2], b[3]);
+    }
+}
+
+// Stores R(x) of the thread's elements as rows of sp ([row][kPLd]).
+__device__ inline void store_rounded(bf16* sp, const float (&x)[8][4], const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint32_t*>(sp + ln.row(i) * kPLd + ln.col(nt, 0)) = pack_bf16(x[nt][2 * i], x[nt][2 * i + 1]);
+}
+
+// The SIMT contraction: for each live row i, acc continues over the slots [lo_i, hi_i)
+// of the tile with operands sa[row][slot] and sb[slot][col]. kFramed: the tile
+// is the reference's whole frame (framed_chain, forward and dq blocks); otherwise
+// one piece of a longer chunk frame (sm90-tc groups align to the tile; fma-seq is a
+// plain chain and the frame's end is handled by the caller).
+template <class Model, bool kFramed, int NT>
+__device__ void chain_tile(float (&acc)[NT][4], const bf16* sa, const bf16* sb, int ld, const int (&lo)[2],
+                           const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!live[i]) continue;
+    const bf16* a = sa + ln.row(i) * kPLd + lo[i];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& c = acc[nt][2 * i + e];
+        const bf16* b = sb + lo[i] * ld + ln.col(nt, e);
+        if constexpr (kFramed || Model::kModel == DotModel::Sm90Tc) c = framed_dot<Model>(c, a, b, ld, lo[i], hi[i]);
+        else c = chain_dot<Model>(c, a, b, ld, hi[i] - lo[i]);
+      }
+  }
+}
+
+// --- query tiles ------------------------------------------------------------------
+
+// One CTA's work: a tile of 64 slots of one sequence; `split` is the key split it
+// runs in the flash-decoding schedule (-1: all of them).
+struct Task {
+  int seq, slot0, split;
+};
+
+// The (query, head) slots of one tile at kv head kvh.
+struct SlotTile {
+  AttnSeq s;
+  int G, Hq, kvh, slot0, n_slots;
+  __device__ bool valid(int r) const { return slot0 + r < n_slots; }
+  __device__ int pos(int r) const { return s.past_len + (slot0 + r) / G; }
+  __device__ size_t row_index(int r) const {  // t · Hq + h
+    const int u = slot0 + r;
+    return static_cast<size_t>(s.q_begin + u / G) * Hq + kvh * G + u % G;
+  }
+  __device__ int min_pos() const { return pos(0); }
+  __device__ int max_pos() const { return s.past_len + (min(slot0 + kTile, n_slots) - 1) / G; }
+};
+
+struct Heads {
+  int Hq, Hkv, G;
+  float scale;
+};
+
+__device__ inline SlotTile slot_tile(const AttnSeq* seqs, const Task& task, const Heads& h) {
+  const AttnSeq s = seqs[task.seq];
+  return {s, h.G, h.Hq, static_cast<int>(blockIdx.y), task.slot0, s.q_len * h.G};
+}
+
+// Block b of the sequence's keys (or values) at kv head kvh; keys past `last` are
+// zero-filled (never read).
+template <int D>
+__device__ void load_key_block(bf16* dst, const bf16* base, const SlotTile& tile, int Hkv, int b, int last) {
+  const int j0 = b * kTile;
+  load_rows<D>(dst, base + (static_cast<size_t>(tile.s.kv_begin + j0) * Hkv + tile.kvh) * D,
+               static_cast<size_t>(Hkv) * D, last + 1 - j0);
+}
+
+// Which of the thread's rows see block kb.. and how many of its keys (SPEC.md §5.6:
+// keys past p are absent slots).
+struct BlockRows {
+  bool act[2];
+  int vis[2];
+  bool warp_live;
+  __device__ BlockRows(const int (&pos)[2], int kb) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      act[i] = pos[i] >= kb;
+      vis[i] = act[i] ? min(kTile, pos[i] + 1 - kb) : 0;
+    }
+    warp_live = __any_sync(kFull, act[0] || act[1]) != 0;
+  }
+};
+
+// --- host side --------------------------------------------------------------------
+
+inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs) {
+  ref::attention_check_args(kn, dims, seqs, n_seqs);  // the reference's checks and messages
+  if (kn.attn_kv_block != kTile)
+    throw std::invalid_argument("attention (CUDA): attn_kv_block must be 64, got " +
+                                std::to_string(kn.attn_kv_block));
+  if (dims.D != 32 && dims.D != 64 && dims.D != 128)
+    throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
+}
+
+inline void check_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw std::invalid_argument("attention (CUDA): tensors must be 16-byte aligned");
+}
+
+inline Heads heads(AttnDims d) { return {d.Hq, d.Hkv, d.Hq / d.Hkv, ref::attn_scale(d.D)}; }
+
+// Calls f(model, integral_constant<int, D>).
+template <class F>
+void with_shape(const Knobs& kn, int D, F&& f) {
+  with_dot_model(kn.dot, [&](auto model) {
+    if (D == 32) f(model, std::integral_constant<int, 32>{});
+    else if (D == 64) f(model, std::integral_constant<int, 64>{});
+    else f(model, std::integral_constant<int, 128>{});
+  });
+}
+
+template <class Kernel, class Args>
+void launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, const Args& args) {
+  BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, kThreads, smem, stream>>>(args);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+inline int sequence_tiles(const AttnSeq& s, int G) { return (s.q_len * G + kTile - 1) / kTile; }
+inline int tile_max_pos(const AttnSeq& s, int G, int slot0) {
+  return s.past_len + (std::min(slot0 + kTile, s.q_len * G) - 1) / G;
+}
+
+// The query tiles of every sequence (one task per split in the flash-decoding
+// schedule), the longest first so that the causal tail does not idle the GPU.
+inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, bool per_split) {
+  std::vector<std::pair<int, Task>> work;
+  for (int s = 0; s < n_seqs; ++s)
+    for (int tile = 0; tile < sequence_tiles(seqs[s], G); ++tile) {
+      const int slot0 = tile * kTile, blocks = tile_max_pos(seqs[s], G, slot0) / kTile + 1;
+      if (!per_split) {
+        work.push_back({blocks, {s, slot0, -1}});
+        continue;
+      }
+      for (int sp = 0; sp * split_blocks < blocks; ++sp)
+        work.push_back({std::min(split_blocks, blocks - sp * split_blocks), {s, slot0, sp}});
+    }
+  std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::vector<Task> tasks;
+  tasks.reserve(work.size());
+  for (const auto& w : work) tasks.push_back(w.second);
+  return tasks;
+}
+
+}  // namespace bp::cuda::attn

@@ -1,0 +1,325 @@
+// The warpgroup engine of linear (sm90-tc on wgmma, operands by TMA; needs sm_90a;
+// linear_gemm.cuh says what every GEMM computes).
+//
+// The same G steps in the same order as TensorCoreDot (linear_mma.cu) — each wgmma
+// k16 is one G step per output, K groups walked upward, one CTA per output tile,
+// the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
+// (one thread) copies 64-element reduction stages of both operands into 128-byte-
+// swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
+// run wgmma on them while the next stages arrive. Each chunk's stages start at
+// the chunk's first element, and a stage's k16 groups past its chunk's end are
+// not issued (whatever the copy brought there), so no group straddles two chunks
+// as long as chunks are whole groups (chunk % 16 == 0, or a single chunk); the
+// part of a stage past the reduction's end arrives as zeros, exactly the padding
+// of gemm_tile (linear_mma.cu).
+//
+// It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
+// whole k16 groups, M is past decode sizes and its tiles give the GPU work
+// (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
+// engine.
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "optimized/cuda/common.h"
+#include "optimized/cuda/linear_gemm.cuh"
+#include "optimized/cuda/tma.h"
+#include "optimized/cuda/wgmma.cuh"
+#include "reference/numerics/bf16.h"
+
+namespace bp::cuda::gemm {
+namespace {
+
+constexpr int kWgBK = 64;                              // one 128-byte swizzle row of bf16
+constexpr int kBox = 64;                               // TMA boxes: 64 × 64 bf16
+constexpr uint32_t kBoxBytes = kBox * kBox * sizeof(bf16);
+constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: the SBO of every operand
+
+template <int BN, int RegSlots, int Stages>
+struct WarpgroupTile {
+  static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages;
+  static constexpr int kConsumers = kBM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
+  static constexpr uint32_t kABytes = kBM * kWgBK * sizeof(bf16), kBBytes = kBN * kWgBK * sizeof(bf16);
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // Stages, their barriers, and slack to align the first stage to 1024 bytes.
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
+};
+// A single chunk and enough tiles: 128 × 256 (128 accumulators per consumer thread).
+using WgWideTile = WarpgroupTile<256, 0, 4>;
+// Chunked reductions or fewer tiles: 128 × 128, the tree's first level in registers.
+using WgNarrowTile = WarpgroupTile<128, 1, 6>;
+
+// Where an operand's stage lives in shared memory: Red operands are kRows rows of
+// 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
+// of 64 rows × 64 reduction elements, one 128-byte line per reduction element
+// (M/N-major, a box every kBoxBytes). The k16 group kk starts 32 bytes (Red) or 16
+// lines (Row) further.
+template <Major M>
+struct SwizzledOperand {
+  static constexpr int kTrans = M == Major::Row ? 1 : 0;
+  static constexpr uint32_t kLbo = M == Major::Row ? kBoxBytes : 16;  // K-major swizzled: unused
+  __device__ static uint32_t group_offset(int kk) { return M == Major::Red ? 32u * kk : 16u * 128u * kk; }
+  __device__ static uint64_t descriptor(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + group_offset(kk), kLbo, kSwizzleGroupBytes);
+  }
+  // Copies rows [row0, row0 + rows) × reduction [j0, j0 + kWgBK) as rows / 64 boxes.
+  __device__ static void load(void* tile, const void* map, uint64_t* bar, int row0, int j0, int rows) {
+    for (int b = 0; b < rows / kBox; ++b) {
+      void* dst = static_cast<char*>(tile) + b * kBoxBytes;
+      if constexpr (M == Major::Red) sm90::tma_load_2d(dst, map, bar, j0, row0 + b * kBox);
+      else sm90::tma_load_2d(dst, map, bar, row0 + b * kBox, j0);
+    }
+  }
+};
+
+template <int N, int TransA, int TransB>
+__device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b);
+  else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b);
+}
+
+// A consumer warpgroup's 64 × kBN accumulators: warp w of the group holds rows
+// 16w..16w+15 in mma.sync's C layout, n8 block after n8 block (PTX ISA, wgmma
+// register fragments).
+template <class Cfg, Major MA, Major MB>
+struct WarpgroupDot {
+  using PairedColumns = void;  // accumulators 2i and 2i + 1 are adjacent columns
+  using OpA = SwizzledOperand<MA>;
+  using OpB = SwizzledOperand<MB>;
+  float acc[Cfg::kAcc];
+  int consumer, row_base, lane;
+
+  __device__ explicit WarpgroupDot(int c) : consumer(c) {
+    const int t = threadIdx.x % 128;
+    row_base = 64 * c + 16 * (t / 32);
+    lane = t % 32;
+    clear();
+  }
+  __device__ void clear() {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
+  }
+  __device__ int row(int i) const { return row_base + lane / 4 + 8 * ((i % 4) / 2); }
+  __device__ int col(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
+
+  // Issues the stage's groups that hold reduction elements, in increasing order.
+  __device__ void step(uint32_t tile_a, uint32_t tile_b, int jvalid) {
+    const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
+    sm90::fence_accumulators(acc);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgBK / 16; ++kk)
+      if (kk * 16 < jvalid)
+        wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk));
+    sm90::wgmma_commit();
+  }
+  template <int Pending>
+  __device__ void wait() {
+    sm90::wgmma_wait<Pending>();
+    sm90::fence_accumulators(acc);
+  }
+};
+
+// Shared-memory plan of one CTA: the stages (1024-byte aligned), then a "full"
+// barrier per stage (the producer's copies landed) and an "empty" one (every
+// consumer thread is done reading it).
+template <class Cfg>
+struct WarpgroupSmem {
+  unsigned char* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ explicit WarpgroupSmem(unsigned char* raw) {
+    stages = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
+    full = reinterpret_cast<uint64_t*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    empty = full + Cfg::kStages;
+  }
+  __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
+  __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
+};
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_producer(const Problem& p, const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm,
+                                   int row0, int col0, int stages_per_chunk, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % Cfg::kStages, round = s / Cfg::kStages;
+    if (round > 0) sm90::mbarrier_wait(&sm.empty[slot], (round - 1) & 1);
+    if (stage_valid(p, s, stages_per_chunk, kWgBK) <= 0) {  // nothing to copy: the consumers issue no group
+      sm90::mbarrier_arrive(&sm.full[slot]);
+      continue;
+    }
+    sm90::mbarrier_arrive_expect_tx(&sm.full[slot], Cfg::kStageBytes);
+    const int j0 = (s / stages_per_chunk) * p.chunk + (s % stages_per_chunk) * kWgBK;
+    SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, j0, Cfg::kBM);
+    SwizzledOperand<MB>::load(sm.b(slot), map_b, &sm.full[slot], col0, j0, Cfg::kBN);
+  }
+}
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_consumer(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
+                                   int stages_per_chunk, int stages, int consumer) {
+  using Dot = WarpgroupDot<Cfg, MA, MB>;
+  Dot dot(consumer);
+  ChunkTree<Cfg, Dot> tree(p, row0, col0);
+  int unreleased = -1;  // the slot whose wgmma may still read it
+  auto release = [&](int slot) { sm90::mbarrier_arrive(&sm.empty[slot]); };
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % Cfg::kStages;
+    sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+    const int c = s / stages_per_chunk;
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages_per_chunk, kWgBK));
+    if (s % stages_per_chunk == stages_per_chunk - 1) {  // the chunk's partial is complete
+      dot.template wait<0>();
+      if (unreleased >= 0) release(unreleased);
+      release(slot);
+      unreleased = -1;
+      if (tree.finish_chunk(dot, c)) store_outputs<Cfg>(p, dot, row0, col0);
+      else dot.clear();
+    } else {  // keep one stage's wgmma in flight
+      dot.template wait<1>();
+      if (unreleased >= 0) release(unreleased);
+      unreleased = slot;
+    }
+  }
+}
+
+template <class Cfg, Major MA, Major MB>
+__device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* map_b, int row0, int col0) {
+  extern __shared__ __align__(128) unsigned char wg_smem_raw[];
+  const WarpgroupSmem<Cfg> sm(wg_smem_raw);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      sm90::mbarrier_init(&sm.full[s], 1);
+      sm90::mbarrier_init(&sm.empty[s], 128 * Cfg::kConsumers);
+    }
+    sm90::mbarrier_init_fence();
+  }
+  __syncthreads();
+  const int stages_per_chunk = (p.chunk + kWgBK - 1) / kWgBK;
+  const int stages = p.chunks * stages_per_chunk;
+  const int group = threadIdx.x / 128;
+  if (group == 0) {
+    sm90::release_registers<40>();
+    if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(p, map_a, map_b, sm, row0, col0, stages_per_chunk, stages);
+  } else {
+    sm90::claim_registers<232>();
+    warpgroup_consumer<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, stages, group - 1);
+  }
+}
+
+// One CTA per tile: x over column tiles, y over row tiles.
+template <class Cfg, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const Problem p) {
+  warpgroup_tile<Cfg, MA, MB>(p, &map_a, &map_b, blockIdx.y * Cfg::kBM, blockIdx.x * Cfg::kBN);
+}
+
+// maps: problem g's A and B maps at 2g and 2g + 1 (device memory).
+template <class Cfg, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    warpgroup_grouped_kernel(const Problem* __restrict__ problems, const CUtensorMap* __restrict__ maps,
+                             const GroupTile* __restrict__ tiles) {
+  const GroupTile tile = tiles[blockIdx.x];
+  const Problem p = problems[tile.problem];
+  warpgroup_tile<Cfg, MA, MB>(p, &maps[2 * tile.problem], &maps[2 * tile.problem + 1], tile.row0, tile.col0);
+}
+
+// --- host side ------------------------------------------------------------------
+// The A and B operands of p as TMA maps with 64 × 64 boxes; the reduction
+// extent is p.red, so a stage reaching past it reads zeros.
+template <Major M>
+CUtensorMap operand_map(const Operand& op, int red) {
+  if constexpr (M == Major::Red) return bf16_tensor_map(op.p, red, op.rows, op.ld, kBox, kBox);
+  else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
+}
+
+template <class Cfg, Major MA, Major MB>
+void launch_warpgroup(Problem p, cudaStream_t stream) {
+  const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
+  BP_CUDA_CHECK(opt_in);
+  DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
+  p.spill = spill.get();
+  const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+// TMA reads an operand in place when its base is 16-byte aligned and its rows
+// are whole 16-byte units apart.
+bool tma_ready(const Operand& op) { return aligned16(op.p) && op.ld % 8 == 0; }
+
+// The warpgroup kernel computes p when TMA can read both operands and chunks are
+// whole k16 groups.
+bool warpgroup_can_run(const Problem& p) {
+  return tma_ready(p.a) && tma_ready(p.b) && (p.chunks == 1 || p.chunk % 16 == 0);
+}
+
+// ... and takes it when M is past decode sizes (the 16-row tile keeps more weight
+// bytes in flight there).
+bool warpgroup_fits(const Problem& p) { return warpgroup_can_run(p) && p.m > kDecodeRows; }
+
+// The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 256
+// for one chunk and at least a wave of tiles, else 128 × 128 if that gives an
+// eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
+// measured on these shapes, so even a partial wave wins); false leaves p to the
+// mma.sync kernels.
+template <Major MA, Major MB>
+bool run_warpgroup(const Problem& p, cudaStream_t stream) {
+  if (!warpgroup_fits(p)) return false;
+  const int sms = multiprocessors();
+  if (p.chunks == 1 && tile_count<WgWideTile>(p) >= sms) launch_warpgroup<WgWideTile, MA, MB>(p, stream);
+  else if (8 * tile_count<WgNarrowTile>(p) >= sms) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
+  else return false;
+  return true;
+}
+
+template <class Cfg, Major MA, Major MB>
+void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream) {
+  const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
+  BP_CUDA_CHECK(opt_in);
+  GroupPlan<Cfg> plan(std::move(problems), stream);
+  std::vector<CUtensorMap> maps;
+  for (const Problem& p : plan.problems) {
+    maps.push_back(operand_map<MA>(p.a, p.red));
+    maps.push_back(operand_map<MB>(p.b, p.red));
+  }
+  const DeviceBuffer<Problem> d_problems(plan.problems, stream);
+  const DeviceBuffer<CUtensorMap> d_maps(maps, stream);
+  const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
+  kernel<<<static_cast<unsigned>(plan.tiles.size()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      d_problems.get(), d_maps.get(), d_tiles.get());
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool run_wgmma(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
+  return with_majors(ma, mb, [&](auto a, auto b) {
+    return run_warpgroup<decltype(a)::value, decltype(b)::value>(p, stream);
+  });
+}
+
+// The warpgroup kernel (128 × 128) takes a group when every problem fits it and
+// they average half a tile of rows or more.
+bool warpgroup_group_fits(const std::vector<Problem>& problems) {
+  long long rows = 0;
+  for (const Problem& p : problems) {
+    if (!warpgroup_can_run(p)) return false;
+    rows += p.m;
+  }
+  return 2 * rows >= static_cast<long long>(problems.size()) * WgNarrowTile::kBM;
+}
+
+void run_wgmma_grouped(Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream) {
+  with_majors(ma, mb, [&](auto a, auto b) {
+    launch_warpgroup_grouped<WgNarrowTile, decltype(a)::value, decltype(b)::value>(std::move(problems), stream);
+  });
+}
+
+}  // namespace bp::cuda::gemm
