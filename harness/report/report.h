@@ -4,8 +4,8 @@
 // bp::io::write_file_atomic), so an error never leaves a partial report and never
 // destroys an earlier one:
 //   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
-//          ulp_histogram to the mismatch-only bins of compare.h, added first_divergent_op;
-//          3 added each case's seconds and peak_device_bytes)
+//          ulp_histogram to the mismatch-only bins of compare/compare.h, added
+//          first_divergent_op; 3 added each case's seconds and peak_device_bytes)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 namespace bp::harness {
 
@@ -77,8 +77,8 @@ struct Case {
   // reference); 0 where a command times no run (diff, bisect).
   double seconds = 0;
   // The device memory the run peaked at, the model's weights included in every case
-  // (also when they stay resident between cases: harness/gpu_backend.h); nullopt
-  // for a backend with no device (CPU).
+  // (also when they stay resident between cases: harness/engine/cuda_implementation.h);
+  // nullopt for a backend with no device (CPU).
   std::optional<uint64_t> peak_device_bytes;
   // (Time and peak are measurements, not results: a baseline never counts them as a
   // change, and a case's verdict ignores them.)

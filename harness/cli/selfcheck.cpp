@@ -1,4 +1,4 @@
-#include "selfcheck.h"
+#include "harness/cli/selfcheck.h"
 
 #include <cmath>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "harness/report_cmd.h"
+#include "harness/cli/report.h"
 
 #include <optional>
 

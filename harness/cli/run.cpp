@@ -2,11 +2,11 @@
 #include <cmath>
 #include <cstdio>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/engine/cases.h"
+#include "harness/cli/common.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
-#include "harness/models.h"
+#include "harness/engine/models.h"
 #include "reference/truth/qwen3.h"
 
 namespace bp::harness {

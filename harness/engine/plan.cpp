@@ -1,4 +1,4 @@
-#include "harness/plan.h"
+#include "harness/engine/plan.h"
 
 #include <charconv>
 #include <cmath>

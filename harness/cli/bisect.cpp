@@ -8,8 +8,8 @@
 #include <cstring>
 #include <map>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/engine/cases.h"
+#include "harness/cli/common.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
 

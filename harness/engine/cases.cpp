@@ -1,12 +1,12 @@
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 
-#include "harness/gpu_backend.h"
+#include "harness/engine/cuda_implementation.h"
 #include "harness/io/errors.h"
-#include "harness/models.h"
+#include "harness/engine/models.h"
 #include "host/layouts.h"
 
 namespace bp::harness {

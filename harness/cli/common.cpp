@@ -1,7 +1,7 @@
 // What run, sweep and bisect share: the plan options and the error-to-exit-code map.
-#include "harness/commands.h"
+#include "harness/cli/common.h"
 
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
 

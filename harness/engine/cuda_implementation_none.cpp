@@ -1,5 +1,5 @@
 // The `cuda` backend in a build without CUDA (BITPARITY_CUDA=OFF or no nvcc).
-#include "harness/gpu_backend.h"
+#include "harness/engine/cuda_implementation.h"
 
 namespace bp::harness {
 

@@ -1,10 +1,10 @@
 // `bitparity list`: the models, contracts, backends, layouts and paths a plan can name.
 #include <cstdio>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/engine/cases.h"
+#include "harness/cli/common.h"
 #include "harness/exit_codes.h"
-#include "harness/models.h"
+#include "harness/engine/models.h"
 
 namespace bp::harness {
 

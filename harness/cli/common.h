@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/cases.h"
-#include "harness/plan.h"
+#include "harness/engine/cases.h"
+#include "harness/engine/plan.h"
 #include "harness/report/report.h"
 
 namespace bp::harness {

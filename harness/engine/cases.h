@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/plan.h"
+#include "harness/compare/compare.h"
+#include "harness/engine/plan.h"
 #include "harness/report/report.h"
 #include "host/model.h"
 

@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <exception>
 
-#include "commands.h"
-#include "diff.h"
-#include "exit_codes.h"
-#include "report_cmd.h"
-#include "selfcheck.h"
+#include "harness/cli/common.h"
+#include "harness/compare/diff.h"
+#include "harness/exit_codes.h"
+#include "harness/cli/report.h"
+#include "harness/cli/selfcheck.h"
 
 namespace bp {
 namespace {

@@ -1,7 +1,7 @@
 // The `cuda` backend in a CUDA build.
 #include <string>
 
-#include "harness/gpu_backend.h"
+#include "harness/engine/cuda_implementation.h"
 #include "optimized/layouts/virtual_ranks.h"
 #include "optimized/model/qwen3.h"
 

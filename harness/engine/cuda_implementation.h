@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 #include "host/model.h"
 #include "program/layouts/layout.h"
 

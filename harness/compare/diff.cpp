@@ -1,4 +1,4 @@
-#include "harness/diff.h"
+#include "harness/compare/diff.h"
 
 #include <algorithm>
 #include <cinttypes>

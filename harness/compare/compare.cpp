@@ -1,4 +1,4 @@
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 #include <algorithm>
 #include <cctype>
