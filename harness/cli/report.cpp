@@ -4,7 +4,7 @@
 
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
-#include "harness/io/safetensors.h"
+#include "harness/io/files.h"
 #include "harness/report/baseline.h"
 #include "harness/report/html.h"
 #include "harness/report/read.h"
@@ -36,7 +36,7 @@ void print_summary(const Report& r, const std::string& path, std::FILE* out) {
 
 int run_report(const ReportOptions& o, std::FILE* out, std::FILE* err) {
   if (!o.html.empty())
-    if (const std::string why = report_path_problem(o.html); !why.empty()) {
+    if (const std::string why = io::write_path_problem(o.html); !why.empty()) {
       std::fprintf(err, "bitparity report: cannot write --html %s: %s\n", o.html.c_str(), why.c_str());
       return kExitBadInput;
     }

@@ -5,6 +5,7 @@
 #include "harness/engine/cases.h"
 #include "harness/cli/common.h"
 #include "harness/exit_codes.h"
+#include "harness/io/files.h"
 #include "harness/io/safetensors.h"
 #include "harness/engine/models.h"
 #include "reference/truth/qwen3.h"
@@ -85,7 +86,7 @@ struct RunOptions {
 };
 
 int run(const RunOptions& o) {
-  if (const std::string why = report_path_problem(o.out); !why.empty())
+  if (const std::string why = io::write_path_problem(o.out); !why.empty())
     throw io::BadInput("--out", o.out, "cannot write the dump: " + why);
   const SingleRun r = run_single_case(o.plan.plan(single_case_defaults()));
   std::vector<io::WriteTensor> w;

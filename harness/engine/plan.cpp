@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 #include "reference/common/rng.h"
 

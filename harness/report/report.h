@@ -1,7 +1,7 @@
 // The report every bitparity command writes: an environment block, a status, one
 // entry per case with its compared tensors, and an overall verdict. Three renderings,
 // each written atomically (temporary in the same directory + fsync + rename, via
-// bp::io::write_file_atomic), so an error never leaves a partial report and never
+// bp::io::write_file_atomic of io/files.h), so an error never leaves a partial report and never
 // destroys an earlier one:
 //   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
@@ -109,12 +109,7 @@ extern const std::vector<std::string> kCsvColumns;
 size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 
-// "" when `path` can take a report (its directory exists, it is not a directory),
-// else the reason. Commands check every report path before writing any, so that
-// a bad path never leaves one report new and another old.
-std::string report_path_problem(const std::string& path);
-
-// Atomic writes (throw bp::io::IoError; `path` is then untouched).
+// Atomic writes (io/files.h; throw bp::io::IoError, `path` is then untouched).
 void write_json(const Report& r, const std::string& path);
 void write_csv(const Report& r, const std::string& path);
 void write_junit(const Report& r, const std::string& path);
