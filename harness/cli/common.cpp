@@ -1,4 +1,4 @@
-// What run, sweep and bisect share: the plan options and the error-to-exit-code map.
+// What the subcommands share: the plan options and the error-to-exit-code maps.
 #include "harness/cli/common.h"
 
 #include "harness/engine/cases.h"
@@ -80,6 +80,17 @@ int exit_for_error(const char* cmd, std::FILE* err) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
     return kExitInternal;
   }
+}
+
+int exit_for_read_error(const char* cmd, std::FILE* err) {
+  try {
+    throw;
+  } catch (const io::BadInput& e) {
+    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
+  } catch (const io::IoError& e) {
+    std::fprintf(err, "bitparity %s: cannot read: %s\n", cmd, e.what());
+  }
+  return kExitBadInput;
 }
 
 Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body) {

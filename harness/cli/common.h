@@ -1,6 +1,8 @@
-// The model-driving subcommands of bitparity: run, sweep, bisect, list. Each
-// add_* registers its subcommand and options on the app and returns the
-// subcommand with the function main() calls when it was chosen.
+// What the subcommands of bitparity share. Each subcommand lives in its own file
+// (cli/<name>.cpp) and registers itself the same way: add_<name>_command adds the
+// subcommand and its options to the app and returns it with the function main()
+// calls when it was chosen. Besides: the plan options of run, sweep and bisect, and
+// the map from errors to exit codes.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -23,10 +25,13 @@ struct Subcommand {
   std::function<int()> run;  // the exit code (exit_codes.h)
 };
 
+Subcommand add_selfcheck_command(CLI::App& app);
 Subcommand add_run_command(CLI::App& app);
 Subcommand add_sweep_command(CLI::App& app);
 Subcommand add_bisect_command(CLI::App& app);
 Subcommand add_list_command(CLI::App& app);
+Subcommand add_diff_command(CLI::App& app);
+Subcommand add_report_command(CLI::App& app);
 
 // The plan options shared by run, sweep and bisect (--model, --contract, --backend,
 // --layout, --tp/--ep/--cp/--cp-split, --path, --seed/--lengths/--tokens,
@@ -73,5 +78,10 @@ int exit_for_error(const char* cmd, std::FILE* err);
 // The subcommand `sub` running `body`, any exception it throws turned into its
 // exit code by exit_for_error under `sub`'s name.
 Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body);
+
+// Inside a catch block of a command that reads files (diff, report): prints a
+// bp::io::BadInput or bp::io::IoError in flight ("bitparity diff: bad input: ...")
+// and returns kExitBadInput; rethrows anything else.
+int exit_for_read_error(const char* cmd, std::FILE* err);
 
 }  // namespace bp::harness

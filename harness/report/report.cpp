@@ -191,17 +191,6 @@ int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, st
   return 0;
 }
 
-int exit_for_read_error(const char* cmd, std::FILE* err) {
-  try {
-    throw;
-  } catch (const io::BadInput& e) {
-    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
-  } catch (const io::IoError& e) {
-    std::fprintf(err, "bitparity %s: cannot read: %s\n", cmd, e.what());
-  }
-  return kExitBadInput;
-}
-
 std::string metric_text(double v, const char* printf_format) {
   if (!std::isfinite(v)) return "inf";
   char buf[48];

@@ -124,11 +124,6 @@ int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err
 // Writes each requested report atomically; 0, or kExitBadInput after a failed write.
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
 
-// Inside a catch block of a command that reads files (diff, report): prints a
-// bp::io::BadInput or bp::io::IoError in flight ("bitparity diff: bad input: ...")
-// and returns kExitBadInput; rethrows anything else.
-int exit_for_read_error(const char* cmd, std::FILE* err);
-
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
 // finite: metrics are distances, so a non-finite one is +inf.
 std::string metric_text(double v, const char* printf_format);
