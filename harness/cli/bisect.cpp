@@ -8,8 +8,9 @@
 #include <cstring>
 #include <map>
 
-#include "harness/engine/cases.h"
 #include "harness/cli/common.h"
+#include "harness/engine/cases.h"
+#include "harness/engine/single_case.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
 

@@ -7,14 +7,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "harness/engine/cases.h"
 #include "harness/engine/plan.h"
 #include "harness/report/report.h"
 
@@ -53,20 +51,6 @@ class PlanFlags {
   bool no_grads_ = false;
   std::vector<std::pair<CLI::Option*, std::function<void(nlohmann::json&)>>> options_;
 };
-
-// One case's outputs, for `run` (its dump) and `bisect` (one side).
-struct SingleRun {
-  std::string id;  // the case id
-  std::map<std::string, std::string> metadata;  // what the dump's __metadata__ records
-  std::vector<NamedTensor> tensors;
-  int num_layers = 0;
-};
-// run's defaults: qwen3-dense-tiny, the first contract, reference, tp1-ep1-cp1,
-// extend; the truth contract allowed.
-SweepPlan single_case_defaults();
-// Runs the one case `plan` names (io::BadInput when it names more, or a layout the
-// reference backend cannot run; CannotTest for cuda).
-SingleRun run_single_case(const SweepPlan& plan);
 
 // Reports: ReportPaths, check_report_paths and write_reports (report/report.h).
 // Commands check the paths before running, so a bad path costs no work either.

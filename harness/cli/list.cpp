@@ -1,10 +1,10 @@
 // `bitparity list`: the models, contracts, backends, layouts and paths a plan can name.
 #include <cstdio>
 
-#include "harness/engine/cases.h"
 #include "harness/cli/common.h"
-#include "harness/exit_codes.h"
+#include "harness/engine/cases.h"
 #include "harness/engine/models.h"
+#include "harness/exit_codes.h"
 
 namespace bp::harness {
 

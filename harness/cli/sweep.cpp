@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <map>
 
-#include "harness/engine/cases.h"
 #include "harness/cli/common.h"
+#include "harness/engine/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/report/report.h"
 

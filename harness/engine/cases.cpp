@@ -5,8 +5,8 @@
 #include <map>
 
 #include "harness/engine/cuda_implementation.h"
-#include "harness/io/errors.h"
 #include "harness/engine/models.h"
+#include "harness/io/errors.h"
 #include "host/layouts.h"
 
 namespace bp::harness {

@@ -35,8 +35,8 @@
 
 #include "harness/io/errors.h"
 #include "program/layouts/layout.h"
-#include "program/results.h"
 #include "program/path.h"
+#include "program/results.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"

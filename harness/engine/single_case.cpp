@@ -1,0 +1,122 @@
+// One case of a plan run to its outputs: what `bitparity run` dumps and each side of
+// `bitparity bisect`. The case engine runs contract cases; the float64 truth
+// (reference/truth/qwen3.h) runs here.
+#include "harness/engine/single_case.h"
+
+#include "harness/engine/models.h"
+#include "reference/truth/qwen3.h"
+
+namespace bp::harness {
+
+namespace {
+
+// The float64 truth (reference/truth/qwen3.h) of one run, rounded to F32 (to
+// nearest) so that `bitparity diff` measures a contract's distance from it.
+std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
+  const SweepPlan::Origin o = plan.origin("models");
+  const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
+  if (plan.backends[0] != Backend::kReference) plan.bad("backends", "[0]", "the float64 truth runs on the reference backend only");
+  if (plan.paths[0].kind != ref::Path::Kind::Extend)
+    plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
+  if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
+  if (!plan.layouts.empty() && plan.layouts != std::vector<layouts::Layout>{layouts::Layout{}})
+    plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
+  const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed);
+  const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
+  const truth::Model m(cfg, w);
+  truth::ForwardOptions opt;
+  opt.temperature = plan.temperature;
+  opt.entropy = true;
+  const truth::ForwardResult fwd = m.forward(seqs, opt);
+  std::vector<NamedTensor> out;
+  auto add = [&](std::string name, const std::vector<double>& v, std::vector<uint64_t> shape) {
+    NamedTensor t;
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    for (double x : v) t.f32_values.push_back(static_cast<float>(x));
+    out.push_back(std::move(t));
+  };
+  for (size_t s = 0; s < fwd.logprob.size(); ++s) add("logprobs." + std::to_string(s), fwd.logprob[s], {fwd.logprob[s].size()});
+  for (size_t s = 0; s < fwd.entropy.size(); ++s) add("entropy." + std::to_string(s), fwd.entropy[s], {fwd.entropy[s].size()});
+  if (plan.grads) {
+    const truth::BackwardResult bwd = m.backward(seqs, plan.coef_seed, plan.temperature);
+    for (const WeightSpec& spec : weight_specs(cfg))
+      if (const auto it = bwd.grads.find(spec.name); it != bwd.grads.end())
+        add("grads." + spec.name, it->second, std::vector<uint64_t>(spec.shape.begin(), spec.shape.end()));
+  }
+  return out;
+}
+
+// A plan of one case: every list has one element.
+void require_one_case(const SweepPlan& p) {
+  auto one = [&](const char* key, size_t n) {
+    if (n != 1) p.bad(key, "", "names " + std::to_string(n) + " values; run takes one case (use sweep for more)");
+  };
+  one("models", p.models.size());
+  one("contracts", p.contracts.size());
+  one("backends", p.backends.size());
+  one("paths", p.paths.size());
+  if (p.layouts.empty()) {
+    const size_t n = p.grid.tp.size() * p.grid.ep.size() * p.grid.cp.size() * p.grid.cp_split.size();
+    one("tp", n);
+  } else {
+    one("layouts", p.layouts.size());
+  }
+  const layouts::Layout l = p.layouts.empty() ? layouts::Layout{p.grid.tp[0], p.grid.ep[0], p.grid.cp[0], p.grid.cp_split[0]}
+                                              : p.layouts[0];
+  if (p.backends[0] == Backend::kReference && l != layouts::Layout{})
+    p.bad("layouts", "", "the reference backend is unsharded; run layout " + l.name() + " with --backend emulated");
+}
+
+std::string tokens_text(const TokenSpec& t) {
+  if (!t.file.empty()) return "file " + t.file;
+  std::string s = "seed " + std::to_string(t.seed) + " lengths ";
+  for (size_t i = 0; i < t.lengths.size(); ++i) s += (i ? "," : "") + std::to_string(t.lengths[i]);
+  return s;
+}
+
+}  // namespace
+
+SweepPlan single_case_defaults() {
+  SweepPlan p;
+  p.models = {"qwen3-dense-tiny"};
+  p.contracts = {contract_names().front()};
+  p.backends = {Backend::kReference};
+  p.layouts = {layouts::Layout{}};
+  p.paths = {ref::Path::extend()};
+  p.allow_truth = true;
+  return p;
+}
+
+SingleRun run_single_case(const SweepPlan& plan) {
+  require_one_case(plan);
+  SingleRun r;
+  std::map<std::string, std::string>& m = r.metadata;
+  m = {{"bitparity.model", plan.models[0]},
+       {"bitparity.contract", plan.contracts[0]},
+       {"bitparity.backend", backend_name(plan.backends[0])},
+       {"bitparity.path", path_name(plan.paths[0])},
+       {"bitparity.tokens", tokens_text(plan.tokens)},
+       {"bitparity.weight_seed", std::to_string(plan.weight_seed)},
+       {"bitparity.coef_seed", std::to_string(plan.coef_seed)},
+       {"bitparity.temperature", std::to_string(plan.temperature)},
+       {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
+  if (plan.contracts[0] == kTruthContract) {
+    r.tensors = run_truth(plan);
+    m["bitparity.layout"] = layouts::Layout{}.name();
+    m["bitparity.note"] = "float64 truth rounded to F32 (nearest)";
+    r.id = plan.models[0] + "/truth";
+    r.num_layers = static_cast<int>(model_config(plan.models[0], plan.base_dir, "", "").num_hidden_layers);
+    return r;
+  }
+  CaseEngine engine(plan);
+  const CaseSpec& c = engine.cases().at(0);
+  m["bitparity.layout"] = c.layout.name();
+  m["bitparity.contract_knob_hash"] = find_contract(c.contract)->knob_hash();
+  r.id = engine.case_id(c);
+  r.num_layers = static_cast<int>(engine.model_config(c.model).num_hidden_layers);
+  r.tensors = engine.run(c);
+  return r;
+}
+
+}  // namespace bp::harness
