@@ -148,9 +148,9 @@ int sweep(const SweepOptions& o) {
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(stdout, "layout not run: %s\n", d.c_str());
 
   Report r = make_report("sweep");
-  if (plan.contracts.size() == 1) {
-    r.environment.contract_name = plan.contracts.front();
-    r.environment.contract_knob_hash = find_contract(plan.contracts.front())->knob_hash();
+  if (engine.contracts().size() == 1) {
+    r.environment.contract_name = engine.contracts().front()->name;
+    r.environment.contract_knob_hash = engine.contracts().front()->knob_hash();
   }
   g_stop = 0;
   install_stop_handlers();

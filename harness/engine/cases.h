@@ -41,9 +41,19 @@ struct NamedTensor {
   std::vector<bf16> bf16_values;  // when BF16
 };
 
+// One model of the plan, resolved: its name as the plan gives it, its config, and
+// the plan's token sequences for it.
+struct ModelEntry {
+  std::string name;
+  ModelConfig config;
+  std::vector<std::vector<int32_t>> tokens;
+};
+
+// One case: its model (the engine's entry) and contract (one of bp::contracts()),
+// resolved once when the plan is expanded.
 struct CaseSpec {
-  size_t model = 0;  // index into the engine's models
-  std::string contract;
+  const ModelEntry& model;
+  const Contract& contract;
   Backend backend = Backend::kReference;
   layouts::Layout layout;
   ref::Path path;
@@ -77,14 +87,16 @@ class CaseEngine {
   // naming the source that set the field (the plan file or "command line").
   explicit CaseEngine(SweepPlan plan);
   ~CaseEngine();
+  CaseEngine(const CaseEngine&) = delete;  // its cases point into it
+  CaseEngine& operator=(const CaseEngine&) = delete;
 
   const SweepPlan& plan() const { return plan_; }
   // The cases in sweep order: model, contract, backend, layout, path.
   const std::vector<CaseSpec>& cases() const { return cases_; }
+  // The plan's contracts, in plan order.
+  const std::vector<const Contract*>& contracts() const { return contracts_; }
   // Grid layouts dropped because a model cannot run them: "<model>: <layout>: why".
   const std::vector<std::string>& dropped_layouts() const { return dropped_; }
-  const std::string& model_name(size_t i) const;
-  const ModelConfig& model_config(size_t i) const;
   std::string case_id(const CaseSpec& c) const;  // "model/contract/backend/layout/path"
 
   // One case's outputs (throws CannotTest when its backend cannot run here).
@@ -98,13 +110,12 @@ class CaseEngine {
  private:
   struct Loaded;
   struct Canonical;
-  Loaded& loaded(size_t model);
-  const Canonical& canonical(size_t model, const std::string& contract);
+  Loaded& loaded(const ModelEntry& model);
+  const Canonical& canonical(const ModelEntry& model, const Contract& contract);
 
   SweepPlan plan_;
-  std::vector<std::string> names_;
-  std::vector<ModelConfig> configs_;
-  std::vector<std::vector<std::vector<int32_t>>> tokens_;  // per model
+  std::vector<ModelEntry> models_;  // the plan's, in plan order (never reallocated: cases point into it)
+  std::vector<const Contract*> contracts_;
   std::unique_ptr<Loaded> loaded_;        // the last model's weights, host and device (sweeps go model by model)
   std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
   std::vector<CaseSpec> cases_;

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "harness/engine/cases.h"
@@ -35,14 +34,12 @@ struct GpuCaseResult {
   uint64_t peak_device_bytes = 0;
 };
 
-// A case's model and the key its device copy is kept under: the engine's model
-// index and the contract (whose knobs the copy is built with).
+// A case's model and contract: the weights to upload and the knobs to build the GPU
+// model with, and (by address) the key its device copy is kept under.
 struct GpuModelSource {
-  size_t model;
-  const std::string& contract;
-  const ModelConfig& cfg;
+  const ModelEntry& model;
+  const Contract& contract;
   const Weights& weights;
-  const Knobs& knobs;
 };
 
 struct GpuCaseInput {

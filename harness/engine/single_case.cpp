@@ -112,9 +112,9 @@ SingleRun run_single_case(const SweepPlan& plan) {
   CaseEngine engine(plan);
   const CaseSpec& c = engine.cases().at(0);
   m["bitparity.layout"] = c.layout.name();
-  m["bitparity.contract_knob_hash"] = find_contract(c.contract)->knob_hash();
+  m["bitparity.contract_knob_hash"] = c.contract.knob_hash();
   r.id = engine.case_id(c);
-  r.num_layers = static_cast<int>(engine.model_config(c.model).num_hidden_layers);
+  r.num_layers = static_cast<int>(c.model.config.num_hidden_layers);
   r.tensors = engine.run(c);
   return r;
 }
