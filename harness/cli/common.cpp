@@ -20,8 +20,10 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["models"] = models_; });
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });
-  add(app->add_option("--backend", backends_, "reference, emulated, cuda (comma-separated)")->delimiter(','),
-      [this](json& j) { j["backends"] = backends_; });
+  add(app->add_option("--implementation,--backend", implementations_,
+                      "what computes the cases: reference, emulated, cuda (comma-separated; --backend is its old name)")
+          ->delimiter(','),
+      [this](json& j) { j["implementations"] = implementations_; });
   add(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")
           ->delimiter(','),
       [this](json& j) { j["layouts"] = layouts_; });

@@ -31,7 +31,7 @@ Subcommand add_list_command(CLI::App& app);
 Subcommand add_diff_command(CLI::App& app);
 Subcommand add_report_command(CLI::App& app);
 
-// The plan options shared by run, sweep and bisect (--model, --contract, --backend,
+// The plan options shared by run, sweep and bisect (--model, --contract, --implementation,
 // --layout, --tp/--ep/--cp/--cp-split, --path, --seed/--lengths/--tokens,
 // --weight-seed, --coef-seed, --temperature, --no-grads, --capture, --plan).
 class PlanFlags {
@@ -43,7 +43,7 @@ class PlanFlags {
  private:
   nlohmann::json given() const;  // the flags given, as plan JSON keys
   std::string plan_file_;
-  std::vector<std::string> models_, contracts_, backends_, layouts_, cp_split_, paths_;
+  std::vector<std::string> models_, contracts_, implementations_, layouts_, cp_split_, paths_;
   std::vector<int> tp_, ep_, cp_, lengths_;
   uint64_t seed_ = 0, weight_seed_ = 0, coef_seed_ = 0;
   double temperature_ = 1;

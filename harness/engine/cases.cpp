@@ -224,7 +224,7 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
 
     for (const Contract* contract : contracts_) {
       const Knobs& kn = contract->knobs;
-      // The sharded backends' layouts for this model and contract.
+      // The sharded implementations' layouts for this model and contract.
       std::vector<layouts::Layout> sharded;
       if (!plan_.layouts.empty()) {
         for (size_t i = 0; i < plan_.layouts.size(); ++i) {
@@ -240,15 +240,16 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
         if (contract == contracts_.front())
           for (const std::string& d : dropped) dropped_.push_back(model.name + ": " + d);
       }
-      const bool needs_layouts = std::any_of(plan_.backends.begin(), plan_.backends.end(),
-                                             [](Backend b) { return b != Backend::kReference; });
+      const bool needs_layouts =
+          std::any_of(plan_.implementations.begin(), plan_.implementations.end(),
+                      [](Implementation i) { return i != Implementation::kReference; });
       if (sharded.empty() && needs_layouts)
         plan_.bad("tp", "", "no layout of the grid can run model " + model.name + " under " + contract->name);
-      for (Backend b : plan_.backends) {
+      for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
-            b == Backend::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
+            i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
         for (const layouts::Layout& l : ls)
-          for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, b, l, p});
+          for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
       }
     }
   }
@@ -257,7 +258,7 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
 CaseEngine::~CaseEngine() = default;
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
-  return c.model.name + "/" + c.contract.name + "/" + backend_name(c.backend) + "/" + c.layout.name() + "/" +
+  return c.model.name + "/" + c.contract.name + "/" + implementation_name(c.implementation) + "/" + c.layout.name() + "/" +
          path_name(c.path);
 }
 
@@ -284,12 +285,12 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
-  if (c.backend == Backend::kCuda) {
+  if (c.implementation == Implementation::kCuda) {
     GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
     last_peak_device_bytes_ = r.peak_device_bytes;
     fwd = std::move(r.forward);
     bwd = std::move(r.backward);
-  } else if (c.backend == Backend::kReference) {
+  } else if (c.implementation == Implementation::kReference) {
     const ref::Model& m = l.model_for(c.contract);
     fwd = m.forward(seqs, c.path, opt);
     if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
@@ -307,7 +308,7 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   c->model = &model;
   c->contract = &contract;
   // The reference is the unsharded model's extend path (with its backward).
-  c->tensors = run({model, contract, Backend::kReference, layouts::Layout{}, ref::Path::extend()});
+  c->tensors = run({model, contract, Implementation::kReference, layouts::Layout{}, ref::Path::extend()});
   for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
   canonical_ = std::move(c);
   return *canonical_;
@@ -319,7 +320,9 @@ Case CaseEngine::compare(const CaseSpec& spec) {
   out.parameters = {{"model", spec.model.name},
                     {"contract", spec.contract.name},
                     {"contract_knob_hash", spec.contract.knob_hash()},
-                    {"backend", backend_name(spec.backend)},
+                    // The report's key stays "backend" (its schema, the committed
+                    // reports and their readers); the value is the implementation.
+                    {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
   // The time is the case's own model work: its weights are loaded (once per model),
@@ -330,7 +333,7 @@ Case CaseEngine::compare(const CaseSpec& spec) {
   std::vector<NamedTensor> got;
   std::optional<std::string> cannot_test;
   try {
-    if (spec.backend == Backend::kCuda)
+    if (spec.implementation == Implementation::kCuda)
       l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
     const auto start = std::chrono::steady_clock::now();
     got = run(spec);
@@ -354,7 +357,7 @@ Case CaseEngine::compare(const CaseSpec& spec) {
     out.tensors.push_back(compare_tensors(r, it == by_name.end() ? nullptr : it->second));
     if (it != by_name.end()) by_name.erase(it);
   }
-  // Anything the case produced that the reference has not (a backend bug).
+  // Anything the case produced that the reference has not (an implementation's bug).
   for (const NamedTensor& t : got)
     if (by_name.count(t.name)) {
       TensorRecord rec;

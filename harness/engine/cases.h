@@ -1,4 +1,4 @@
-// The case engine: runs one (model, contract, backend, layout, path) case and
+// The case engine: runs one (model, contract, implementation, layout, path) case and
 // compares it with the canonical reference of its (model, contract) — the
 // unsharded ref::Model's extend forward (logprobs, entropy, captures) and its
 // backward (every parameter's gradient), computed once and cached.
@@ -27,7 +27,7 @@
 
 namespace bp::harness {
 
-// The case's backend cannot run on this machine (exit code 125 when nothing ran).
+// The case's implementation cannot run on this machine (exit code 125 when nothing ran).
 class CannotTest : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -54,7 +54,7 @@ struct ModelEntry {
 struct CaseSpec {
   const ModelEntry& model;
   const Contract& contract;
-  Backend backend = Backend::kReference;
+  Implementation implementation = Implementation::kReference;
   layouts::Layout layout;
   ref::Path path;
 };
@@ -91,18 +91,19 @@ class CaseEngine {
   CaseEngine& operator=(const CaseEngine&) = delete;
 
   const SweepPlan& plan() const { return plan_; }
-  // The cases in sweep order: model, contract, backend, layout, path.
+  // The cases in sweep order: model, contract, implementation, layout, path.
   const std::vector<CaseSpec>& cases() const { return cases_; }
   // The plan's contracts, in plan order.
   const std::vector<const Contract*>& contracts() const { return contracts_; }
   // Grid layouts dropped because a model cannot run them: "<model>: <layout>: why".
   const std::vector<std::string>& dropped_layouts() const { return dropped_; }
-  std::string case_id(const CaseSpec& c) const;  // "model/contract/backend/layout/path"
+  std::string case_id(const CaseSpec& c) const;  // "model/contract/implementation/layout/path"
 
-  // One case's outputs (throws CannotTest when its backend cannot run here).
+  // One case's outputs (throws CannotTest when its implementation cannot run here).
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
-  // parameters (model, contract, contract_knob_hash, backend, layout, path), the
+  // parameters (model, contract, contract_knob_hash, backend: the implementation,
+  // layout, path), the
   // seconds of its run() and the device memory it peaked at, and, with capture,
   // first_divergent_op. A CannotTest case comes back skipped.
   Case compare(const CaseSpec& c);

@@ -1,4 +1,4 @@
-// The `cuda` backend in a CUDA build.
+// The `cuda` implementation in a CUDA build.
 #include <string>
 
 #include "harness/engine/cuda_implementation.h"

@@ -1,4 +1,4 @@
-// The `cuda` backend of the case engine: one case on the GPU — the GPU model
+// The `cuda` implementation of the case engine: one case on the GPU — the GPU model
 // (optimized/model/qwen3.h) for the unsharded layout, virtual GPU ranks
 // (optimized/layouts/virtual_ranks.h) for the others — with the peak device
 // memory it took. A build without CUDA, or a machine without a Hopper GPU, throws

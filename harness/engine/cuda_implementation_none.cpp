@@ -1,4 +1,4 @@
-// The `cuda` backend in a build without CUDA (BITPARITY_CUDA=OFF or no nvcc).
+// The `cuda` implementation in a build without CUDA (BITPARITY_CUDA=OFF or no nvcc).
 #include "harness/engine/cuda_implementation.h"
 
 namespace bp::harness {

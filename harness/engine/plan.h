@@ -1,4 +1,4 @@
-// What a sweep runs: models × contracts × backends × layouts × paths on one batch
+// What a sweep runs: models × contracts × implementations × layouts × paths on one batch
 // of token sequences. A plan comes from a JSON file (`--plan FILE`), from flags,
 // or both (flags override the file field by field), on top of the default plan:
 // the README's default sweep on the embedded tiny fixtures.
@@ -7,7 +7,7 @@
 //   {
 //     "models":      ["qwen3-dense-tiny", "path/to/hf_dir"],  fixture names or HF checkpoint dirs
 //     "contracts":   ["bf16-sm90tc-v1", "bf16-fmaseq-v1"],
-//     "backends":    ["reference", "emulated", "cuda"],
+//     "implementations": ["reference", "emulated", "cuda"],   (or "backends", its old name)
 //     "layouts":     ["tp2-ep1-cp2z", "tp1-ep1-cp1+ring"],    explicit list, or the grid:
 //     "tp": [1, 2, 4], "ep": [1, 2, 4], "cp": [1, 2], "cp_split": ["contiguous", "zigzag"],
 //     "paths":       ["extend", "chunked:5,3", "decode", "ragged"],
@@ -22,7 +22,7 @@
 // is the product of its axes, filtered per model to the layouts it can run (ep > 1
 // only for MoE models, shard_check empty); cp_split matters only for cp > 1. A
 // source that names any grid axis gets 1 (contiguous) for the axes it leaves out.
-// The reference backend is unsharded: it runs each path once, on tp1-ep1-cp1.
+// The reference implementation is unsharded: it runs each path once, on tp1-ep1-cp1.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -43,10 +43,14 @@
 
 namespace bp::harness {
 
-enum class Backend { kReference, kEmulated, kCuda };
-const char* backend_name(Backend b);  // "reference", "emulated", "cuda"
-std::optional<Backend> parse_backend(std::string_view s);
-inline constexpr Backend kAllBackends[] = {Backend::kReference, Backend::kEmulated, Backend::kCuda};
+// What computes a case: the reference model (ref::Model, unsharded), the layouts
+// on emulated CPU ranks, or the GPU (engine/cuda_implementation.h). Not the
+// program's compute Backend (program/backend.h), which each of them supplies.
+enum class Implementation { kReference, kEmulated, kCuda };
+const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda"
+std::optional<Implementation> parse_implementation(std::string_view s);
+inline constexpr Implementation kAllImplementations[] = {Implementation::kReference, Implementation::kEmulated,
+                                                         Implementation::kCuda};
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
 std::string path_name(const ref::Path& s);
@@ -71,7 +75,7 @@ struct LayoutGrid {
 struct SweepPlan {
   std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
   std::vector<std::string> contracts = contract_names();
-  std::vector<Backend> backends = {Backend::kReference, Backend::kEmulated};
+  std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
   std::vector<ref::Path> paths = {ref::Path::extend(), ref::Path::chunked({5, 3}),
@@ -104,7 +108,7 @@ struct SweepPlan {
 // ones). `source` names the origin in messages; with `flags` a field is named as
 // its command-line option ("--cp-split") instead of its JSON key ("cp_split").
 // Throws io::BadInput(source, field, reason) for unknown keys, wrong types, unknown
-// contracts, backends, paths or capture modes, malformed layout names, and values
+// contracts, implementations, paths or capture modes, malformed layout names, and values
 // out of range. Does not touch the file system.
 void apply_plan_json(const nlohmann::json& obj, const std::string& source, bool flags, SweepPlan& plan);
 

@@ -15,7 +15,8 @@ namespace {
 std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
-  if (plan.backends[0] != Backend::kReference) plan.bad("backends", "[0]", "the float64 truth runs on the reference backend only");
+  if (plan.implementations[0] != Implementation::kReference)
+    plan.bad("implementations", "[0]", "the float64 truth runs on the reference implementation only");
   if (plan.paths[0].kind != ref::Path::Kind::Extend)
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
@@ -54,7 +55,7 @@ void require_one_case(const SweepPlan& p) {
   };
   one("models", p.models.size());
   one("contracts", p.contracts.size());
-  one("backends", p.backends.size());
+  one("implementations", p.implementations.size());
   one("paths", p.paths.size());
   if (p.layouts.empty()) {
     const size_t n = p.grid.tp.size() * p.grid.ep.size() * p.grid.cp.size() * p.grid.cp_split.size();
@@ -64,8 +65,9 @@ void require_one_case(const SweepPlan& p) {
   }
   const layouts::Layout l = p.layouts.empty() ? layouts::Layout{p.grid.tp[0], p.grid.ep[0], p.grid.cp[0], p.grid.cp_split[0]}
                                               : p.layouts[0];
-  if (p.backends[0] == Backend::kReference && l != layouts::Layout{})
-    p.bad("layouts", "", "the reference backend is unsharded; run layout " + l.name() + " with --backend emulated");
+  if (p.implementations[0] == Implementation::kReference && l != layouts::Layout{})
+    p.bad("layouts", "", "the reference implementation is unsharded; run layout " + l.name() +
+                             " with --implementation emulated");
 }
 
 std::string tokens_text(const TokenSpec& t) {
@@ -81,7 +83,7 @@ SweepPlan single_case_defaults() {
   SweepPlan p;
   p.models = {"qwen3-dense-tiny"};
   p.contracts = {contract_names().front()};
-  p.backends = {Backend::kReference};
+  p.implementations = {Implementation::kReference};
   p.layouts = {layouts::Layout{}};
   p.paths = {ref::Path::extend()};
   p.allow_truth = true;
@@ -94,7 +96,7 @@ SingleRun run_single_case(const SweepPlan& plan) {
   std::map<std::string, std::string>& m = r.metadata;
   m = {{"bitparity.model", plan.models[0]},
        {"bitparity.contract", plan.contracts[0]},
-       {"bitparity.backend", backend_name(plan.backends[0])},
+       {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
        {"bitparity.tokens", tokens_text(plan.tokens)},
        {"bitparity.weight_seed", std::to_string(plan.weight_seed)},

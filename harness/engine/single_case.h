@@ -21,7 +21,7 @@ struct SingleRun {
 // extend; the truth contract allowed.
 SweepPlan single_case_defaults();
 // Runs the one case `plan` names (io::BadInput when it names more, or a layout the
-// reference backend cannot run; CannotTest for cuda).
+// reference implementation cannot run; CannotTest for cuda).
 SingleRun run_single_case(const SweepPlan& plan);
 
 }  // namespace bp::harness

@@ -72,13 +72,13 @@ struct Case {
   // The first (layer, op) whose output differs, e.g. "layer3.mlp.down_proj", when the
   // command located it (sweep/bisect); nullopt when not looked for or not found.
   std::optional<std::string> first_divergent_op;
-  // Wall time of the case's own run (CaseEngine::run: the backend's model work, not
+  // Wall time of the case's own run (CaseEngine::run: the implementation's model work, not
   // loading the weights, from disk or onto the device, nor the comparison with the
   // reference); 0 where a command times no run (diff, bisect).
   double seconds = 0;
   // The device memory the run peaked at, the model's weights included in every case
   // (also when they stay resident between cases: harness/engine/cuda_implementation.h);
-  // nullopt for a backend with no device (CPU).
+  // nullopt for an implementation with no device (CPU).
   std::optional<uint64_t> peak_device_bytes;
   // (Time and peak are measurements, not results: a baseline never counts them as a
   // change, and a case's verdict ignores them.)

@@ -20,7 +20,7 @@ using bp::harness::SweepPlan;
 
 void check_invariants(const SweepPlan& p) {
   using bp::fuzz::require;
-  require(!p.models.empty() && !p.contracts.empty() && !p.backends.empty() && !p.paths.empty(),
+  require(!p.models.empty() && !p.contracts.empty() && !p.implementations.empty() && !p.paths.empty(),
           "accepted a plan with an empty list");
   for (const auto& path : p.paths)
     for (const int c : path.chunks) require(c >= 1, "accepted a chunk size below 1");
