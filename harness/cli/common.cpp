@@ -21,7 +21,8 @@ void PlanFlags::add_to(CLI::App* app) {
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });
   add(app->add_option("--implementation,--backend", implementations_,
-                      "what computes the cases: reference, emulated, cuda (comma-separated; --backend is its old name)")
+                      "what computes the cases: reference, emulated, cuda (comma-separated); run also float64, the "
+                      "float64 truth model; --backend is its old name")
           ->delimiter(','),
       [this](json& j) { j["implementations"] = implementations_; });
   add(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")

@@ -55,11 +55,12 @@ int list(const ListOptions& o) {
   std::printf("contracts:\n");
   for (const Contract& c : contracts())
     std::printf("  %-16s hash %s  %s\n", c.name.c_str(), c.knob_hash().c_str(), c.canonical_knobs().c_str());
-  std::printf("  %-16s the float64 twin of the model (run only; no paths, layouts or captures)\n", kTruthContract);
   std::printf("implementations:\n"
               "  reference  the unsharded CPU reference model (ref::Model), every path\n"
               "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
-              "  cuda       not available in this build (its cases exit 125: cannot test here)\n");
+              "  cuda       not available in this build (its cases exit 125: cannot test here)\n"
+              "  float64    the float64 truth model (reference/truth): no contract, unsharded, extend, no captures; "
+              "run only (--contract truth is its old spelling)\n");
   std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
               "control); those of the default grid each model runs under every contract:\n");
   for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());

@@ -42,8 +42,9 @@ Subcommand add_run_command(CLI::App& app) {
       "run one case (default: qwen3-dense-tiny, the first contract, reference implementation, tp1-ep1-cp1, extend) and "
       "write its outputs to a safetensors dump. Tensors: logprobs.<s> F32 [len-1] and entropy.<s> F32 [len-1] per "
       "sequence s; grads.<hf name> F32 (extend path, unless --no-grads); with --capture ops, ops.<op> BF16 "
-      "[tokens, features] for every op (ops.embed, ops.layers.<i>.q_proj, ..., ops.logits). --contract truth: the "
-      "float64 twin, rounded to F32. Exit 0 written, 2 bad usage or input, 3 internal error, 125 cannot run here");
+      "[tokens, features] for every op (ops.embed, ops.layers.<i>.q_proj, ..., ops.logits). --implementation "
+      "float64: the float64 truth model (no contract, unsharded, extend, no captures), rounded to F32; --contract "
+      "truth is its old spelling. Exit 0 written, 2 bad usage or input, 3 internal error, 125 cannot run here");
   o->plan.add_to(sub);
   sub->add_option("--out,-o", o->out, "the dump to write (.safetensors, written atomically)")->required();
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");

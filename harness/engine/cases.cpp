@@ -285,18 +285,26 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
-  if (c.implementation == Implementation::kCuda) {
-    GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
-    last_peak_device_bytes_ = r.peak_device_bytes;
-    fwd = std::move(r.forward);
-    bwd = std::move(r.backward);
-  } else if (c.implementation == Implementation::kReference) {
-    const ref::Model& m = l.model_for(c.contract);
-    fwd = m.forward(seqs, c.path, opt);
-    if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
-  } else {
-    fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-    if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+  switch (c.implementation) {
+    case Implementation::kCuda: {
+      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      last_peak_device_bytes_ = r.peak_device_bytes;
+      fwd = std::move(r.forward);
+      bwd = std::move(r.backward);
+      break;
+    }
+    case Implementation::kReference: {
+      const ref::Model& m = l.model_for(c.contract);
+      fwd = m.forward(seqs, c.path, opt);
+      if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
+      break;
+    }
+    case Implementation::kEmulated:
+      fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
+      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+      break;
+    case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
+      throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
   }
   return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr);
 }

@@ -1,5 +1,6 @@
 #include "harness/engine/plan.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -21,6 +22,7 @@ const char* implementation_name(Implementation i) {
     case Implementation::kReference: return "reference";
     case Implementation::kEmulated: return "emulated";
     case Implementation::kCuda: return "cuda";
+    case Implementation::kFloat64: return "float64";
   }
   return "?";
 }
@@ -227,12 +229,23 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     });
     no_duplicates<std::string>(rd, rd.name("models"), plan.models, [](const std::string& s) { return s; });
   }
-  if (const json* v = field("contracts")) {
-    plan.contracts = rd.list<std::string>(rd.name("contracts"), *v, [&](const std::string& f, const json& x) {
+  // `run --contract truth` is the old spelling of --implementation float64: the
+  // float64 truth model, which has no contract.
+  constexpr const char* kOldFloat64Contract = "truth";
+  const json* contracts = field("contracts");
+  if (contracts && plan.allow_float64 && contracts->is_array() &&
+      std::find(contracts->begin(), contracts->end(), json(kOldFloat64Contract)) != contracts->end()) {
+    const std::string why = std::string("'") + kOldFloat64Contract + "' is the old spelling of " +
+                            rd.name("implementations") + " float64, the float64 truth model";
+    if (contracts->size() != 1) rd.bad(rd.name("contracts"), why + ": it has no contract to list with others");
+    if (field(implementations_key)) rd.bad(rd.name("contracts"), why + ": give one of them");
+    plan.contracts.clear();
+    plan.implementations = {Implementation::kFloat64};
+    plan.origins["implementations"] = {source, flags};
+  } else if (contracts) {
+    plan.contracts = rd.list<std::string>(rd.name("contracts"), *contracts, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
-      if (!find_contract(s) && !(plan.allow_truth && s == kTruthContract))
-        rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()) +
-                      (plan.allow_truth ? std::string(", ") + kTruthContract : ""));
+      if (!find_contract(s)) rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()));
       return s;
     });
     no_duplicates<std::string>(rd, rd.name("contracts"), plan.contracts, [](const std::string& s) { return s; });
@@ -242,7 +255,11 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     plan.implementations = rd.list<Implementation>(name, *v, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
       const auto i = parse_implementation(s);
-      if (!i) rd.bad(f, "unknown implementation '" + s + "'; the implementations are reference, emulated, cuda");
+      const std::string known = plan.allow_float64 ? "reference, emulated, cuda, float64" : "reference, emulated, cuda";
+      if (!i) rd.bad(f, "unknown implementation '" + s + "'; the implementations are " + known);
+      if (*i == Implementation::kFloat64 && !plan.allow_float64)
+        rd.bad(f, "float64, the float64 truth model, runs only in `bitparity run`; here the implementations are " +
+                      known);
       return *i;
     });
     no_duplicates<Implementation>(rd, name, plan.implementations,

@@ -44,22 +44,24 @@
 namespace bp::harness {
 
 // What computes a case: the reference model (ref::Model, unsharded), the layouts
-// on emulated CPU ranks, or the GPU (engine/cuda_implementation.h). Not the
-// program's compute Backend (program/backend.h), which each of them supplies.
-enum class Implementation { kReference, kEmulated, kCuda };
-const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda"
+// on emulated CPU ranks, or the GPU (engine/cuda_implementation.h); and, for `run`
+// only (allow_float64), the float64 truth model (reference/truth/qwen3.h): no
+// contract, unsharded, extend, no captures. Not the program's compute Backend
+// (program/backend.h), which the first three supply.
+enum class Implementation { kReference, kEmulated, kCuda, kFloat64 };
+const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda", "float64"
 std::optional<Implementation> parse_implementation(std::string_view s);
 inline constexpr Implementation kAllImplementations[] = {Implementation::kReference, Implementation::kEmulated,
-                                                         Implementation::kCuda};
+                                                         Implementation::kCuda, Implementation::kFloat64};
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
 std::string path_name(const ref::Path& s);
 std::optional<ref::Path> parse_path(std::string_view s, std::string* why = nullptr);
 
-// The contracts a plan may name: bp::contracts(), and for `run` (allow_truth) the
-// float64 twin of the model, "truth".
+// The contracts a plan may name: bp::contracts(). (`run` also reads "truth", the
+// old spelling of implementation float64: it sets implementations ["float64"] and
+// no contract.)
 std::vector<std::string> contract_names();
-inline constexpr const char* kTruthContract = "truth";
 
 struct TokenSpec {
   uint64_t seed = 1;
@@ -74,7 +76,7 @@ struct LayoutGrid {
 
 struct SweepPlan {
   std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
-  std::vector<std::string> contracts = contract_names();
+  std::vector<std::string> contracts = contract_names();  // empty: the float64 truth model's (none)
   std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
@@ -86,7 +88,7 @@ struct SweepPlan {
   float temperature = 1.0f;
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
-  bool allow_truth = false;  // contracts may name kTruthContract (`run` only)
+  bool allow_float64 = false;  // implementations may name float64 (`run` only)
   std::string base_dir;     // where relative model dirs / tokens files are resolved ("" = cwd)
 
   // Which source set each field (JSON key -> source), for messages about values

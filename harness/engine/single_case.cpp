@@ -1,6 +1,6 @@
 // One case of a plan run to its outputs: what `bitparity run` dumps and each side of
-// `bitparity bisect`. The case engine runs contract cases; the float64 truth
-// (reference/truth/qwen3.h) runs here.
+// `bitparity bisect`. The case engine runs a contract's cases; the float64 truth
+// model (reference/truth/qwen3.h), which has no contract, runs here.
 #include "harness/engine/single_case.h"
 
 #include "harness/engine/models.h"
@@ -10,18 +10,17 @@ namespace bp::harness {
 
 namespace {
 
-// The float64 truth (reference/truth/qwen3.h) of one run, rounded to F32 (to
-// nearest) so that `bitparity diff` measures a contract's distance from it.
-std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
+// The float64 truth model's run of the one case `plan` names (on `layout`), rounded
+// to F32 (to nearest) so that `bitparity diff` measures a contract's distance from it.
+std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layout& layout) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
-  if (plan.implementations[0] != Implementation::kReference)
-    plan.bad("implementations", "[0]", "the float64 truth runs on the reference implementation only");
+  if (!plan.contracts.empty() && plan.origins.count("contracts"))
+    plan.bad("contracts", "", "the float64 truth has no contract");
   if (plan.paths[0].kind != ref::Path::Kind::Extend)
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
-  if (!plan.layouts.empty() && plan.layouts != std::vector<layouts::Layout>{layouts::Layout{}})
-    plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
+  if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
   const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed);
   const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
   const truth::Model m(cfg, w);
@@ -48,13 +47,15 @@ std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
   return out;
 }
 
-// A plan of one case: every list has one element.
-void require_one_case(const SweepPlan& p) {
+// A plan of one case: every list has one element (the float64 truth model's
+// contracts none). Returns the case's layout.
+layouts::Layout require_one_case(const SweepPlan& p) {
   auto one = [&](const char* key, size_t n) {
     if (n != 1) p.bad(key, "", "names " + std::to_string(n) + " values; run takes one case (use sweep for more)");
   };
+  const bool float64 = p.implementations[0] == Implementation::kFloat64;
   one("models", p.models.size());
-  one("contracts", p.contracts.size());
+  if (!float64) one("contracts", p.contracts.size());
   one("implementations", p.implementations.size());
   one("paths", p.paths.size());
   if (p.layouts.empty()) {
@@ -68,6 +69,7 @@ void require_one_case(const SweepPlan& p) {
   if (p.implementations[0] == Implementation::kReference && l != layouts::Layout{})
     p.bad("layouts", "", "the reference implementation is unsharded; run layout " + l.name() +
                              " with --implementation emulated");
+  return l;
 }
 
 std::string tokens_text(const TokenSpec& t) {
@@ -86,16 +88,15 @@ SweepPlan single_case_defaults() {
   p.implementations = {Implementation::kReference};
   p.layouts = {layouts::Layout{}};
   p.paths = {ref::Path::extend()};
-  p.allow_truth = true;
+  p.allow_float64 = true;
   return p;
 }
 
 SingleRun run_single_case(const SweepPlan& plan) {
-  require_one_case(plan);
+  const layouts::Layout layout = require_one_case(plan);
   SingleRun r;
   std::map<std::string, std::string>& m = r.metadata;
   m = {{"bitparity.model", plan.models[0]},
-       {"bitparity.contract", plan.contracts[0]},
        {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
        {"bitparity.tokens", tokens_text(plan.tokens)},
@@ -103,17 +104,18 @@ SingleRun run_single_case(const SweepPlan& plan) {
        {"bitparity.coef_seed", std::to_string(plan.coef_seed)},
        {"bitparity.temperature", std::to_string(plan.temperature)},
        {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
-  if (plan.contracts[0] == kTruthContract) {
-    r.tensors = run_truth(plan);
-    m["bitparity.layout"] = layouts::Layout{}.name();
+  if (plan.implementations[0] == Implementation::kFloat64) {
+    r.tensors = run_float64(plan, layout);
+    m["bitparity.layout"] = layout.name();
     m["bitparity.note"] = "float64 truth rounded to F32 (nearest)";
-    r.id = plan.models[0] + "/truth";
+    r.id = plan.models[0] + "/" + implementation_name(Implementation::kFloat64);
     r.num_layers = static_cast<int>(model_config(plan.models[0], plan.base_dir, "", "").num_hidden_layers);
     return r;
   }
   CaseEngine engine(plan);
   const CaseSpec& c = engine.cases().at(0);
   m["bitparity.layout"] = c.layout.name();
+  m["bitparity.contract"] = c.contract.name;
   m["bitparity.contract_knob_hash"] = c.contract.knob_hash();
   r.id = engine.case_id(c);
   r.num_layers = static_cast<int>(c.model.config.num_hidden_layers);

@@ -18,10 +18,12 @@ struct SingleRun {
   int num_layers = 0;
 };
 // run's defaults: qwen3-dense-tiny, the first contract, reference, tp1-ep1-cp1,
-// extend; the truth contract allowed.
+// extend; implementation float64 allowed.
 SweepPlan single_case_defaults();
-// Runs the one case `plan` names (io::BadInput when it names more, or a layout the
-// reference implementation cannot run; CannotTest for cuda).
+// Runs the one case `plan` names (io::BadInput when it names more, a layout the
+// reference implementation cannot run, or what the float64 truth model lacks: a
+// contract, a path other than extend, captures, a sharded layout; CannotTest for
+// cuda). A float64 case's id is "<model>/float64", its dump records no contract.
 SingleRun run_single_case(const SweepPlan& plan);
 
 }  // namespace bp::harness

@@ -225,14 +225,33 @@ TEST_F(CliSweep, RunDumpsDiffAndBisect) {
   EXPECT_NE(out_.find("first difference: ops.embed (op embed)"), std::string::npos) << out_;
   EXPECT_EQ(run("bisect " + a + " " + b), 0) << out_ << err_;
   EXPECT_NE(out_.find("no difference"), std::string::npos) << out_;
-  // The float64 truth: a dump of the same tensors (no captures), not the contract's bits.
+  // The float64 truth model: a dump of the same tensors (no captures), not the contract's bits.
   const std::string t = path("t.safetensors"), r = path("r.safetensors");
-  ASSERT_EQ(run("run --lengths 5,9 --contract truth --out " + t), 0) << err_;
+  ASSERT_EQ(run("run --lengths 5,9 --implementation float64 --out " + t), 0) << err_;
+  EXPECT_NE(out_.find("run: qwen3-dense-tiny/float64: "), std::string::npos) << out_;
+  const std::string header = read(t).substr(0, 1024);  // "__metadata__" sorts first in the JSON header
+  EXPECT_NE(header.find("\"bitparity.implementation\":\"float64\""), std::string::npos) << header;
+  EXPECT_EQ(header.find("bitparity.contract"), std::string::npos) << "it has no contract: " << header;
   ASSERT_EQ(run("run --lengths 5,9 --out " + r), 0) << err_;
   EXPECT_EQ(run("diff -q " + r + " " + t), 1);
-  EXPECT_EQ(run("run --contract truth --path decode --out " + t), 2);
+  EXPECT_EQ(run("run --implementation float64 --path decode --out " + t), 2);
   EXPECT_NE(err_.find("command line: --path[0]: the float64 truth has no paths"), std::string::npos) << err_;
+  EXPECT_EQ(run("run --implementation float64 --contract bf16-fmaseq-v1 --out " + t), 2);
+  EXPECT_NE(err_.find("command line: --contract: the float64 truth has no contract"), std::string::npos) << err_;
+  // `--contract truth` is its old spelling: the same dump, byte for byte.
+  const std::string old = path("old.safetensors");
+  ASSERT_EQ(run("run --lengths 5,9 --contract truth --out " + old), 0) << err_;
+  EXPECT_EQ(read(old), read(t));
+  EXPECT_EQ(run("run --contract truth --path decode --out " + old), 2);
+  EXPECT_NE(err_.find("command line: --path[0]: the float64 truth has no paths"), std::string::npos) << err_;
+  // Only `run` takes it.
+  EXPECT_EQ(run("sweep --implementation reference,float64"), 2);
+  EXPECT_NE(err_.find("command line: --implementation[1]: float64, the float64 truth model, runs only in "
+                      "`bitparity run`"),
+            std::string::npos)
+      << err_;
   EXPECT_EQ(run("sweep --contract truth"), 2);
+  EXPECT_NE(err_.find("command line: --contract[0]: unknown contract 'truth'"), std::string::npos) << err_;
   // A dump that is not safetensors is bad input naming the file.
   const std::string junk = write("junk.safetensors", "not a dump");
   EXPECT_EQ(run("bisect " + a + " " + junk), 2);
@@ -261,7 +280,8 @@ TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
 
 TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
   ASSERT_EQ(run("list"), 0) << err_;
-  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "emulated", "tp4-ep4-cp2z", "decode"})
+  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "implementations:\n", "emulated",
+                        "float64", "tp4-ep4-cp2z", "decode"})
     EXPECT_NE(out_.find(s), std::string::npos) << s << "\n" << out_;
   EXPECT_EQ(run("list --model " + path("nothere")), 2);
   EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;
