@@ -31,9 +31,10 @@ Subcommand add_list_command(CLI::App& app);
 Subcommand add_diff_command(CLI::App& app);
 Subcommand add_report_command(CLI::App& app);
 
-// The plan options shared by run, sweep and bisect (--model, --contract, --implementation,
-// --layout, --tp/--ep/--cp/--cp-split, --path, --seed/--lengths/--tokens,
-// --weight-seed, --coef-seed, --temperature, --no-grads, --capture, --plan).
+// The plan options shared by run, sweep and bisect (--model, --contract,
+// --implementation, --layout, --tp/--ep/--cp/--cp-split, --path,
+// --seed/--lengths/--tokens, --weight-seed, --coef-seed, --temperature, --no-grads,
+// --capture, --plan).
 class PlanFlags {
  public:
   void add_to(CLI::App* app);

@@ -3,6 +3,7 @@
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
+#include "harness/engine/cuda_implementation.h"
 #include "harness/engine/models.h"
 #include "harness/exit_codes.h"
 
@@ -58,9 +59,10 @@ int list(const ListOptions& o) {
   std::printf("implementations:\n"
               "  reference  the unsharded CPU reference model (ref::Model), every path\n"
               "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
-              "  cuda       not available in this build (its cases exit 125: cannot test here)\n"
+              "  cuda       %s\n"
               "  float64    the float64 truth model (reference/truth): no contract, unsharded, extend, no captures; "
-              "run only (--contract truth is its old spelling)\n");
+              "run only (--contract truth is its old spelling)\n",
+              cuda_implementation_summary());
   std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
               "control); those of the default grid each model runs under every contract:\n");
   for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());

@@ -39,6 +39,11 @@ GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
 
 }  // namespace
 
+const char* cuda_implementation_summary() {
+  return "the model on a Hopper GPU: tp1-ep1-cp1 on the GPU model, other layouts on virtual GPU ranks (its cases "
+         "exit 125 where there is no such GPU: cannot test here)";
+}
+
 GpuRunner::GpuRunner() = default;
 GpuRunner::~GpuRunner() = default;
 

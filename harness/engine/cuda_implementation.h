@@ -52,6 +52,9 @@ struct GpuCaseInput {
   uint64_t coef_seed;
 };
 
+// What `bitparity list` says of the cuda implementation in this build.
+const char* cuda_implementation_summary();
+
 // Runs cuda cases, keeping at most one uploaded GPU model: the last unsharded
 // case's. One is enough (a sweep never comes back to a (model, contract) it has
 // left), and it bounds the device memory to one copy of a model's weights.

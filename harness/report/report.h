@@ -69,7 +69,7 @@ struct Case {
   Verdict verdict = Verdict::kExact;
   std::string skip_reason;  // when kSkipped
   std::vector<TensorRecord> tensors;
-  // The first (layer, op) whose output differs, e.g. "layer3.mlp.down_proj", when the
+  // The first (layer, op) whose output differs, e.g. "layers.3.attn_out", when the
   // command located it (sweep/bisect); nullopt when not looked for or not found.
   std::optional<std::string> first_divergent_op;
   // Wall time of the case's own run (CaseEngine::run: the implementation's model work, not
