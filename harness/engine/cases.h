@@ -103,9 +103,8 @@ class CaseEngine {
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
   // parameters (model, contract, contract_knob_hash, backend: the implementation,
-  // layout, path), the
-  // seconds of its run() and the device memory it peaked at, and, with capture,
-  // first_divergent_op. A CannotTest case comes back skipped.
+  // layout, path), the seconds of its run() and the device memory it peaked at,
+  // and, with capture, first_divergent_op. A CannotTest case comes back skipped.
   Case compare(const CaseSpec& c);
 
  private:

@@ -1,7 +1,7 @@
-// What a sweep runs: models × contracts × implementations × layouts × paths on one batch
-// of token sequences. A plan comes from a JSON file (`--plan FILE`), from flags,
-// or both (flags override the file field by field), on top of the default plan:
-// the README's default sweep on the embedded tiny fixtures.
+// What a sweep runs: models × contracts × implementations × layouts × paths on one
+// batch of token sequences. A plan comes from a JSON file (`--plan FILE`), from
+// flags, or both (flags override the file field by field), on top of the default
+// plan: the README's default sweep on the embedded tiny fixtures.
 //
 // Plan file (every key optional; unknown keys are refused):
 //   {
@@ -76,7 +76,7 @@ struct LayoutGrid {
 
 struct SweepPlan {
   std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
-  std::vector<std::string> contracts = contract_names();  // empty: the float64 truth model's (none)
+  std::vector<std::string> contracts = contract_names();  // empty for the float64 truth model, which has none
   std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
