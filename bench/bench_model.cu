@@ -15,7 +15,7 @@
 #include <string>
 
 #include "bench/bench_util.cuh"
-#include "harness/models.h"
+#include "harness/engine/models.h"
 #include "optimized/model/qwen3.h"
 #include "reference/common/rng.h"
 

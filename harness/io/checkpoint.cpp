@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 #include "reference/model/model_graph.h"
 

@@ -1,6 +1,6 @@
-// Errors of the model I/O layer. BadInput is the user's file being wrong (the CLI
-// maps it to exit code 2, kExitBadInput); IoError is the machine failing us (a
-// read or write that the OS refused).
+// Errors of the harness's inputs. BadInput is the user's input being wrong (a file,
+// or the command line; the CLI maps it to exit code 2, kExitBadInput); IoError is
+// the machine failing us (a read or write that the OS refused).
 #pragma once
 #include <stdexcept>
 #include <string>

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 
 namespace bp::io {

@@ -1,8 +1,5 @@
 #include "harness/io/json_strict.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <set>
 #include <vector>
 
@@ -65,20 +62,6 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& path,
   } catch (const json::exception& e) {
     throw BadInput(path, "", std::string("not valid JSON: ") + e.what());
   }
-}
-
-std::string read_text_file(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path + ": cannot open: " + std::strerror(errno));
-  std::string s;
-  char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    s.append(buf, static_cast<size_t>(in.gcount()));
-    if (s.size() > max_bytes)
-      throw BadInput(path, "", "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
-  }
-  if (in.bad()) throw IoError(path + ": read failed");
-  return s;
 }
 
 const char* json_type_word(const nlohmann::json& v) {

@@ -11,10 +11,6 @@ namespace bp::io {
 // Parses `text` or throws BadInput(path, <dotted key path>, reason).
 nlohmann::json parse_json_strict(std::string_view text, const std::string& path, int max_depth = 16);
 
-// Reads a whole (small) text file; IoError if it cannot be opened or read, BadInput
-// if it is larger than max_bytes.
-std::string read_text_file(const std::string& path, size_t max_bytes = size_t{64} << 20);
-
 // A JSON value's type with its article, for messages ("a string", "an integer", "null").
 const char* json_type_word(const nlohmann::json& v);
 

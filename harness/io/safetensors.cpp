@@ -6,14 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -441,55 +440,6 @@ std::string le64(uint64_t v) {
   return s;
 }
 
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-  const uint8_t* c = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw IoError(path + ": write failed: " + std::strerror(w < 0 ? errno : EIO));
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-// Runs `body(fd, tmp_path)` on a fresh temporary beside `path`, then fsync + rename.
-template <class Body>
-void atomic_write(const std::string& path, Body&& body) {
-  static std::atomic<uint64_t> counter{0};
-  const std::filesystem::path target(path);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  std::string leaf = ".";
-  leaf += target.filename().string();
-  leaf += ".tmp-";
-  leaf += std::to_string(::getpid());
-  leaf += '-';
-  leaf += std::to_string(counter.fetch_add(1));
-  const std::string tmp = (dir / leaf).string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) throw IoError(tmp + ": cannot create: " + std::strerror(errno));
-  bool open_fd = true;
-  try {
-    body(fd, tmp);
-    if (::fsync(fd) != 0) throw IoError(tmp + ": fsync failed: " + std::strerror(errno));
-    open_fd = false;
-    if (::close(fd) != 0) throw IoError(tmp + ": close failed: " + std::strerror(errno));
-  } catch (...) {
-    if (open_fd) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw IoError(path + ": rename from temporary failed: " + std::strerror(e));
-  }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // best effort: make the rename durable
-    ::close(dfd);
-  }
-}
-
 }  // namespace
 
 std::vector<uint8_t> serialize_safetensors(std::vector<WriteTensor> tensors, const std::map<std::string, std::string>& metadata) {
@@ -511,17 +461,11 @@ std::vector<uint8_t> serialize_safetensors(std::vector<WriteTensor> tensors, con
 void write_safetensors(const std::string& path, std::vector<WriteTensor> tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::string header = prepare_header(tensors, metadata);
-  atomic_write(path, [&](int fd, const std::string& tmp) {
-    const std::string len = le64(header.size());
-    write_all(fd, len.data(), len.size(), tmp);
-    write_all(fd, header.data(), header.size(), tmp);
-    for (const WriteTensor& t : tensors)
-      if (!t.bytes.empty()) write_all(fd, t.bytes.data(), t.bytes.size(), tmp);
-  });
-}
-
-void write_file_atomic(const std::string& path, std::string_view text) {
-  atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, text.data(), text.size(), tmp); });
+  const std::string len = le64(header.size());
+  auto bytes = [](const std::string& s) { return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()); };
+  std::vector<std::span<const uint8_t>> pieces = {bytes(len), bytes(header)};
+  for (const WriteTensor& t : tensors) pieces.push_back(t.bytes);
+  write_file_atomic(path, pieces);
 }
 
 }  // namespace bp::io

@@ -132,8 +132,8 @@ struct WriteTensor {
   std::span<const uint8_t> bytes;  // product(shape) * dtype_size(dtype) bytes, little-endian
 };
 
-// Writes `path` atomically: a temporary file in the same directory, fsync, rename
-// over `path`. Tensors are laid out sorted by name; the JSON header is padded with
+// Writes `path` atomically (io/files.h: a temporary file in the same directory,
+// fsync, rename over `path`). Tensors are laid out sorted by name; the JSON header is padded with
 // spaces so that the byte buffer starts at a multiple of 8. Throws
 // std::invalid_argument for inconsistent tensors (duplicate or empty name, byte
 // count != shape) and IoError for a failed write (the temporary is removed and
@@ -144,8 +144,5 @@ void write_safetensors(const std::string& path, std::vector<WriteTensor> tensors
 // The same bytes in memory (for tests and fuzz corpora).
 std::vector<uint8_t> serialize_safetensors(std::vector<WriteTensor> tensors,
                                            const std::map<std::string, std::string>& metadata = {});
-
-// Writes `text` to `path` atomically (temporary + fsync + rename).
-void write_file_atomic(const std::string& path, std::string_view text);
 
 }  // namespace bp::io

@@ -169,7 +169,7 @@ std::string grid_section(const Report& r) {
 
 // --- cases -------------------------------------------------------------------
 
-// Bars of the mismatch-only ULP histogram (compare.h bins), height linear in the count.
+// Bars of the mismatch-only ULP histogram (compare/compare.h bins), height linear in the count.
 std::string histogram_svg(const TensorMetrics& m) {
   constexpr int kBar = 10, kGap = 2, kHeight = 80, kLabels = 14;
   const uint64_t top = *std::max_element(m.ulp_histogram.begin(), m.ulp_histogram.end());

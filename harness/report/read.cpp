@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "harness/io/errors.h"
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 #include "harness/report/fccp_csv.h"
 

@@ -1,4 +1,4 @@
-// Report model, environment detection and atomic writes.
+// Report model, environment detection, and the reports written (atomically, io/files.h).
 #include "harness/report/report.h"
 
 #include <sys/wait.h>
@@ -8,12 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
-#include "harness/io/safetensors.h"
+#include "harness/io/files.h"
 #include "harness/report/html.h"
 
 #ifndef BP_COMPILER_ID
@@ -154,17 +153,6 @@ Report make_report(std::string command) {
   return r;
 }
 
-std::string report_path_problem(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p(path);
-  if (path.empty()) return "empty path";
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) return "directory " + dir.string() + " does not exist";
-  if (fs::is_directory(p, ec)) return "is a directory";
-  return "";
-}
-
 void write_json(const Report& r, const std::string& path) { io::write_file_atomic(path, render_json(r)); }
 void write_csv(const Report& r, const std::string& path) { io::write_file_atomic(path, render_csv(r)); }
 void write_junit(const Report& r, const std::string& path) { io::write_file_atomic(path, render_junit(r)); }
@@ -182,7 +170,7 @@ std::vector<std::pair<const std::string*, Writer>> writers(const ReportPaths& p)
 int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err) {
   for (const auto& [path, write] : writers(paths)) {
     if (path->empty()) continue;
-    if (const std::string why = report_path_problem(*path); !why.empty()) {
+    if (const std::string why = io::write_path_problem(*path); !why.empty()) {
       std::fprintf(err, "bitparity %s: cannot write report: %s: %s\n", cmd, path->c_str(), why.c_str());
       return kExitBadInput;
     }
@@ -201,17 +189,6 @@ int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, st
     }
   }
   return 0;
-}
-
-int exit_for_read_error(const char* cmd, std::FILE* err) {
-  try {
-    throw;
-  } catch (const io::BadInput& e) {
-    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
-  } catch (const io::IoError& e) {
-    std::fprintf(err, "bitparity %s: cannot read: %s\n", cmd, e.what());
-  }
-  return kExitBadInput;
 }
 
 std::string metric_text(double v, const char* printf_format) {

@@ -1,11 +1,11 @@
 // The report every bitparity command writes: an environment block, a status, one
 // entry per case with its compared tensors, and an overall verdict. Three renderings,
 // each written atomically (temporary in the same directory + fsync + rename, via
-// bp::io::write_file_atomic), so an error never leaves a partial report and never
+// bp::io::write_file_atomic of io/files.h), so an error never leaves a partial report and never
 // destroys an earlier one:
 //   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
-//          ulp_histogram to the mismatch-only bins of compare.h, added first_divergent_op;
-//          3 added each case's seconds and peak_device_bytes)
+//          ulp_histogram to the mismatch-only bins of compare/compare.h, added
+//          first_divergent_op; 3 added each case's seconds and peak_device_bytes)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 namespace bp::harness {
 
@@ -69,16 +69,16 @@ struct Case {
   Verdict verdict = Verdict::kExact;
   std::string skip_reason;  // when kSkipped
   std::vector<TensorRecord> tensors;
-  // The first (layer, op) whose output differs, e.g. "layer3.mlp.down_proj", when the
+  // The first (layer, op) whose output differs, e.g. "layers.3.attn_out", when the
   // command located it (sweep/bisect); nullopt when not looked for or not found.
   std::optional<std::string> first_divergent_op;
-  // Wall time of the case's own run (CaseEngine::run: the backend's model work, not
+  // Wall time of the case's own run (CaseEngine::run: the implementation's model work, not
   // loading the weights, from disk or onto the device, nor the comparison with the
   // reference); 0 where a command times no run (diff, bisect).
   double seconds = 0;
   // The device memory the run peaked at, the model's weights included in every case
-  // (also when they stay resident between cases: harness/gpu_backend.h); nullopt
-  // for a backend with no device (CPU).
+  // (also when they stay resident between cases: harness/engine/cuda_implementation.h);
+  // nullopt for an implementation with no device (CPU).
   std::optional<uint64_t> peak_device_bytes;
   // (Time and peak are measurements, not results: a baseline never counts them as a
   // change, and a case's verdict ignores them.)
@@ -109,12 +109,7 @@ extern const std::vector<std::string> kCsvColumns;
 size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 
-// "" when `path` can take a report (its directory exists, it is not a directory),
-// else the reason. Commands check every report path before writing any, so that
-// a bad path never leaves one report new and another old.
-std::string report_path_problem(const std::string& path);
-
-// Atomic writes (throw bp::io::IoError; `path` is then untouched).
+// Atomic writes (io/files.h; throw bp::io::IoError, `path` is then untouched).
 void write_json(const Report& r, const std::string& path);
 void write_csv(const Report& r, const std::string& path);
 void write_junit(const Report& r, const std::string& path);
@@ -128,11 +123,6 @@ struct ReportPaths {
 int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
 // Writes each requested report atomically; 0, or kExitBadInput after a failed write.
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
-
-// Inside a catch block of a command that reads files (diff, report): prints a
-// bp::io::BadInput or bp::io::IoError in flight ("bitparity diff: bad input: ...")
-// and returns kExitBadInput; rethrows anything else.
-int exit_for_read_error(const char* cmd, std::FILE* err);
 
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
 // finite: metrics are distances, so a non-finite one is +inf.

@@ -27,11 +27,11 @@ function(expect code)
 endfunction()
 
 expect(0 list)
-expect(0 sweep --quiet --model qwen3-moe-tiny --contract bf16-fmaseq-v1 --backend emulated
+expect(0 sweep --quiet --model qwen3-moe-tiny --contract bf16-fmaseq-v1 --implementation emulated
        --layout tp2-ep2-cp2z --path decode --lengths 5,9 --json report.json)
-expect(1 sweep --quiet --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --backend emulated
+expect(1 sweep --quiet --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --implementation emulated
        --layout tp2-ep1-cp1+ring --path extend --no-grads)
-expect(0 run --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --backend emulated --layout tp2-ep1-cp2
+expect(0 run --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --implementation emulated --layout tp2-ep1-cp2
        --path decode --lengths 7 --no-grads --out a.safetensors)
 expect(0 run --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --path extend --lengths 7 --no-grads
        --out b.safetensors)
@@ -45,11 +45,11 @@ endif()
 # A checkpoint transformers wrote (fixtures/hf), then the same with its weights cut short.
 set(ckpt "${prefix}/cwd/ckpt")
 file(COPY "${SOURCE_DIR}/fixtures/hf/dense-gqa4-tied/" DESTINATION "${ckpt}")
-expect(0 sweep --quiet --model ./ckpt --contract bf16-fmaseq-v1 --backend reference --path extend --lengths 6)
+expect(0 sweep --quiet --model ./ckpt --contract bf16-fmaseq-v1 --implementation reference --path extend --lengths 6)
 # The first 4000 bytes: the header parses, the tensors' bytes are missing.
 execute_process(COMMAND sh -c "head -c 4000 '${SOURCE_DIR}/fixtures/hf/dense-gqa4-tied/model.safetensors' > '${ckpt}/model.safetensors'")
 execute_process(COMMAND "${prefix}/bin/bitparity" sweep --quiet --model ./ckpt --contract bf16-fmaseq-v1
-  --backend reference --path extend --lengths 6 WORKING_DIRECTORY "${prefix}/cwd"
+  --implementation reference --path extend --lengths 6 WORKING_DIRECTORY "${prefix}/cwd"
   RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "model.safetensors")
   message(FATAL_ERROR "truncated checkpoint: exit ${rc}, expected 2 and a message naming the file:\n${err}")

@@ -48,7 +48,7 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
             0)
       << out_ << err_;
   EXPECT_NE(out_.find("ALL EXACT"), std::string::npos) << out_;
-  EXPECT_NE(out_.find("emulated   tp2-ep1-cp2z"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("emulated        tp2-ep1-cp2z"), std::string::npos) << out_;
   const json j = valid_report(path("r.json"));
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "exact");
@@ -57,7 +57,7 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
   const json& ext = j["cases"][2];
   EXPECT_EQ(ext["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/emulated/tp1-ep1-cp2z/extend");
   EXPECT_EQ(ext["parameters"]["layout"], "tp1-ep1-cp2z");
-  EXPECT_EQ(ext["parameters"]["backend"], "emulated");
+  EXPECT_EQ(ext["parameters"]["backend"], "emulated");  // the report's key for the implementation
   size_t grads = 0;
   for (const json& t : ext["tensors"]) grads += t["name"].get<std::string>().rfind("grads.", 0) == 0;
   EXPECT_EQ(grads, 3u * 11u + 2u);  // 11 per dense layer, embedding (tied) and final norm
@@ -68,7 +68,7 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
   EXPECT_EQ(read(path("r.csv")).rfind("case_id,", 0), 0u);
   EXPECT_NE(read(path("r.xml")).find("tp2-ep1-cp2z/chunked:5,3"), std::string::npos);
   EXPECT_NE(read(path("r.html")).find("<table class=\"grid\""), std::string::npos);
-  // Every case's run is timed (and --verbose shows it); the CPU backends have no
+  // Every case's run is timed (and --verbose shows it); the CPU implementations have no
   // device, so no peak device memory.
   for (const json& c : j["cases"]) {
     EXPECT_GT(c["seconds"].get<double>(), 0) << c["id"];
@@ -80,7 +80,7 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
 }
 
 TEST_F(CliSweep, MoeExpertParallelDecodeWithCaptures) {
-  ASSERT_EQ(run("sweep --model qwen3-moe-tiny --contract bf16-fmaseq-v1 --lengths 4,7 --backend emulated --layout "
+  ASSERT_EQ(run("sweep --model qwen3-moe-tiny --contract bf16-fmaseq-v1 --lengths 4,7 --implementation emulated --layout "
                 "tp1-ep2-cp1,tp2-ep4-cp2z --path decode --capture ops --json " + path("r.json")),
             0)
       << out_ << err_;
@@ -95,7 +95,7 @@ TEST_F(CliSweep, MoeExpertParallelDecodeWithCaptures) {
 // sums must be caught, first at the first row-parallel output.
 TEST_F(CliSweep, RingReductionIsCaught) {
   // The default tokens (6, 11, 17): with these the ring's first changed rounding is in o_proj.
-  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --backend emulated --layout "
+  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --implementation emulated --layout "
                 "tp2-ep1-cp1+ring --path ragged --capture ops --json " + path("r.json")),
             1)
       << out_ << err_;
@@ -107,7 +107,7 @@ TEST_F(CliSweep, RingReductionIsCaught) {
 
 TEST_F(CliSweep, BadPlansExitTwoNamingFileAndFieldAndKeepTheReport) {
   const std::string report = path("r.json");
-  ASSERT_EQ(run("sweep " + kSmall + "--backend reference --path ragged --json " + report), 0) << err_;
+  ASSERT_EQ(run("sweep " + kSmall + "--implementation reference --path ragged --json " + report), 0) << err_;
   const std::string before = read(report);
   struct Bad {
     std::string plan, field;
@@ -164,7 +164,7 @@ TEST_F(CliSweep, SigtermMidSweepLeavesAValidInterruptedReport) {
   if (pid == 0) {
     if (!std::freopen(out.c_str(), "w", stdout)) std::_Exit(99);
     ::execl(BP_BITPARITY_EXE, BP_BITPARITY_EXE, "sweep", "--model", "qwen3-dense-tiny", "--contract", "bf16-fmaseq-v1",
-            "--lengths", "5,9", "--backend", "emulated", "--tp", "1,2,4", "--cp", "1,2", "--path", "decode",
+            "--lengths", "5,9", "--implementation", "emulated", "--tp", "1,2,4", "--cp", "1,2", "--path", "decode",
             "--path", "ragged", "--verbose", "--json", report.c_str(), static_cast<char*>(nullptr));
     std::_Exit(98);
   }
@@ -185,21 +185,38 @@ TEST_F(CliSweep, SigtermMidSweepLeavesAValidInterruptedReport) {
   for (const json& c : j["cases"]) EXPECT_EQ(c["verdict"], "exact");
 }
 
-TEST_F(CliSweep, CudaBackendCannotTestHere) {
-  EXPECT_EQ(run("sweep " + kSmall + "--backend cuda --path extend --json " + path("r.json")), 125) << out_ << err_;
+TEST_F(CliSweep, CudaImplementationCannotTestHere) {
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation cuda --path extend --json " + path("r.json")), 125) << out_ << err_;
   const json j = valid_report(path("r.json"));
   EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
   EXPECT_NE(j["cases"][0]["skip_reason"].get<std::string>().find("no CUDA"), std::string::npos);
-  // Mixed with a backend that runs: the run counts (exit 0), the cuda case is skipped.
-  EXPECT_EQ(run("sweep " + kSmall + "--backend reference,cuda --tp 1 --path ragged --json " + path("r.json")), 0);
-  EXPECT_EQ(run("run --backend cuda --out " + path("c.safetensors")), 125);
+  // Mixed with an implementation that runs: the run counts (exit 0), the cuda case is skipped.
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation reference,cuda --tp 1 --path ragged --json " + path("r.json")), 0);
+  EXPECT_EQ(run("run --implementation cuda --out " + path("c.safetensors")), 125);
+}
+
+// --backend and a plan's "backends" are the old names of --implementation and
+// "implementations": the same case, the same dump. A plan giving both is refused.
+TEST_F(CliSweep, BackendIsTheOldNameOfImplementation) {
+  const std::string common = "run --lengths 5,9 --contract bf16-fmaseq-v1 --layout tp2-ep1-cp1 ";
+  const std::string a = path("a.safetensors"), b = path("b.safetensors"), c = path("c.safetensors");
+  ASSERT_EQ(run(common + "--implementation emulated --out " + a), 0) << err_;
+  ASSERT_EQ(run(common + "--backend emulated --out " + b), 0) << err_;
+  const std::string old_plan = write("old.json", "{\"backends\": [\"emulated\"]}");
+  ASSERT_EQ(run(common + "--plan " + old_plan + " --out " + c), 0) << err_;
+  EXPECT_EQ(read(a), read(b));
+  EXPECT_EQ(read(a), read(c));
+  const std::string both = write("both.json", "{\"implementations\": [\"emulated\"], \"backends\": [\"emulated\"]}");
+  EXPECT_EQ(run("sweep --plan " + both), 2);
+  EXPECT_NE(err_.find(both + ": backends: the old name of implementations"), std::string::npos) << err_;
+  EXPECT_EQ(err_.find('\n'), err_.size() - 1) << "one message line: " << err_;
 }
 
 TEST_F(CliSweep, RunDumpsDiffAndBisect) {
   const std::string a = path("a.safetensors"), b = path("b.safetensors"), c = path("c.safetensors");
   const std::string common = "run --lengths 5,9 --capture ops --contract bf16-fmaseq-v1 ";
   ASSERT_EQ(run(common + "--out " + a), 0) << err_;
-  ASSERT_EQ(run(common + "--backend emulated --layout tp2-ep1-cp2z --out " + b), 0) << err_;
+  ASSERT_EQ(run(common + "--implementation emulated --layout tp2-ep1-cp2z --out " + b), 0) << err_;
   EXPECT_EQ(run("diff -q " + a + " " + b), 0) << out_ << err_;
   ASSERT_EQ(run(common + "--weight-seed 99 --out " + c), 0) << err_;
   EXPECT_EQ(run("diff -q " + a + " " + c), 1);
@@ -208,14 +225,33 @@ TEST_F(CliSweep, RunDumpsDiffAndBisect) {
   EXPECT_NE(out_.find("first difference: ops.embed (op embed)"), std::string::npos) << out_;
   EXPECT_EQ(run("bisect " + a + " " + b), 0) << out_ << err_;
   EXPECT_NE(out_.find("no difference"), std::string::npos) << out_;
-  // The float64 truth: a dump of the same tensors (no captures), not the contract's bits.
+  // The float64 truth model: a dump of the same tensors (no captures), not the contract's bits.
   const std::string t = path("t.safetensors"), r = path("r.safetensors");
-  ASSERT_EQ(run("run --lengths 5,9 --contract truth --out " + t), 0) << err_;
+  ASSERT_EQ(run("run --lengths 5,9 --implementation float64 --out " + t), 0) << err_;
+  EXPECT_NE(out_.find("run: qwen3-dense-tiny/float64: "), std::string::npos) << out_;
+  const std::string header = read(t).substr(0, 1024);  // "__metadata__" sorts first in the JSON header
+  EXPECT_NE(header.find("\"bitparity.implementation\":\"float64\""), std::string::npos) << header;
+  EXPECT_EQ(header.find("bitparity.contract"), std::string::npos) << "it has no contract: " << header;
   ASSERT_EQ(run("run --lengths 5,9 --out " + r), 0) << err_;
   EXPECT_EQ(run("diff -q " + r + " " + t), 1);
-  EXPECT_EQ(run("run --contract truth --path decode --out " + t), 2);
+  EXPECT_EQ(run("run --implementation float64 --path decode --out " + t), 2);
   EXPECT_NE(err_.find("command line: --path[0]: the float64 truth has no paths"), std::string::npos) << err_;
+  EXPECT_EQ(run("run --implementation float64 --contract bf16-fmaseq-v1 --out " + t), 2);
+  EXPECT_NE(err_.find("command line: --contract: the float64 truth has no contract"), std::string::npos) << err_;
+  // `--contract truth` is its old spelling: the same dump, byte for byte.
+  const std::string old = path("old.safetensors");
+  ASSERT_EQ(run("run --lengths 5,9 --contract truth --out " + old), 0) << err_;
+  EXPECT_EQ(read(old), read(t));
+  EXPECT_EQ(run("run --contract truth --path decode --out " + old), 2);
+  EXPECT_NE(err_.find("command line: --path[0]: the float64 truth has no paths"), std::string::npos) << err_;
+  // Only `run` takes it.
+  EXPECT_EQ(run("sweep --implementation reference,float64"), 2);
+  EXPECT_NE(err_.find("command line: --implementation[1]: float64, the float64 truth model, runs only in "
+                      "`bitparity run`"),
+            std::string::npos)
+      << err_;
   EXPECT_EQ(run("sweep --contract truth"), 2);
+  EXPECT_NE(err_.find("command line: --contract[0]: unknown contract 'truth'"), std::string::npos) << err_;
   // A dump that is not safetensors is bad input naming the file.
   const std::string junk = write("junk.safetensors", "not a dump");
   EXPECT_EQ(run("bisect " + a + " " + junk), 2);
@@ -224,7 +260,8 @@ TEST_F(CliSweep, RunDumpsDiffAndBisect) {
 
 TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
   const std::string base = "bisect --contract bf16-fmaseq-v1 --no-grads ";  // default tokens, as above
-  ASSERT_EQ(run(base + "--a backend=reference --b backend=emulated,layout=tp2-ep1-cp1+ring --json " + path("r.json")),
+  ASSERT_EQ(run(base + "--a implementation=reference --b implementation=emulated,layout=tp2-ep1-cp1+ring --json " +
+                path("r.json")),
             1)
       << out_ << err_;
   EXPECT_NE(out_.find("first difference: ops.layers.0.attn_out (layer 0, op attn_out)"), std::string::npos) << out_;
@@ -232,7 +269,10 @@ TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
   EXPECT_NE(out_.find("its captured inputs are equal"), std::string::npos) << out_;
   EXPECT_EQ(valid_report(path("r.json"))["cases"][0]["first_divergent_op"], "layers.0.attn_out");
   // chunked:5,3 continues over the comma; decode and chunked agree bit for bit.
+  // backend= is the old name of implementation=.
   EXPECT_EQ(run(base + "--a path=decode --b path=chunked:5,3,backend=emulated,layout=tp1-ep1-cp2"), 0) << out_ << err_;
+  EXPECT_EQ(run(base + "--a path=decode --b implementation=emulated,backend=emulated"), 2);
+  EXPECT_NE(err_.find("--b: backend: given twice"), std::string::npos) << err_;
   EXPECT_EQ(run(base + "--a path=decode --b frobnicate=1"), 2);
   EXPECT_NE(err_.find("--b: frobnicate"), std::string::npos) << err_;
   EXPECT_EQ(run(base + "--a path=decode"), 2);
@@ -240,7 +280,8 @@ TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
 
 TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
   ASSERT_EQ(run("list"), 0) << err_;
-  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "emulated", "tp4-ep4-cp2z", "decode"})
+  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "implementations:\n", "emulated",
+                        "float64", "tp4-ep4-cp2z", "decode"})
     EXPECT_NE(out_.find(s), std::string::npos) << s << "\n" << out_;
   EXPECT_EQ(run("list --model " + path("nothere")), 2);
   EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;

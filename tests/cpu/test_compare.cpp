@@ -1,4 +1,4 @@
-// Per-tensor comparison metrics (harness/compare.h) on hand-made tensors: +-0,
+// Per-tensor comparison metrics (harness/compare/compare.h) on hand-made tensors: +-0,
 // NaN payloads, infinities, subnormals, ULP distances and histogram bins, and a negative
 // control (a single flipped bit is found, where it is).
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 namespace bp::harness {
 namespace {

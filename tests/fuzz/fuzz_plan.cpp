@@ -1,4 +1,4 @@
-// libFuzzer target: the sweep plan parser (harness/plan.h).
+// libFuzzer target: the sweep plan parser (harness/engine/plan.h).
 //
 // Every input is parsed as a plan file (parse_plan) and, when it is JSON, applied
 // as if it came from command-line flags (apply_plan_json with flags). Contract:
@@ -12,7 +12,7 @@
 
 #include "fuzz_contract.h"
 #include "harness/io/json_strict.h"
-#include "harness/plan.h"
+#include "harness/engine/plan.h"
 
 namespace {
 
@@ -20,7 +20,7 @@ using bp::harness::SweepPlan;
 
 void check_invariants(const SweepPlan& p) {
   using bp::fuzz::require;
-  require(!p.models.empty() && !p.contracts.empty() && !p.backends.empty() && !p.paths.empty(),
+  require(!p.models.empty() && !p.contracts.empty() && !p.implementations.empty() && !p.paths.empty(),
           "accepted a plan with an empty list");
   for (const auto& path : p.paths)
     for (const int c : path.chunks) require(c >= 1, "accepted a chunk size below 1");

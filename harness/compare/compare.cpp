@@ -1,4 +1,4 @@
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,6 @@
 namespace bp::harness {
 
 const char* cmp_type_name(CmpType t) { return t == CmpType::BF16 ? "BF16" : "F32"; }
-size_t cmp_type_size(CmpType t) { return t == CmpType::BF16 ? 2 : 4; }
 
 size_t ulp_bin(double ulp) {
   if (!(ulp == ulp) || std::isinf(ulp)) return kUlpBinNan;

@@ -1,12 +1,12 @@
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 
-#include "harness/gpu_backend.h"
+#include "harness/engine/cuda_implementation.h"
+#include "harness/engine/models.h"
 #include "harness/io/errors.h"
-#include "harness/models.h"
 #include "host/layouts.h"
 
 namespace bp::harness {
@@ -36,14 +36,6 @@ std::optional<std::pair<int, std::string>> split_layer_op(const std::string& nam
 }
 
 std::string layer_op(int layer, const char* op) { return "layers." + std::to_string(layer) + "." + op; }
-
-const Contract& contract_of(const std::string& name) {
-  const Contract* c = find_contract(name);
-  if (!c) throw std::logic_error("unknown contract " + name);  // the plan parser checked it
-  return *c;
-}
-
-constexpr const char* kTrivialLayout = "tp1-ep1-cp1";
 
 }  // namespace
 
@@ -125,23 +117,21 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
 // --- the engine -------------------------------------------------------------------
 
 struct CaseEngine::Loaded {
-  size_t model = 0;
+  const ModelEntry* model = nullptr;
   Weights weights;
-  std::map<std::string, std::unique_ptr<ref::Model>> by_contract;
+  std::map<const Contract*, std::unique_ptr<ref::Model>> by_contract;
   GpuRunner gpu;  // with its device copy of these weights, one contract at a time
-  const ref::Model& model_for(const ModelConfig& cfg, const std::string& contract) {
-    auto& m = by_contract[contract];
-    if (!m) m = std::make_unique<ref::Model>(cfg, weights, contract_of(contract).knobs);
+  const ref::Model& model_for(const Contract& contract) {
+    auto& m = by_contract[&contract];
+    if (!m) m = std::make_unique<ref::Model>(model->config, weights, contract.knobs);
     return *m;
   }
-  GpuModelSource gpu_source(const ModelConfig& cfg, const std::string& contract) const {
-    return {model, contract, cfg, weights, contract_of(contract).knobs};
-  }
+  GpuModelSource gpu_source(const Contract& contract) const { return {*model, contract, weights}; }
 };
 
 struct CaseEngine::Canonical {
-  size_t model = 0;
-  std::string contract;
+  const ModelEntry* model = nullptr;
+  const Contract* contract = nullptr;
   std::vector<NamedTensor> tensors;
   std::map<std::string, size_t> index;  // name -> tensors[i]
 };
@@ -219,41 +209,47 @@ TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
 }  // namespace
 
 CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
+  for (const std::string& name : plan_.contracts) {
+    const Contract* c = find_contract(name);
+    if (!c) throw std::logic_error("unknown contract " + name);  // the plan parser checked it
+    contracts_.push_back(c);
+  }
+  models_.reserve(plan_.models.size());
   for (size_t m = 0; m < plan_.models.size(); ++m) {
     const SweepPlan::Origin o = plan_.origin("models");
     const std::string field = plan_field("models", o.flags) + "[" + std::to_string(m) + "]";
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
-    names_.push_back(plan_.models[m]);
-    configs_.push_back(cfg);
-    tokens_.push_back(plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings));
+    const ModelEntry& model = models_.emplace_back(
+        ModelEntry{plan_.models[m], cfg, plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings)});
 
-    for (const std::string& contract : plan_.contracts) {
-      const Knobs& kn = contract_of(contract).knobs;
-      // The sharded backends' layouts for this model and contract.
+    for (const Contract* contract : contracts_) {
+      const Knobs& kn = contract->knobs;
+      // The sharded implementations' layouts for this model and contract.
       std::vector<layouts::Layout> sharded;
       if (!plan_.layouts.empty()) {
         for (size_t i = 0; i < plan_.layouts.size(); ++i) {
           const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
           if (!why.empty())
             plan_.bad("layouts", "[" + std::to_string(i) + "]",
-                      "model " + names_[m] + " cannot run layout " + plan_.layouts[i].name() + ": " + why);
+                      "model " + model.name + " cannot run layout " + plan_.layouts[i].name() + ": " + why);
         }
         sharded = plan_.layouts;
       } else {
         std::vector<std::string> dropped;
         sharded = grid_layouts(plan_.grid, cfg, kn, &dropped);
-        if (contract == plan_.contracts.front())
-          for (const std::string& d : dropped) dropped_.push_back(names_[m] + ": " + d);
+        if (contract == contracts_.front())
+          for (const std::string& d : dropped) dropped_.push_back(model.name + ": " + d);
       }
-      const bool needs_layouts = std::any_of(plan_.backends.begin(), plan_.backends.end(),
-                                             [](Backend b) { return b != Backend::kReference; });
+      const bool needs_layouts =
+          std::any_of(plan_.implementations.begin(), plan_.implementations.end(),
+                      [](Implementation i) { return i != Implementation::kReference; });
       if (sharded.empty() && needs_layouts)
-        plan_.bad("tp", "", "no layout of the grid can run model " + names_[m] + " under " + contract);
-      for (Backend b : plan_.backends) {
+        plan_.bad("tp", "", "no layout of the grid can run model " + model.name + " under " + contract->name);
+      for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
-            b == Backend::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
+            i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
         for (const layouts::Layout& l : ls)
-          for (const ref::Path& p : plan_.paths) cases_.push_back({m, contract, b, l, p});
+          for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
       }
     }
   }
@@ -261,30 +257,27 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
 
 CaseEngine::~CaseEngine() = default;
 
-const std::string& CaseEngine::model_name(size_t i) const { return names_.at(i); }
-const ModelConfig& CaseEngine::model_config(size_t i) const { return configs_.at(i); }
-
 std::string CaseEngine::case_id(const CaseSpec& c) const {
-  return names_[c.model] + "/" + c.contract + "/" + backend_name(c.backend) + "/" + c.layout.name() + "/" +
+  return c.model.name + "/" + c.contract.name + "/" + implementation_name(c.implementation) + "/" + c.layout.name() + "/" +
          path_name(c.path);
 }
 
-CaseEngine::Loaded& CaseEngine::loaded(size_t model) {
-  if (!loaded_ || loaded_->model != model) {
+CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
+  if (!loaded_ || loaded_->model != &model) {
     loaded_.reset();  // free the previous model's weights first
     auto l = std::make_unique<Loaded>();
-    l->model = model;
-    l->weights = model_weights(names_[model], plan_.base_dir, configs_[model], plan_.weight_seed);
+    l->model = &model;
+    l->weights = model_weights(model.name, plan_.base_dir, model.config, plan_.weight_seed);
     loaded_ = std::move(l);
   }
   return *loaded_;
 }
 
 std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
-  const ModelConfig& cfg = configs_[c.model];
-  const auto& seqs = tokens_[c.model];
+  const ModelConfig& cfg = c.model.config;
+  const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
-  const Knobs& kn = contract_of(c.contract).knobs;
+  const Knobs& kn = c.contract.knobs;
   ref::ForwardOptions opt;
   opt.temperature = plan_.temperature;
   opt.entropy = true;
@@ -292,30 +285,38 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
-  if (c.backend == Backend::kCuda) {
-    GpuCaseResult r = l.gpu.run({l.gpu_source(cfg, c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
-    last_peak_device_bytes_ = r.peak_device_bytes;
-    fwd = std::move(r.forward);
-    bwd = std::move(r.backward);
-  } else if (c.backend == Backend::kReference) {
-    const ref::Model& m = l.model_for(cfg, c.contract);
-    fwd = m.forward(seqs, c.path, opt);
-    if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
-  } else {
-    fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-    if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+  switch (c.implementation) {
+    case Implementation::kCuda: {
+      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      last_peak_device_bytes_ = r.peak_device_bytes;
+      fwd = std::move(r.forward);
+      bwd = std::move(r.backward);
+      break;
+    }
+    case Implementation::kReference: {
+      const ref::Model& m = l.model_for(c.contract);
+      fwd = m.forward(seqs, c.path, opt);
+      if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
+      break;
+    }
+    case Implementation::kEmulated:
+      fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
+      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+      break;
+    case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
+      throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
   }
   return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr);
 }
 
-const CaseEngine::Canonical& CaseEngine::canonical(size_t model, const std::string& contract) {
-  if (canonical_ && canonical_->model == model && canonical_->contract == contract) return *canonical_;
+const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, const Contract& contract) {
+  if (canonical_ && canonical_->model == &model && canonical_->contract == &contract) return *canonical_;
   canonical_.reset();
   auto c = std::make_unique<Canonical>();
-  c->model = model;
-  c->contract = contract;
+  c->model = &model;
+  c->contract = &contract;
   // The reference is the unsharded model's extend path (with its backward).
-  c->tensors = run({model, contract, Backend::kReference, layouts::Layout{}, ref::Path::extend()});
+  c->tensors = run({model, contract, Implementation::kReference, layouts::Layout{}, ref::Path::extend()});
   for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
   canonical_ = std::move(c);
   return *canonical_;
@@ -324,10 +325,12 @@ const CaseEngine::Canonical& CaseEngine::canonical(size_t model, const std::stri
 Case CaseEngine::compare(const CaseSpec& spec) {
   Case out;
   out.id = case_id(spec);
-  out.parameters = {{"model", names_[spec.model]},
-                    {"contract", spec.contract},
-                    {"contract_knob_hash", contract_of(spec.contract).knob_hash()},
-                    {"backend", backend_name(spec.backend)},
+  out.parameters = {{"model", spec.model.name},
+                    {"contract", spec.contract.name},
+                    {"contract_knob_hash", spec.contract.knob_hash()},
+                    // The report's key stays "backend" (its schema, the committed
+                    // reports and their readers); the value is the implementation.
+                    {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
   // The time is the case's own model work: its weights are loaded (once per model),
@@ -338,8 +341,8 @@ Case CaseEngine::compare(const CaseSpec& spec) {
   std::vector<NamedTensor> got;
   std::optional<std::string> cannot_test;
   try {
-    if (spec.backend == Backend::kCuda)
-      l.gpu.prepare(l.gpu_source(configs_[spec.model], spec.contract), spec.layout);
+    if (spec.implementation == Implementation::kCuda)
+      l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
     const auto start = std::chrono::steady_clock::now();
     got = run(spec);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -362,7 +365,7 @@ Case CaseEngine::compare(const CaseSpec& spec) {
     out.tensors.push_back(compare_tensors(r, it == by_name.end() ? nullptr : it->second));
     if (it != by_name.end()) by_name.erase(it);
   }
-  // Anything the case produced that the reference has not (a backend bug).
+  // Anything the case produced that the reference has not (an implementation's bug).
   for (const NamedTensor& t : got)
     if (by_name.count(t.name)) {
       TensorRecord rec;

@@ -1,6 +1,6 @@
-// Per-tensor comparison metrics (BRIEF §6): what every bitparity report says about
-// two tensors of the same shape and dtype. BF16 and F32 only; other dtypes are
-// refused (std::invalid_argument from compare_bytes, which callers turn into bad input).
+// Per-tensor comparison metrics (README "Comparing two dumps"): what every bitparity
+// report says about two tensors of the same shape and dtype. BF16 and F32 only
+// (CmpType): callers refuse other dtypes before comparing (diff: bad input).
 //
 // NaN policy ("nan_equal", recorded in every metric record and report):
 //   - every NaN is canonicalised before the bit compare: two NaNs are equal,
@@ -35,7 +35,6 @@ inline constexpr const char* kNanPolicyText =
 
 enum class CmpType : uint8_t { BF16, F32 };
 const char* cmp_type_name(CmpType t);  // "BF16", "F32"
-size_t cmp_type_size(CmpType t);
 
 // ULP-distance histogram of the MISMATCHING elements in log2 bins: bin k (k = 0..30)
 // counts distances in [2^k, 2^(k+1)) -- [1], [2,3], [4,7], ... --, bin 31 distances

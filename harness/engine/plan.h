@@ -1,13 +1,13 @@
-// What a sweep runs: models × contracts × backends × layouts × paths on one batch
-// of token sequences. A plan comes from a JSON file (`--plan FILE`), from flags,
-// or both (flags override the file field by field), on top of the default plan:
-// the README's default sweep on the embedded tiny fixtures.
+// What a sweep runs: models × contracts × implementations × layouts × paths on one
+// batch of token sequences. A plan comes from a JSON file (`--plan FILE`), from
+// flags, or both (flags override the file field by field), on top of the default
+// plan: the README's default sweep on the embedded tiny fixtures.
 //
 // Plan file (every key optional; unknown keys are refused):
 //   {
 //     "models":      ["qwen3-dense-tiny", "path/to/hf_dir"],  fixture names or HF checkpoint dirs
 //     "contracts":   ["bf16-sm90tc-v1", "bf16-fmaseq-v1"],
-//     "backends":    ["reference", "emulated", "cuda"],
+//     "implementations": ["reference", "emulated", "cuda"],   (or "backends", its old name)
 //     "layouts":     ["tp2-ep1-cp2z", "tp1-ep1-cp1+ring"],    explicit list, or the grid:
 //     "tp": [1, 2, 4], "ep": [1, 2, 4], "cp": [1, 2], "cp_split": ["contiguous", "zigzag"],
 //     "paths":       ["extend", "chunked:5,3", "decode", "ragged"],
@@ -22,7 +22,7 @@
 // is the product of its axes, filtered per model to the layouts it can run (ep > 1
 // only for MoE models, shard_check empty); cp_split matters only for cp > 1. A
 // source that names any grid axis gets 1 (contiguous) for the axes it leaves out.
-// The reference backend is unsharded: it runs each path once, on tp1-ep1-cp1.
+// The reference implementation is unsharded: it runs each path once, on tp1-ep1-cp1.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -35,27 +35,33 @@
 
 #include "harness/io/errors.h"
 #include "program/layouts/layout.h"
-#include "program/results.h"
 #include "program/path.h"
+#include "program/results.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
 
 namespace bp::harness {
 
-enum class Backend { kReference, kEmulated, kCuda };
-const char* backend_name(Backend b);  // "reference", "emulated", "cuda"
-std::optional<Backend> parse_backend(std::string_view s);
-inline constexpr Backend kAllBackends[] = {Backend::kReference, Backend::kEmulated, Backend::kCuda};
+// What computes a case: the reference model (ref::Model, unsharded), the layouts
+// on emulated CPU ranks, or the GPU (engine/cuda_implementation.h); and, for `run`
+// only (allow_float64), the float64 truth model (reference/truth/qwen3.h): no
+// contract, unsharded, extend, no captures. Not the program's compute Backend
+// (program/backend.h), which the first three supply.
+enum class Implementation { kReference, kEmulated, kCuda, kFloat64 };
+const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda", "float64"
+std::optional<Implementation> parse_implementation(std::string_view s);
+inline constexpr Implementation kAllImplementations[] = {Implementation::kReference, Implementation::kEmulated,
+                                                         Implementation::kCuda, Implementation::kFloat64};
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
 std::string path_name(const ref::Path& s);
 std::optional<ref::Path> parse_path(std::string_view s, std::string* why = nullptr);
 
-// The contracts a plan may name: bp::contracts(), and for `run` (allow_truth) the
-// float64 twin of the model, "truth".
+// The contracts a plan may name: bp::contracts(). (`run` also reads "truth", the
+// old spelling of implementation float64: it sets implementations ["float64"] and
+// no contract.)
 std::vector<std::string> contract_names();
-inline constexpr const char* kTruthContract = "truth";
 
 struct TokenSpec {
   uint64_t seed = 1;
@@ -70,8 +76,8 @@ struct LayoutGrid {
 
 struct SweepPlan {
   std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
-  std::vector<std::string> contracts = contract_names();
-  std::vector<Backend> backends = {Backend::kReference, Backend::kEmulated};
+  std::vector<std::string> contracts = contract_names();  // empty for the float64 truth model, which has none
+  std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
   std::vector<ref::Path> paths = {ref::Path::extend(), ref::Path::chunked({5, 3}),
@@ -82,7 +88,7 @@ struct SweepPlan {
   float temperature = 1.0f;
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
-  bool allow_truth = false;  // contracts may name kTruthContract (`run` only)
+  bool allow_float64 = false;  // implementations may name float64 (`run` only)
   std::string base_dir;     // where relative model dirs / tokens files are resolved ("" = cwd)
 
   // Which source set each field (JSON key -> source), for messages about values
@@ -104,7 +110,7 @@ struct SweepPlan {
 // ones). `source` names the origin in messages; with `flags` a field is named as
 // its command-line option ("--cp-split") instead of its JSON key ("cp_split").
 // Throws io::BadInput(source, field, reason) for unknown keys, wrong types, unknown
-// contracts, backends, paths or capture modes, malformed layout names, and values
+// contracts, implementations, paths or capture modes, malformed layout names, and values
 // out of range. Does not touch the file system.
 void apply_plan_json(const nlohmann::json& obj, const std::string& source, bool flags, SweepPlan& plan);
 

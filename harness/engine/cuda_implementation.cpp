@@ -1,7 +1,7 @@
-// The `cuda` backend in a CUDA build.
+// The `cuda` implementation in a CUDA build.
 #include <string>
 
-#include "harness/gpu_backend.h"
+#include "harness/engine/cuda_implementation.h"
 #include "optimized/layouts/virtual_ranks.h"
 #include "optimized/model/qwen3.h"
 
@@ -9,11 +9,11 @@ namespace bp::harness {
 
 struct GpuRunner::Kept {
   explicit Kept(const GpuModelSource& m)
-      : model(m.model), contract(m.contract), gpu(m.cfg, m.weights, m.knobs) {}
-  bool is(const GpuModelSource& m) const { return model == m.model && contract == m.contract; }
+      : model(&m.model), contract(&m.contract), gpu(m.model.config, m.weights, m.contract.knobs) {}
+  bool is(const GpuModelSource& m) const { return model == &m.model && contract == &m.contract; }
 
-  size_t model;
-  std::string contract;
+  const ModelEntry* model;
+  const Contract* contract;
   const cuda::Model gpu;
 };
 
@@ -29,14 +29,20 @@ GpuCaseResult run_model(const cuda::Model& model, const GpuCaseInput& in) {
 GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
   const GpuModelSource& m = in.model;
   GpuCaseResult r;
-  r.forward = cuda::layouts::forward(m.cfg, m.weights, m.knobs, in.layout, in.seqs, in.path, in.options);
+  const Knobs& kn = m.contract.knobs;
+  r.forward = cuda::layouts::forward(m.model.config, m.weights, kn, in.layout, in.seqs, in.path, in.options);
   if (in.grads)
-    r.backward = cuda::layouts::backward(m.cfg, m.weights, m.knobs, in.layout, in.seqs, in.coef_seed,
+    r.backward = cuda::layouts::backward(m.model.config, m.weights, kn, in.layout, in.seqs, in.coef_seed,
                                          in.options.temperature);
   return r;
 }
 
 }  // namespace
+
+const char* cuda_implementation_summary() {
+  return "the model on a Hopper GPU: tp1-ep1-cp1 on the GPU model, other layouts on virtual GPU ranks (its cases "
+         "exit 125 where there is no such GPU: cannot test here)";
+}
 
 GpuRunner::GpuRunner() = default;
 GpuRunner::~GpuRunner() = default;

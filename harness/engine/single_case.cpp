@@ -1,29 +1,26 @@
-// `bitparity run`: one case to a safetensors dump (what users diff and bisect).
-#include <cmath>
-#include <cstdio>
+// One case of a plan run to its outputs: what `bitparity run` dumps and each side of
+// `bitparity bisect`. The case engine runs a contract's cases; the float64 truth
+// model (reference/truth/qwen3.h), which has no contract, runs here.
+#include "harness/engine/single_case.h"
 
-#include "harness/cases.h"
-#include "harness/commands.h"
-#include "harness/exit_codes.h"
-#include "harness/io/safetensors.h"
-#include "harness/models.h"
+#include "harness/engine/models.h"
 #include "reference/truth/qwen3.h"
 
 namespace bp::harness {
 
 namespace {
 
-// The float64 truth (reference/truth/qwen3.h) of one run, rounded to F32 (to
-// nearest) so that `bitparity diff` measures a contract's distance from it.
-std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
+// The float64 truth model's run of the one case `plan` names (on `layout`), rounded
+// to F32 (to nearest) so that `bitparity diff` measures a contract's distance from it.
+std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layout& layout) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
-  if (plan.backends[0] != Backend::kReference) plan.bad("backends", "[0]", "the float64 truth runs on the reference backend only");
+  if (!plan.contracts.empty() && plan.origins.count("contracts"))
+    plan.bad("contracts", "", "the float64 truth has no contract");
   if (plan.paths[0].kind != ref::Path::Kind::Extend)
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
-  if (!plan.layouts.empty() && plan.layouts != std::vector<layouts::Layout>{layouts::Layout{}})
-    plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
+  if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
   const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed);
   const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
   const truth::Model m(cfg, w);
@@ -50,14 +47,16 @@ std::vector<NamedTensor> run_truth(const SweepPlan& plan) {
   return out;
 }
 
-// A plan of one case: every list has one element.
-void require_one_case(const SweepPlan& p) {
+// A plan of one case: every list has one element (the float64 truth model's
+// contracts none). Returns the case's layout.
+layouts::Layout require_one_case(const SweepPlan& p) {
   auto one = [&](const char* key, size_t n) {
     if (n != 1) p.bad(key, "", "names " + std::to_string(n) + " values; run takes one case (use sweep for more)");
   };
+  const bool float64 = p.implementations[0] == Implementation::kFloat64;
   one("models", p.models.size());
-  one("contracts", p.contracts.size());
-  one("backends", p.backends.size());
+  if (!float64) one("contracts", p.contracts.size());
+  one("implementations", p.implementations.size());
   one("paths", p.paths.size());
   if (p.layouts.empty()) {
     const size_t n = p.grid.tp.size() * p.grid.ep.size() * p.grid.cp.size() * p.grid.cp_split.size();
@@ -67,8 +66,10 @@ void require_one_case(const SweepPlan& p) {
   }
   const layouts::Layout l = p.layouts.empty() ? layouts::Layout{p.grid.tp[0], p.grid.ep[0], p.grid.cp[0], p.grid.cp_split[0]}
                                               : p.layouts[0];
-  if (p.backends[0] == Backend::kReference && l != layouts::Layout{})
-    p.bad("layouts", "", "the reference backend is unsharded; run layout " + l.name() + " with --backend emulated");
+  if (p.implementations[0] == Implementation::kReference && l != layouts::Layout{})
+    p.bad("layouts", "", "the reference implementation is unsharded; run layout " + l.name() +
+                             " with --implementation emulated");
+  return l;
 }
 
 std::string tokens_text(const TokenSpec& t) {
@@ -78,85 +79,48 @@ std::string tokens_text(const TokenSpec& t) {
   return s;
 }
 
-struct RunOptions {
-  PlanFlags plan;
-  std::string out;
-  bool quiet = false;
-};
-
-int run(const RunOptions& o) {
-  if (const std::string why = report_path_problem(o.out); !why.empty())
-    throw io::BadInput("--out", o.out, "cannot write the dump: " + why);
-  const SingleRun r = run_single_case(o.plan.plan(single_case_defaults()));
-  std::vector<io::WriteTensor> w;
-  for (const NamedTensor& t : r.tensors) {
-    const auto* bytes = t.type == CmpType::F32 ? reinterpret_cast<const uint8_t*>(t.f32_values.data())
-                                               : reinterpret_cast<const uint8_t*>(t.bf16_values.data());
-    const size_t n = t.type == CmpType::F32 ? t.f32_values.size() * 4 : t.bf16_values.size() * 2;
-    w.push_back({t.name, t.type == CmpType::F32 ? io::DType::F32 : io::DType::BF16, t.shape, {bytes, n}});
-  }
-  io::write_safetensors(o.out, std::move(w), r.metadata);
-  if (!o.quiet) std::printf("run: %s: %zu tensors -> %s\n", r.id.c_str(), r.tensors.size(), o.out.c_str());
-  return kExitExact;
-}
-
 }  // namespace
 
 SweepPlan single_case_defaults() {
   SweepPlan p;
   p.models = {"qwen3-dense-tiny"};
   p.contracts = {contract_names().front()};
-  p.backends = {Backend::kReference};
+  p.implementations = {Implementation::kReference};
   p.layouts = {layouts::Layout{}};
   p.paths = {ref::Path::extend()};
-  p.allow_truth = true;
+  p.allow_float64 = true;
   return p;
 }
 
 SingleRun run_single_case(const SweepPlan& plan) {
-  require_one_case(plan);
+  const layouts::Layout layout = require_one_case(plan);
   SingleRun r;
   std::map<std::string, std::string>& m = r.metadata;
   m = {{"bitparity.model", plan.models[0]},
-       {"bitparity.contract", plan.contracts[0]},
-       {"bitparity.backend", backend_name(plan.backends[0])},
+       {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
        {"bitparity.tokens", tokens_text(plan.tokens)},
        {"bitparity.weight_seed", std::to_string(plan.weight_seed)},
        {"bitparity.coef_seed", std::to_string(plan.coef_seed)},
        {"bitparity.temperature", std::to_string(plan.temperature)},
        {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
-  if (plan.contracts[0] == kTruthContract) {
-    r.tensors = run_truth(plan);
-    m["bitparity.layout"] = layouts::Layout{}.name();
+  if (plan.implementations[0] == Implementation::kFloat64) {
+    r.tensors = run_float64(plan, layout);
+    m["bitparity.layout"] = layout.name();
     m["bitparity.note"] = "float64 truth rounded to F32 (nearest)";
-    r.id = plan.models[0] + "/truth";
+    r.id = plan.models[0] + "/" + implementation_name(Implementation::kFloat64);
     r.num_layers = static_cast<int>(model_config(plan.models[0], plan.base_dir, "", "").num_hidden_layers);
     return r;
   }
   CaseEngine engine(plan);
   const CaseSpec& c = engine.cases().at(0);
   m["bitparity.layout"] = c.layout.name();
-  m["bitparity.contract_knob_hash"] = find_contract(c.contract)->knob_hash();
+  m["bitparity.contract"] = c.contract.name;
+  m["bitparity.contract_knob_hash"] = c.contract.knob_hash();
   r.id = engine.case_id(c);
-  r.num_layers = static_cast<int>(engine.model_config(c.model).num_hidden_layers);
+  r.num_layers = static_cast<int>(c.model.config.num_hidden_layers);
   r.tensors = engine.run(c);
   return r;
-}
-
-Subcommand add_run_command(CLI::App& app) {
-  auto o = std::make_shared<RunOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "run",
-      "run one case (default: qwen3-dense-tiny, the first contract, reference backend, tp1-ep1-cp1, extend) and "
-      "write its outputs to a safetensors dump. Tensors: logprobs.<s> F32 [len-1] and entropy.<s> F32 [len-1] per "
-      "sequence s; grads.<hf name> F32 (extend path, unless --no-grads); with --capture ops, ops.<op> BF16 "
-      "[tokens, features] for every op (ops.embed, ops.layers.<i>.q_proj, ..., ops.logits). --contract truth: the "
-      "float64 twin, rounded to F32. Exit 0 written, 2 bad usage or input, 3 internal error, 125 cannot run here");
-  o->plan.add_to(sub);
-  sub->add_option("--out,-o", o->out, "the dump to write (.safetensors, written atomically)")->required();
-  sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
-  return guarded_subcommand(sub, [o] { return run(*o); });
 }
 
 }  // namespace bp::harness

@@ -1,19 +1,19 @@
-// The model-driving subcommands of bitparity: run, sweep, bisect, list. Each
-// add_* registers its subcommand and options on the app and returns the
-// subcommand with the function main() calls when it was chosen.
+// What the subcommands of bitparity share. Each subcommand lives in its own file
+// (cli/<name>.cpp) and registers itself the same way: add_<name>_command adds the
+// subcommand and its options to the app and returns it with the function main()
+// calls when it was chosen. Besides: the plan options of run, sweep and bisect, and
+// the map from errors to exit codes.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "harness/cases.h"
-#include "harness/plan.h"
+#include "harness/engine/plan.h"
 #include "harness/report/report.h"
 
 namespace bp::harness {
@@ -23,14 +23,18 @@ struct Subcommand {
   std::function<int()> run;  // the exit code (exit_codes.h)
 };
 
+Subcommand add_selfcheck_command(CLI::App& app);
 Subcommand add_run_command(CLI::App& app);
 Subcommand add_sweep_command(CLI::App& app);
 Subcommand add_bisect_command(CLI::App& app);
 Subcommand add_list_command(CLI::App& app);
+Subcommand add_diff_command(CLI::App& app);
+Subcommand add_report_command(CLI::App& app);
 
-// The plan options shared by run, sweep and bisect (--model, --contract, --backend,
-// --layout, --tp/--ep/--cp/--cp-split, --path, --seed/--lengths/--tokens,
-// --weight-seed, --coef-seed, --temperature, --no-grads, --capture, --plan).
+// The plan options shared by run, sweep and bisect (--model, --contract,
+// --implementation, --layout, --tp/--ep/--cp/--cp-split, --path,
+// --seed/--lengths/--tokens, --weight-seed, --coef-seed, --temperature, --no-grads,
+// --capture, --plan).
 class PlanFlags {
  public:
   void add_to(CLI::App* app);
@@ -40,7 +44,7 @@ class PlanFlags {
  private:
   nlohmann::json given() const;  // the flags given, as plan JSON keys
   std::string plan_file_;
-  std::vector<std::string> models_, contracts_, backends_, layouts_, cp_split_, paths_;
+  std::vector<std::string> models_, contracts_, implementations_, layouts_, cp_split_, paths_;
   std::vector<int> tp_, ep_, cp_, lengths_;
   uint64_t seed_ = 0, weight_seed_ = 0, coef_seed_ = 0;
   double temperature_ = 1;
@@ -48,20 +52,6 @@ class PlanFlags {
   bool no_grads_ = false;
   std::vector<std::pair<CLI::Option*, std::function<void(nlohmann::json&)>>> options_;
 };
-
-// One case's outputs, for `run` (its dump) and `bisect` (one side).
-struct SingleRun {
-  std::string id;  // the case id
-  std::map<std::string, std::string> metadata;  // what the dump's __metadata__ records
-  std::vector<NamedTensor> tensors;
-  int num_layers = 0;
-};
-// run's defaults: qwen3-dense-tiny, the first contract, reference, tp1-ep1-cp1,
-// extend; the truth contract allowed.
-SweepPlan single_case_defaults();
-// Runs the one case `plan` names (io::BadInput when it names more, or a layout the
-// reference backend cannot run; CannotTest for cuda).
-SingleRun run_single_case(const SweepPlan& plan);
 
 // Reports: ReportPaths, check_report_paths and write_reports (report/report.h).
 // Commands check the paths before running, so a bad path costs no work either.
@@ -73,5 +63,10 @@ int exit_for_error(const char* cmd, std::FILE* err);
 // The subcommand `sub` running `body`, any exception it throws turned into its
 // exit code by exit_for_error under `sub`'s name.
 Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body);
+
+// Inside a catch block of a command that reads files (diff, report): prints a
+// bp::io::BadInput or bp::io::IoError in flight ("bitparity diff: bad input: ...")
+// and returns kExitBadInput; rethrows anything else.
+int exit_for_read_error(const char* cmd, std::FILE* err);
 
 }  // namespace bp::harness

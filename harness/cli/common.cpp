@@ -1,7 +1,7 @@
-// What run, sweep and bisect share: the plan options and the error-to-exit-code map.
-#include "harness/commands.h"
+// What the subcommands share: the plan options and the error-to-exit-code maps.
+#include "harness/cli/common.h"
 
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
 
@@ -20,8 +20,11 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["models"] = models_; });
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });
-  add(app->add_option("--backend", backends_, "reference, emulated, cuda (comma-separated)")->delimiter(','),
-      [this](json& j) { j["backends"] = backends_; });
+  add(app->add_option("--implementation,--backend", implementations_,
+                      "what computes the cases: reference, emulated, cuda (comma-separated); run also float64, the "
+                      "float64 truth model; --backend is its old name")
+          ->delimiter(','),
+      [this](json& j) { j["implementations"] = implementations_; });
   add(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")
           ->delimiter(','),
       [this](json& j) { j["layouts"] = layouts_; });
@@ -80,6 +83,17 @@ int exit_for_error(const char* cmd, std::FILE* err) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
     return kExitInternal;
   }
+}
+
+int exit_for_read_error(const char* cmd, std::FILE* err) {
+  try {
+    throw;
+  } catch (const io::BadInput& e) {
+    std::fprintf(err, "bitparity %s: bad input: %s\n", cmd, e.what());
+  } catch (const io::IoError& e) {
+    std::fprintf(err, "bitparity %s: cannot read: %s\n", cmd, e.what());
+  }
+  return kExitBadInput;
 }
 
 Subcommand guarded_subcommand(CLI::App* sub, std::function<int()> body) {

@@ -1,4 +1,4 @@
-#include "harness/models.h"
+#include "harness/engine/models.h"
 
 #include <filesystem>
 

@@ -1,15 +1,27 @@
-#include "selfcheck.h"
-
+// `bitparity selfcheck` (also bitparity with no subcommand): the numerics core
+// checked against what it promises, in seconds, from the installed binary alone.
 #include <cmath>
+#include <cstdio>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "harness/cli/common.h"
+#include "harness/exit_codes.h"
 #include "reference/contract/contract.h"
 #include "reference/numerics/dot.h"
 #include "reference/numerics/math.h"
 #include "reference/numerics/sm90_vectors.h"
 
-namespace bp {
+namespace bp::harness {
+
 namespace {
+
+struct CheckResult {
+  std::string name;
+  bool passed;
+  std::string detail;  // one line: what was checked and what was found
+};
 
 CheckResult check_sm90_vectors() {
   int bad = 0, n = 0;
@@ -122,10 +134,22 @@ CheckResult check_math() {
   return {"elementary functions", ok, out.str()};
 }
 
-}  // namespace
-
-std::vector<CheckResult> run_selfcheck() {
-  return {check_bf16_rounding(), check_sm90_vectors(), check_fma_seq(), check_math(), check_contracts()};
+int selfcheck() {
+  int failed = 0;
+  for (const CheckResult& r :
+       {check_bf16_rounding(), check_sm90_vectors(), check_fma_seq(), check_math(), check_contracts()}) {
+    std::printf("%-4s %-32s %s\n", r.passed ? "ok" : "FAIL", r.name.c_str(), r.detail.c_str());
+    failed += !r.passed;
+  }
+  std::printf("%s\n", failed ? "selfcheck: FAILED" : "selfcheck: all exact");
+  return failed ? kExitMismatch : kExitExact;
 }
 
-}  // namespace bp
+}  // namespace
+
+Subcommand add_selfcheck_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("selfcheck", "check the numerics core (bf16, dot models, math, contracts)");
+  return {sub, selfcheck};
+}
+
+}  // namespace bp::harness

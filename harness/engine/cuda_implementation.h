@@ -1,4 +1,4 @@
-// The `cuda` backend of the case engine: one case on the GPU — the GPU model
+// The `cuda` implementation of the case engine: one case on the GPU — the GPU model
 // (optimized/model/qwen3.h) for the unsharded layout, virtual GPU ranks
 // (optimized/layouts/virtual_ranks.h) for the others — with the peak device
 // memory it took. A build without CUDA, or a machine without a Hopper GPU, throws
@@ -16,10 +16,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
-#include "harness/cases.h"
+#include "harness/engine/cases.h"
 #include "host/model.h"
 #include "program/layouts/layout.h"
 
@@ -35,14 +34,12 @@ struct GpuCaseResult {
   uint64_t peak_device_bytes = 0;
 };
 
-// A case's model and the key its device copy is kept under: the engine's model
-// index and the contract (whose knobs the copy is built with).
+// A case's model and contract: the weights to upload and the knobs to build the GPU
+// model with, and (by address) the key its device copy is kept under.
 struct GpuModelSource {
-  size_t model;
-  const std::string& contract;
-  const ModelConfig& cfg;
+  const ModelEntry& model;
+  const Contract& contract;
   const Weights& weights;
-  const Knobs& knobs;
 };
 
 struct GpuCaseInput {
@@ -54,6 +51,9 @@ struct GpuCaseInput {
   bool grads;  // also the backward (L = Σ c_t·logprob_t, c from coef_seed)
   uint64_t coef_seed;
 };
+
+// What `bitparity list` says of the cuda implementation in this build.
+const char* cuda_implementation_summary();
 
 // Runs cuda cases, keeping at most one uploaded GPU model: the last unsharded
 // case's. One is enough (a sweep never comes back to a (model, contract) it has

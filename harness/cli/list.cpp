@@ -1,10 +1,11 @@
-// `bitparity list`: the models, contracts, backends, layouts and paths a plan can name.
+// `bitparity list`: the models, contracts, implementations, layouts and paths a plan can name.
 #include <cstdio>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/cli/common.h"
+#include "harness/engine/cases.h"
+#include "harness/engine/cuda_implementation.h"
+#include "harness/engine/models.h"
 #include "harness/exit_codes.h"
-#include "harness/models.h"
 
 namespace bp::harness {
 
@@ -55,11 +56,13 @@ int list(const ListOptions& o) {
   std::printf("contracts:\n");
   for (const Contract& c : contracts())
     std::printf("  %-16s hash %s  %s\n", c.name.c_str(), c.knob_hash().c_str(), c.canonical_knobs().c_str());
-  std::printf("  %-16s the float64 twin of the model (run only; no paths, layouts or captures)\n", kTruthContract);
-  std::printf("backends:\n"
+  std::printf("implementations:\n"
               "  reference  the unsharded CPU reference model (ref::Model), every path\n"
               "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
-              "  cuda       not available in this build (its cases exit 125: cannot test here)\n");
+              "  cuda       %s\n"
+              "  float64    the float64 truth model (reference/truth): no contract, unsharded, extend, no captures; "
+              "run only (--contract truth is its old spelling)\n",
+              cuda_implementation_summary());
   std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
               "control); those of the default grid each model runs under every contract:\n");
   for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());
@@ -71,8 +74,8 @@ int list(const ListOptions& o) {
 
 Subcommand add_list_command(CLI::App& app) {
   auto o = std::make_shared<ListOptions>();
-  CLI::App* sub = app.add_subcommand("list", "list models (fixtures and --model directories), contracts, backends, "
-                                             "the layouts each model can run, and paths");
+  CLI::App* sub = app.add_subcommand("list", "list models (fixtures and --model directories), contracts, "
+                                             "implementations, the layouts each model can run, and paths");
   sub->add_option("--model", o->models, "a Hugging Face checkpoint directory to describe too (repeatable)");
   return guarded_subcommand(sub, [o] { return list(*o); });
 }

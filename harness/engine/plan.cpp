@@ -1,5 +1,6 @@
-#include "harness/plan.h"
+#include "harness/engine/plan.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 #include "reference/common/rng.h"
 
@@ -15,18 +17,19 @@ namespace bp::harness {
 using io::BadInput;
 using nlohmann::json;
 
-const char* backend_name(Backend b) {
-  switch (b) {
-    case Backend::kReference: return "reference";
-    case Backend::kEmulated: return "emulated";
-    case Backend::kCuda: return "cuda";
+const char* implementation_name(Implementation i) {
+  switch (i) {
+    case Implementation::kReference: return "reference";
+    case Implementation::kEmulated: return "emulated";
+    case Implementation::kCuda: return "cuda";
+    case Implementation::kFloat64: return "float64";
   }
   return "?";
 }
 
-std::optional<Backend> parse_backend(std::string_view s) {
-  for (Backend b : kAllBackends)
-    if (s == backend_name(b)) return b;
+std::optional<Implementation> parse_implementation(std::string_view s) {
+  for (Implementation i : kAllImplementations)
+    if (s == implementation_name(i)) return i;
   return std::nullopt;
 }
 
@@ -82,9 +85,9 @@ std::string plan_field(const std::string& key, bool flags) {
   // Options whose name is not the key's: singular options for the lists, and the
   // token options.
   static const std::map<std::string, std::string> renamed = {
-      {"models", "--model"},       {"contracts", "--contract"},  {"backends", "--backend"},
-      {"layouts", "--layout"},     {"paths", "--path"},          {"tokens", "--tokens"},
-      {"tokens.file", "--tokens"}, {"tokens.seed", "--seed"},    {"tokens.lengths", "--lengths"}};
+      {"models", "--model"},       {"contracts", "--contract"}, {"implementations", "--implementation"},
+      {"layouts", "--layout"},     {"paths", "--path"},         {"tokens", "--tokens"},
+      {"tokens.file", "--tokens"}, {"tokens.seed", "--seed"},   {"tokens.lengths", "--lengths"}};
   if (const auto it = renamed.find(key); it != renamed.end()) return it->second;
   std::string f = "--" + key;
   for (char& c : f)
@@ -200,13 +203,21 @@ layouts::CpSplit cp_split_of(const FieldReader& rd, const std::string& f, const 
 void apply_plan_json(const json& obj, const std::string& source, bool flags, SweepPlan& plan) {
   const FieldReader rd(source, flags);
   if (!obj.is_object()) rd.bad("", std::string("a plan is a JSON object, got ") + io::json_type_word(obj));
-  static const std::set<std::string> known = {"models", "contracts", "backends",  "layouts",     "tp",
-                                              "ep",     "cp",        "cp_split",  "paths",       "tokens",
-                                              "weight_seed", "coef_seed", "temperature", "grads", "capture"};
+  static const std::set<std::string> known = {"models", "contracts", "implementations", "layouts", "tp", "ep", "cp",
+                                              "cp_split", "paths", "tokens", "weight_seed", "coef_seed",
+                                              "temperature", "grads", "capture"};
+  // "backends" is the old name of "implementations": plans written before the
+  // rename still read, but a plan may not give both.
+  constexpr const char* kOldImplementations = "backends";
   for (const auto& [k, v] : obj.items())
-    if (!known.count(k)) rd.bad(rd.name(k), "unknown field; a plan has " + joined({known.begin(), known.end()}));
+    if (!known.count(k) && k != kOldImplementations)
+      rd.bad(rd.name(k), "unknown field; a plan has " + joined({known.begin(), known.end()}));
+  if (obj.contains(kOldImplementations) && obj.contains("implementations"))
+    rd.bad(rd.name(kOldImplementations),
+           "the old name of " + rd.name("implementations") + "; give one of them, not both");
+  const char* implementations_key = obj.contains(kOldImplementations) ? kOldImplementations : "implementations";
 
-  for (const auto& [k, v] : obj.items()) plan.origins[k] = {source, flags};
+  for (const auto& [k, v] : obj.items()) plan.origins[k == kOldImplementations ? "implementations" : k] = {source, flags};
   for (const char* axis : {"tp", "ep", "cp", "cp_split"})
     if (obj.contains("layouts") || obj.contains(axis)) plan.origins[axis] = plan.origins["layouts"] = {source, flags};
   auto field = [&](const char* k) -> const json* { return obj.contains(k) ? &obj[k] : nullptr; };
@@ -218,24 +229,41 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     });
     no_duplicates<std::string>(rd, rd.name("models"), plan.models, [](const std::string& s) { return s; });
   }
-  if (const json* v = field("contracts")) {
-    plan.contracts = rd.list<std::string>(rd.name("contracts"), *v, [&](const std::string& f, const json& x) {
+  // `run --contract truth` is the old spelling of --implementation float64: the
+  // float64 truth model, which has no contract.
+  constexpr const char* kOldFloat64Contract = "truth";
+  const json* contracts = field("contracts");
+  if (contracts && plan.allow_float64 && contracts->is_array() &&
+      std::find(contracts->begin(), contracts->end(), json(kOldFloat64Contract)) != contracts->end()) {
+    const std::string why = std::string("'") + kOldFloat64Contract + "' is the old spelling of " +
+                            rd.name("implementations") + " float64, the float64 truth model";
+    if (contracts->size() != 1) rd.bad(rd.name("contracts"), why + ": it has no contract to list with others");
+    if (field(implementations_key)) rd.bad(rd.name("contracts"), why + ": give one of them");
+    plan.contracts.clear();
+    plan.implementations = {Implementation::kFloat64};
+    plan.origins["implementations"] = {source, flags};
+  } else if (contracts) {
+    plan.contracts = rd.list<std::string>(rd.name("contracts"), *contracts, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
-      if (!find_contract(s) && !(plan.allow_truth && s == kTruthContract))
-        rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()) +
-                      (plan.allow_truth ? std::string(", ") + kTruthContract : ""));
+      if (!find_contract(s)) rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()));
       return s;
     });
     no_duplicates<std::string>(rd, rd.name("contracts"), plan.contracts, [](const std::string& s) { return s; });
   }
-  if (const json* v = field("backends")) {
-    plan.backends = rd.list<Backend>(rd.name("backends"), *v, [&](const std::string& f, const json& x) {
+  if (const json* v = field(implementations_key)) {
+    const std::string name = rd.name(implementations_key);
+    plan.implementations = rd.list<Implementation>(name, *v, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
-      const auto b = parse_backend(s);
-      if (!b) rd.bad(f, "unknown backend '" + s + "'; the backends are reference, emulated, cuda");
-      return *b;
+      const auto i = parse_implementation(s);
+      const std::string known = plan.allow_float64 ? "reference, emulated, cuda, float64" : "reference, emulated, cuda";
+      if (!i) rd.bad(f, "unknown implementation '" + s + "'; the implementations are " + known);
+      if (*i == Implementation::kFloat64 && !plan.allow_float64)
+        rd.bad(f, "float64, the float64 truth model, runs only in `bitparity run`; here the implementations are " +
+                      known);
+      return *i;
     });
-    no_duplicates<Backend>(rd, rd.name("backends"), plan.backends, [](const Backend& b) { return backend_name(b); });
+    no_duplicates<Implementation>(rd, name, plan.implementations,
+                                  [](const Implementation& i) { return implementation_name(i); });
   }
 
   // The layout selection: an explicit list or the grid, replaced as a whole.

@@ -1,5 +1,5 @@
-// The `cuda` backend in a build without CUDA (BITPARITY_CUDA=OFF or no nvcc).
-#include "harness/gpu_backend.h"
+// The `cuda` implementation in a build without CUDA (BITPARITY_CUDA=OFF or no nvcc).
+#include "harness/engine/cuda_implementation.h"
 
 namespace bp::harness {
 
@@ -8,6 +8,10 @@ namespace {
 [[noreturn]] void no_cuda() { throw CannotTest("no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)"); }
 
 }  // namespace
+
+const char* cuda_implementation_summary() {
+  return "not available in this build (its cases exit 125: cannot test here)";
+}
 
 struct GpuRunner::Kept {};  // never made: nothing is uploaded without CUDA
 

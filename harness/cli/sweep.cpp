@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <map>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/cli/common.h"
+#include "harness/engine/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/report/report.h"
 
@@ -106,7 +106,9 @@ std::string cost_text(const Case& c) {
   return s + ")";
 }
 
-// Rows model/contract/backend/layout, one column per path; columns padded to width.
+// Rows model/contract/implementation/layout, one column per path; columns padded to
+// width. The rows come from the report's parameters, where the implementation is
+// still keyed "backend".
 void print_table(const Report& r, const std::vector<std::string>& paths, std::FILE* out) {
   const std::vector<std::string> keys = {"model", "contract", "backend", "layout"};
   std::vector<std::vector<std::string>> rows;  // the keys' values, then one cell per path
@@ -122,7 +124,7 @@ void print_table(const Report& r, const std::vector<std::string>& paths, std::FI
     const size_t col = static_cast<size_t>(std::find(paths.begin(), paths.end(), c.parameters.at("path")) - paths.begin());
     rows[it->second][keys.size() + col] = cell_text(c);
   }
-  std::vector<std::string> header = keys;
+  std::vector<std::string> header = {"model", "contract", "implementation", "layout"};
   header.insert(header.end(), paths.begin(), paths.end());
   std::vector<size_t> width(header.size());
   for (size_t i = 0; i < header.size(); ++i) {
@@ -148,9 +150,9 @@ int sweep(const SweepOptions& o) {
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(stdout, "layout not run: %s\n", d.c_str());
 
   Report r = make_report("sweep");
-  if (plan.contracts.size() == 1) {
-    r.environment.contract_name = plan.contracts.front();
-    r.environment.contract_knob_hash = find_contract(plan.contracts.front())->knob_hash();
+  if (engine.contracts().size() == 1) {
+    r.environment.contract_name = engine.contracts().front()->name;
+    r.environment.contract_knob_hash = engine.contracts().front()->knob_hash();
   }
   g_stop = 0;
   install_stop_handlers();
@@ -206,7 +208,7 @@ Subcommand add_sweep_command(CLI::App& app) {
   auto o = std::make_shared<SweepOptions>();
   CLI::App* sub = app.add_subcommand(
       "sweep",
-      "compare models x contracts x backends x layouts x paths against the canonical reference (logprobs, entropy, "
+      "compare models x contracts x implementations x layouts x paths against the canonical reference (logprobs, entropy, "
       "every parameter gradient on the extend path, every op's output with --capture ops). With no arguments: the "
       "default sweep on the embedded tiny fixtures. Exit 0 all exact, 1 a mismatch, 2 bad usage or input, 3 internal "
       "error, 125 nothing could be tested here, 130 interrupted (SIGINT/SIGTERM: the report holds the finished "

@@ -1,4 +1,4 @@
-// The case engine: runs one (model, contract, backend, layout, path) case and
+// The case engine: runs one (model, contract, implementation, layout, path) case and
 // compares it with the canonical reference of its (model, contract) — the
 // unsharded ref::Model's extend forward (logprobs, entropy, captures) and its
 // backward (every parameter's gradient), computed once and cached.
@@ -20,14 +20,14 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/plan.h"
+#include "harness/compare/compare.h"
+#include "harness/engine/plan.h"
 #include "harness/report/report.h"
 #include "host/model.h"
 
 namespace bp::harness {
 
-// The case's backend cannot run on this machine (exit code 125 when nothing ran).
+// The case's implementation cannot run on this machine (exit code 125 when nothing ran).
 class CannotTest : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -41,10 +41,20 @@ struct NamedTensor {
   std::vector<bf16> bf16_values;  // when BF16
 };
 
+// One model of the plan, resolved: its name as the plan gives it, its config, and
+// the plan's token sequences for it.
+struct ModelEntry {
+  std::string name;
+  ModelConfig config;
+  std::vector<std::vector<int32_t>> tokens;
+};
+
+// One case: its model (the engine's entry) and contract (one of bp::contracts()),
+// resolved once when the plan is expanded.
 struct CaseSpec {
-  size_t model = 0;  // index into the engine's models
-  std::string contract;
-  Backend backend = Backend::kReference;
+  const ModelEntry& model;
+  const Contract& contract;
+  Implementation implementation = Implementation::kReference;
   layouts::Layout layout;
   ref::Path path;
 };
@@ -77,34 +87,35 @@ class CaseEngine {
   // naming the source that set the field (the plan file or "command line").
   explicit CaseEngine(SweepPlan plan);
   ~CaseEngine();
+  CaseEngine(const CaseEngine&) = delete;  // its cases point into it
+  CaseEngine& operator=(const CaseEngine&) = delete;
 
   const SweepPlan& plan() const { return plan_; }
-  // The cases in sweep order: model, contract, backend, layout, path.
+  // The cases in sweep order: model, contract, implementation, layout, path.
   const std::vector<CaseSpec>& cases() const { return cases_; }
+  // The plan's contracts, in plan order.
+  const std::vector<const Contract*>& contracts() const { return contracts_; }
   // Grid layouts dropped because a model cannot run them: "<model>: <layout>: why".
   const std::vector<std::string>& dropped_layouts() const { return dropped_; }
-  const std::string& model_name(size_t i) const;
-  const ModelConfig& model_config(size_t i) const;
-  std::string case_id(const CaseSpec& c) const;  // "model/contract/backend/layout/path"
+  std::string case_id(const CaseSpec& c) const;  // "model/contract/implementation/layout/path"
 
-  // One case's outputs (throws CannotTest when its backend cannot run here).
+  // One case's outputs (throws CannotTest when its implementation cannot run here).
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
-  // parameters (model, contract, contract_knob_hash, backend, layout, path), the
-  // seconds of its run() and the device memory it peaked at, and, with capture,
-  // first_divergent_op. A CannotTest case comes back skipped.
+  // parameters (model, contract, contract_knob_hash, backend: the implementation,
+  // layout, path), the seconds of its run() and the device memory it peaked at,
+  // and, with capture, first_divergent_op. A CannotTest case comes back skipped.
   Case compare(const CaseSpec& c);
 
  private:
   struct Loaded;
   struct Canonical;
-  Loaded& loaded(size_t model);
-  const Canonical& canonical(size_t model, const std::string& contract);
+  Loaded& loaded(const ModelEntry& model);
+  const Canonical& canonical(const ModelEntry& model, const Contract& contract);
 
   SweepPlan plan_;
-  std::vector<std::string> names_;
-  std::vector<ModelConfig> configs_;
-  std::vector<std::vector<std::vector<int32_t>>> tokens_;  // per model
+  std::vector<ModelEntry> models_;  // the plan's, in plan order (never reallocated: cases point into it)
+  std::vector<const Contract*> contracts_;
   std::unique_ptr<Loaded> loaded_;        // the last model's weights, host and device (sweeps go model by model)
   std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
   std::vector<CaseSpec> cases_;

@@ -8,8 +8,9 @@
 #include <cstring>
 #include <map>
 
-#include "harness/cases.h"
-#include "harness/commands.h"
+#include "harness/cli/common.h"
+#include "harness/engine/cases.h"
+#include "harness/engine/single_case.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
 
@@ -36,8 +37,8 @@ struct Side {
 
 // "key=value,key=value": a piece without '=' continues the previous value, so
 // lists read naturally (path=chunked:5,3,lengths=9,17). Keys: model, contract,
-// backend, layout, path, tp, ep, cp, cp_split, seed, lengths, tokens,
-// weight_seed, coef_seed, temperature.
+// implementation (or backend, its old name), layout, path, tp, ep, cp, cp_split,
+// seed, lengths, tokens, weight_seed, coef_seed, temperature.
 json spec_json(const std::string& spec, const std::string& source) {
   std::vector<std::pair<std::string, std::string>> kv;
   size_t start = 0;
@@ -50,7 +51,8 @@ json spec_json(const std::string& spec, const std::string& source) {
     } else if (!kv.empty() && eq == std::string::npos && !piece.empty()) {
       kv.back().second += "," + piece;
     } else {
-      throw io::BadInput(source, piece, "expected key=value (e.g. path=decode,layout=tp2-ep1-cp1,backend=emulated)");
+      throw io::BadInput(source, piece,
+                         "expected key=value (e.g. path=decode,layout=tp2-ep1-cp1,implementation=emulated)");
     }
     start = comma + 1;
   }
@@ -69,9 +71,10 @@ json spec_json(const std::string& spec, const std::string& source) {
   };
   json j = json::object();
   for (const auto& [k, v] : kv) {
-    static const std::map<std::string, std::string> lists = {{"model", "models"},     {"contract", "contracts"},
-                                                             {"backend", "backends"}, {"layout", "layouts"},
-                                                             {"path", "paths"},       {"cp_split", "cp_split"}};
+    static const std::map<std::string, std::string> lists = {
+        {"model", "models"},   {"contract", "contracts"}, {"implementation", "implementations"},
+        {"backend", "implementations"}, {"layout", "layouts"},   {"path", "paths"},
+        {"cp_split", "cp_split"}};
     if (j.contains(k) || (lists.count(k) && j.contains(lists.at(k))))
       throw io::BadInput(source, k, "given twice");
     if (const auto it = lists.find(k); it != lists.end()) {
@@ -95,8 +98,8 @@ json spec_json(const std::string& spec, const std::string& source) {
       j[k] = t;
     } else {
       throw io::BadInput(source, k,
-                         "unknown key; a spec takes model, contract, backend, layout, path, tp, ep, cp, cp_split, "
-                         "seed, lengths, tokens, weight_seed, coef_seed, temperature");
+                         "unknown key; a spec takes model, contract, implementation, layout, path, tp, ep, cp, "
+                         "cp_split, seed, lengths, tokens, weight_seed, coef_seed, temperature");
     }
   }
   return j;
@@ -278,13 +281,15 @@ Subcommand add_bisect_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "bisect",
       "the first (layer, op, tensor) in execution order whose bits differ between two runs "
-      "(--a SPEC --b SPEC, each like path=decode,layout=tp2-ep1-cp1,backend=emulated over the plan flags, run with "
+      "(--a SPEC --b SPEC, each like path=decode,layout=tp2-ep1-cp1,implementation=emulated over the plan flags, run "
+      "with "
       "--capture ops) or two `run --capture ops` dumps; prints its diff statistics and whether its inputs were equal. "
       "Exit 0 no difference, 1 a difference, 2 bad usage or input, 3 internal error");
   o->plan.add_to(sub);
   sub->add_option("dumps", o->dumps, "two dumps A.safetensors B.safetensors");
-  sub->add_option("--a", o->a, "spec of run A: key=value,... (model, contract, backend, layout, path, tp, ep, cp, "
-                               "cp_split, seed, lengths, tokens, weight_seed, coef_seed, temperature)");
+  sub->add_option("--a", o->a, "spec of run A: key=value,... (model, contract, implementation (or backend), layout, "
+                               "path, tp, ep, cp, cp_split, seed, lengths, tokens, weight_seed, coef_seed, "
+                               "temperature)");
   sub->add_option("--b", o->b, "spec of run B");
   sub->add_option("--json", o->json, "write a JSON report (tensors in execution order)");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");

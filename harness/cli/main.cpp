@@ -1,0 +1,41 @@
+// bitparity: the command-line face of the oracle. main builds the app, lets every
+// subcommand register itself (cli/<name>.cpp, cli/common.h), and runs the one chosen.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "harness/cli/common.h"
+#include "harness/exit_codes.h"
+
+int main(int argc, char** argv) {
+  using namespace bp::harness;
+  CLI::App app{"bitparity: a bit-exact oracle for LLM numerics.\n"
+               "Exit codes: 0 all exact, 1 mismatch, 2 bad usage or input, 3 internal error, "
+               "125 cannot test here (e.g. no GPU: CTest's SKIP_RETURN_CODE, `git bisect run`'s skip), "
+               "130 sweep interrupted (SIGINT/SIGTERM; its reports hold the finished cases).\n"
+               "With no subcommand: selfcheck. `bitparity sweep` with no arguments: the default sweep."};
+  app.require_subcommand(0, 1);
+  // In the order `bitparity --help` lists them.
+  const Subcommand selfcheck = add_selfcheck_command(app);
+  const Subcommand commands[] = {selfcheck,
+                                 add_run_command(app),
+                                 add_sweep_command(app),
+                                 add_bisect_command(app),
+                                 add_list_command(app),
+                                 add_diff_command(app),
+                                 add_report_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? bp::kExitExact : bp::kExitBadInput;
+  }
+  try {
+    for (const Subcommand& c : commands)
+      if (*c.app) return c.run();
+    return selfcheck.run();  // no subcommand
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bitparity: internal error: %s\n", e.what());
+    return bp::kExitInternal;
+  }
+}

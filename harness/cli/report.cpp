@@ -1,0 +1,99 @@
+// `bitparity report R.json|R.csv [--baseline OLD.json|OLD.csv] [--html out.html]`:
+// reads a report back, prints its summary (and its comparison against a baseline),
+// and renders it as one HTML page.
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "harness/cli/common.h"
+#include "harness/exit_codes.h"
+#include "harness/io/errors.h"
+#include "harness/io/files.h"
+#include "harness/report/baseline.h"
+#include "harness/report/html.h"
+#include "harness/report/read.h"
+
+namespace bp::harness {
+
+namespace {
+
+struct ReportOptions {
+  std::string report;    // JSON, or CSV by the ".csv" extension
+  std::string baseline;  // "" = none
+  std::string html;      // "" = none
+};
+
+void print_summary(const Report& r, const std::string& path, std::FILE* out) {
+  size_t exact = 0, mismatch = 0, skipped = 0;
+  for (const Case& c : r.cases) {
+    exact += c.verdict == Verdict::kExact;
+    mismatch += c.verdict == Verdict::kMismatch;
+    skipped += c.verdict == Verdict::kSkipped;
+  }
+  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu skipped%s\n", path.c_str(), r.cases.size(),
+               exact, mismatch, skipped, r.interrupted ? " (interrupted run)" : "");
+  for (const Case& c : r.cases) {
+    if (c.verdict != Verdict::kMismatch) continue;
+    const TensorRecord* t = c.first_mismatch();
+    std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", c.id.c_str(), t ? t->name.c_str() : "?",
+                 t ? tensor_status_name(t->status) : "?", c.first_divergent_op ? ", first divergent op " : "",
+                 c.first_divergent_op.value_or("").c_str());
+  }
+  std::fprintf(out, "verdict: %s\n", verdict_name(r.overall()));
+}
+
+// Exit code: without a baseline the report's verdict (0 exact or skipped only, 1 a
+// mismatch); with one, 1 iff something newly fails or a case compared in the
+// baseline is gone, else 0; 2 for an unreadable or malformed report (the message
+// names the file and the field) or an unwritable --html path. Every input is read
+// before the page is written (atomically), so a failed run leaves an earlier page
+// untouched.
+int report(const ReportOptions& o) {
+  if (!o.html.empty())
+    if (const std::string why = io::write_path_problem(o.html); !why.empty()) {
+      std::fprintf(stderr, "bitparity report: cannot write --html %s: %s\n", o.html.c_str(), why.c_str());
+      return kExitBadInput;
+    }
+  Report r;
+  std::optional<BaselineDiff> diff;
+  try {
+    r = read_report(o.report);
+    if (!o.baseline.empty()) diff = compare_to_baseline(read_report(o.baseline), o.baseline, r, o.report);
+  } catch (...) {
+    return exit_for_read_error("report", stderr);
+  }
+  print_summary(r, o.report, stdout);
+  if (diff) std::fputs(format_baseline_diff(*diff).c_str(), stdout);
+  if (!o.html.empty()) {
+    try {
+      io::write_file_atomic(o.html, render_html(r, o.report, diff ? &*diff : nullptr));
+    } catch (const io::IoError& e) {
+      std::fprintf(stderr, "bitparity report: cannot write --html: %s\n", e.what());
+      return kExitBadInput;
+    }
+  }
+  if (diff) return diff->regressed() ? kExitMismatch : kExitExact;
+  return r.overall() == Verdict::kMismatch ? kExitMismatch : kExitExact;
+}
+
+}  // namespace
+
+Subcommand add_report_command(CLI::App& app) {
+  auto o = std::make_shared<ReportOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "report",
+      "read a report back (JSON, or CSV by its .csv extension), print its summary, compare it against a baseline, "
+      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch); "
+      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch) or a case compared in "
+      "the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and field)");
+  sub->add_option("REPORT", o->report, "report to read (.json or .csv)")->required();
+  sub->add_option("--baseline", o->baseline,
+                  "earlier report (.json or .csv): cases matched by id, tensors by name; prints what newly fails, "
+                  "newly passes, changed metrics, was added or removed");
+  sub->add_option("--html", o->html,
+                  "write one self-contained HTML page (grids of layouts x paths, tensor tables, ULP histograms, "
+                  "the baseline comparison); written atomically, never on a failed run");
+  return {sub, [o] { return report(*o); }};
+}
+
+}  // namespace bp::harness
