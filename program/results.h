@@ -13,12 +13,11 @@ namespace bp::ref {
 
 // One captured op output. Rows are tokens in canonical order — sequence by
 // sequence in batch order, positions increasing — whatever the path, so two paths'
-// captures compare row by row. Exactly one of bf16_bits / f32 is filled.
+// captures compare row by row; names: reference/model/model_graph.h.
 struct Capture {
   std::string name;             // "layers.3.attn_out", "final_norm", "logits", …
   std::vector<int64_t> shape;   // [tokens, features…]
-  std::vector<bf16> bf16_data;  // bf16 outputs
-  std::vector<float> f32_data;  // fp32 outputs (none among the current names)
+  std::vector<bf16> bf16_data;  // every captured op output is bf16
 };
 
 struct ForwardOptions {

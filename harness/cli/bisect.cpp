@@ -13,6 +13,7 @@
 #include "harness/engine/single_case.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
+#include "reference/model/model_graph.h"
 
 namespace bp::harness {
 
@@ -249,7 +250,7 @@ int bisect(const BisectOptions& o) {
       const bool is_op = first_a->name.rfind("ops.", 0) == 0;
       const std::string op = is_op ? first_a->name.substr(4) : "";
       std::vector<std::string> inputs;
-      if (is_op) inputs = op_inputs(op, layers);
+      if (is_op) inputs = graph::op_inputs(op, layers);
       if (first_a->name.rfind("logprobs.", 0) == 0 || first_a->name.rfind("entropy.", 0) == 0) inputs = {"logits"};
       bool all_equal = true, any_input = false;
       for (const std::string& in : inputs) {

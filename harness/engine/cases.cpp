@@ -8,81 +8,15 @@
 #include "harness/engine/models.h"
 #include "harness/io/errors.h"
 #include "host/layouts.h"
+#include "reference/model/model_graph.h"
 
 namespace bp::harness {
-
-namespace {
-
-// Model::step's captures inside one layer, in execution order (dense layers use
-// mlp_gate..mlp_act, MoE layers router_logits..expert_out).
-constexpr const char* kLayerOps[] = {"input_norm", "q_proj",        "k_proj",         "v_proj",     "q_norm",
-                                     "k_norm",     "q_rope",        "k_rope",         "attn",       "attn_out",
-                                     "resid_attn", "post_norm",     "router_logits",  "router_weights",
-                                     "expert_out", "mlp_gate",      "mlp_up",         "mlp_act",    "mlp_out",
-                                     "resid_mlp"};
-
-// "layers.<i>.<op>" -> (i, op); nullopt for other names.
-std::optional<std::pair<int, std::string>> split_layer_op(const std::string& name) {
-  constexpr std::string_view kPrefix = "layers.";
-  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
-  const size_t dot = name.find('.', kPrefix.size());
-  if (dot == std::string::npos || dot == kPrefix.size()) return std::nullopt;
-  int layer = 0;
-  for (size_t i = kPrefix.size(); i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9' || layer > 1'000'000) return std::nullopt;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  return std::make_pair(layer, name.substr(dot + 1));
-}
-
-std::string layer_op(int layer, const char* op) { return "layers." + std::to_string(layer) + "." + op; }
-
-}  // namespace
-
-std::optional<OpPosition> op_position(const std::string& op, int num_layers) {
-  if (op == "embed") return OpPosition{-1, 0};
-  if (op == "final_norm") return OpPosition{num_layers, 0};
-  if (op == "logits") return OpPosition{num_layers, 1};
-  const auto lo = split_layer_op(op);
-  if (!lo) return std::nullopt;
-  const auto it = std::find(std::begin(kLayerOps), std::end(kLayerOps), lo->second);
-  if (it == std::end(kLayerOps)) return std::nullopt;
-  return OpPosition{lo->first, static_cast<int>(it - std::begin(kLayerOps))};
-}
-
-std::vector<std::string> op_inputs(const std::string& op, int num_layers) {
-  if (op == "final_norm") return {layer_op(num_layers - 1, "resid_mlp")};
-  if (op == "logits") return {"final_norm"};
-  const auto lo = split_layer_op(op);
-  if (!lo) return {};
-  const int i = lo->first;
-  const std::string& o = lo->second;
-  const std::string layer_in = i == 0 ? "embed" : layer_op(i - 1, "resid_mlp");
-  auto in = [&](const char* x) { return layer_op(i, x); };
-  static const std::map<std::string, std::vector<const char*>> inside = {
-      {"q_proj", {"input_norm"}},        {"k_proj", {"input_norm"}},
-      {"v_proj", {"input_norm"}},        {"q_norm", {"q_proj"}},
-      {"k_norm", {"k_proj"}},            {"q_rope", {"q_norm"}},
-      {"k_rope", {"k_norm"}},            {"attn", {"q_rope", "k_rope", "v_proj"}},
-      {"attn_out", {"attn"}},            {"post_norm", {"resid_attn"}},
-      {"router_logits", {"post_norm"}},  {"router_weights", {"router_logits"}},
-      {"expert_out", {"post_norm", "router_weights"}},
-      {"mlp_gate", {"post_norm"}},       {"mlp_up", {"post_norm"}},
-      {"mlp_act", {"mlp_gate", "mlp_up"}}, {"mlp_out", {"mlp_act", "expert_out"}},
-      {"resid_mlp", {"resid_attn", "mlp_out"}}};
-  if (o == "input_norm") return {layer_in};
-  if (o == "resid_attn") return {layer_in, in("attn_out")};
-  std::vector<std::string> r;
-  if (const auto it = inside.find(o); it != inside.end())
-    for (const char* x : it->second) r.push_back(in(x));
-  return r;
-}
 
 std::pair<std::pair<int, int>, std::string> execution_order_key(const std::string& tensor, int num_layers) {
   const int after = num_layers + 1;  // past every op
   auto starts = [&](std::string_view p) { return tensor.rfind(p, 0) == 0; };
   if (starts("ops.")) {
-    const auto pos = op_position(tensor.substr(4), num_layers);
+    const auto pos = graph::op_position(tensor.substr(4), num_layers);
     return pos ? std::make_pair(std::make_pair(pos->layer, pos->index), std::string())
                : std::make_pair(std::make_pair(after, 0), tensor);
   }
@@ -162,12 +96,8 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&&
     NamedTensor t;
     t.name = "ops." + c.name;
     for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
-    if (c.f32_data.empty()) {
-      t.type = CmpType::BF16;
-      t.bf16_values = std::move(c.bf16_data);
-    } else {
-      t.f32_values = std::move(c.f32_data);
-    }
+    t.type = CmpType::BF16;
+    t.bf16_values = std::move(c.bf16_data);
     out.push_back(std::move(t));
   }
   if (bwd)

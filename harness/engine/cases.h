@@ -59,19 +59,8 @@ struct CaseSpec {
   ref::Path path;
 };
 
-// Execution order of the captured ops (Model::step) and which captured tensors
-// each op reads: the table `bisect` uses to say whether an op's inputs were equal.
-// An op not in the table (a future capture) sorts last and has unknown inputs.
-struct OpPosition {
-  int layer = -1;  // -1 before the layers (embed); num_layers after them
-  int index = 0;   // order inside the layer
-};
-std::optional<OpPosition> op_position(const std::string& op, int num_layers);
-// The captured inputs of `op` ("layers.2.q_norm" -> {"layers.2.q_proj"}); empty for
-// embed (its inputs are the tokens and the weights). Lists both MLP kinds' inputs
-// where they differ (mlp_out: mlp_act or expert_out); callers keep those present.
-std::vector<std::string> op_inputs(const std::string& op, int num_layers);
-// Sort key of a dump tensor name in execution order: ops.* in op order, then
+// Sort key of a dump tensor name in execution order: ops.* in the model graph's op
+// order (graph::op_position; names it does not know sort after them), then
 // logprobs.*, entropy.*, grads.* (each by sequence / name).
 std::pair<std::pair<int, int>, std::string> execution_order_key(const std::string& tensor, int num_layers);
 

@@ -31,7 +31,7 @@ std::vector<ref::Capture> place_captures(const std::vector<RankResult>& ranks, i
   for (const RankResult::CaptureBlock& b : ranks.at(0).captures)
     if (!index.count(b.name)) {
       index[b.name] = out.size();
-      out.push_back({b.name, {total, b.width}, std::vector<bf16>(static_cast<size_t>(total * b.width), bf16{0}), {}});
+      out.push_back({b.name, {total, b.width}, std::vector<bf16>(static_cast<size_t>(total * b.width), bf16{0})});
     }
   for (const RankResult& r : ranks)
     for (const RankResult::CaptureBlock& b : r.captures) {

@@ -1,7 +1,7 @@
 // Reading reports back (harness/report/read.h): JSON round trip byte for byte, CSV
 // back to the same verdicts and metrics, malformed reports refused naming the
 // field; the baseline comparison (baseline.h); the HTML page's structure and
-// escaping as text (tests/cpu/test_cli_report.cpp loads it in a browser).
+// escaping as text (tests/harness/test_cli_report.cpp loads it in a browser).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
