@@ -282,9 +282,8 @@ Subcommand add_bisect_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "bisect",
       "the first (layer, op, tensor) in execution order whose bits differ between two runs "
-      "(--a SPEC --b SPEC, each like path=decode,layout=tp2-ep1-cp1,implementation=emulated over the plan flags, run "
-      "with "
-      "--capture ops) or two `run --capture ops` dumps; prints its diff statistics and whether its inputs were equal. "
+      "(--a SPEC --b SPEC, each like path=decode,layout=tp2-ep1-cp1,implementation=emulated over the plan flags, "
+      "run with --capture ops) or two `run --capture ops` dumps; prints its diff statistics and whether its inputs were equal. "
       "Exit 0 no difference, 1 a difference, 2 bad usage or input, 3 internal error");
   o->plan.add_to(sub);
   sub->add_option("dumps", o->dumps, "two dumps A.safetensors B.safetensors");
