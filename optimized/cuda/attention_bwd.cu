@@ -83,7 +83,6 @@ __device__ void probabilities(float (&s)[8][4], float scale, const float* sM, co
 template <class Model, int D>
 __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
   constexpr int LD = kLd<D>, NT = D / 8;
-  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
   extern __shared__ uint4 smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + kTile * LD;
@@ -149,19 +148,7 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
               ln.col(nt, e % 2) < br.vis[e / 2] ? widen(round_bf16(mul_rn(p, sub_rn(dp[nt][e], delta)))) : 0.0f;
         }
     }
-    bool slow = false;
-    if constexpr (kTc) slow = any_nonfinite<D>(sK, lo_pos + 1 - kb, hi_pos + 1 - kb);
-    if (br.warp_live) {
-      if (kTc && !slow) {
-        uint32_t fa[4][4];
-        a_fragments(fa, ds);
-        mma_tile(acc, fa, sK, LD, ln);
-      } else {
-        store_rounded(sDS, ds, ln);
-        __syncwarp();
-        chain_tile<Model, true>(acc, sDS, sK, LD, {0, 0}, br.vis, br.act, ln);
-      }
-    }
+    framed_block_product<Model, D>(acc, ds, sDS, sK, lo_pos + 1 - kb, hi_pos + 1 - kb, br, ln);
     __syncthreads();
     if (b < last_block) {
       load_key_block<D>(sK, a.k, tile, a.h.Hkv, b + 1, hi_pos);

@@ -140,7 +140,6 @@ __device__ inline float merged(MergeFactors f, float O, float acc) { return fma_
 template <class Model, int D, bool kSplitCtas>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
   constexpr int LD = kLd<D>, NT = D / 8;
-  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
   extern __shared__ uint4 smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kTile * LD;
@@ -208,19 +207,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
     cp_async_wait<1>();  // V(b)
     __syncthreads();
     // Keys past the first row's position are absent for some row of the tile.
-    bool slow = false;
-    if constexpr (kTc) slow = any_nonfinite<D>(sV, lo_pos + 1 - kb, hi_pos + 1 - kb);
-    if (br.warp_live) {
-      if (kTc && !slow) {
-        uint32_t pa[4][4];
-        a_fragments(pa, p);
-        mma_tile(acc, pa, sV, LD, ln);
-      } else {
-        store_rounded(sP, p, ln);
-        __syncwarp();
-        chain_tile<Model, true>(acc, sP, sV, LD, {0, 0}, br.vis, br.act, ln);
-      }
-    }
+    framed_block_product<Model, D>(acc, p, sP, sV, lo_pos + 1 - kb, hi_pos + 1 - kb, br, ln);
     __syncthreads();  // every warp is done with sV
     if (b < end) load_kv(sV, a.v, b + 1);
     if (!kSplitCtas && (b == end || (b + 1) % a.split_blocks == 0)) {

@@ -279,6 +279,28 @@ struct BlockRows {
   }
 };
 
+// acc += R(t) · sb over key block kb's keys [first, last] (block-relative) for the
+// rows BlockRows br says see it, one framed product per row (the forward's P·V and
+// dq's dS·K): by mma on the fragments of R(t) unless sm90-tc meets a non-finite key
+// row, else by the SIMT chain through R(t) stored in st. Same bits either way.
+template <class Model, int D, int NT>
+__device__ void framed_block_product(float (&acc)[NT][4], const float (&t)[8][4], bf16* st, const bf16* sb,
+                                     int first, int last, const BlockRows& br, const Lane& ln) {
+  constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
+  bool slow = false;
+  if constexpr (kTc) slow = any_nonfinite<D>(sb, first, last);
+  if (!br.warp_live) return;
+  if (kTc && !slow) {
+    uint32_t frag[4][4];
+    a_fragments(frag, t);
+    mma_tile(acc, frag, sb, kLd<D>, ln);
+  } else {
+    store_rounded(st, t, ln);
+    __syncwarp();
+    chain_tile<Model, true>(acc, st, sb, kLd<D>, {0, 0}, br.vis, br.act, ln);
+  }
+}
+
 // --- host side --------------------------------------------------------------------
 
 inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs) {
