@@ -67,6 +67,16 @@ SweepPlan PlanFlags::plan(SweepPlan base) const {
   return base;
 }
 
+int nonfinite_exit(const char* cmd, const Report& r, bool strict, std::FILE* err) {
+  size_t shown = 0;
+  for (const Case& c : r.cases)
+    if (c.verdict == Verdict::kNonFinite && shown++ < 10)
+      std::fprintf(err, "bitparity %s: %s: %s: %s\n", cmd, strict ? "error" : "warning", c.id.c_str(),
+                   nonfinite_text(*c.first_nonfinite()).c_str());
+  if (shown > 10) std::fprintf(err, "bitparity %s: ... and %zu more non-finite cases\n", cmd, shown - 10);
+  return strict ? kExitMismatch : kExitExact;
+}
+
 int exit_for_error(const char* cmd, std::FILE* err) {
   try {
     throw;

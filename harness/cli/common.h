@@ -56,6 +56,15 @@ class PlanFlags {
 // Reports: ReportPaths, check_report_paths and write_reports (report/report.h).
 // Commands check the paths before running, so a bad path costs no work either.
 
+// For a report whose verdict is nonfinite (report.h: every tensor matches, but one
+// is all NaN/Inf, or a logprob is NaN/Inf): one warning line per such case (the
+// first 10) on `err`, then the exit code: kExitMismatch under --strict, else
+// kExitExact. Commands call it only when nothing worse decided the exit code.
+int nonfinite_exit(const char* cmd, const Report& r, bool strict, std::FILE* err);
+inline constexpr const char* kStrictHelp =
+    "exit 1 when a result is non-finite: a tensor all NaN/Inf on both sides, or a NaN/Inf logprob (without it: a "
+    "warning, exit 0)";
+
 // Inside a catch block: prints the exception in flight for subcommand `cmd`
 // ("bitparity sweep: bad input: ...") and returns its exit code.
 int exit_for_error(const char* cmd, std::FILE* err);

@@ -22,7 +22,7 @@ struct DiffOptions {
   std::string a, b;
   std::vector<std::string> map;  // "nameInA=nameInB"
   std::string json, csv, junit;  // report paths ("" = none)
-  bool quiet = false;
+  bool quiet = false, strict = false;
 };
 
 // One element's bits and value, for the "first difference" line.
@@ -70,7 +70,7 @@ int diff(const DiffOptions& o) {
         case TensorStatus::kShapeMismatch: result = "shape-diff"; break;
         case TensorStatus::kCompared: {
           const TensorMetrics& m = *t.metrics;
-          result = m.bit_identical ? "identical" : "DIFFER";
+          result = t.nonfinite() ? "NONFINITE" : m.bit_identical ? "identical" : "DIFFER";
           mism = std::to_string(m.mismatches);
           ulp = metric_text(m.max_ulp_diff, "%.0f");
           mabs = metric_text(m.max_abs_diff, "%.3g");
@@ -88,9 +88,10 @@ int diff(const DiffOptions& o) {
       while (!text.empty() && text.back() == ' ') text.pop_back();
       std::fprintf(stdout, "%s\n", text.c_str());
     }
-    size_t same = 0, differ = 0, only_a = 0, only_b = 0;
+    size_t same = 0, nonfinite = 0, differ = 0, only_a = 0, only_b = 0;
     for (const TensorRecord& t : c.tensors) {
-      same += t.matches();
+      same += t.matches() && !t.nonfinite();
+      nonfinite += t.nonfinite();
       only_a += t.status == TensorStatus::kOnlyInA;
       only_b += t.status == TensorStatus::kOnlyInB;
       differ += !t.matches() && t.status != TensorStatus::kOnlyInA && t.status != TensorStatus::kOnlyInB;
@@ -113,14 +114,17 @@ int diff(const DiffOptions& o) {
       if (t.status == TensorStatus::kOnlyInA) std::fprintf(stdout, "only in A: %s\n", t.name.c_str());
     for (const TensorRecord& t : c.tensors)
       if (t.status == TensorStatus::kOnlyInB) std::fprintf(stdout, "only in B: %s\n", t.name.c_str());
-    std::fprintf(stdout, "diff: %zu tensors: %zu identical, %zu differ, %zu only in A, %zu only in B: %s\n",
-                 c.tensors.size(), same, differ, only_a, only_b,
-                 c.verdict == Verdict::kExact ? "all identical" : "MISMATCH");
+    std::fprintf(stdout, "diff: %zu tensors: %zu identical, %zu nonfinite, %zu differ, %zu only in A, %zu only in B: %s\n",
+                 c.tensors.size(), same, nonfinite, differ, only_a, only_b,
+                 c.verdict == Verdict::kExact       ? "all identical"
+                 : c.verdict == Verdict::kNonFinite ? "identical, but NON-FINITE (matching NaN/Inf prove nothing)"
+                                                    : "MISMATCH");
   }
 
   const ReportPaths paths{o.json, o.csv, o.junit, ""};
   if (const int rc = check_report_paths("diff", paths, stderr)) return rc;
   if (const int rc = write_reports("diff", r, paths, stderr)) return rc;
+  if (c.verdict == Verdict::kNonFinite) return nonfinite_exit("diff", r, o.strict, stderr);
   return c.verdict == Verdict::kExact ? kExitExact : kExitMismatch;
 }
 
@@ -130,15 +134,17 @@ Subcommand add_diff_command(CLI::App& app) {
   auto o = std::make_shared<DiffOptions>();
   CLI::App* sub = app.add_subcommand(
       "diff",
-      "compare two safetensors dumps tensor by tensor, matched by name; exit 0 all identical, "
-      "1 a difference or a tensor on one side only, 2 bad input");
+      "compare two safetensors dumps tensor by tensor, matched by name; exit 0 all identical (or identical but "
+      "non-finite, with a warning), 1 a difference or a tensor on one side only (or, with --strict, a non-finite "
+      "match), 2 bad input");
   sub->add_option("A", o->a, "first dump (.safetensors)")->required();
   sub->add_option("B", o->b, "second dump (.safetensors)")->required();
   sub->add_option("--map", o->map, "OLD=NEW: tensor OLD of A is tensor NEW of B (repeatable)");
   sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json)");
   sub->add_option("--csv", o->csv, "write a CSV report (one row per tensor)");
   sub->add_option("--junit", o->junit, "write a JUnit XML report");
-  sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
+  sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors (and non-finite warnings)");
+  sub->add_flag("--strict", o->strict, kStrictHelp);
   return {sub, [o] { return diff(*o); }};
 }
 

@@ -21,17 +21,13 @@ struct ReportOptions {
   std::string report;    // JSON, or CSV by the ".csv" extension
   std::string baseline;  // "" = none
   std::string html;      // "" = none
+  bool strict = false;
 };
 
 void print_summary(const Report& r, const std::string& path, std::FILE* out) {
-  size_t exact = 0, mismatch = 0, skipped = 0;
-  for (const Case& c : r.cases) {
-    exact += c.verdict == Verdict::kExact;
-    mismatch += c.verdict == Verdict::kMismatch;
-    skipped += c.verdict == Verdict::kSkipped;
-  }
-  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu skipped%s\n", path.c_str(), r.cases.size(),
-               exact, mismatch, skipped, r.interrupted ? " (interrupted run)" : "");
+  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped%s\n", path.c_str(),
+               r.cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch), r.count(Verdict::kNonFinite),
+               r.count(Verdict::kSkipped), r.interrupted ? " (interrupted run)" : "");
   for (const Case& c : r.cases) {
     if (c.verdict != Verdict::kMismatch) continue;
     const TensorRecord* t = c.first_mismatch();
@@ -43,7 +39,7 @@ void print_summary(const Report& r, const std::string& path, std::FILE* out) {
 }
 
 // Exit code: without a baseline the report's verdict (0 exact or skipped only, 1 a
-// mismatch); with one, 1 iff something newly fails or a case compared in the
+// mismatch; nonfinite: 0 with a warning, 1 under --strict); with one, 1 iff something newly fails or a case compared in the
 // baseline is gone, else 0; 2 for an unreadable or malformed report (the message
 // names the file and the field) or an unwritable --html path. Every input is read
 // before the page is written (atomically), so a failed run leaves an earlier page
@@ -73,6 +69,7 @@ int report(const ReportOptions& o) {
     }
   }
   if (diff) return diff->regressed() ? kExitMismatch : kExitExact;
+  if (r.overall() == Verdict::kNonFinite) return nonfinite_exit("report", r, o.strict, stderr);
   return r.overall() == Verdict::kMismatch ? kExitMismatch : kExitExact;
 }
 
@@ -83,9 +80,11 @@ Subcommand add_report_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "report",
       "read a report back (JSON, or CSV by its .csv extension), print its summary, compare it against a baseline, "
-      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch); "
-      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch) or a case compared in "
-      "the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and field)");
+      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch; "
+      "nonfinite: 0 with a warning, 1 with --strict); "
+      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch or nonfinite) or a case "
+      "compared in the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and "
+      "field)");
   sub->add_option("REPORT", o->report, "report to read (.json or .csv)")->required();
   sub->add_option("--baseline", o->baseline,
                   "earlier report (.json or .csv): cases matched by id, tensors by name; prints what newly fails, "
@@ -93,6 +92,7 @@ Subcommand add_report_command(CLI::App& app) {
   sub->add_option("--html", o->html,
                   "write one self-contained HTML page (grids of layouts x paths, tensor tables, ULP histograms, "
                   "the baseline comparison); written atomically, never on a failed run");
+  sub->add_flag("--strict", o->strict, kStrictHelp);
   return {sub, [o] { return report(*o); }};
 }
 

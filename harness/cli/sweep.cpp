@@ -32,7 +32,7 @@ void install_stop_handlers() {
 struct SweepOptions {
   PlanFlags plan;
   std::string json, csv, junit, html;
-  bool quiet = false, verbose = false;
+  bool quiet = false, verbose = false, strict = false;
 };
 
 std::string clock_text(double seconds) {
@@ -67,11 +67,12 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// One cell of the table: "exact", "skip", or "<n> diff <u> ulp" (n tensors differ,
-// u the largest ULP distance among them).
+// One cell of the table: "exact", "skip", "NONFINITE", or "<n> diff <u> ulp" (n
+// tensors differ, u the largest ULP distance among them).
 std::string cell_text(const Case& c) {
   if (c.verdict == Verdict::kSkipped) return "skip";
   if (c.verdict == Verdict::kExact) return "exact";
+  if (c.verdict == Verdict::kNonFinite) return "NONFINITE";
   size_t n = 0;
   double ulp = 0;
   bool missing = false;
@@ -87,6 +88,7 @@ std::string cell_text(const Case& c) {
 std::string case_line(const Case& c) {
   std::string s = std::string(c.verdict == Verdict::kMismatch ? "MISMATCH " : verdict_name(c.verdict)) + " " + c.id;
   if (c.verdict == Verdict::kSkipped) return s + ": " + c.skip_reason;
+  if (c.verdict == Verdict::kNonFinite) return s + ": " + nonfinite_text(*c.first_nonfinite());
   if (const TensorRecord* t = c.first_mismatch()) {
     s += ": first tensor " + t->name;
     if (t->metrics)
@@ -170,13 +172,8 @@ int sweep(const SweepOptions& o) {
   progress.finish();
   r.interrupted = r.cases.size() < cases.size();
 
-  size_t exact = 0, mismatch = 0, skipped = 0, tensors = 0;
-  for (const Case& c : r.cases) {
-    exact += c.verdict == Verdict::kExact;
-    mismatch += c.verdict == Verdict::kMismatch;
-    skipped += c.verdict == Verdict::kSkipped;
-    tensors += c.tensors.size();
-  }
+  size_t tensors = 0;
+  for (const Case& c : r.cases) tensors += c.tensors.size();
   const Verdict overall = r.overall();
   if (!o.quiet) {
     std::vector<std::string> path_names;
@@ -191,13 +188,17 @@ int sweep(const SweepOptions& o) {
   }
   const char* verdict = r.interrupted ? "INTERRUPTED"
                         : overall == Verdict::kMismatch ? "MISMATCH"
+                        : overall == Verdict::kNonFinite ? "NON-FINITE (matching NaN/Inf results prove nothing)"
                         : overall == Verdict::kSkipped  ? "NOTHING TESTED (cannot test here)"
                                                         : "ALL EXACT";
-  std::fprintf(o.quiet ? stderr : stdout, "sweep: %zu of %zu cases: %zu exact, %zu mismatch, %zu skipped; %zu tensors; %.1f s: %s\n",
-               r.cases.size(), cases.size(), exact, mismatch, skipped, tensors, progress.elapsed(), verdict);
+  std::fprintf(o.quiet ? stderr : stdout,
+               "sweep: %zu of %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped; %zu tensors; %.1f s: %s\n",
+               r.cases.size(), cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch),
+               r.count(Verdict::kNonFinite), r.count(Verdict::kSkipped), tensors, progress.elapsed(), verdict);
   if (const int rc = write_reports("sweep", r, paths, stderr)) return rc;
   if (r.interrupted) return kExitInterrupted;
   if (overall == Verdict::kMismatch) return kExitMismatch;
+  if (overall == Verdict::kNonFinite) return nonfinite_exit("sweep", r, o.strict, stderr);
   if (overall == Verdict::kSkipped) return kExitCannotTest;
   return kExitExact;
 }
@@ -210,7 +211,8 @@ Subcommand add_sweep_command(CLI::App& app) {
       "sweep",
       "compare models x contracts x implementations x layouts x paths against the canonical reference (logprobs, entropy, "
       "every parameter gradient on the extend path, every op's output with --capture ops). With no arguments: the "
-      "default sweep on the embedded tiny fixtures. Exit 0 all exact, 1 a mismatch, 2 bad usage or input, 3 internal "
+      "default sweep on the embedded tiny fixtures. Exit 0 all exact (or non-finite matches, with a warning), 1 a "
+      "mismatch (or, with --strict, a non-finite match), 2 bad usage or input, 3 internal "
       "error, 125 nothing could be tested here, 130 interrupted (SIGINT/SIGTERM: the report holds the finished "
       "cases, marked interrupted)");
   o->plan.add_to(sub);
@@ -219,6 +221,7 @@ Subcommand add_sweep_command(CLI::App& app) {
   sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case)");
   sub->add_option("--html", o->html, "write an HTML report");
   sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
+  sub->add_flag("--strict", o->strict, kStrictHelp);
   sub->add_flag("--verbose,-v", o->verbose,
                 "print every case as it finishes, with its run time and peak device memory, and the layouts a model "
                 "cannot run");

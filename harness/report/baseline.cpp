@@ -14,6 +14,8 @@ namespace {
 std::string state(const TensorRecord& t) {
   if (t.status != TensorStatus::kCompared) return tensor_status_name(t.status);
   const TensorMetrics& m = *t.metrics;
+  if (t.nonfinite()) return "identical but non-finite (" + std::to_string(m.nan_a + m.inf_a) + "/" +
+                             std::to_string(m.elements) + " NaN/Inf)";
   if (m.bit_identical) return "identical";
   return std::to_string(m.mismatches) + "/" + std::to_string(m.elements) + " differ, max_ulp_diff " +
          metric_text(m.max_ulp_diff, "%.0f") + ", max_abs_diff " + metric_text(m.max_abs_diff, "%.3g");
@@ -39,6 +41,11 @@ std::string metric_delta(const TensorRecord& a, const TensorRecord& b) {
   return s;
 }
 
+// Against a baseline, a non-finite match fails as a mismatch does: exact yesterday
+// and NaN everywhere today is a regression.
+bool passes(const TensorRecord& t) { return t.matches() && !t.nonfinite(); }
+bool fails(const Case& c) { return c.verdict == Verdict::kMismatch || c.verdict == Verdict::kNonFinite; }
+
 // A case's tensors by key; BadInput when a key repeats.
 std::map<std::string, const TensorRecord*> tensors_by_key(const Case& c, size_t case_index, const std::string& path) {
   std::map<std::string, const TensorRecord*> out;
@@ -59,10 +66,10 @@ class Differ {
   }
 
   void new_case(const Case& c) {
-    if (c.verdict == Verdict::kMismatch) {
-      const TensorRecord* t = c.first_mismatch();
-      add(ChangeKind::kNewlyFailing, c.id, "", "new case, mismatch" + (t ? ": " + tensor_key(*t) + " " + state(*t) : ""),
-          true);
+    if (fails(c)) {
+      const TensorRecord* t = c.verdict == Verdict::kMismatch ? c.first_mismatch() : c.first_nonfinite();
+      add(ChangeKind::kNewlyFailing, c.id, "",
+          std::string("new case, ") + verdict_name(c.verdict) + (t ? ": " + tensor_key(*t) + " " + state(*t) : ""), true);
     } else {
       add(ChangeKind::kCaseAdded, c.id, "", verdict_name(c.verdict), false);
     }
@@ -71,7 +78,7 @@ class Differ {
   void skip_change(const Case& old, const Case& now) {
     if (old.verdict == now.verdict) return;
     const std::string detail = std::string(verdict_name(old.verdict)) + " -> " + verdict_name(now.verdict);
-    if (now.verdict == Verdict::kMismatch) add(ChangeKind::kNewlyFailing, now.id, "", detail, true);
+    if (fails(now)) add(ChangeKind::kNewlyFailing, now.id, "", detail, true);
     else add(ChangeKind::kSkipChanged, now.id, "", detail, false);
   }
 
@@ -83,14 +90,14 @@ class Differ {
       const std::string key = tensor_key(t);
       const auto it = old_tensors.find(key);
       if (it == old_tensors.end()) {
-        if (t.matches()) add(ChangeKind::kTensorAdded, now.id, key, state(t), false);
+        if (passes(t)) add(ChangeKind::kTensorAdded, now.id, key, state(t), false);
         else add(ChangeKind::kNewlyFailing, now.id, key, "new tensor: " + state(t), true);
         continue;
       }
       const TensorRecord& o = *it->second;
-      if (o.matches() && !t.matches()) add(ChangeKind::kNewlyFailing, now.id, key, state(t), true);
-      else if (!o.matches() && t.matches()) add(ChangeKind::kNewlyPassing, now.id, key, "was " + state(o), false);
-      else if (!o.matches()) {
+      if (passes(o) && !passes(t)) add(ChangeKind::kNewlyFailing, now.id, key, state(t), true);
+      else if (!passes(o) && passes(t)) add(ChangeKind::kNewlyPassing, now.id, key, "was " + state(o), false);
+      else if (!passes(o)) {
         if (std::string delta = metric_delta(o, t); !delta.empty())
           add(ChangeKind::kMetricsChanged, now.id, key, std::move(delta), false);
       }

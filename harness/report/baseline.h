@@ -1,7 +1,8 @@
 // A report against a baseline report (`bitparity report R --baseline OLD`): cases
 // matched by id, tensors within a case by key (tensor_key), each difference
 // classified. A regression is something newly failing (a tensor or case that
-// matched, or was not there or skipped, and now mismatches) or a case that was
+// matched, or was not there or skipped, and now mismatches or is a non-finite
+// match, TensorRecord::nonfinite) or a case that was
 // compared (not skipped) in the baseline and is gone now. A case's seconds and
 // peak_device_bytes are measurements, not results: they never make a change.
 #pragma once
@@ -13,10 +14,10 @@
 namespace bp::harness {
 
 enum class ChangeKind {
-  kNewlyFailing,    // exact (or new, or skipped) -> mismatch
+  kNewlyFailing,    // exact (or new, or skipped) -> mismatch or nonfinite
   kCaseRemoved,     // in the baseline, not in the report
   kTensorRemoved,   // in the baseline's case, not in the report's
-  kNewlyPassing,    // mismatch -> exact
+  kNewlyPassing,    // mismatch or nonfinite -> exact
   kMetricsChanged,  // mismatch -> mismatch with other mismatches / max_ulp_diff / max_abs_diff / status
   kCaseAdded,       // not in the baseline (and not failing)
   kTensorAdded,     // not in the baseline's case (and matching)

@@ -16,7 +16,7 @@ table{border-collapse:collapse;margin:.4em 0}
 th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{display:inline-block;padding:.2em .8em;font-weight:bold;border-radius:3px}
-.v-exact{background:#c8e6c9}.v-mismatch{background:#ffcdd2}.v-skipped{background:#e0e0e0}.v-none{background:#fff;color:#aaa}
+.v-exact{background:#c8e6c9}.v-mismatch{background:#ffcdd2}.v-skipped{background:#e0e0e0}.v-nonfinite{background:#ffe0b2}.v-none{background:#fff;color:#aaa}
 .grid td.cell{min-width:5em;text-align:center}.grid td.cell a{color:inherit}
 .interrupted{background:#fff3cd;padding:.3em .6em}.regression{color:#b00020;font-weight:bold}
 .env th{font-weight:normal;color:#555}code{font-size:90%}
@@ -53,17 +53,13 @@ std::string environment_table(const Environment& e) {
 }
 
 std::string header(const Report& r, const std::string& source) {
-  size_t exact = 0, mismatch = 0, skipped = 0;
-  for (const Case& c : r.cases) {
-    exact += c.verdict == Verdict::kExact;
-    mismatch += c.verdict == Verdict::kMismatch;
-    skipped += c.verdict == Verdict::kSkipped;
-  }
   std::string h = "<header>\n<h1>bitparity report</h1>\n<p>" + verdict_span(r.overall()) + " <code>" +
                   html_escape(source) + "</code>: command <code>" + html_escape(r.command) + "</code>, created " +
                   html_escape(r.created_utc) + "; " + std::to_string(r.cases.size()) + " cases: " +
-                  std::to_string(exact) + " exact, " + std::to_string(mismatch) + " mismatch, " +
-                  std::to_string(skipped) + " skipped</p>\n";
+                  std::to_string(r.count(Verdict::kExact)) + " exact, " +
+                  std::to_string(r.count(Verdict::kMismatch)) + " mismatch, " +
+                  std::to_string(r.count(Verdict::kNonFinite)) + " nonfinite, " +
+                  std::to_string(r.count(Verdict::kSkipped)) + " skipped</p>\n";
   if (r.interrupted) h += "<p class=\"interrupted\">The run was interrupted: only the finished cases are listed.</p>\n";
   h += environment_table(r.environment);
   h += std::string("<p>NaN policy <code>") + kNanPolicy + "</code>: " + html_escape(kNanPolicyText) + ".</p>\n";

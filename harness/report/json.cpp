@@ -69,7 +69,7 @@ json environment_json(const Environment& e) {
 
 json to_json(const Report& r) {
   json cases = json::array();
-  uint64_t n_exact = 0, n_mismatch = 0, n_skipped = 0, n_tensors = 0, n_tensors_bad = 0;
+  uint64_t n_tensors = 0, n_tensors_bad = 0;
   for (const Case& c : r.cases) {
     json tensors = json::array();
     for (const TensorRecord& t : c.tensors) {
@@ -77,9 +77,6 @@ json to_json(const Report& r) {
       ++n_tensors;
       n_tensors_bad += !t.matches();
     }
-    n_exact += c.verdict == Verdict::kExact;
-    n_mismatch += c.verdict == Verdict::kMismatch;
-    n_skipped += c.verdict == Verdict::kSkipped;
     cases.push_back({
         {"id", c.id},
         {"parameters", c.parameters},
@@ -101,8 +98,9 @@ json to_json(const Report& r) {
       {"nan_policy", {{"id", kNanPolicy}, {"text", kNanPolicyText}}},
       {"environment", environment_json(r.environment)},
       {"summary",
-       {{"cases", r.cases.size()}, {"exact", n_exact}, {"mismatch", n_mismatch}, {"skipped", n_skipped},
-        {"tensors", n_tensors}, {"tensors_mismatch", n_tensors_bad}}},
+       {{"cases", r.cases.size()}, {"exact", r.count(Verdict::kExact)}, {"mismatch", r.count(Verdict::kMismatch)},
+        {"skipped", r.count(Verdict::kSkipped)}, {"nonfinite", r.count(Verdict::kNonFinite)}, {"tensors", n_tensors},
+        {"tensors_mismatch", n_tensors_bad}}},
       {"cases", std::move(cases)},
   };
 }

@@ -79,6 +79,10 @@ std::string render_junit(const Report& r) {
            xml(std::to_string(n_bad) + " of " + std::to_string(c.tensors.size()) +
                " tensors differ; first: " + msg) +
            "</failure>\n    </testcase>\n";
+    } else if (c.verdict == Verdict::kNonFinite) {
+      // Not a failure (the command exits 0 without --strict), but never a silent pass.
+      o += ">\n      <system-err>" + xml("WARNING: nonfinite: " + nonfinite_text(*c.first_nonfinite())) +
+           "</system-err>\n    </testcase>\n";
     } else {
       o += "/>\n";
     }

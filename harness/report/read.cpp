@@ -33,7 +33,7 @@ std::optional<Enum> enum_from_name(const std::string& s, const std::array<Enum, 
   return std::nullopt;
 }
 std::optional<Verdict> verdict_from_name(const std::string& s) {
-  return enum_from_name(s, std::array{Verdict::kExact, Verdict::kMismatch, Verdict::kSkipped}, verdict_name);
+  return enum_from_name(s, std::array{Verdict::kExact, Verdict::kMismatch, Verdict::kSkipped, Verdict::kNonFinite}, verdict_name);
 }
 std::optional<TensorStatus> status_from_name(const std::string& s) {
   return enum_from_name(s,
@@ -252,7 +252,7 @@ Case read_case(const Node& n) {
   Case c;
   c.id = n["id"].str();
   for (const auto& [k, node] : n["parameters"].members()) c.parameters[k] = node.str();
-  c.verdict = n["verdict"].one_of(verdict_from_name, "verdict (exact, mismatch, skipped)");
+  c.verdict = n["verdict"].one_of(verdict_from_name, "verdict (exact, mismatch, skipped, nonfinite)");
   const auto skip = n["skip_reason"].str_or_null();
   if (skip.has_value() != (c.verdict == Verdict::kSkipped))
     n["skip_reason"].bad("must be a string for a skipped case and null otherwise");
@@ -321,7 +321,7 @@ Report parse_report_json(std::string_view text, const std::string& path) {
   r.interrupted = status == "interrupted";
   root["nan_policy"].expect_object({"id", "text"});
   r.environment = read_environment(root["environment"]);
-  root["summary"].expect_object({"cases", "exact", "mismatch", "skipped", "tensors", "tensors_mismatch"});
+  root["summary"].expect_object({"cases", "exact", "mismatch", "skipped", "nonfinite", "tensors", "tensors_mismatch"});
   for (const Node& c : root["cases"].elements()) r.cases.push_back(read_case(c));
   if (const auto i = repeated_case_id(r)) root["cases"].elements()[*i]["id"].bad(repeated_id_message(r.cases[*i]));
   // What the writer derives (tool, verdicts, summary, bit_identical, the NaN policy
@@ -501,7 +501,7 @@ bool is_case_column(size_t c) {
 Case case_from_row(const Row& row) {
   Case c;
   c.id = row.text("case_id");
-  c.verdict = row.one_of("case_verdict", verdict_from_name, "verdict (exact, mismatch, skipped)");
+  c.verdict = row.one_of("case_verdict", verdict_from_name, "verdict (exact, mismatch, skipped, nonfinite)");
   c.parameters = parameters_from_text(row.text("parameters"));
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
   c.seconds = row.non_negative("seconds");

@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -116,13 +117,21 @@ const char* verdict_name(Verdict v) {
     case Verdict::kExact: return "exact";
     case Verdict::kMismatch: return "mismatch";
     case Verdict::kSkipped: return "skipped";
+    case Verdict::kNonFinite: return "nonfinite";
   }
   return "?";
 }
 
+bool TensorRecord::nonfinite() const {
+  if (!matches() || metrics->elements == 0) return false;
+  const uint64_t nonfinite_elements = metrics->nan_a + metrics->inf_a;
+  return nonfinite_elements == metrics->elements || (is_logprob && nonfinite_elements > 0);
+}
+
 void Case::settle() {
   if (verdict == Verdict::kSkipped) return;
-  verdict = first_mismatch() ? Verdict::kMismatch : Verdict::kExact;
+  const bool any_nonfinite = std::any_of(tensors.begin(), tensors.end(), [](const TensorRecord& t) { return t.nonfinite(); });
+  verdict = first_mismatch() ? Verdict::kMismatch : any_nonfinite ? Verdict::kNonFinite : Verdict::kExact;
 }
 
 const TensorRecord* Case::first_mismatch() const {
@@ -131,13 +140,26 @@ const TensorRecord* Case::first_mismatch() const {
   return nullptr;
 }
 
+const TensorRecord* Case::first_nonfinite() const {
+  for (const TensorRecord& t : tensors)
+    if (t.nonfinite()) return &t;
+  return nullptr;
+}
+
+std::string nonfinite_text(const TensorRecord& t) {
+  const TensorMetrics& m = *t.metrics;
+  return t.name + " is NaN/Inf in " + std::to_string(m.nan_a + m.inf_a) + " of " + std::to_string(m.elements) +
+         " elements on both sides: the match proves nothing";
+}
+
 Verdict Report::overall() const {
-  bool any_exact = false;
-  for (const Case& c : cases) {
-    if (c.verdict == Verdict::kMismatch) return Verdict::kMismatch;
-    any_exact |= c.verdict == Verdict::kExact;
-  }
-  return any_exact ? Verdict::kExact : Verdict::kSkipped;
+  for (const Verdict v : {Verdict::kMismatch, Verdict::kNonFinite, Verdict::kExact})
+    if (count(v) != 0) return v;
+  return Verdict::kSkipped;
+}
+
+size_t Report::count(Verdict v) const {
+  return static_cast<size_t>(std::count_if(cases.begin(), cases.end(), [v](const Case& c) { return c.verdict == v; }));
 }
 
 Report make_report(std::string command) {

@@ -3,9 +3,10 @@
 // each written atomically (temporary in the same directory + fsync + rename, via
 // bp::io::write_file_atomic of io/files.h), so an error never leaves a partial report and never
 // destroys an earlier one:
-//   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 4 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
-//          first_divergent_op; 3 added each case's seconds and peak_device_bytes)
+//          first_divergent_op; 3 added each case's seconds and peak_device_bytes;
+//          4 added the "nonfinite" verdict and its summary count)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
@@ -28,7 +29,7 @@
 
 namespace bp::harness {
 
-inline constexpr int kReportSchemaVersion = 3;
+inline constexpr int kReportSchemaVersion = 4;
 
 struct Environment {
   std::string git_commit = "unknown";
@@ -58,10 +59,15 @@ struct TensorRecord {
   std::optional<TensorMetrics> metrics;
   bool is_logprob = false;
   bool matches() const { return status == TensorStatus::kCompared && metrics && metrics->bit_identical; }
+  // Matches, but proves nothing: every element is NaN or Inf, or (a logprob tensor)
+  // any element is. Two NaN-filled results are bit-identical, and one NaN weight
+  // makes every logprob and gradient NaN; such a match must never read as "exact".
+  bool nonfinite() const;
 };
 
-enum class Verdict { kExact, kMismatch, kSkipped };
-const char* verdict_name(Verdict v);  // "exact", "mismatch", "skipped"
+// A case is kNonFinite when its tensors all match but one of them is nonfinite().
+enum class Verdict { kExact, kMismatch, kSkipped, kNonFinite };
+const char* verdict_name(Verdict v);  // "exact", "mismatch", "skipped", "nonfinite"
 
 struct Case {
   std::string id;
@@ -83,9 +89,11 @@ struct Case {
   // (Time and peak are measurements, not results: a baseline never counts them as a
   // change, and a case's verdict ignores them.)
 
-  // kMismatch if any tensor does not match, else kExact (leaves kSkipped alone).
+  // kMismatch if any tensor does not match, else kNonFinite if any is nonfinite(),
+  // else kExact (leaves kSkipped alone).
   void settle();
   const TensorRecord* first_mismatch() const;  // in record order; nullptr when none
+  const TensorRecord* first_nonfinite() const;  // likewise
 };
 
 struct Report {
@@ -94,9 +102,10 @@ struct Report {
   bool interrupted = false;
   Environment environment;
   std::vector<Case> cases;
-  // kMismatch if any case mismatches; else kExact if any case is exact; else kSkipped
-  // (also for no cases at all).
+  // The first of kMismatch, kNonFinite, kExact that any case has; else kSkipped (also
+  // for no cases at all).
   Verdict overall() const;
+  size_t count(Verdict v) const;  // the cases with verdict v
 };
 
 Report make_report(std::string command);  // environment detected, timestamp now
@@ -123,6 +132,10 @@ struct ReportPaths {
 int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
 // Writes each requested report atomically; 0, or kExitBadInput after a failed write.
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
+
+// "logprobs.0 is NaN/Inf in 12 of 12 elements: the match proves nothing", for the
+// warnings of commands and reports about a kNonFinite case.
+std::string nonfinite_text(const TensorRecord& t);
 
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
 // finite: metrics are distances, so a non-finite one is +inf.

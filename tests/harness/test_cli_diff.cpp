@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -164,6 +165,41 @@ TEST_F(CliDiff, ShapeAndDtypeDifferencesAreMismatches) {
   EXPECT_EQ(run("diff " + a + " " + c), 1);
   EXPECT_NE(out_.find("dtype-diff"), std::string::npos) << out_;
   EXPECT_TRUE(test::schema_errors(test::report_schema(), json::parse(read(path("r.json")))).empty());
+}
+
+// NaN matching NaN proves nothing: one NaN logprob, or a tensor all NaN/Inf on both
+// sides, is the verdict "nonfinite" (a warning and exit 0; exit 1 under --strict),
+// never "all identical"; `report` reads it back with the same exit codes. The
+// default dump's BF16 "w" holds one NaN among finite values: that stays identical.
+TEST_F(CliDiff, NonFiniteMatchesAreAVisibleVerdict) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string a = dump("a.safetensors", {-1.0f, nan, -0.125f, -7.0f});
+  const std::string b = dump("b.safetensors", {-1.0f, nan, -0.125f, -7.0f});
+  ASSERT_EQ(run("diff " + a + " " + b + " --json " + path("r.json") + " --junit " + path("r.xml")), 0) << out_ << err_;
+  EXPECT_NE(out_.find("identical, but NON-FINITE"), std::string::npos) << out_;
+  EXPECT_EQ(out_.find("all identical"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("1 nonfinite"), std::string::npos) << out_;
+  EXPECT_NE(err_.find("warning: diff: logprobs is NaN/Inf in 1 of 4 elements"), std::string::npos) << err_;
+  const json j = json::parse(read(path("r.json")));
+  std::string errs;
+  for (const auto& e : test::schema_errors(test::report_schema(), j)) errs += e + "\n";
+  EXPECT_EQ(errs, "");
+  EXPECT_EQ(j["verdict"], "nonfinite");
+  EXPECT_EQ(j["summary"]["nonfinite"], 1);
+  EXPECT_NE(read(path("r.xml")).find("<system-err>WARNING: nonfinite: logprobs"), std::string::npos);
+  EXPECT_EQ(run("diff --strict " + a + " " + b), 1) << out_ << err_;
+  EXPECT_NE(err_.find("error: diff: logprobs"), std::string::npos) << err_;
+  EXPECT_EQ(run("report " + path("r.json")), 0) << out_ << err_;
+  EXPECT_NE(out_.find("1 nonfinite"), std::string::npos) << out_;
+  EXPECT_EQ(run("report --strict " + path("r.json")), 1) << out_ << err_;
+
+  // A non-logprob tensor all NaN on both sides.
+  const std::vector<uint16_t> all_nan_w = {0x7fc0, 0xffc0, 0x7f80, 0x7fc0};
+  const std::string c = dump("c.safetensors", {-1.0f, -2.5f, -0.125f, -7.0f}, all_nan_w);
+  const std::string d = dump("d.safetensors", {-1.0f, -2.5f, -0.125f, -7.0f}, all_nan_w);
+  EXPECT_EQ(run("diff --strict " + c + " " + d), 1) << out_ << err_;
+  EXPECT_NE(out_.find("NONFINITE"), std::string::npos) << out_;
+  EXPECT_NE(err_.find("w is NaN/Inf in 4 of 4 elements"), std::string::npos) << err_;
 }
 
 TEST_F(CliDiff, HelpListsTheExitCodes) {

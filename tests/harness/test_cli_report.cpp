@@ -40,7 +40,7 @@ Report exact_only() {
 
 TEST_F(CliReport, VerdictWithoutBaseline) {
   EXPECT_EQ(run("report '" + json_report("exact.json", exact_only()) + "'"), 0) << err_;
-  EXPECT_NE(out_.find("4 cases: 4 exact, 0 mismatch, 0 skipped"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("4 cases: 4 exact, 0 mismatch, 0 nonfinite, 0 skipped"), std::string::npos) << out_;
   EXPECT_NE(out_.find("verdict: exact"), std::string::npos);
   EXPECT_EQ(run("report '" + json_report("sweep.json", sample_sweep_report()) + "'"), 1) << err_;
   EXPECT_NE(out_.find("MISMATCH tp2-decode: first tensor logprobs (compared), first divergent op layer0.mlp.down_proj"),
@@ -104,13 +104,13 @@ TEST_F(CliReport, MalformedReportsExitTwoNamingFileAndField) {
   EXPECT_EQ(run("report '" + path("bad.csv") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("bad.csv") +
                       ": line 2, column bit_identical: expected true or false, found \"maybe\"\n");
-  // A report of the previous schema (no case times) asks for a re-run.
+  // A report of an earlier schema (no case times) asks for a re-run.
   std::string v2 = read(path("r.json"));
-  v2.replace(v2.find("\"schema_version\": 3"), 19, "\"schema_version\": 2");
+  v2.replace(v2.find("\"schema_version\": 4"), 19, "\"schema_version\": 2");
   std::ofstream(path("v2.json"), std::ios::binary) << v2;
   EXPECT_EQ(run("report '" + path("v2.json") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("v2.json") +
-                      ": schema_version: this bitparity reads schema_version 3; re-run the command that wrote the "
+                      ": schema_version: this bitparity reads schema_version 4; re-run the command that wrote the "
                       "report\n");
   EXPECT_EQ(run("report '" + path("missing.json") + "'"), 2);
   EXPECT_NE(err_.find("missing.json"), std::string::npos);

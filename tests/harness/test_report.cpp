@@ -136,12 +136,13 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
   EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
-  EXPECT_EQ(j["schema_version"], 3);
+  EXPECT_EQ(j["schema_version"], 4);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
   EXPECT_EQ(j["summary"]["cases"], 3);
   EXPECT_EQ(j["summary"]["mismatch"], 1);
   EXPECT_EQ(j["summary"]["skipped"], 1);
+  EXPECT_EQ(j["summary"]["nonfinite"], 0);
   EXPECT_EQ(j["summary"]["tensors_mismatch"], 3);
   const json& lp = j["cases"][1]["tensors"][0]["metrics"];
   EXPECT_EQ(lp["max_abs_diff"], "inf");

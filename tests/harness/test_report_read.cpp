@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "harness/io/errors.h"
@@ -84,10 +86,10 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["elements"] = -8; }),
             "r.json: cases[0].tensors[0].metrics.elements: expected an integer >= 0, found -8");
   EXPECT_EQ(broken([](json& j) { j["schema_version"] = 1; }),
-            "r.json: schema_version: this bitparity reads schema_version 3; re-run the command that wrote the report");
+            "r.json: schema_version: this bitparity reads schema_version 4; re-run the command that wrote the report");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["surprise"] = 1; }), "r.json: cases[0].surprise: unknown field");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["verdict"] = "exactish"; }),
-            "r.json: cases[0].verdict: \"exactish\" is not a verdict (exact, mismatch, skipped)");
+            "r.json: cases[0].verdict: \"exactish\" is not a verdict (exact, mismatch, skipped, nonfinite)");
   EXPECT_EQ(broken([](json& j) { j["cases"][4]["verdict"] = "exact"; }),
             "r.json: cases[4].verdict: is \"exact\" but its tensors give \"mismatch\"");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["parameters"]["model"] = 3; }),
@@ -125,7 +127,7 @@ TEST(ReportRead, EarlierSchemaVersionIsRefused) {
   v2["schema_version"] = 2;
   for (json& c : v2["cases"]) c.erase("seconds"), c.erase("peak_device_bytes");
   EXPECT_EQ(json_error(v2.dump()),
-            "r.json: schema_version: this bitparity reads schema_version 3; re-run the command that wrote the report");
+            "r.json: schema_version: this bitparity reads schema_version 4; re-run the command that wrote the report");
   for (const auto& e : fs::directory_iterator(test::source_path("reports/baselines"))) {
     std::ifstream in(e.path(), std::ios::binary);
     std::string first_line;
@@ -201,7 +203,7 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   std::string bad_verdict = good;
   bad_verdict.replace(bad_verdict.find("tp1-full,exact"), 14, "tp1-full,exaxt");
   EXPECT_EQ(error_of(bad_verdict),
-            p.string() + ": line 2, column case_verdict: \"exaxt\" is not a verdict (exact, mismatch, skipped)");
+            p.string() + ": line 2, column case_verdict: \"exaxt\" is not a verdict (exact, mismatch, skipped, nonfinite)");
   std::string bad_bool = good;
   bad_bool.replace(bad_bool.find(",true,true,"), 11, ",yes,true,");
   EXPECT_EQ(error_of(bad_bool), p.string() + ": line 2, column bit_identical: expected true or false, found \"yes\"");
@@ -328,6 +330,56 @@ TEST(ReportBaseline, ImprovementsAndMetricChangesAreNoRegression) {
   added.settle();
   now.cases.push_back(added);
   EXPECT_TRUE(compare_to_baseline(old, "old", now, "new").regressed());
+}
+
+// A match of NaN with NaN proves nothing: a tensor all NaN/Inf, or a logprob
+// tensor holding one, makes the case "nonfinite", never "exact"; the verdict
+// survives JSON and CSV, and against a baseline exact -> nonfinite is a regression.
+TEST(ReportNonFinite, AllNanTensorOrNanLogprobIsItsOwnVerdict) {
+  // n F32 elements, the first `nan` of them NaN, the same on both sides.
+  auto all_nan = [](const std::string& name, size_t n, size_t nan) {
+    std::vector<float> v(n, -0.5f);
+    std::fill_n(v.begin(), nan, std::numeric_limits<float>::quiet_NaN());
+    TensorRecord t = compared_tensor(name, 0, 0);
+    t.shape_a = t.shape_b = std::vector<uint64_t>{n};
+    t.metrics = compare(v, v, {n});
+    t.metrics->is_logprob = t.is_logprob;
+    return t;
+  };
+  Case c;
+  c.id = "c";
+  c.tensors = {all_nan("grads.w", 6, 5)};  // one finite element left: a match that proves something
+  c.settle();
+  EXPECT_EQ(c.verdict, Verdict::kExact);
+  c.tensors = {all_nan("grads.w", 6, 6)};
+  c.settle();
+  EXPECT_EQ(c.verdict, Verdict::kNonFinite);
+  c.tensors = {all_nan("logprobs.0", 6, 1)};
+  c.settle();
+  EXPECT_EQ(c.verdict, Verdict::kNonFinite);
+  c.tensors.push_back(compared_tensor("entropy.0", 1, 3));  // a mismatch outranks it
+  c.settle();
+  EXPECT_EQ(c.verdict, Verdict::kMismatch);
+
+  Report old = sample_sweep_report();
+  Report now = old;
+  sample_case(now, "tp1-full").tensors[0] = all_nan("logprobs", 3, 3);
+  sample_case(now, "tp1-full").settle();
+  EXPECT_EQ(now.overall(), Verdict::kMismatch);  // the sample's own mismatch case
+  EXPECT_EQ(now.count(Verdict::kNonFinite), 1u);
+  Report back = parse_report_json(render_json(now), "r.json");
+  EXPECT_EQ(sample_case(back, "tp1-full").verdict, Verdict::kNonFinite);
+  EXPECT_EQ(to_json(back)["summary"]["nonfinite"], 1);
+  const fs::path csv = temp_file("nonfinite.csv");
+  write_csv(now, csv.string());
+  Report from_csv = read_report(csv.string());
+  EXPECT_EQ(sample_case(from_csv, "tp1-full").verdict, Verdict::kNonFinite);
+  const BaselineDiff d = compare_to_baseline(old, "old", now, "new");
+  EXPECT_TRUE(d.regressed()) << format_baseline_diff(d);
+  EXPECT_EQ(d.count(ChangeKind::kNewlyFailing), 1u) << format_baseline_diff(d);
+  EXPECT_NE(format_baseline_diff(d).find("non-finite"), std::string::npos) << format_baseline_diff(d);
+  const BaselineDiff back_to_exact = compare_to_baseline(now, "now", old, "old");
+  EXPECT_EQ(back_to_exact.count(ChangeKind::kNewlyPassing), 1u) << format_baseline_diff(back_to_exact);
 }
 
 TEST(ReportBaseline, AmbiguousTensorNamesAreBadInput) {
