@@ -310,6 +310,10 @@ inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int 
                                 std::to_string(kn.attn_kv_block));
   if (dims.D != 32 && dims.D != 64 && dims.D != 128)
     throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
+  // Contract v2's base-2 softmax (SPEC.md §5.6 v2) is the reference's only, until its kernel lands (#19).
+  if (kn.softmax_exp != SoftmaxExp::kExp)
+    throw std::invalid_argument("attention (CUDA): softmax_exp " + std::string(softmax_exp_name(kn.softmax_exp)) +
+                                " is not implemented on the GPU yet");
 }
 
 inline void check_aligned(std::initializer_list<const void*> ptrs) {

@@ -10,6 +10,14 @@ Contract make_v1(std::string name, DotModel dot) {
   return Contract{std::move(name), Knobs{dot, LaneShape{256, 8}, 64, 512, 8, 128}};
 }
 
+// v2: v1 with the GPU-native softmax (SPEC.md §1.3).
+Contract make_v2(std::string name, DotModel dot) {
+  Contract c = make_v1(std::move(name), dot);
+  c.knobs.softmax_exp = SoftmaxExp::kExp2Poly;
+  c.knobs.log_softmax = LogSoftmax::kOnePass;
+  return c;
+}
+
 bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace
@@ -22,13 +30,21 @@ std::optional<DotModel> parse_dot_model(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view softmax_exp_name(SoftmaxExp e) { return e == SoftmaxExp::kExp2Poly ? "exp2_poly" : "exp"; }
+std::string_view log_softmax_name(LogSoftmax l) { return l == LogSoftmax::kOnePass ? "one-pass" : "two-pass"; }
+
 std::string Contract::canonical_knobs() const {
   const Knobs& k = knobs;
+  const Knobs v1 = make_v1("", k.dot).knobs;
+  // Keys sorted; a v2 knob at its v1 value is left out (v1's texts predate it).
+  std::string log_softmax, softmax_exp;
+  if (k.log_softmax != v1.log_softmax) log_softmax = ",\"log_softmax\":\"" + std::string(log_softmax_name(k.log_softmax)) + "\"";
+  if (k.softmax_exp != v1.softmax_exp) softmax_exp = ",\"softmax_exp\":\"" + std::string(softmax_exp_name(k.softmax_exp)) + "\"";
   return "{\"attn_kv_block\":" + std::to_string(k.attn_kv_block) +
          ",\"attn_kv_split\":" + std::to_string(k.attn_kv_split) + ",\"dot\":\"" +
          std::string(dot_model_name(k.dot)) + "\",\"grad_token_chunk\":" + std::to_string(k.grad_token_chunk) +
-         ",\"row_reduce_lanes\":" + std::to_string(k.row_reduce.lanes) +
-         ",\"row_reduce_vec\":" + std::to_string(k.row_reduce.vec) +
+         log_softmax + ",\"row_reduce_lanes\":" + std::to_string(k.row_reduce.lanes) +
+         ",\"row_reduce_vec\":" + std::to_string(k.row_reduce.vec) + softmax_exp +
          ",\"tp_tree_width\":" + std::to_string(k.tp_tree_width) + "}";
 }
 
@@ -37,6 +53,12 @@ std::string Contract::knob_hash() const { return sha256_hex(canonical_knobs()).s
 const std::vector<Contract>& contracts() {
   static const std::vector<Contract> all = {make_v1("bf16-sm90tc-v1", DotModel::Sm90Tc),
                                             make_v1("bf16-fmaseq-v1", DotModel::FmaSeq)};
+  return all;
+}
+
+const std::vector<Contract>& draft_contracts() {
+  static const std::vector<Contract> all = {make_v2("bf16-sm90tc-v2", DotModel::Sm90Tc),
+                                            make_v2("bf16-fmaseq-v2", DotModel::FmaSeq)};
   return all;
 }
 

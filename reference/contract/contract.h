@@ -2,6 +2,7 @@
 // The knobs are plain data so kernels take them by value; the name and the knob
 // hash stamp every report and golden digest.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,13 @@
 
 namespace bp {
 
+// The softmax exponential (SPEC.md §1.1): v1's natural-base math::exp of scaled
+// scores, or v2's base-2 exp2_poly with the scale folded into one fma per element.
+enum class SoftmaxExp : uint8_t { kExp, kExp2Poly };
+// Log-softmax's schedule: v1's chunk sums against the row's maximum, or v2's chunk
+// states against their own maxima merged by the pairwise tree.
+enum class LogSoftmax : uint8_t { kTwoPass, kOnePass };
+
 struct Knobs {
   DotModel dot;           // how every bf16·bf16 -> fp32 dot is accumulated
   LaneShape row_reduce;   // shape of full-row fp32 sums (RMSNorm, softmax sums)
@@ -19,6 +27,9 @@ struct Knobs {
   int attn_kv_split;      // keys per flash-decoding split (a multiple of the block)
   int tp_tree_width;      // fixed chunks of a shardable reduction, combined by pairwise_tree
   int grad_token_chunk;   // tokens per weight-gradient chunk
+  // v2's knobs; their v1 values stay out of the canonical text, so v1's hashes hold.
+  SoftmaxExp softmax_exp = SoftmaxExp::kExp;
+  LogSoftmax log_softmax = LogSoftmax::kTwoPass;
 };
 
 struct Contract {
@@ -34,8 +45,14 @@ struct Contract {
 std::string_view dot_model_name(DotModel m);
 std::optional<DotModel> parse_dot_model(std::string_view name);
 
+std::string_view softmax_exp_name(SoftmaxExp e);  // "exp", "exp2_poly"
+std::string_view log_softmax_name(LogSoftmax l);  // "two-pass", "one-pass"
+
 // The named contracts, in a stable order.
 const std::vector<Contract>& contracts();
+// Contracts specified in SPEC.md but not selectable yet (v2 while #19 lands: the
+// CUDA kernels do not implement it): what the reference's tests run them under.
+const std::vector<Contract>& draft_contracts();
 // nullptr if there is no contract of that name.
 const Contract* find_contract(std::string_view name);
 

@@ -1,6 +1,7 @@
 #include "attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ struct Geometry {
   int D, Hq, Hkv, group;  // group = Hq / Hkv query heads per kv head
   int block, split_blocks;
   float scale;
+  SoftmaxForm form;
   Geometry(const Knobs& kn, AttnDims d)
       : D(d.D),
         Hq(d.Hq),
@@ -25,7 +27,8 @@ struct Geometry {
         group(d.Hq / d.Hkv),
         block(kn.attn_kv_block),
         split_blocks(kn.attn_kv_split / kn.attn_kv_block),
-        scale(attn_scale(d.D)) {}
+        scale(attn_scale(d.D)),
+        form(softmax_form(kn, d.D)) {}
   ptrdiff_t kv_stride() const { return static_cast<ptrdiff_t>(Hkv) * D; }
 };
 
@@ -53,10 +56,11 @@ std::vector<std::pair<int, int>> query_list(const AttnSeq* seqs, int n_seqs) {
   return list;
 }
 
-// s = fp32(dot(q, k)) · scale: the score forward and backward share.
+// The score's state value (v1 s = R(dot · scale), v2 the raw dot): forward and
+// backward share it.
 template <class Model>
 float score(const Geometry& g, const HeadView& row, int j) {
-  return mul_rn(Model::chain(0.0f, row.q, 1, row.k + j * g.kv_stride(), 1, g.D), g.scale);
+  return g.form.state_value(Model::chain(0.0f, row.q, 1, row.k + j * g.kv_stride(), 1, g.D));
 }
 
 // Keys of block b a query at p sees: [b·B, b·B + visible_in_block).
@@ -86,9 +90,10 @@ void softmax_block(const Geometry& g, const HeadView& row, int b, SoftmaxState& 
     block_max = max_num(block_max, sc.s[j]);
   }
   const float m_new = max_num(st.m, block_max);
-  const float alpha = math::exp(sub_rn(st.m, m_new));
+  const float mc_new = g.form.scaled_max(m_new);
+  const float alpha = g.form.rescale(g.form.scaled_max(st.m), mc_new);
   for (int j = 0; j < g.block; ++j) {
-    sc.p[j] = j < n ? math::exp(sub_rn(sc.s[j], m_new)) : 0.0f;
+    sc.p[j] = j < n ? g.form.weight(sc.s[j], mc_new) : 0.0f;
     sc.pb[j] = round_bf16(sc.p[j]);
   }
   sc.tree = sc.p;
@@ -100,12 +105,12 @@ void softmax_block(const Geometry& g, const HeadView& row, int b, SoftmaxState& 
 }
 
 // Folds split st into the merged state (M, L, O), splits taken in increasing order.
-void merge_split(float& M, float& L, float* O, const SoftmaxState& st, int D) {
-  const float m_new = max_num(M, st.m);
-  const float a = math::exp(sub_rn(M, m_new)), b = math::exp(sub_rn(st.m, m_new));
+void merge_split(const SoftmaxForm& form, float& M, float& L, float* O, const SoftmaxState& st, int D) {
+  const float mc_new = form.scaled_max(max_num(M, st.m));
+  const float a = form.rescale(form.scaled_max(M), mc_new), b = form.rescale(form.scaled_max(st.m), mc_new);
   L = fma_rn(a, L, mul_rn(b, st.l));
   for (int d = 0; d < D; ++d) O[d] = fma_rn(a, O[d], mul_rn(b, st.acc[d]));
-  M = m_new;
+  M = max_num(M, st.m);
 }
 
 template <class Model>
@@ -123,7 +128,7 @@ void attend_row(const Geometry& g, const HeadView& row, bf16* o, float* m_out, f
       L = st.l;
       std::copy(sc.acc.begin(), sc.acc.end(), O);
     } else {
-      merge_split(M, L, O, st, g.D);
+      merge_split(g.form, M, L, O, st, g.D);
     }
   }
   for (int d = 0; d < g.D; ++d) o[d] = round_bf16(div_rn(O[d], L));
@@ -153,7 +158,7 @@ GroupProbs recompute_probs(const Geometry& g, const AttnSeq& s, int kv_head, con
     const float delta = Model::chain(0.0f, dout_row, 1, o + row.index * g.D, 1, g.D);
     const float inv_l = div_rn(1.0f, l[row.index]);
     for (int j = 0; j <= row.pos; ++j) {
-      const float p = mul_rn(math::exp(sub_rn(score<Model>(g, row, j), m[row.index])), inv_l);
+      const float p = mul_rn(g.form.weight(score<Model>(g, row, j), g.form.scaled_max(m[row.index])), inv_l);
       const float dp = Model::chain(0.0f, dout_row, 1, row.v + j * g.kv_stride(), 1, g.D);
       gp.pb[static_cast<size_t>(r) * S + j] = round_bf16(p);
       gp.dsb[static_cast<size_t>(r) * S + j] = round_bf16(mul_rn(p, sub_rn(dp, delta)));
@@ -325,6 +330,17 @@ void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
     const size_t rows = static_cast<size_t>(whole.kv_begin) * dims.Hkv * dims.D;
     attention_bwd_kv_combine(kn, dims, S, n_chunks, dk_part.data(), dv_part.data(), dk + rows, dv + rows);
   }
+}
+
+float attn_exp2_scale(int D) {
+  // log2 e to 64 bits; sqrtl is correctly rounded. The test bounds the distance of
+  // this value to the nearest fp32 midpoint, so its one conversion is RN of the real.
+  constexpr long double kLog2e = 1.44269504088896340735992468100189214L;
+  return static_cast<float>(std::sqrt(1.0L / static_cast<long double>(D)) * kLog2e);
+}
+
+SoftmaxForm softmax_form(const Knobs& kn, int D) {
+  return {kn.softmax_exp == SoftmaxExp::kExp2Poly, attn_scale(D), attn_exp2_scale(D)};
 }
 
 }  // namespace bp::ref

@@ -5,6 +5,7 @@
 // at positions 0..p (p its absolute position) and the contract.
 #pragma once
 #include "reference/contract/contract.h"
+#include "reference/numerics/math.h"
 
 namespace bp::ref {
 
@@ -71,6 +72,35 @@ void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunk
 // The fp32 softmax scale D^-0.5 as sqrt(1/D): correctly rounded whenever D is a
 // power of two (1/D is then exact), so it equals float(D ** -0.5) for 64 and 128.
 BP_HD inline float attn_scale(int D) { return sqrt_rn(div_rn(1.0f, static_cast<float>(D))); }
+
+// c = RN(D^-0.5 · log2 e), the factor v2 folds into each score's base-2 exponent
+// (SPEC.md §5.6 v2): the fp32 nearest to the real number, from a long double
+// evaluation that tests/reference/ops/test_attention.cpp shows is never near a tie.
+float attn_exp2_scale(int D);
+
+// How the online softmax forms its exponentials (SPEC.md §5.6). v1
+// (softmax_exp = exp): state values are scores s = R(dot · scale), weights
+// exp(s − m). v2 (exp2_poly): state values are the raw dots z, weights
+// exp2_poly(fma(z, c, −R(m · c))). Each rescaling factor is the same function of
+// the two states' scaled maxima, so in v2 the rounding of R(m · c) cancels.
+struct SoftmaxForm {
+  bool base2;
+  float scale;  // attn_scale(D)
+  float c;      // attn_exp2_scale(D); unused in v1
+  // The value the running maximum and the exponents take for one dot.
+  BP_HD float state_value(float dot) const { return base2 ? dot : mul_rn(dot, scale); }
+  // The maximum as the exponents subtract it (−Inf stays −Inf).
+  BP_HD float scaled_max(float m) const { return base2 ? mul_rn(m, c) : m; }
+  // A key's weight against the scaled maximum mc.
+  BP_HD float weight(float value, float mc) const {
+    return base2 ? math::exp2_poly(fma_rn(value, c, -mc)) : math::exp(sub_rn(value, mc));
+  }
+  // The factor that moves a sum taken against mc_old onto mc_new.
+  BP_HD float rescale(float mc_old, float mc_new) const {
+    return base2 ? math::exp2_poly(sub_rn(mc_old, mc_new)) : math::exp(sub_rn(mc_old, mc_new));
+  }
+};
+SoftmaxForm softmax_form(const Knobs& kn, int D);
 
 // IEEE 754-2019 maximumNumber: a NaN operand is ignored, +0 > -0. Commutative and
 // associative, so a running max has the same bits in any reduction order.

@@ -12,6 +12,14 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("logprob: " + why); }
 
+// SPEC.md §5.10's v2 rows are specified; their implementation is #19's next stage.
+// Until then a v2 knob is refused, never computed as v1 under a v2 name.
+void check_softmax_knobs(const Knobs& kn) {
+  if (kn.softmax_exp != SoftmaxExp::kExp || kn.log_softmax != LogSoftmax::kTwoPass)
+    refuse("softmax_exp " + std::string(softmax_exp_name(kn.softmax_exp)) + " with log_softmax " +
+           std::string(log_softmax_name(kn.log_softmax)) + " is not implemented yet (only exp, two-pass)");
+}
+
 void check_temperature(float temp) {
   if (!(temp > 0.0f) || is_inf(temp)) refuse("temperature must be finite and > 0, got " + std::to_string(temp));
 }
@@ -32,8 +40,10 @@ void check_targets(const int32_t* targets, int T, int V) {
 }  // namespace
 
 void logprob_check_temperature(float temp) { check_temperature(temp); }
+void logprob_check_softmax_knobs(const Knobs& kn) { check_softmax_knobs(kn); }
 
 void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp) {
+  check_softmax_knobs(kn);
   check_temperature(temp);
   check_vocab(V, kn.tp_tree_width);
   check_targets(targets, T, V);
@@ -67,8 +77,9 @@ void for_each_chunk(int T, int n_chunks, int lanes, Body body) {
 
 }  // namespace
 
-void logprob_chunk_max(const Knobs&, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                        float* chunk_max, int out_ld) {
+  check_softmax_knobs(kn);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, 0, [&](int t, int j, float*) {
     const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
@@ -90,6 +101,7 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 
 void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
                         float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
+  check_softmax_knobs(kn);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
     const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
@@ -152,9 +164,10 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
   logprob_combine(kn, chunk_sum.data(), tsum, x_target.data(), row_max, T, row_sum, logprob, entropy);
 }
 
-void logprob_bwd_slice(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                        const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
                        float temp, bf16* dlogits) {
+  check_softmax_knobs(kn);
   check_temperature(temp);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int t = 0; t < T; ++t)

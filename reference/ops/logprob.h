@@ -69,6 +69,9 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
 // ---- Argument checks (std::invalid_argument), shared with the CUDA twin ------------
 // temp finite and > 0.
 void logprob_check_temperature(float temp);
+// The softmax knobs implemented: exp with two-pass (v1). v2's rows of SPEC.md §5.10
+// are specified and refused until they are implemented.
+void logprob_check_softmax_knobs(const Knobs& kn);
 // The whole op's: temperature, V divisible by tp_tree_width, every target in [0, V)
 // (`targets` readable on the host).
 void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp);

@@ -52,6 +52,28 @@ TEST(Contract, EveryKnobChangesTheHash) {
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.attn_kv_split = 1024; })).second);
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.tp_tree_width = 16; })).second);
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.grad_token_chunk = 64; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.softmax_exp = SoftmaxExp::kExp2Poly; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.log_softmax = LogSoftmax::kOnePass; })).second);
+}
+
+// v2 is specified but not selectable until its kernels land (SPEC.md §1.3): its
+// knobs are v1's but the softmax's two, and they enter the canonical text in
+// key order.
+TEST(Contract, DraftV2IsV1WithTheGpuNativeSoftmax) {
+  ASSERT_EQ(draft_contracts().size(), 2u);
+  for (const Contract& v2 : draft_contracts()) {
+    EXPECT_EQ(find_contract(v2.name), nullptr) << v2.name << " must not be selectable yet";
+    EXPECT_EQ(validate(v2.knobs), "") << v2.name;
+    const Contract& v1 = *find_contract(v2.name.substr(0, v2.name.size() - 1) + "1");
+    Knobs k = v2.knobs;
+    k.softmax_exp = v1.knobs.softmax_exp;
+    k.log_softmax = v1.knobs.log_softmax;
+    EXPECT_EQ((Contract{"", k}.canonical_knobs()), v1.canonical_knobs()) << v2.name;
+  }
+  EXPECT_EQ(draft_contracts()[0].canonical_knobs(),
+            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
+            "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"softmax_exp\":\"exp2_poly\","
+            "\"tp_tree_width\":8}");
 }
 
 TEST(Contract, ValidateNamesTheBadKnob) {

@@ -43,6 +43,12 @@
 // dq_i (dk_j likewise with γ_kv over the (query, head) slots): the chain c has
 //   |c − Σ ds k| ≤ e_c = Σβ|k| + γ Σ(|ds|+β)|k|, then |fl(ŝ c) − dq| ≤
 //   D^-0.5·e_c(1+2u)(1+u) + |dq|((1+2u)(1+u) − 1), and the output adds u16|dq| as above.
+// ---- v2 (softmax_exp = exp2_poly, SPEC.md §5.6 v2) ----
+// The weights are 2^(fl(z·c − m_c)) times factors 2^(fl(m_c,old − m_c,new)), whose
+// exact arguments telescope to z·c − M_c: the common rounding of each m_c cancels.
+// So the bounds above hold with ε_exp of exp2_poly and R widened by u·max|σ| (each
+// exponent's rounding sees |z·c − m_c| ≤ R/ln 2 + |m·c − m_c|, the latter ≤ u|m·c|);
+// v1's Δ (two roundings of the scale) covers v2's (c's one rounding).
 // Every dot and chain also gets 2^-149 per rounding step for results in fp32's
 // subnormal range, where relative bounds do not hold (subnormal-input cases).
 #include <gtest/gtest.h>
@@ -51,6 +57,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 
 #include "reference/common/rng.h"
 #include "reference/numerics/math.h"
@@ -69,9 +77,11 @@ using test::kU16;
 using test::kU32;
 using truth::MatD;
 
-// math::exp's largest error over all fp32 inputs, in ulps of the result (SPEC.md §2.2).
-constexpr double kExpMaxUlp = math::kMaxUlpExp;  // SPEC §2.2, measured over all 2^32 inputs
-constexpr double kExpRel = kExpMaxUlp * 0x1p-23;
+// The softmax exponential's largest relative error over all fp32 inputs (SPEC.md
+// §2.2, measured over all 2^32): math::exp under v1, math::exp2_poly under v2.
+double exp_rel(const Knobs& kn) {
+  return (kn.softmax_exp == SoftmaxExp::kExp2Poly ? math::kMaxUlpExp2Poly : math::kMaxUlpExp) * 0x1p-23;
+}
 
 // A small contract variant (kv block 16, split 64, token chunk 32) so short
 // sequences cross several blocks, splits and chunks.
@@ -181,9 +191,14 @@ RowBudget row_budget(const Knobs& kn, int D, int p, const double* qk, const doub
   const int B = kn.attn_kv_block, split_blocks = kn.attn_kv_split / B, blocks = p / B + 1,
             splits = p / kn.attn_kv_split + 1;
   r.range = hi - lo + 2 * r.delta;
+  // v2 (SPEC §5.6 v2) forms each exponent as one rounding of z·c − R(m·c): its error
+  // is u·|z·c − m·c| plus u·|R(m·c) − m·c| ≤ u²|m·c|, the latter bounded here in
+  // natural units by u·max|σ| on top of the range (the rounding of R(m·c) itself
+  // cancels between the weights and the rescaling factors).
+  if (kn.softmax_exp == SoftmaxExp::kExp2Poly) r.range += kU32 * std::max(std::fabs(lo), std::fabs(hi));
   r.keys = p + 1;
   r.factors = split_blocks + splits;
-  r.log_w = r.delta + r.factors * (kU32 * r.range + std::log1p(kExpRel));
+  r.log_w = r.delta + r.factors * (kU32 * r.range + std::log1p(exp_rel(kn)));
   r.eps = std::expm1(r.log_w);
   r.delta_l = gamma_n(ceil_log2(B) + split_blocks + 2 * splits);
   const double gm = test::dot_gamma(kn.dot, blocks * ((B + 15) / 16) * 16);
@@ -271,7 +286,7 @@ BackwardBounds backward_bounds(const Knobs& kn, const Seq& x, const Fwd& f, cons
     Eigen::VectorXd eps_rp(S);
     for (int i = 0; i < S; ++i) {
       const RowBudget& r = fb.rows[size_t(i) * d.Hq + h];
-      const double eps_p = std::expm1(r.delta + kU32 * r.range + std::log1p(kExpRel) + 2 * std::log1p(kU32) + r.log_w -
+      const double eps_p = std::expm1(r.delta + kU32 * r.range + std::log1p(exp_rel(kn)) + 2 * std::log1p(kU32) + r.log_w -
                                       std::log1p(-r.delta_l));
       eps_rp(i) = (1 + eps_p) * (1 + kU16) - 1;
       const double grow = (1 + eps_p) * (1 + kU32) * (1 + kU32) * (1 + kU16);
@@ -321,6 +336,14 @@ std::vector<bf16> spec_row(const Knobs& kn, const Seq& x, int t, int h, bool rou
   const AttnDims d = x.dims;
   const int B = kn.attn_kv_block, g = h / (d.Hq / d.Hkv), p = t;
   const float scale = sqrt_rn(div_rn(1.0f, float(d.D)));
+  // v2: raw scores, base-2 exponents t = fma(z, c, −R(m·c)), factors 2^(R(m_old·c) − R(m_new·c)).
+  const bool v2 = kn.softmax_exp == SoftmaxExp::kExp2Poly;
+  const float c2 = static_cast<float>(std::pow(double(d.D), -0.5) * 1.4426950408889634);  // no tie for D = 64
+  auto mc = [&](float m) { return mul_rn(m, c2); };
+  auto weight = [&](float s, float m) { return v2 ? math::exp2_poly(fma_rn(s, c2, -mc(m))) : math::exp(sub_rn(s, m)); };
+  auto factor = [&](float m_old, float m_new) {
+    return v2 ? math::exp2_poly(sub_rn(mc(m_old), mc(m_new))) : math::exp(sub_rn(m_old, m_new));
+  };
   auto key = [&](const std::vector<bf16>& c, int j) { return c.data() + (size_t(j) * d.Hkv + g) * d.D; };
   const bf16* qrow = x.q.data() + (size_t(t) * d.Hq + h) * d.D;
   float M = 0, L = 0;
@@ -333,11 +356,12 @@ std::vector<bf16> spec_row(const Knobs& kn, const Seq& x, int t, int h, bool rou
       std::vector<bf16> pb(B, bf16{0}), vcol(B, bf16{0});
       float mb = m;
       for (int j = b0; j <= std::min(p, b0 + B - 1); ++j) {
-        s[j - b0] = mul_rn(Model::chain(0.0f, qrow, 1, key(x.k, j), 1, d.D), scale);
+        const float z = Model::chain(0.0f, qrow, 1, key(x.k, j), 1, d.D);
+        s[j - b0] = v2 ? z : mul_rn(z, scale);
         mb = ref::max_num(mb, s[j - b0]);
       }
-      const float alpha = math::exp(sub_rn(m, mb));
-      for (int j = b0; j <= std::min(p, b0 + B - 1); ++j) P[j - b0] = math::exp(sub_rn(s[j - b0], mb));
+      const float alpha = factor(m, mb);
+      for (int j = b0; j <= std::min(p, b0 + B - 1); ++j) P[j - b0] = weight(s[j - b0], mb);
       for (int j = 0; j < B; ++j) pb[j] = round_bf16(P[j]);
       l = fma_rn(alpha, l, pairwise_tree(std::vector<float>(P).data(), B));
       for (int c = 0; c < d.D; ++c) {
@@ -354,7 +378,7 @@ std::vector<bf16> spec_row(const Knobs& kn, const Seq& x, int t, int h, bool rou
     if (s0 == 0) {
       M = m, L = l, O = acc;
     } else {
-      const float Mn = ref::max_num(M, m), a = math::exp(sub_rn(M, Mn)), bw = math::exp(sub_rn(m, Mn));
+      const float Mn = ref::max_num(M, m), a = factor(M, Mn), bw = factor(m, Mn);
       L = fma_rn(a, L, mul_rn(bw, l));
       for (int c = 0; c < d.D; ++c) O[c] = fma_rn(a, O[c], mul_rn(bw, acc[c]));
       M = Mn;
@@ -379,7 +403,13 @@ std::vector<bf16> spec_forward(const Knobs& kn, const Seq& x, bool round_p) {
 
 class AttentionTest : public ::testing::TestWithParam<const char*> {
  protected:
-  const Contract& contract() const { return *find_contract(GetParam()); }
+  // The selectable contracts and the drafts (v2, SPEC.md §1.3) the reference implements ahead of the kernels.
+  const Contract& contract() const {
+    for (const auto* list : {&contracts(), &draft_contracts()})
+      for (const Contract& c : *list)
+        if (c.name == GetParam()) return c;
+    throw std::invalid_argument(std::string("no contract ") + GetParam());
+  }
   const Knobs& knobs() const { return contract().knobs; }
 };
 
@@ -422,6 +452,22 @@ TEST(AttentionScalars, ScaleExpAndMax) {
 // max_num is written with selects only (kernels interleave many): equal to the IEEE
 // definition on every bf16 pattern against specials and random fp32, both orders.
 // Control: a plain `a > b ? a : b` misses NaNs and the order of the zeros.
+// v2's c = RN(D^-0.5 · log2 e): pinned where mpmath gives it (D = 64, 128), and for
+// every D up to 1024 the long double evaluation (relative error < 2^-62) lies more
+// than 2^-60 from a binary32 midpoint, so its one conversion is the correct rounding.
+TEST(AttentionScalars, Exp2ScaleIsCorrectlyRounded) {
+  EXPECT_EQ(ref::attn_exp2_scale(64), 0x1.715476p-3f);
+  EXPECT_EQ(ref::attn_exp2_scale(128), 0x1.0527dcp-3f);
+  for (int D = 1; D <= 1024; ++D) {
+    const long double exact = std::sqrt(1.0L / D) * 1.44269504088896340735992468100189214L;
+    const float c = ref::attn_exp2_scale(D);
+    const float other = std::nextafter(c, exact > c ? INFINITY : -INFINITY);
+    const long double midpoint = (static_cast<long double>(c) + other) / 2;
+    EXPECT_GT(std::fabs(exact - midpoint), std::ldexp(exact, -60)) << "D = " << D;
+    EXPECT_LE(std::fabs(exact - c), std::fabs(exact - other)) << "D = " << D;
+  }
+}
+
 TEST(AttentionScalars, MaxNumIsMaximumNumber) {
   EXPECT_EQ(test::max_mismatches([](float a, float b) { return ref::max_num(a, b); }, false), 0u);
   EXPECT_GT(test::max_mismatches([](float a, float b) { return a > b ? a : b; }, false), 0u);
@@ -703,6 +749,11 @@ TEST_P(AttentionTest, NegativeControlsChangeBits) {
   EXPECT_FALSE(same_bits(base.o, forward(other_block, x).o)) << "kv block 32";
   EXPECT_FALSE(same_bits(base.o, forward(other_split, x).o)) << "kv split 128";
   EXPECT_FALSE(same_bits(base.o, forward(other_dot, x).o)) << "other dot model";
+  Knobs other_exp = kn;
+  other_exp.softmax_exp = kn.softmax_exp == SoftmaxExp::kExp ? SoftmaxExp::kExp2Poly : SoftmaxExp::kExp;
+  // The two exponentials differ by an ulp or two of fp32, which R(P) and o's bf16
+  // rounding mostly hide (under sm90-tc on this input, everywhere): l shows them.
+  EXPECT_FALSE(same_bits(base.l, forward(other_exp, x).l)) << "the other softmax exponential";
   EXPECT_FALSE(same_bits(base.o, spec_forward(kn, x, false))) << "P not rounded to bf16";
 }
 
@@ -738,8 +789,24 @@ TEST_P(AttentionTest, SingleTokenAndOneTokenCache) {
   const Seq first{d, 1, token_slice(x.q, d.Hq * d.D, 0, 1), token_slice(x.k, d.Hkv * d.D, 0, 1),
                   token_slice(x.v, d.Hkv * d.D, 0, 1)};
   const Fwd one = forward(knobs(), first);
-  EXPECT_TRUE(same_bits(one.o, first.v)) << "one key: P = 1, o = v exactly";
-  for (float l : one.l) EXPECT_EQ(l, 1.0f);
+  EXPECT_TRUE(same_bits(one.o, first.v)) << "one key: R(P) = 1, o = v exactly";
+  // v1: P = exp(0) = 1. v2: P = 2^r, r = z·c − R(z·c) the product's rounding error,
+  // which is 1 only where |z·c| is small; o = v still (|r| < 2^-10 for |z·c| < 2^14).
+  const bool v2 = knobs().softmax_exp == SoftmaxExp::kExp2Poly;
+  const float c = ref::attn_exp2_scale(d.D);
+  for (int h = 0; h < d.Hq; ++h) {
+    const float z = with_dot_model(knobs().dot, [&](auto model) {
+      return decltype(model)::chain(0.0f, first.q.data() + h * d.D, 1, first.k.data() + h * d.D, 1, d.D);
+    });
+    EXPECT_EQ(bits_of(one.l[h]), bits_of(v2 ? math::exp2_poly(fma_rn(z, c, -mul_rn(z, c))) : 1.0f)) << h;
+  }
+  if (v2) {  // a large score: the residual moves l off 1, and o stays v
+    Seq big = first;
+    for (bf16& e : big.q) e = round_bf16(mul_rn(widen(e), 64.0f));
+    const Fwd f = forward(knobs(), big);
+    EXPECT_TRUE(same_bits(f.o, big.v));
+    EXPECT_TRUE(std::any_of(f.l.begin(), f.l.end(), [](float l) { return l != 1.0f; }));
+  }
   // Decode against a cache of one token equals the extend's second row.
   expect_same(incremental(knobs(), x, {1, 1}), forward(knobs(), x), "one-token cache");
   // Backward of a single token: P = 1 and dP = D exactly (the same dot, O = v), so
@@ -849,8 +916,13 @@ TEST_P(AttentionTest, SlowRealShapeWithinBoundAndPathInvariant) {
               check_within(b.dk, tb.dk, bb.dk, "dk"), check_within(b.dv, tb.dv, bb.dv, "dv"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, AttentionTest, ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1"),
-                         [](const auto& info) { return std::string(info.param).substr(5, 6); });
+INSTANTIATE_TEST_SUITE_P(Contracts, AttentionTest,
+                         ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2"),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param).substr(5);  // "sm90tc_v1"
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace bp
