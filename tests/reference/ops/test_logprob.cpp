@@ -376,6 +376,28 @@ TEST_P(LogprobTest, RefusesBadArguments) {
   }
 }
 
+// SPEC.md §5.10's v2 rows are specified, not implemented: a v2 knob is refused by
+// the whole op and by every stage, never computed as v1 under a v2 name.
+TEST(LogprobDraftV2, RefusedUntilImplemented) {
+  Inputs in = make_inputs(2, 1000, 1.0f, 52);
+  std::vector<float> lp(2), m(2), s(2), part(2 * 8);
+  std::vector<bf16> d(2000);
+  for (const Contract& v2 : draft_contracts()) {
+    const Knobs& kn = v2.knobs;
+    EXPECT_THROW(ref::logprob_fwd(kn, in.logits.data(), in.targets.data(), 2, 1000, 1.0f, lp.data(), m.data(),
+                                  s.data(), nullptr),
+                 std::invalid_argument);
+    EXPECT_THROW(ref::logprob_chunk_max(kn, in.logits.data(), 1000, 2, 125, 8, 1.0f, part.data(), 8),
+                 std::invalid_argument);
+    EXPECT_THROW(ref::logprob_chunk_sums(kn, in.logits.data(), 1000, 2, 125, 8, 1.0f, m.data(), part.data(),
+                                         nullptr, 8),
+                 std::invalid_argument);
+    EXPECT_THROW(ref::logprob_bwd_slice(kn, in.logits.data(), 1000, 2, 0, 1000, in.targets.data(), in.coef.data(),
+                                        m.data(), s.data(), 1.0f, d.data()),
+                 std::invalid_argument);
+  }
+}
+
 // All-equal rows: every term is exp(±0) = 1 and integer partial sums below 2^24
 // are exact, so S = V exactly and logprob = −log(V) with the log's one rounding.
 TEST_P(LogprobTest, AllEqualLogitsGiveMinusLogV) {
