@@ -211,7 +211,7 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
 template <class Launch>
 void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                      cudaStream_t stream, Launch launch) {
-  ref::logprob_check_softmax_knobs(kn);
+  ref::logprob_check_softmax_knobs(kn, false);  // the two-pass kernels only, until v2's land (#19)
   check_lane_shape(kn.row_reduce, "logprob");
   const int teams = T * n_chunks;
   if (teams == 0) return;
@@ -294,7 +294,7 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
 void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                        const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
                        float temp, bf16* dlogits, cudaStream_t stream) {
-  ref::logprob_check_softmax_knobs(kn);
+  ref::logprob_check_softmax_knobs(kn, false);  // the two-pass kernels only, until v2's land (#19)
   check_temperature(temp);
   const size_t n = static_cast<size_t>(T) * vocab_len;
   if (n == 0) return;

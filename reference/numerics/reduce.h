@@ -10,13 +10,21 @@ namespace bp {
 // (v[2i] + v[2i+1]); an odd last element moves up unchanged. For n a power of two
 // this is the complete binary tree, so any 2^j ranks holding equal contiguous
 // slices can each reduce their subtree and the last levels run after a gather.
-BP_HD inline float pairwise_tree(float* v, int n) {
-  if (n <= 0) return 0.0f;
+// `merge` combines two neighbours (any type: contract v2's log-softmax merges
+// chunk states by this shape, SPEC.md §5.10); n >= 1.
+template <class T, class Merge>
+BP_HD T pairwise_tree_merge(T* v, int n, Merge merge) {
   for (int width = n; width > 1; width = (width + 1) / 2) {
-    for (int i = 0; 2 * i < width; ++i) v[i] = (2 * i + 1 < width) ? add_rn(v[2 * i], v[2 * i + 1]) : v[2 * i];
+    for (int i = 0; 2 * i < width; ++i) v[i] = (2 * i + 1 < width) ? merge(v[2 * i], v[2 * i + 1]) : v[2 * i];
   }
   return v[0];
 }
+
+struct AddRn {
+  BP_HD float operator()(float a, float b) const { return add_rn(a, b); }
+};
+
+BP_HD inline float pairwise_tree(float* v, int n) { return n <= 0 ? 0.0f : pairwise_tree_merge(v, n, AddRn{}); }
 
 // pairwise_tree over v(0), …, v(n−1) without a scratch array (a device thread
 // reducing one element across partials): the tree of n is the complete tree of

@@ -12,12 +12,16 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("logprob: " + why); }
 
-// SPEC.md §5.10's v2 rows are specified; their implementation is #19's next stage.
-// Until then a v2 knob is refused, never computed as v1 under a v2 name.
-void check_softmax_knobs(const Knobs& kn) {
-  if (kn.softmax_exp != SoftmaxExp::kExp || kn.log_softmax != LogSoftmax::kTwoPass)
+// The softmax knobs come in the contracts' pairs, and a stage serves one of them.
+void check_softmax_knobs(const Knobs& kn, bool one_pass) {
+  const bool v1 = kn.softmax_exp == SoftmaxExp::kExp && kn.log_softmax == LogSoftmax::kTwoPass;
+  const bool v2 = kn.softmax_exp == SoftmaxExp::kExp2Poly && kn.log_softmax == LogSoftmax::kOnePass;
+  if (!v1 && !v2)
     refuse("softmax_exp " + std::string(softmax_exp_name(kn.softmax_exp)) + " with log_softmax " +
-           std::string(log_softmax_name(kn.log_softmax)) + " is not implemented yet (only exp, two-pass)");
+           std::string(log_softmax_name(kn.log_softmax)) + " is no contract's pair (exp with two-pass, exp2_poly with one-pass)");
+  if (v2 != one_pass)
+    refuse(std::string("this stage belongs to the ") + (one_pass ? "one-pass" : "two-pass") + " log-softmax, the knobs to the " +
+           (v2 ? "one-pass" : "two-pass"));
 }
 
 void check_temperature(float temp) {
@@ -40,10 +44,10 @@ void check_targets(const int32_t* targets, int T, int V) {
 }  // namespace
 
 void logprob_check_temperature(float temp) { check_temperature(temp); }
-void logprob_check_softmax_knobs(const Knobs& kn) { check_softmax_knobs(kn); }
+void logprob_check_softmax_knobs(const Knobs& kn, bool one_pass) { check_softmax_knobs(kn, one_pass); }
 
 void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp) {
-  check_softmax_knobs(kn);
+  check_softmax_knobs(kn, kn.log_softmax == LogSoftmax::kOnePass);
   check_temperature(temp);
   check_vocab(V, kn.tp_tree_width);
   check_targets(targets, T, V);
@@ -79,7 +83,7 @@ void for_each_chunk(int T, int n_chunks, int lanes, Body body) {
 
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                        float* chunk_max, int out_ld) {
-  check_softmax_knobs(kn);
+  check_softmax_knobs(kn, false);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, 0, [&](int t, int j, float*) {
     const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
@@ -101,7 +105,7 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 
 void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
                         float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
-  check_softmax_knobs(kn);
+  check_softmax_knobs(kn, false);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
     const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
@@ -150,6 +154,52 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
   }
 }
 
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                          float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
+  check_softmax_knobs(kn, true);
+  check_temperature(temp);
+  for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
+    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
+    float m = kNegInf;
+    for (int i = 0; i < chunk_len; ++i) m = max_nan(m, scaled_logit(c[i], temp));
+    const float mc = scaled_max_base2(m);
+    auto exponent = [&](int i) { return exponent_base2(scaled_logit(c[i], temp), mc); };
+    const int64_t out = static_cast<int64_t>(t) * out_ld + j;
+    chunk_max[out] = m;
+    chunk_sum[out] =
+        canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) { return math::exp2_poly(exponent(i)); }));
+    if (chunk_tsum)
+      chunk_tsum[out] = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) {
+        const float e = exponent(i);
+        return entropy_term(math::exp2_poly(e), e);
+      }));
+  });
+}
+
+void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_sum, const float* chunk_tsum,
+                          const float* x_target, int T, float* row_max, float* row_sum, float* logprob, float* entropy) {
+  check_softmax_knobs(kn, true);
+  if (entropy && !chunk_tsum) refuse("entropy needs the chunk sums of the entropy terms");
+  const int C = kn.tp_tree_width;
+#pragma omp parallel
+  {
+    std::vector<ChunkState> tree(C);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < C; ++j) {
+        const int64_t at = static_cast<int64_t>(t) * C + j;
+        tree[j] = {chunk_max[at], chunk_sum[at], chunk_tsum ? chunk_tsum[at] : 0.0f};
+      }
+      const ChunkState root = pairwise_tree_merge(tree.data(), C, MergeChunkStates{});
+      const float log_s = math::log(root.s);
+      row_max[t] = root.m;
+      row_sum[t] = canonical(root.s);
+      logprob[t] = canonical(fma_rn(exponent_base2(x_target[t], scaled_max_base2(root.m)), kLn2F, -log_s));
+      if (entropy) entropy[t] = canonical(sub_rn(log_s, div_rn(mul_rn(root.w, kLn2F), root.s)));
+    }
+  }
+}
+
 void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
                  float* logprob, float* row_max, float* row_sum, float* entropy) {
   logprob_check_whole_op(kn, targets, T, V, temp);
@@ -157,6 +207,13 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
   const size_t partials = static_cast<size_t>(T) * C;
   std::vector<float> chunk_max(partials), chunk_sum(partials), chunk_tsum(entropy ? partials : 0), x_target(T);
   float* tsum = entropy ? chunk_tsum.data() : nullptr;
+  if (kn.log_softmax == LogSoftmax::kOnePass) {
+    logprob_chunk_states(kn, logits, V, T, V / C, C, temp, chunk_max.data(), chunk_sum.data(), tsum, C);
+    logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.data());
+    logprob_merge_states(kn, chunk_max.data(), chunk_sum.data(), tsum, x_target.data(), T, row_max, row_sum, logprob,
+                         entropy);
+    return;
+  }
   logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.data(), C);
   logprob_row_max(kn, chunk_max.data(), T, row_max);
   logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.data(), tsum, C);
@@ -167,13 +224,17 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
 void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                        const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
                        float temp, bf16* dlogits) {
-  check_softmax_knobs(kn);
+  const bool one_pass = kn.log_softmax == LogSoftmax::kOnePass;
+  check_softmax_knobs(kn, one_pass);
   check_temperature(temp);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int t = 0; t < T; ++t)
     for (int v = 0; v < vocab_len; ++v) {
       const int64_t at = t * ld + v;
-      const float p = div_rn(shifted_exp(scaled_logit(logits[at], temp), row_max[t]), row_sum[t]);
+      const float x = scaled_logit(logits[at], temp);
+      const float e = one_pass ? math::exp2_poly(exponent_base2(x, scaled_max_base2(row_max[t])))
+                               : shifted_exp(x, row_max[t]);
+      const float p = div_rn(e, row_sum[t]);
       const float delta = vocab_begin + v == targets[t] ? 1.0f : 0.0f;
       dlogits[at] = round_bf16(div_rn(mul_rn(coef[t], sub_rn(delta, p)), temp));
     }

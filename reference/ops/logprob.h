@@ -4,10 +4,12 @@
 //
 // The vocabulary is cut into C = tp_tree_width equal chunks. The forward runs in
 // stages so that a vocab-parallel rank holding chunks [a, b) computes its partials
-// alone and the combines run after a gather:
+// alone and the combines run after a gather. v1 (two-pass):
 //   1. logprob_chunk_max    (per rank)  -> gather -> logprob_row_max
 //   2. logprob_chunk_sums   (per rank)  + logprob_target_logit (the target's owner)
 //                                       -> gather -> logprob_combine
+// v2 (one-pass):
+//   1. logprob_chunk_states (per rank)  + logprob_target_logit -> gather -> logprob_merge_states
 // logprob_fwd is these stages over the whole row. The backward is elementwise given
 // the saved row max M and row sum S, so a rank runs logprob_bwd_slice on its chunks.
 #pragma once
@@ -36,6 +38,50 @@ BP_HD inline float shifted_exp(float x, float row_max) { return math::exp(shifte
 // e·d, the entropy sum's term (<= 0); a masked entry (e = 0, d = −Inf) adds +0,
 // the limit of p·log p at p = 0, instead of 0·(−Inf) = NaN.
 BP_HD inline float entropy_term(float e, float d) { return e == 0.0f ? 0.0f : mul_rn(e, d); }
+
+// ---- Contract v2 (log_softmax = one-pass, softmax_exp = exp2_poly; SPEC.md §5.10 v2) ----
+// Base-2 exponents t = fma(x, c, −m_c), c = RN(log2 e); each chunk against its own
+// maximum; chunk states merged by pairwise_tree's shape.
+inline constexpr float kLog2eF = 0x1.715476p+0f;  // RN(log2 e)
+inline constexpr float kLn2F = 0x1.62e430p-1f;    // RN(ln 2)
+
+// m_c = R(m · c), or +0 for an empty (all −Inf) chunk, whose exponents are then −Inf.
+BP_HD inline float scaled_max_base2(float m) { return is_inf(m) && m < 0.0f ? 0.0f : mul_rn(m, kLog2eF); }
+BP_HD inline float exponent_base2(float x, float mc) { return fma_rn(x, kLog2eF, -mc); }
+
+// A chunk's (or subtree's) state: its maximum m, its sum s of 2^t against m_c and
+// the sum w of 2^t·t (base-2 units) for the entropy.
+struct ChunkState {
+  float m, s, w;
+};
+
+// merge(A, B) of SPEC.md §5.10 v2 step 3; an empty side (m = −Inf) gives the other
+// side bit for bit.
+BP_HD inline ChunkState merge_chunk_states(ChunkState a, ChunkState b) {
+  const bool a_empty = is_inf(a.m) && a.m < 0.0f, b_empty = is_inf(b.m) && b.m < 0.0f;
+  const float m = max_nan(a.m, b.m), mc = mul_rn(m, kLog2eF);
+  const float da = sub_rn(mul_rn(a.m, kLog2eF), mc), db = sub_rn(mul_rn(b.m, kLog2eF), mc);
+  const float alpha_a = math::exp2_poly(da), alpha_b = math::exp2_poly(db);
+  const ChunkState merged{m, add_rn(mul_rn(alpha_a, a.s), mul_rn(alpha_b, b.s)),
+                          add_rn(mul_rn(alpha_a, fma_rn(da, a.s, a.w)), mul_rn(alpha_b, fma_rn(db, b.s, b.w)))};
+  const ChunkState unless_b_empty = b_empty ? a : merged;  // selects only
+  return a_empty ? b : unless_b_empty;
+}
+
+struct MergeChunkStates {
+  BP_HD ChunkState operator()(ChunkState a, ChunkState b) const { return merge_chunk_states(a, b); }
+};
+
+// v2 stage (one pass over the logits): every chunk's state, written as chunk_max,
+// chunk_sum and (nullable) chunk_tsum at out[t·out_ld + j]. v1 knobs are refused.
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                          float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld);
+
+// v2 combine over gathered [T][C] states: the merge tree's root (M, S, W) gives
+// row_max = M, row_sum = S, logprob = fma(t_target, ln2, −log S) with t_target =
+// fma(x_target, c, −m_c(M)), entropy (nullable, needs chunk_tsum) = log S − (W·ln2) ÷ S.
+void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_sum, const float* chunk_tsum,
+                          const float* x_target, int T, float* row_max, float* row_sum, float* logprob, float* entropy);
 
 // ---- Stages (vocab-parallel layouts call these directly) ----------------------
 // A rank's slice is n_chunks whole chunks of chunk_len logits: `logits` points at
@@ -69,9 +115,9 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
 // ---- Argument checks (std::invalid_argument), shared with the CUDA twin ------------
 // temp finite and > 0.
 void logprob_check_temperature(float temp);
-// The softmax knobs implemented: exp with two-pass (v1). v2's rows of SPEC.md §5.10
-// are specified and refused until they are implemented.
-void logprob_check_softmax_knobs(const Knobs& kn);
+// The knobs' pair is one of the contracts' (exp with two-pass, v1; exp2_poly with
+// one-pass, v2), and `one_pass` says which one a stage belongs to.
+void logprob_check_softmax_knobs(const Knobs& kn, bool one_pass);
 // The whole op's: temperature, V divisible by tp_tree_width, every target in [0, V)
 // (`targets` readable on the host).
 void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int V, float temp);
@@ -84,7 +130,8 @@ void logprob_check_whole_op(const Knobs& kn, const int32_t* targets, int T, int 
 void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
                  float* logprob, float* row_max, float* row_sum, float* entropy);
 
-// dlogits[t][v] = R(c_t·(δ(v, target) − p_v) ÷ temp), p_v = exp(x_v − M) ÷ S,
+// dlogits[t][v] = R(c_t·(δ(v, target) − p_v) ÷ temp), p_v = exp(x_v − M) ÷ S
+// (v2: exp2_poly(fma(x_v, c, −m_c(M))) ÷ S),
 // for the vocabulary slice [vocab_begin, vocab_begin + vocab_len) held at
 // `logits` (row stride ld) into `dlogits` (same stride).
 void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,

@@ -57,14 +57,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <stdexcept>
-#include <string>
 
 #include "reference/common/rng.h"
 #include "reference/numerics/math.h"
 #include "reference/ops/attention.h"
 #include "reference/truth/attention.h"
 #include "support/bounds.h"
+#include "support/contracts.h"
 #include "support/float_gen.h"
 #include "support/golden.h"
 
@@ -403,13 +402,7 @@ std::vector<bf16> spec_forward(const Knobs& kn, const Seq& x, bool round_p) {
 
 class AttentionTest : public ::testing::TestWithParam<const char*> {
  protected:
-  // The selectable contracts and the drafts (v2, SPEC.md §1.3) the reference implements ahead of the kernels.
-  const Contract& contract() const {
-    for (const auto* list : {&contracts(), &draft_contracts()})
-      for (const Contract& c : *list)
-        if (c.name == GetParam()) return c;
-    throw std::invalid_argument(std::string("no contract ") + GetParam());
-  }
+  const Contract& contract() const { return test::contract_or_draft(GetParam()); }
   const Knobs& knobs() const { return contract().knobs; }
 };
 
@@ -918,11 +911,7 @@ TEST_P(AttentionTest, SlowRealShapeWithinBoundAndPathInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Contracts, AttentionTest,
                          ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2"),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param).substr(5);  // "sm90tc_v1"
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         [](const auto& info) { return test::contract_test_name(info.param); });
 
 }  // namespace
 }  // namespace bp
