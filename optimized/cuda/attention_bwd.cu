@@ -64,24 +64,28 @@ __global__ void slot_delta_kernel(const bf16* __restrict__ dout, const bf16* __r
   for_each_index(n, [&](size_t i) { delta[i] = slot_delta<Model, D>(dout, o, static_cast<long long>(row0 + i)); });
 }
 
-// P = exp(s·scale − m) · (1 ÷ l) of the thread's elements in place (reference
-// recompute_probs; then dS = P · (dp − Δ)), from the raw dots s = q·k; element
-// [nt][e] takes its m and 1 ÷ l at sM[at(nt, e)], sInvL[at(nt, e)].
-template <class At>
-__device__ void probabilities(float (&s)[8][4], float scale, const float* sM, const float* sInvL, At at) {
+// P = weight(s, m) · (1 ÷ l) of the thread's elements in place (reference
+// recompute_probs under the contract's SoftmaxRule; then dS = P · (dp − Δ)), from
+// the raw dots s = q·k; element [nt][e] takes its m and 1 ÷ l at sM[at(nt, e)],
+// sInvL[at(nt, e)].
+template <bool kBase2, class At>
+__device__ void probabilities(float (&s)[8][4], const ref::SoftmaxRule<kBase2>& rule, const float* sM,
+                              const float* sInvL, At at) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = sub_rn(mul_rn(s[nt][e], scale), sM[at(nt, e)]);
-  exp_in_place<32>(&s[0][0]);
+    for (int e = 0; e < 4; ++e)
+      s[nt][e] = rule.weight_exponent(rule.state_value(s[nt][e]), rule.scaled_max(sM[at(nt, e)]));
+  softmax_exp_in_place<kBase2, 32>(&s[0][0]);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = mul_rn(s[nt][e], sInvL[at(nt, e)]);
 }
 
-template <class Model, int D>
+template <class Model, int D, bool kBase2>
 __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
+  const auto rule = a.h.rule<kBase2>();
   constexpr int LD = kLd<D>, NT = D / 8;
   extern __shared__ uint4 smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -138,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
     float ds[8][4];
     if (br.warp_live) {
       tile_dots<Model, D>(ds, sQ, sK, ln);
-      probabilities(ds, a.h.scale, sM, sInvL, [&](int, int e) { return ln.row(e / 2); });
+      probabilities(ds, rule, sM, sInvL, [&](int, int e) { return ln.row(e / 2); });
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -181,8 +185,9 @@ struct KvArgs {
   float *dk_part, *dv_part;
 };
 
-template <class Model, int D>
+template <class Model, int D, bool kBase2>
 __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
+  const auto rule = a.h.rule<kBase2>();
   constexpr int LD = kLd<D>, NT = D / 8;
   constexpr bool kTc = Model::kModel == DotModel::Sm90Tc;
   extern __shared__ uint4 smem[];
@@ -251,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
       float dp[8][4];
       tile_dots<Model, D>(pb, sK, sQ, ln);
       tile_dots<Model, D>(dp, sV, sdO, ln);
-      probabilities(pb, a.h.scale, sM, sInvL, [&](int nt, int e) { return ln.col(nt, e % 2); });
+      probabilities(pb, rule, sM, sInvL, [&](int nt, int e) { return ln.col(nt, e % 2); });
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -378,10 +383,10 @@ void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n
   const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
   const DeviceBuffer<Task> d_tasks(tasks, stream);
   const BwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, k, v, o, dout, m, l, dq};
-  with_shape(kn, dims.D, [&](auto model, auto d) {
+  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
-    launch(attn_dq_kernel<decltype(model), D>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), dq_smem<D>(),
-           stream, args);
+    launch(attn_dq_kernel<decltype(model), D, decltype(base2)::value>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv),
+           dq_smem<D>(), stream, args);
   });
 }
 
@@ -395,7 +400,7 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
   if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
   const size_t delta_row0 = static_cast<size_t>(seq.q_begin) * dims.Hq, rows = static_cast<size_t>(seq.q_len) * dims.Hq;
   DeviceBuffer<float> delta(rows, stream);
-  with_shape(kn, dims.D, [&](auto model, auto d) {
+  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
     if (rows > 0) {
       slot_delta_kernel<decltype(model), D>
@@ -406,7 +411,7 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
                       delta.get(), static_cast<long long>(delta_row0), dk_part, dv_part};
     const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
                     static_cast<unsigned>(n_chunks));
-    launch(attn_kv_kernel<decltype(model), D>, grid, kv_smem<D>(), stream, args);
+    launch(attn_kv_kernel<decltype(model), D, decltype(base2)::value>, grid, kv_smem<D>(), stream, args);
   });
   return n_chunks;
 }

@@ -41,19 +41,21 @@ struct FwdArgs {
 };
 
 // The online-softmax step of one block on the thread's two rows (reference
-// softmax_block, steps 1-4 and 6): s holds the raw dots and becomes P (+0 in absent
-// slots); returns α per row (1 for rows that do not see the block).
+// softmax_block, steps 1-4 and 6, under the contract's SoftmaxRule): s holds the raw
+// dots and becomes P (+0 in absent slots); returns α per row (1 for rows that do
+// not see the block).
+template <bool kBase2>
 __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
-                              float scale, const Lane& ln) {
-  // Every slot is scaled; an absent slot becomes −Inf, which maximumNumber ignores
-  // and which the select below keeps out of P.
+                              const ref::SoftmaxRule<kBase2>& rule, const Lane& ln) {
+  // Every slot takes its state value (v1 scaled, v2 raw); an absent slot becomes
+  // −Inf, which maximumNumber ignores and which the select below keeps out of P.
   bool visible[8][4];
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       visible[nt][e] = ln.col(nt, e % 2) < br.vis[e / 2];
-      const float x = mul_rn(s[nt][e], scale);
+      const float x = rule.state_value(s[nt][e]);
       s[nt][e] = visible[nt][e] ? x : neg_inf();
     }
   // maximumNumber is associative and commutative, so any tree gives the reference's
@@ -80,14 +82,15 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
     bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
   }
   // exp(+0) = 1 is α of a row that does not see the block; exp(−Inf) = +0 is P of
-  // an absent slot.
-  float m_new[2];
+  // an absent slot (both for exp2_poly too).
+  float m_new[2], mc_new[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     m_new[i] = max_num(m[i], bmax[i]);
-    alpha[i] = br.act[i] ? sub_rn(m[i], m_new[i]) : 0.0f;
+    mc_new[i] = rule.scaled_max(m_new[i]);
+    alpha[i] = br.act[i] ? rule.factor_exponent(rule.scaled_max(m[i]), mc_new[i]) : 0.0f;
   }
-  exp_in_place<2>(alpha);
+  softmax_exp_in_place<kBase2, 2>(alpha);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -95,9 +98,9 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& p = s[nt][2 * i + e];
-        p = visible[nt][2 * i + e] ? sub_rn(p, m_new[i]) : neg_inf();
+        p = visible[nt][2 * i + e] ? rule.weight_exponent(p, mc_new[i]) : neg_inf();
       }
-  exp_in_place<32>(&s[0][0]);
+  softmax_exp_in_place<kBase2, 32>(&s[0][0]);
   // pairwise_tree over the 64 slots: level 1 pairs columns (2t, 2t+1) in the thread,
   // levels 2 and 3 pair t ^ 1 and t ^ 2 (addition is commutative), levels 4-6 pair
   // the n8 tiles in the thread.
@@ -126,10 +129,11 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
 struct MergeFactors {
   float a, b;
 };
-__device__ MergeFactors merge_split(float& M, float& L, float m, float l) {
-  const float m_new = max_num(M, m);
-  float x[2] = {sub_rn(M, m_new), sub_rn(m, m_new)};
-  exp_in_place<2>(x);
+template <bool kBase2>
+__device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float& M, float& L, float m, float l) {
+  const float m_new = max_num(M, m), mc_new = rule.scaled_max(m_new);
+  float x[2] = {rule.factor_exponent(rule.scaled_max(M), mc_new), rule.factor_exponent(rule.scaled_max(m), mc_new)};
+  softmax_exp_in_place<kBase2, 2>(x);
   const MergeFactors f{x[0], x[1]};
   L = fma_rn(f.a, L, mul_rn(f.b, l));
   M = m_new;
@@ -137,8 +141,9 @@ __device__ MergeFactors merge_split(float& M, float& L, float m, float l) {
 }
 __device__ inline float merged(MergeFactors f, float O, float acc) { return fma_rn(f.a, O, mul_rn(f.b, acc)); }
 
-template <class Model, int D, bool kSplitCtas>
+template <class Model, int D, bool kSplitCtas, bool kBase2>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
+  const auto rule = a.h.rule<kBase2>();
   constexpr int LD = kLd<D>, NT = D / 8;
   extern __shared__ uint4 smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
     if (b < end) load_kv(sK, a.k, b + 1);
     else cp_async_commit();  // an empty group keeps the count uniform
     if (br.warp_live) {
-      softmax_block(p, m, l, alpha, br, a.h.scale, ln);
+      softmax_block(p, m, l, alpha, br, rule, ln);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -223,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = acc[nt][2 * i + e];
         } else {
-          const MergeFactors f = merge_split(M[i], L[i], m[i], l[i]);
+          const MergeFactors f = merge_split(rule, M[i], L[i], m[i], l[i]);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -261,9 +266,12 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 
 // Flash-decoding combine: row (t, h) merges its splits in increasing order (the
 // first is the merged state as it is), then o = R(O ÷ L). One thread per d.
-__global__ void fwd_combine_kernel(const int* __restrict__ token_pos, int Hq, int D, int split_blocks, int max_splits,
+template <bool kBase2>
+__global__ void fwd_combine_kernel(const int* __restrict__ token_pos, Heads h, int D, int split_blocks, int max_splits,
                                    const float* __restrict__ part_acc, const float* __restrict__ part_ml, bf16* o,
                                    float* m, float* l) {
+  const auto rule = h.rule<kBase2>();
+  const int Hq = h.Hq;
   const int p = token_pos[blockIdx.x];
   if (p < 0) return;  // a token of no sequence
   const size_t row = static_cast<size_t>(blockIdx.x) * Hq + blockIdx.y, base = row * max_splits;
@@ -271,7 +279,7 @@ __global__ void fwd_combine_kernel(const int* __restrict__ token_pos, int Hq, in
   float M = part_ml[2 * base], L = part_ml[2 * base + 1], O = part_acc[base * D + d];
   for (int s = 1; s < splits; ++s) {
     const size_t at = base + s;
-    O = merged(merge_split(M, L, part_ml[2 * at], part_ml[2 * at + 1]), O, part_acc[at * D + d]);
+    O = merged(merge_split(rule, M, L, part_ml[2 * at], part_ml[2 * at + 1]), O, part_acc[at * D + d]);
   }
   o[row * D + d] = round_bf16(div_rn(O, L));
   if (d == 0) {
@@ -319,9 +327,9 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   const dim3 grid(static_cast<unsigned>(tasks.size()), static_cast<unsigned>(dims.Hkv));
 
   if (!split_ctas) {
-    with_shape(kn, dims.D, [&](auto model, auto d) {
+    with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
       constexpr int D = decltype(d)::value;
-      launch(attn_fwd_kernel<decltype(model), D, false>, grid, fwd_smem<D>(false), stream, args);
+      launch(attn_fwd_kernel<decltype(model), D, false, decltype(base2)::value>, grid, fwd_smem<D>(false), stream, args);
     });
     return;
   }
@@ -341,12 +349,13 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   const DeviceBuffer<int> d_token_pos(token_pos, stream);
   args.part_acc = part_acc.get();
   args.part_ml = part_ml.get();
-  with_shape(kn, dims.D, [&](auto model, auto d) {
+  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
-    launch(attn_fwd_kernel<decltype(model), D, true>, grid, fwd_smem<D>(true), stream, args);
+    launch(attn_fwd_kernel<decltype(model), D, true, decltype(base2)::value>, grid, fwd_smem<D>(true), stream, args);
   });
-  fwd_combine_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, 0, stream>>>(
-      d_token_pos.get(), dims.Hq, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);
+  const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
+  combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, 0, stream>>>(
+      d_token_pos.get(), args.h, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);
   BP_CUDA_CHECK_LAUNCH();
 }
 

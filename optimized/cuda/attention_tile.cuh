@@ -246,8 +246,26 @@ struct SlotTile {
 
 struct Heads {
   int Hq, Hkv, G;
-  float scale;
+  float scale;  // attn_scale(D)
+  float c;      // attn_exp2_scale(D): contract v2's base-2 factor
+  // The softmax rule of the contract generation (reference/ops/attention.h).
+  template <bool kBase2>
+  __device__ ref::SoftmaxRule<kBase2> rule() const {
+    return {scale, c};
+  }
 };
+
+// The rule's exponential over N values in place: v1's exp (exp_in_place, whose
+// bits are math::exp's) or v2's exp2_poly (branch-free, no slow path).
+template <bool kBase2, int N>
+__device__ inline void softmax_exp_in_place(float* x) {
+  if constexpr (kBase2) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = math::exp2_poly(x[j]);
+  } else {
+    exp_in_place<N>(x);
+  }
+}
 
 __device__ inline SlotTile slot_tile(const AttnSeq* seqs, const Task& task, const Heads& h) {
   const AttnSeq s = seqs[task.seq];
@@ -310,10 +328,6 @@ inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int 
                                 std::to_string(kn.attn_kv_block));
   if (dims.D != 32 && dims.D != 64 && dims.D != 128)
     throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
-  // Contract v2's base-2 softmax (SPEC.md §5.6 v2) is the reference's only, until its kernel lands (#19).
-  if (kn.softmax_exp != SoftmaxExp::kExp)
-    throw std::invalid_argument("attention (CUDA): softmax_exp " + std::string(softmax_exp_name(kn.softmax_exp)) +
-                                " is not implemented on the GPU yet");
 }
 
 inline void check_aligned(std::initializer_list<const void*> ptrs) {
@@ -322,15 +336,19 @@ inline void check_aligned(std::initializer_list<const void*> ptrs) {
       throw std::invalid_argument("attention (CUDA): tensors must be 16-byte aligned");
 }
 
-inline Heads heads(AttnDims d) { return {d.Hq, d.Hkv, d.Hq / d.Hkv, ref::attn_scale(d.D)}; }
+inline Heads heads(AttnDims d) { return {d.Hq, d.Hkv, d.Hq / d.Hkv, ref::attn_scale(d.D), ref::attn_exp2_scale(d.D)}; }
 
-// Calls f(model, integral_constant<int, D>).
+// Calls f(model, integral_constant<int, D>, bool_constant<base 2 softmax, contract v2>).
 template <class F>
 void with_shape(const Knobs& kn, int D, F&& f) {
   with_dot_model(kn.dot, [&](auto model) {
-    if (D == 32) f(model, std::integral_constant<int, 32>{});
-    else if (D == 64) f(model, std::integral_constant<int, 64>{});
-    else f(model, std::integral_constant<int, 128>{});
+    auto with_base2 = [&](auto d) {
+      if (kn.softmax_exp == SoftmaxExp::kExp2Poly) f(model, d, std::true_type{});
+      else f(model, d, std::false_type{});
+    };
+    if (D == 32) with_base2(std::integral_constant<int, 32>{});
+    else if (D == 64) with_base2(std::integral_constant<int, 64>{});
+    else with_base2(std::integral_constant<int, 128>{});
   });
 }
 

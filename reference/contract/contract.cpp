@@ -68,6 +68,13 @@ const Contract* find_contract(std::string_view name) {
   return nullptr;
 }
 
+const Contract* find_contract_or_draft(std::string_view name) {
+  if (const Contract* c = find_contract(name)) return c;
+  for (const Contract& c : draft_contracts())
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
 std::string validate(const Knobs& k) {
   if (k.row_reduce.lanes < 32 || !power_of_two(k.row_reduce.lanes))
     return "row_reduce_lanes must be a power of two >= 32";

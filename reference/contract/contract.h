@@ -55,6 +55,9 @@ const std::vector<Contract>& contracts();
 const std::vector<Contract>& draft_contracts();
 // nullptr if there is no contract of that name.
 const Contract* find_contract(std::string_view name);
+// The same over the contracts and the drafts: for the suites and benchmarks that
+// run a draft ahead of its release, never for what users select.
+const Contract* find_contract_or_draft(std::string_view name);
 
 // Empty if the knobs are consistent, otherwise a message naming the bad knob.
 std::string validate(const Knobs& k);

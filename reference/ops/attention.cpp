@@ -340,7 +340,8 @@ float attn_exp2_scale(int D) {
 }
 
 SoftmaxForm softmax_form(const Knobs& kn, int D) {
-  return {kn.softmax_exp == SoftmaxExp::kExp2Poly, attn_scale(D), attn_exp2_scale(D)};
+  const float scale = attn_scale(D), c = attn_exp2_scale(D);
+  return {kn.softmax_exp == SoftmaxExp::kExp2Poly, {scale, c}, {scale, c}};
 }
 
 }  // namespace bp::ref

@@ -78,26 +78,51 @@ BP_HD inline float attn_scale(int D) { return sqrt_rn(div_rn(1.0f, static_cast<f
 // evaluation that tests/reference/ops/test_attention.cpp shows is never near a tie.
 float attn_exp2_scale(int D);
 
-// How the online softmax forms its exponentials (SPEC.md §5.6). v1
-// (softmax_exp = exp): state values are scores s = R(dot · scale), weights
+// How the online softmax forms its exponentials (SPEC.md §5.6), one rule per
+// contract generation, shared by the reference and the kernels. v1 (kBase2 false,
+// softmax_exp = exp): state values are scores s = R(dot · scale), weights
 // exp(s − m). v2 (exp2_poly): state values are the raw dots z, weights
-// exp2_poly(fma(z, c, −R(m · c))). Each rescaling factor is the same function of
+// exp2_poly(fma(z, c, −R(m · c))). A rescaling factor is exp of the difference of
 // the two states' scaled maxima, so in v2 the rounding of R(m · c) cancels.
-struct SoftmaxForm {
-  bool base2;
+template <bool kBase2>
+struct SoftmaxRule {
   float scale;  // attn_scale(D)
   float c;      // attn_exp2_scale(D); unused in v1
   // The value the running maximum and the exponents take for one dot.
-  BP_HD float state_value(float dot) const { return base2 ? dot : mul_rn(dot, scale); }
-  // The maximum as the exponents subtract it (−Inf stays −Inf).
-  BP_HD float scaled_max(float m) const { return base2 ? mul_rn(m, c) : m; }
-  // A key's weight against the scaled maximum mc.
-  BP_HD float weight(float value, float mc) const {
-    return base2 ? math::exp2_poly(fma_rn(value, c, -mc)) : math::exp(sub_rn(value, mc));
+  BP_HD float state_value(float dot) const {
+    if constexpr (kBase2) return dot;
+    else return mul_rn(dot, scale);
   }
-  // The factor that moves a sum taken against mc_old onto mc_new.
-  BP_HD float rescale(float mc_old, float mc_new) const {
-    return base2 ? math::exp2_poly(sub_rn(mc_old, mc_new)) : math::exp(sub_rn(mc_old, mc_new));
+  // The maximum as the exponents subtract it (−Inf stays −Inf).
+  BP_HD float scaled_max(float m) const {
+    if constexpr (kBase2) return mul_rn(m, c);
+    else return m;
+  }
+  // The exponent of a key's weight against the scaled maximum mc.
+  BP_HD float weight_exponent(float value, float mc) const {
+    if constexpr (kBase2) return fma_rn(value, c, -mc);
+    else return sub_rn(value, mc);
+  }
+  // The exponent of the factor that moves a sum taken against mc_old onto mc_new.
+  BP_HD static float factor_exponent(float mc_old, float mc_new) { return sub_rn(mc_old, mc_new); }
+  BP_HD static float exp(float exponent) {
+    if constexpr (kBase2) return math::exp2_poly(exponent);
+    else return math::exp(exponent);
+  }
+  BP_HD float weight(float value, float mc) const { return exp(weight_exponent(value, mc)); }
+  BP_HD static float rescale(float mc_old, float mc_new) { return exp(factor_exponent(mc_old, mc_new)); }
+};
+
+// The rule the knobs select, chosen at run time (the reference's loops are not hot).
+struct SoftmaxForm {
+  bool base2;
+  SoftmaxRule<false> v1;
+  SoftmaxRule<true> v2;
+  float state_value(float dot) const { return base2 ? v2.state_value(dot) : v1.state_value(dot); }
+  float scaled_max(float m) const { return base2 ? v2.scaled_max(m) : v1.scaled_max(m); }
+  float weight(float value, float mc) const { return base2 ? v2.weight(value, mc) : v1.weight(value, mc); }
+  float rescale(float mc_old, float mc_new) const {
+    return base2 ? v2.rescale(mc_old, mc_new) : v1.rescale(mc_old, mc_new);
   }
 };
 SoftmaxForm softmax_form(const Knobs& kn, int D);

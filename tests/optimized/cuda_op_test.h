@@ -13,18 +13,22 @@
 #include "optimized/cuda/common.h"
 #include "reference/common/rng.h"
 #include "reference/contract/contract.h"
+#include "tests/support/contracts.h"
 #include "tests/support/float_gen.h"
 
 namespace bp::test {
 
 using cuda::DeviceBuffer;
 
-// Suites take the contract name as their parameter.
+// Suites take the contract name as their parameter: a selectable contract, or a
+// draft (SPEC.md §1.3) for the ops whose kernels implement it already.
 class ContractTest : public ::testing::TestWithParam<const char*> {
  protected:
-  const Knobs& knobs() const { return find_contract(GetParam())->knobs; }
+  const Knobs& knobs() const { return contract_or_draft(GetParam()).knobs; }
 };
 #define BP_ALL_CONTRACTS ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1")
+// The ops whose kernels implement the v2 drafts too (attention).
+#define BP_CONTRACTS_AND_DRAFTS ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2")
 
 // An output buffer filled with 0x5a bytes: a finite value no op here produces by
 // accident (a NaN poison would compare equal to an expected NaN).

@@ -10,9 +10,7 @@
 namespace bp::test {
 
 inline const Contract& contract_or_draft(std::string_view name) {
-  for (const auto* list : {&contracts(), &draft_contracts()})
-    for (const Contract& c : *list)
-      if (c.name == name) return c;
+  if (const Contract* c = find_contract_or_draft(name)) return *c;
   throw std::invalid_argument("no contract or draft named " + std::string(name));
 }
 
