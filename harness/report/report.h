@@ -1,13 +1,16 @@
 // The report every bitparity command writes: an environment block, a status, one
 // entry per case with its compared tensors, and an overall verdict. Three renderings,
-// each written atomically (temporary in the same directory + fsync + rename, via
-// bp::io::write_file_atomic of io/files.h), so an error never leaves a partial report and never
-// destroys an earlier one:
+// each written by bp::io::write_output of io/files.h: a file atomically (temporary in
+// the same directory + fsync + rename, through a symbolic link to its target), so an
+// error never leaves a partial report and never destroys an earlier one; "-",
+// a device or a FIFO straight:
 //   JSON   schema reports/schema/report.schema.json, "schema_version": 3 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
 //          first_divergent_op; 3 added each case's seconds and peak_device_bytes)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
-//          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
+//          tensor columns; a report with no cases: one row with only run_status,
+//          the report's status, which every row carries), header row, stable
+//          column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
 //          (shapes, ulp_histogram) as "[a,b,...]".
 //   JUnit  one <testcase> per case, its time attribute the case's seconds; a
@@ -92,6 +95,7 @@ struct Report {
   std::string command;  // "diff", "sweep", ...
   std::string created_utc;  // ISO 8601, set by make_report
   bool interrupted = false;
+  const char* status() const { return interrupted ? "interrupted" : "complete"; }  // the reports' "status"
   Environment environment;
   std::vector<Case> cases;
   // kMismatch if any case mismatches; else kExact if any case is exact; else kSkipped
