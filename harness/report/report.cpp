@@ -227,4 +227,20 @@ std::string bytes_text(uint64_t bytes) {
   return three_digits(v, kUnits[u]);
 }
 
+std::string terminal_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+    out += escaped;
+  }
+  return out;
+}
+
 }  // namespace bp::harness

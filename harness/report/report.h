@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -137,5 +138,10 @@ std::string metric_text(double v, const char* printf_format);
 std::string duration_text(double seconds);
 // "512 B", "1.5 KiB", "23.4 MiB", "1.25 GiB" (binary units, 3 significant digits).
 std::string bytes_text(uint64_t bytes);
+// `s` for a terminal: control characters (an ESC that would drive the terminal, a
+// line break that would forge a line) as \xNN. Names read from files (tensors,
+// cases, paths) pass through it on their way to stdout or stderr; the reports keep
+// them as they are, in their own escaping.
+std::string terminal_text(std::string_view s);
 
 }  // namespace bp::harness
