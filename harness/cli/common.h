@@ -40,6 +40,9 @@ class PlanFlags {
   void add_to(CLI::App* app);
   // The plan: `base`, then the --plan file, then the flags given. io::BadInput.
   SweepPlan plan(SweepPlan base = {}) const;
+  // The files `plan` (from plan()) reads: the --plan file, the tokens file, every
+  // file of its model directories. No output may be one of them.
+  std::vector<std::string> input_files(const SweepPlan& plan) const;
 
  private:
   nlohmann::json given() const;  // the flags given, as plan JSON keys
@@ -55,6 +58,10 @@ class PlanFlags {
 
 // Reports: ReportPaths, check_report_paths and write_reports (report/report.h).
 // Commands check the paths before running, so a bad path costs no work either.
+
+// Where a command prints its text: stdout, or stderr when one of `outputs` is
+// standard output ("-", /dev/stdout), which then holds that output alone.
+std::FILE* text_stream(const std::vector<std::string>& outputs);
 
 // Inside a catch block: prints the exception in flight for subcommand `cmd`
 // ("bitparity sweep: bad input: ...") and returns its exit code.

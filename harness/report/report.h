@@ -114,7 +114,8 @@ extern const std::vector<std::string> kCsvColumns;
 size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 
-// Atomic writes (io/files.h; throw bp::io::IoError, `path` is then untouched).
+// Writes with io::write_output (io/files.h: "-" is standard output, files atomically;
+// throw bp::io::IoError, a file `path` is then untouched).
 void write_json(const Report& r, const std::string& path);
 void write_csv(const Report& r, const std::string& path);
 void write_junit(const Report& r, const std::string& path);
@@ -123,10 +124,14 @@ void write_junit(const Report& r, const std::string& path);
 struct ReportPaths {
   std::string json, csv, junit, html;
 };
-// 0 when every path can take a report, else prints why and returns kExitBadInput:
-// commands check before writing any, so a bad path costs no earlier report.
-int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
-// Writes each requested report atomically; 0, or kExitBadInput after a failed write.
+// 0 when every path can take a report, names a file of its own and is none of
+// `inputs` (the files the command reads) -- io::check_outputs -- else prints why and
+// returns kExitBadInput: commands check before their work, so a bad path costs
+// neither the work nor an earlier report.
+int check_report_paths(const char* cmd, const ReportPaths& paths, const std::vector<std::string>& inputs,
+                       std::FILE* err);
+// Writes each requested report; 0, or kExitBadInput when one could not be written
+// (each failure is printed, naming its report; the others are still written).
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
 
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
