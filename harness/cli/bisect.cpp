@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
@@ -106,10 +107,14 @@ json spec_json(const std::string& spec, const std::string& source) {
   return j;
 }
 
-Side side_of_spec(const BisectOptions& o, const std::string& spec, const char* source) {
+SweepPlan spec_plan(const BisectOptions& o, const std::string& spec, const char* source) {
   SweepPlan plan = o.plan.plan(single_case_defaults());
   plan.capture_ops = true;
   apply_plan_json(spec_json(spec, source), source, false, plan);
+  return plan;
+}
+
+Side side_of_spec(const SweepPlan& plan) {
   SingleRun r = run_single_case(plan);
   Side s{r.id, {}, r.num_layers};
   for (NamedTensor& t : r.tensors) s.tensors.emplace(t.name, std::move(t));
@@ -181,10 +186,19 @@ int bisect(const BisectOptions& o) {
     throw io::BadInput("command line", "", "give two dumps (bisect A.safetensors B.safetensors) or --a SPEC --b SPEC");
   if (by_dumps && o.dumps.size() != 2) throw io::BadInput("command line", "", "bisect takes two dumps");
   if (!by_dumps && (o.a.empty() || o.b.empty())) throw io::BadInput("command line", "--a/--b", "give both --a and --b");
+  std::vector<std::string> read_files = o.dumps;
+  std::optional<SweepPlan> plan_a, plan_b;
+  if (!by_dumps) {
+    plan_a = spec_plan(o, o.a, "--a");
+    plan_b = spec_plan(o, o.b, "--b");
+    for (const SweepPlan* p : {&*plan_a, &*plan_b})
+      for (std::string& f : o.plan.input_files(*p)) read_files.push_back(std::move(f));
+  }
   const ReportPaths paths{o.json, "", "", ""};
-  if (const int rc = check_report_paths("bisect", paths, stderr)) return rc;
-  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(o, o.a, "--a");
-  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(o, o.b, "--b");
+  if (const int rc = check_report_paths("bisect", paths, read_files, stderr)) return rc;
+  std::FILE* const out = text_stream({o.json});
+  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(*plan_a);
+  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(*plan_b);
   const int layers = std::max(a.num_layers, b.num_layers);
 
   // The tensors of both sides in execution order.
@@ -226,25 +240,30 @@ int bisect(const BisectOptions& o) {
   c.settle();
 
   if (!o.quiet) {
-    std::printf("A: %s\nB: %s\n", a.label.c_str(), b.label.c_str());
-    std::printf("%zu tensors in both, compared in execution order", common.size());
-    if (!only_a.empty() || !only_b.empty()) std::printf(" (%zu only in A, %zu only in B: not compared)", only_a.size(), only_b.size());
-    std::printf("\n");
+    std::fprintf(out, "A: %s\nB: %s\n", terminal_text(a.label).c_str(), terminal_text(b.label).c_str());
+    std::fprintf(out, "%zu tensors in both, compared in execution order", common.size());
+    if (!only_a.empty() || !only_b.empty())
+      std::fprintf(out, " (%zu only in A, %zu only in B: not compared)", only_a.size(), only_b.size());
+    std::fprintf(out, "\n");
     if (!first_a) {
-      std::printf("bisect: no difference: every common tensor is bit-identical\n");
+      std::fprintf(out, "bisect: no difference: every common tensor is bit-identical\n");
     } else {
       const TensorRecord& rec = *c.first_mismatch();
-      const std::string where = where_text(first_a->name);
-      std::printf("first difference: %s%s\n", first_a->name.c_str(), where.empty() ? "" : (" (" + where + ")").c_str());
+      const std::string where = terminal_text(where_text(first_a->name));
+      std::fprintf(out, "first difference: %s%s\n", terminal_text(first_a->name).c_str(),
+                   where.empty() ? "" : (" (" + where + ")").c_str());
       if (rec.metrics) {
         const TensorMetrics& m = *rec.metrics;
-        std::printf("  %s %s: %" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp, max |diff| %.3g, mean |diff| %.3g\n",
-                    rec.dtype_a.c_str(), io::shape_str(first_a->shape).c_str(), m.mismatches, m.elements,
-                    m.max_ulp_diff, m.max_abs_diff, m.mean_abs_diff);
-        std::printf("  first at element %" PRId64 ": A %s, B %s\n", m.first_mismatch,
-                    element_text(*first_a, m.first_mismatch).c_str(), element_text(*first_b, m.first_mismatch).c_str());
+        std::fprintf(out,
+                     "  %s %s: %" PRIu64 " of %" PRIu64
+                     " elements differ, max %.0f ulp, max |diff| %.3g, mean |diff| %.3g\n",
+                     rec.dtype_a.c_str(), io::shape_str(first_a->shape).c_str(), m.mismatches, m.elements,
+                     m.max_ulp_diff, m.max_abs_diff, m.mean_abs_diff);
+        std::fprintf(out, "  first at element %" PRId64 ": A %s, B %s\n", m.first_mismatch,
+                     element_text(*first_a, m.first_mismatch).c_str(),
+                     element_text(*first_b, m.first_mismatch).c_str());
       } else {
-        std::printf("  %s\n", tensor_status_name(rec.status));
+        std::fprintf(out, "  %s\n", tensor_status_name(rec.status));
       }
       // The op's inputs: equal inputs put the difference in the op itself.
       const bool is_op = first_a->name.rfind("ops.", 0) == 0;
@@ -259,15 +278,16 @@ int bisect(const BisectOptions& o) {
         any_input = true;
         const bool eq = equal(a.tensors.at(tn), b.tensors.at(tn));
         all_equal &= eq;
-        std::printf("  input %-28s %s\n", tn.c_str(), eq ? "equal" : "DIFFERS");
+        std::fprintf(out, "  input %-28s %s\n", tn.c_str(), eq ? "equal" : "DIFFERS");
       }
       if (op == "embed")
-        std::printf("  -> embed reads only the tokens and the embedding weights: they differ\n");
+        std::fprintf(out, "  -> embed reads only the tokens and the embedding weights: they differ\n");
       else if (any_input && all_equal)
-        std::printf("  -> its captured inputs are equal: the op itself (or its weights) computes different bits\n");
+        std::fprintf(out,
+                     "  -> its captured inputs are equal: the op itself (or its weights) computes different bits\n");
       else if (!any_input && !inputs.empty())
-        std::printf("  -> its inputs were not captured (run with --capture ops to see them)\n");
-      std::printf("bisect: first difference at %s\n", first_a->name.c_str());
+        std::fprintf(out, "  -> its inputs were not captured (run with --capture ops to see them)\n");
+      std::fprintf(out, "bisect: first difference at %s\n", terminal_text(first_a->name).c_str());
     }
   }
   r.cases.push_back(std::move(c));
@@ -291,7 +311,7 @@ Subcommand add_bisect_command(CLI::App& app) {
                                "path, tp, ep, cp, cp_split, seed, lengths, tokens, weight_seed, coef_seed, "
                                "temperature)");
   sub->add_option("--b", o->b, "spec of run B");
-  sub->add_option("--json", o->json, "write a JSON report (tensors in execution order)");
+  sub->add_option("--json", o->json, "write a JSON report (tensors in execution order); '-': stdout");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
   return guarded_subcommand(sub, [o] { return bisect(*o); });
 }

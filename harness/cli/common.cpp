@@ -2,8 +2,10 @@
 #include "harness/cli/common.h"
 
 #include "harness/engine/cases.h"
+#include "harness/engine/models.h"
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
+#include "harness/io/files.h"
 
 namespace bp::harness {
 
@@ -75,6 +77,21 @@ int nonfinite_exit(const char* cmd, const Report& r, bool strict, std::FILE* err
                    nonfinite_text(*c.first_nonfinite()).c_str());
   if (shown > 10) std::fprintf(err, "bitparity %s: ... and %zu more non-finite cases\n", cmd, shown - 10);
   return strict ? kExitMismatch : kExitExact;
+}
+
+std::vector<std::string> PlanFlags::input_files(const SweepPlan& plan) const {
+  std::vector<std::string> files;
+  if (!plan_file_.empty()) files.push_back(plan_file_);
+  if (const std::string tokens = tokens_file(plan); !tokens.empty()) files.push_back(tokens);
+  for (const std::string& m : plan.models)
+    for (std::string& f : model_files(m, plan.base_dir)) files.push_back(std::move(f));
+  return files;
+}
+
+std::FILE* text_stream(const std::vector<std::string>& outputs) {
+  for (const std::string& o : outputs)
+    if (!o.empty() && io::same_file(o, "-")) return stderr;
+  return stdout;
 }
 
 int exit_for_error(const char* cmd, std::FILE* err) {

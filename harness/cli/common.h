@@ -40,6 +40,9 @@ class PlanFlags {
   void add_to(CLI::App* app);
   // The plan: `base`, then the --plan file, then the flags given. io::BadInput.
   SweepPlan plan(SweepPlan base = {}) const;
+  // The files `plan` (from plan()) reads: the --plan file, the tokens file, every
+  // file of its model directories. No output may be one of them.
+  std::vector<std::string> input_files(const SweepPlan& plan) const;
 
  private:
   nlohmann::json given() const;  // the flags given, as plan JSON keys
@@ -64,6 +67,9 @@ int nonfinite_exit(const char* cmd, const Report& r, bool strict, std::FILE* err
 inline constexpr const char* kStrictHelp =
     "exit 1 when a result is non-finite: a tensor all NaN/Inf on both sides, or a NaN/Inf logprob (without it: a "
     "warning, exit 0)";
+// Where a command prints its text: stdout, or stderr when one of `outputs` is
+// standard output ("-", /dev/stdout), which then holds that output alone.
+std::FILE* text_stream(const std::vector<std::string>& outputs);
 
 // Inside a catch block: prints the exception in flight for subcommand `cmd`
 // ("bitparity sweep: bad input: ...") and returns its exit code.

@@ -45,6 +45,8 @@ std::string element_text(const SafetensorsFile& f, const TensorInfo& t, uint64_t
 // all identical, 1 a mismatch or a tensor present on one side only, 2 bad input or
 // an unwritable report path (earlier reports are left untouched).
 int diff(const DiffOptions& o) {
+  const ReportPaths paths{o.json, o.csv, o.junit, ""};
+  if (const int rc = check_report_paths("diff", paths, {o.a, o.b}, stderr)) return rc;
   Report r;
   try {
     r = build_diff(o.a, o.b, o.map);
@@ -54,10 +56,13 @@ int diff(const DiffOptions& o) {
   const Case& c = r.cases.front();
 
   if (!o.quiet) {
+    std::FILE* const out = text_stream({o.json, o.csv, o.junit});
     size_t w = 6;
-    auto label = [](const TensorRecord& t) { return t.name_b.empty() ? t.name : t.name + " -> " + t.name_b; };
+    auto label = [](const TensorRecord& t) {
+      return terminal_text(t.name_b.empty() ? t.name : t.name + " -> " + t.name_b);
+    };
     for (const TensorRecord& t : c.tensors) w = std::max(w, std::min<size_t>(label(t).size(), 60));
-    std::fprintf(stdout, "%-*s  %-5s %-14s %-10s %12s %10s %10s %10s %10s\n", static_cast<int>(w), "tensor", "dtype",
+    std::fprintf(out, "%-*s  %-5s %-14s %-10s %12s %10s %10s %10s %10s\n", static_cast<int>(w), "tensor", "dtype",
                  "shape", "result", "mismatches", "max_ulp", "max_abs", "mean_abs", "first");
     for (const TensorRecord& t : c.tensors) {
       const std::string dtype = t.dtype_a.empty() ? t.dtype_b : t.dtype_a;
@@ -86,7 +91,7 @@ int diff(const DiffOptions& o) {
       std::snprintf(text.data(), text.size() + 1, fmt, static_cast<int>(w), name.c_str(), dtype.c_str(), shape.c_str(),
                     result.c_str(), mism.c_str(), ulp.c_str(), mabs.c_str(), mean.c_str(), first.c_str());
       while (!text.empty() && text.back() == ' ') text.pop_back();
-      std::fprintf(stdout, "%s\n", text.c_str());
+      std::fprintf(out, "%s\n", text.c_str());
     }
     size_t same = 0, nonfinite = 0, differ = 0, only_a = 0, only_b = 0;
     for (const TensorRecord& t : c.tensors) {
@@ -99,30 +104,28 @@ int diff(const DiffOptions& o) {
     // The first differing tensor in file order of A (tensors only in B come last).
     for (const TensorRecord& t : c.tensors) {
       if (t.matches() || t.status == TensorStatus::kOnlyInA || t.status == TensorStatus::kOnlyInB) continue;
-      std::fprintf(stdout, "first differing tensor (file order of A): %s", t.name.c_str());
+      std::fprintf(out, "first differing tensor (file order of A): %s", terminal_text(t.name).c_str());
       if (t.status == TensorStatus::kCompared) {
         const SafetensorsFile fa = SafetensorsFile::open(o.a), fb = SafetensorsFile::open(o.b);
         const uint64_t i = static_cast<uint64_t>(t.metrics->first_mismatch);
-        std::fprintf(stdout, ", element %" PRIu64 ": A %s, B %s\n", i, element_text(fa, *fa.find(t.name), i).c_str(),
+        std::fprintf(out, ", element %" PRIu64 ": A %s, B %s\n", i, element_text(fa, *fa.find(t.name), i).c_str(),
                      element_text(fb, *fb.find(t.name_b.empty() ? t.name : t.name_b), i).c_str());
       } else {
-        std::fprintf(stdout, " (%s)\n", tensor_status_name(t.status));
+        std::fprintf(out, " (%s)\n", tensor_status_name(t.status));
       }
       break;
     }
     for (const TensorRecord& t : c.tensors)
-      if (t.status == TensorStatus::kOnlyInA) std::fprintf(stdout, "only in A: %s\n", t.name.c_str());
+      if (t.status == TensorStatus::kOnlyInA) std::fprintf(out, "only in A: %s\n", terminal_text(t.name).c_str());
     for (const TensorRecord& t : c.tensors)
-      if (t.status == TensorStatus::kOnlyInB) std::fprintf(stdout, "only in B: %s\n", t.name.c_str());
-    std::fprintf(stdout, "diff: %zu tensors: %zu identical, %zu nonfinite, %zu differ, %zu only in A, %zu only in B: %s\n",
+      if (t.status == TensorStatus::kOnlyInB) std::fprintf(out, "only in B: %s\n", terminal_text(t.name).c_str());
+    std::fprintf(out, "diff: %zu tensors: %zu identical, %zu nonfinite, %zu differ, %zu only in A, %zu only in B: %s\n",
                  c.tensors.size(), same, nonfinite, differ, only_a, only_b,
                  c.verdict == Verdict::kExact       ? "all identical"
                  : c.verdict == Verdict::kNonFinite ? "identical, but NON-FINITE (matching NaN/Inf prove nothing)"
                                                     : "MISMATCH");
   }
 
-  const ReportPaths paths{o.json, o.csv, o.junit, ""};
-  if (const int rc = check_report_paths("diff", paths, stderr)) return rc;
   if (const int rc = write_reports("diff", r, paths, stderr)) return rc;
   if (c.verdict == Verdict::kNonFinite) return nonfinite_exit("diff", r, o.strict, stderr);
   return c.verdict == Verdict::kExact ? kExitExact : kExitMismatch;
@@ -140,9 +143,9 @@ Subcommand add_diff_command(CLI::App& app) {
   sub->add_option("A", o->a, "first dump (.safetensors)")->required();
   sub->add_option("B", o->b, "second dump (.safetensors)")->required();
   sub->add_option("--map", o->map, "OLD=NEW: tensor OLD of A is tensor NEW of B (repeatable)");
-  sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json)");
-  sub->add_option("--csv", o->csv, "write a CSV report (one row per tensor)");
-  sub->add_option("--junit", o->junit, "write a JUnit XML report");
+  sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json); '-': stdout");
+  sub->add_option("--csv", o->csv, "write a CSV report (one row per tensor); '-': stdout");
+  sub->add_option("--junit", o->junit, "write a JUnit XML report; '-': stdout");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors (and non-finite warnings)");
   sub->add_flag("--strict", o->strict, kStrictHelp);
   return {sub, [o] { return diff(*o); }};

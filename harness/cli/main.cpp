@@ -1,6 +1,7 @@
 // bitparity: the command-line face of the oracle. main builds the app, lets every
 // subcommand register itself (cli/<name>.cpp, cli/common.h), and runs the one chosen.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -12,9 +13,13 @@ int main(int argc, char** argv) {
   CLI::App app{"bitparity: a bit-exact oracle for LLM numerics.\n"
                "Exit codes: 0 all exact, 1 mismatch, 2 bad usage or input, 3 internal error, "
                "125 cannot test here (e.g. no GPU: CTest's SKIP_RETURN_CODE, `git bisect run`'s skip), "
-               "130 sweep interrupted (SIGINT/SIGTERM; its reports hold the finished cases).\n"
+               "130 sweep interrupted (SIGINT/SIGTERM; its reports hold the finished cases), or `report` of such a "
+               "report.\n"
                "With no subcommand: selfcheck. `bitparity sweep` with no arguments: the default sweep."};
   app.require_subcommand(0, 1);
+  // A reader that goes away (`bitparity sweep -v | head -1`) must not kill us before
+  // the reports are written: a write to the closed pipe fails with EPIPE instead.
+  std::signal(SIGPIPE, SIG_IGN);
   // In the order `bitparity --help` lists them.
   const Subcommand selfcheck = add_selfcheck_command(app);
   const Subcommand commands[] = {selfcheck,

@@ -24,32 +24,35 @@ struct ReportOptions {
   bool strict = false;
 };
 
+// For a terminal: names pass through terminal_text.
 void print_summary(const Report& r, const std::string& path, std::FILE* out) {
-  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped%s\n", path.c_str(),
-               r.cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch), r.count(Verdict::kNonFinite),
-               r.count(Verdict::kSkipped), r.interrupted ? " (interrupted run)" : "");
+  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped%s\n",
+               terminal_text(path).c_str(), r.cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch),
+               r.count(Verdict::kNonFinite), r.count(Verdict::kSkipped), r.interrupted ? " (interrupted run)" : "");
   for (const Case& c : r.cases) {
     if (c.verdict != Verdict::kMismatch) continue;
     const TensorRecord* t = c.first_mismatch();
-    std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", c.id.c_str(), t ? t->name.c_str() : "?",
-                 t ? tensor_status_name(t->status) : "?", c.first_divergent_op ? ", first divergent op " : "",
-                 c.first_divergent_op.value_or("").c_str());
+    std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", terminal_text(c.id).c_str(),
+                 t ? terminal_text(t->name).c_str() : "?", t ? tensor_status_name(t->status) : "?",
+                 c.first_divergent_op ? ", first divergent op " : "",
+                 terminal_text(c.first_divergent_op.value_or("")).c_str());
   }
   std::fprintf(out, "verdict: %s\n", verdict_name(r.overall()));
+  if (r.interrupted)
+    std::fprintf(out, "report: the run was interrupted: its cases are those that finished before it stopped\n");
 }
 
-// Exit code: without a baseline the report's verdict (0 exact or skipped only, 1 a
-// mismatch; nonfinite: 0 with a warning, 1 under --strict); with one, 1 iff something newly fails or a case compared in the
+// Exit code: 130 for the report of an interrupted run (as the run itself exited: its
+// missing cases were never compared); else without a baseline the report's verdict
+// (0 exact or skipped only, 1 a mismatch; nonfinite: 0 with a warning, 1 under
+// --strict); with one, 1 iff something newly fails or a case compared in the
 // baseline is gone, else 0; 2 for an unreadable or malformed report (the message
-// names the file and the field) or an unwritable --html path. Every input is read
-// before the page is written (atomically), so a failed run leaves an earlier page
-// untouched.
+// names the file and the field) or a bad --html path (unwritable, or one of the
+// reports read). Every input is read before the page is written (atomically), so a
+// failed run leaves an earlier page untouched.
 int report(const ReportOptions& o) {
-  if (!o.html.empty())
-    if (const std::string why = io::write_path_problem(o.html); !why.empty()) {
-      std::fprintf(stderr, "bitparity report: cannot write --html %s: %s\n", o.html.c_str(), why.c_str());
-      return kExitBadInput;
-    }
+  if (const int rc = check_report_paths("report", ReportPaths{"", "", "", o.html}, {o.report, o.baseline}, stderr))
+    return rc;
   Report r;
   std::optional<BaselineDiff> diff;
   try {
@@ -58,16 +61,18 @@ int report(const ReportOptions& o) {
   } catch (...) {
     return exit_for_read_error("report", stderr);
   }
-  print_summary(r, o.report, stdout);
-  if (diff) std::fputs(format_baseline_diff(*diff).c_str(), stdout);
+  std::FILE* const out = text_stream({o.html});
+  print_summary(r, o.report, out);
+  if (diff) std::fputs(format_baseline_diff(*diff).c_str(), out);
   if (!o.html.empty()) {
     try {
-      io::write_file_atomic(o.html, render_html(r, o.report, diff ? &*diff : nullptr));
+      io::write_output(o.html, render_html(r, o.report, diff ? &*diff : nullptr));
     } catch (const io::IoError& e) {
       std::fprintf(stderr, "bitparity report: cannot write --html: %s\n", e.what());
       return kExitBadInput;
     }
   }
+  if (r.interrupted) return kExitInterrupted;
   if (diff) return diff->regressed() ? kExitMismatch : kExitExact;
   if (r.overall() == Verdict::kNonFinite) return nonfinite_exit("report", r, o.strict, stderr);
   return r.overall() == Verdict::kMismatch ? kExitMismatch : kExitExact;
@@ -84,14 +89,14 @@ Subcommand add_report_command(CLI::App& app) {
       "nonfinite: 0 with a warning, 1 with --strict); "
       "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch or nonfinite) or a case "
       "compared in the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and "
-      "field)");
+      "field); 130 for the report of an interrupted run");
   sub->add_option("REPORT", o->report, "report to read (.json or .csv)")->required();
   sub->add_option("--baseline", o->baseline,
                   "earlier report (.json or .csv): cases matched by id, tensors by name; prints what newly fails, "
                   "newly passes, changed metrics, was added or removed");
   sub->add_option("--html", o->html,
                   "write one self-contained HTML page (grids of layouts x paths, tensor tables, ULP histograms, "
-                  "the baseline comparison); written atomically, never on a failed run");
+                  "the baseline comparison); written atomically, never on a failed run; '-': stdout");
   sub->add_flag("--strict", o->strict, kStrictHelp);
   return {sub, [o] { return report(*o); }};
 }

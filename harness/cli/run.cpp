@@ -18,9 +18,9 @@ struct RunOptions {
 };
 
 int run(const RunOptions& o) {
-  if (const std::string why = io::write_path_problem(o.out); !why.empty())
-    throw io::BadInput("--out", o.out, "cannot write the dump: " + why);
-  const SingleRun r = run_single_case(o.plan.plan(single_case_defaults()));
+  const SweepPlan plan = o.plan.plan(single_case_defaults());
+  io::check_outputs({{"--out", o.out}}, o.plan.input_files(plan));
+  const SingleRun r = run_single_case(plan);
   std::vector<io::WriteTensor> w;
   for (const NamedTensor& t : r.tensors) {
     const auto* bytes = t.type == CmpType::F32 ? reinterpret_cast<const uint8_t*>(t.f32_values.data())
@@ -29,7 +29,8 @@ int run(const RunOptions& o) {
     w.push_back({t.name, t.type == CmpType::F32 ? io::DType::F32 : io::DType::BF16, t.shape, {bytes, n}});
   }
   io::write_safetensors(o.out, std::move(w), r.metadata);
-  if (!o.quiet) std::printf("run: %s: %zu tensors -> %s\n", r.id.c_str(), r.tensors.size(), o.out.c_str());
+  if (!o.quiet)
+    std::fprintf(text_stream({o.out}), "run: %s: %zu tensors -> %s\n", r.id.c_str(), r.tensors.size(), o.out.c_str());
   return kExitExact;
 }
 
@@ -46,7 +47,7 @@ Subcommand add_run_command(CLI::App& app) {
       "float64: the float64 truth model (no contract, unsharded, extend, no captures), rounded to F32; --contract "
       "truth is its old spelling. Exit 0 written, 2 bad usage or input, 3 internal error, 125 cannot run here");
   o->plan.add_to(sub);
-  sub->add_option("--out,-o", o->out, "the dump to write (.safetensors, written atomically)")->required();
+  sub->add_option("--out,-o", o->out, "the dump to write (.safetensors, written atomically; '-': stdout)")->required();
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
   return guarded_subcommand(sub, [o] { return run(*o); });
 }

@@ -85,19 +85,21 @@ std::string cell_text(const Case& c) {
   return std::to_string(n) + " diff " + (missing ? "(missing)" : metric_text(ulp, "%.0f") + " ulp");
 }
 
+// For a terminal: names pass through terminal_text.
 std::string case_line(const Case& c) {
-  std::string s = std::string(c.verdict == Verdict::kMismatch ? "MISMATCH " : verdict_name(c.verdict)) + " " + c.id;
-  if (c.verdict == Verdict::kSkipped) return s + ": " + c.skip_reason;
-  if (c.verdict == Verdict::kNonFinite) return s + ": " + nonfinite_text(*c.first_nonfinite());
+  std::string s = std::string(c.verdict == Verdict::kMismatch ? "MISMATCH " : verdict_name(c.verdict)) + " " +
+                  terminal_text(c.id);
+  if (c.verdict == Verdict::kSkipped) return s + ": " + terminal_text(c.skip_reason);
+  if (c.verdict == Verdict::kNonFinite) return s + ": " + terminal_text(nonfinite_text(*c.first_nonfinite()));
   if (const TensorRecord* t = c.first_mismatch()) {
-    s += ": first tensor " + t->name;
+    s += ": first tensor " + terminal_text(t->name);
     if (t->metrics)
       s += " (" + std::to_string(t->metrics->mismatches) + " of " + std::to_string(t->metrics->elements) +
            " elements, max " + metric_text(t->metrics->max_ulp_diff, "%.0f") + " ulp)";
     else
       s += std::string(" (") + tensor_status_name(t->status) + ")";
   }
-  if (c.first_divergent_op) s += ", first divergent op " + *c.first_divergent_op;
+  if (c.first_divergent_op) s += ", first divergent op " + terminal_text(*c.first_divergent_op);
   return s;
 }
 
@@ -117,7 +119,7 @@ void print_table(const Report& r, const std::vector<std::string>& paths, std::FI
   std::map<std::vector<std::string>, size_t> row_of;
   for (const Case& c : r.cases) {
     std::vector<std::string> key;
-    for (const std::string& k : keys) key.push_back(c.parameters.at(k));
+    for (const std::string& k : keys) key.push_back(terminal_text(c.parameters.at(k)));
     auto [it, fresh] = row_of.emplace(key, rows.size());
     if (fresh) {
       key.resize(keys.size() + paths.size(), "-");
@@ -146,10 +148,11 @@ void print_table(const Report& r, const std::vector<std::string>& paths, std::FI
 int sweep(const SweepOptions& o) {
   const SweepPlan plan = o.plan.plan();
   const ReportPaths paths{o.json, o.csv, o.junit, o.html};
-  if (const int rc = check_report_paths("sweep", paths, stderr)) return rc;
+  if (const int rc = check_report_paths("sweep", paths, o.plan.input_files(plan), stderr)) return rc;
+  std::FILE* const out = text_stream({o.json, o.csv, o.junit, o.html});
   CaseEngine engine(plan);
   if (o.verbose)
-    for (const std::string& d : engine.dropped_layouts()) std::fprintf(stdout, "layout not run: %s\n", d.c_str());
+    for (const std::string& d : engine.dropped_layouts()) std::fprintf(out, "layout not run: %s\n", d.c_str());
 
   Report r = make_report("sweep");
   if (engine.contracts().size() == 1) {
@@ -163,10 +166,11 @@ int sweep(const SweepOptions& o) {
   for (size_t i = 0; i < cases.size() && !g_stop; ++i) {
     progress.update(i, engine.case_id(cases[i]));
     r.cases.push_back(engine.compare(cases[i]));
-    if (o.verbose) {
+    // A reader that went away (`| head -1`) ends the printing, not the sweep (SIGPIPE is ignored: main.cpp).
+    if (o.verbose && !std::ferror(out)) {
       progress.finish();
-      std::fprintf(stdout, "%s %s\n", case_line(r.cases.back()).c_str(), cost_text(r.cases.back()).c_str());
-      std::fflush(stdout);
+      std::fprintf(out, "%s %s\n", case_line(r.cases.back()).c_str(), cost_text(r.cases.back()).c_str());
+      std::fflush(out);
     }
   }
   progress.finish();
@@ -178,12 +182,12 @@ int sweep(const SweepOptions& o) {
   if (!o.quiet) {
     std::vector<std::string> path_names;
     for (const ref::Path& p : plan.paths) path_names.push_back(path_name(p));
-    print_table(r, path_names, stdout);
+    print_table(r, path_names, out);
     if (!o.verbose) {
       size_t shown = 0;
       for (const Case& c : r.cases)
-        if (c.verdict == Verdict::kMismatch && shown++ < 10) std::fprintf(stdout, "%s\n", case_line(c).c_str());
-      if (shown > 10) std::fprintf(stdout, "... and %zu more mismatching cases\n", shown - 10);
+        if (c.verdict == Verdict::kMismatch && shown++ < 10) std::fprintf(out, "%s\n", case_line(c).c_str());
+      if (shown > 10) std::fprintf(out, "... and %zu more mismatching cases\n", shown - 10);
     }
   }
   const char* verdict = r.interrupted ? "INTERRUPTED"
@@ -191,7 +195,7 @@ int sweep(const SweepOptions& o) {
                         : overall == Verdict::kNonFinite ? "NON-FINITE (matching NaN/Inf results prove nothing)"
                         : overall == Verdict::kSkipped  ? "NOTHING TESTED (cannot test here)"
                                                         : "ALL EXACT";
-  std::fprintf(o.quiet ? stderr : stdout,
+  std::fprintf(o.quiet ? stderr : out,
                "sweep: %zu of %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped; %zu tensors; %.1f s: %s\n",
                r.cases.size(), cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch),
                r.count(Verdict::kNonFinite), r.count(Verdict::kSkipped), tensors, progress.elapsed(), verdict);
@@ -216,10 +220,10 @@ Subcommand add_sweep_command(CLI::App& app) {
       "error, 125 nothing could be tested here, 130 interrupted (SIGINT/SIGTERM: the report holds the finished "
       "cases, marked interrupted)");
   o->plan.add_to(sub);
-  sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json)");
-  sub->add_option("--csv", o->csv, "write a CSV report (one row per case x tensor)");
-  sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case)");
-  sub->add_option("--html", o->html, "write an HTML report");
+  sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json); '-': stdout");
+  sub->add_option("--csv", o->csv, "write a CSV report (one row per case x tensor); '-': stdout");
+  sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case); '-': stdout");
+  sub->add_option("--html", o->html, "write an HTML report; '-': stdout");
   sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
   sub->add_flag("--strict", o->strict, kStrictHelp);
   sub->add_flag("--verbose,-v", o->verbose,

@@ -53,4 +53,13 @@ Weights model_weights(const std::string& spec, const std::string& base_dir, cons
   return io::load_weights(directory_of(spec, base_dir), cfg);
 }
 
+std::vector<std::string> model_files(const std::string& spec, const std::string& base_dir) {
+  std::vector<std::string> files;
+  if (names_fixture(spec)) return files;
+  std::error_code ec;
+  for (fs::directory_iterator it(directory_of(spec, base_dir), ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) files.push_back(it->path().string());
+  return files;
+}
+
 }  // namespace bp::harness

@@ -37,4 +37,8 @@ bool generated_weights(const std::string& spec, const std::string& base_dir);
 Weights model_weights(const std::string& spec, const std::string& base_dir, const ModelConfig& cfg,
                       uint64_t weight_seed);
 
+// The files of the model's directory (config, weights, index, shards): what a run
+// of it reads. None for a fixture or a directory that cannot be listed.
+std::vector<std::string> model_files(const std::string& spec, const std::string& base_dir);
+
 }  // namespace bp::harness

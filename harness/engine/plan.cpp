@@ -350,6 +350,13 @@ void apply_plan_file(const std::string& path, SweepPlan& plan) {
   apply_plan_text(io::read_text_file(path, size_t{1} << 20), path, plan);
 }
 
+std::string tokens_file(const SweepPlan& plan) {
+  namespace fs = std::filesystem;
+  const std::string& file = plan.tokens.file;
+  if (file.empty() || fs::path(file).is_absolute() || plan.base_dir.empty()) return file;
+  return (fs::path(plan.base_dir) / file).string();
+}
+
 std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions) {
   std::vector<std::vector<int32_t>> seqs;
   std::string source, field_prefix;
@@ -362,9 +369,7 @@ std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t voc
       seqs.push_back(std::move(t));
     }
   } else {
-    namespace fs = std::filesystem;
-    source = plan.tokens.file;
-    if (fs::path(source).is_relative() && !plan.base_dir.empty()) source = (fs::path(plan.base_dir) / source).string();
+    source = tokens_file(plan);
     const json j = io::parse_json_strict(io::read_text_file(source, size_t{64} << 20), source);
     const FieldReader rd(source, false);
     if (!j.is_object()) rd.bad("", "a tokens file is a JSON object {\"sequences\": [[...], ...]}");

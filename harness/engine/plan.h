@@ -129,6 +129,9 @@ void apply_plan_file(const std::string& path, SweepPlan& plan);
 // shorter than 2 or longer than max_positions).
 std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions);
 
+// The plan's tokens file resolved against base_dir, or "" when its tokens are generated.
+std::string tokens_file(const SweepPlan& plan);
+
 // Field names as the user wrote them: the JSON key, or the option for flags.
 std::string plan_field(const std::string& key, bool flags);
 

@@ -465,7 +465,7 @@ void write_safetensors(const std::string& path, std::vector<WriteTensor> tensors
   auto bytes = [](const std::string& s) { return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()); };
   std::vector<std::span<const uint8_t>> pieces = {bytes(len), bytes(header)};
   for (const WriteTensor& t : tensors) pieces.push_back(t.bytes);
-  write_file_atomic(path, pieces);
+  write_output(path, pieces);
 }
 
 }  // namespace bp::io

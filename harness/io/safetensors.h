@@ -132,9 +132,10 @@ struct WriteTensor {
   std::span<const uint8_t> bytes;  // product(shape) * dtype_size(dtype) bytes, little-endian
 };
 
-// Writes `path` atomically (io/files.h: a temporary file in the same directory,
-// fsync, rename over `path`). Tensors are laid out sorted by name; the JSON header is padded with
-// spaces so that the byte buffer starts at a multiple of 8. Throws
+// Writes `path` with io::write_output (io/files.h: a file atomically -- a temporary in
+// the same directory, fsync, rename over `path` -- "-" to standard output). Tensors
+// are laid out sorted by name; the JSON header is padded with spaces so that the
+// byte buffer starts at a multiple of 8. Throws
 // std::invalid_argument for inconsistent tensors (duplicate or empty name, byte
 // count != shape) and IoError for a failed write (the temporary is removed and
 // `path` is untouched).

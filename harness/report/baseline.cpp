@@ -175,13 +175,13 @@ BaselineDiff compare_to_baseline(const Report& baseline, const std::string& base
 }
 
 std::string format_baseline_diff(const BaselineDiff& d) {
-  std::string out = "against baseline " + d.baseline_path + ":\n";
+  std::string out = "against baseline " + terminal_text(d.baseline_path) + ":\n";
   for (size_t i = 0; i < d.changes.size(); ++i) {
     const Change& c = d.changes[i];
     if (i == 0 || d.changes[i - 1].kind != c.kind)
       out += std::string(change_kind_title(c.kind)) + " (" + std::to_string(d.count(c.kind)) + "):\n";
-    out += std::string(c.regression ? "  ! " : "    ") + c.case_id + (c.tensor.empty() ? "" : " / " + c.tensor) +
-           ": " + c.detail + "\n";
+    out += std::string(c.regression ? "  ! " : "    ") + terminal_text(c.case_id) +
+           (c.tensor.empty() ? "" : " / " + terminal_text(c.tensor)) + ": " + terminal_text(c.detail) + "\n";
   }
   if (d.changes.empty()) out += "  no changes\n";
   const size_t regressions = static_cast<size_t>(

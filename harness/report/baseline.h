@@ -51,7 +51,7 @@ BaselineDiff compare_to_baseline(const Report& baseline, const std::string& base
                                  const std::string& current_path);
 
 // The readable summary `bitparity report --baseline` prints: one section per kind
-// that occurs, then one verdict line.
+// that occurs, then one verdict line (names escaped for a terminal: terminal_text).
 std::string format_baseline_diff(const BaselineDiff& d);
 
 }  // namespace bp::harness

@@ -17,6 +17,8 @@ const std::vector<std::string> kCsvColumns = {
     "first_divergent_op", "ulp_histogram",
     // schema_version 3
     "seconds", "peak_device_bytes",
+    // the report's status (complete, interrupted), on every row
+    "run_status",
 };
 
 size_t csv_column(const std::string& name) {
@@ -69,6 +71,12 @@ std::string render_csv(const Report& r) {
     out += "\r\n";
   };
   row(kCsvColumns);
+  // A report with no cases still says whether its run was interrupted.
+  if (r.cases.empty()) {
+    std::vector<std::string> f(kCsvColumns.size());
+    f[csv_column("run_status")] = r.status();
+    row(f);
+  }
   for (const Case& c : r.cases) {
     std::string params;
     for (const auto& [k, v] : c.parameters) {
@@ -78,12 +86,13 @@ std::string render_csv(const Report& r) {
       params += v;
     }
     const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
-    // The case's columns after the tensor's, repeated on every row of the case.
-    auto case_tail = [&c](std::vector<std::string>& f) {
+    // The case's columns after the tensor's, repeated on every row of the case, and the report's status.
+    auto case_tail = [&c, &r](std::vector<std::string>& f) {
       f.resize(kCsvColumns.size());
       f[csv_column("first_divergent_op")] = c.first_divergent_op.value_or("");
       f[csv_column("seconds")] = num(c.seconds);
       f[csv_column("peak_device_bytes")] = c.peak_device_bytes ? std::to_string(*c.peak_device_bytes) : "";
+      f[csv_column("run_status")] = r.status();
     };
     if (c.tensors.empty()) {
       std::vector<std::string> f = head;

@@ -93,7 +93,7 @@ json to_json(const Report& r) {
       {"tool", "bitparity"},
       {"command", r.command},
       {"created_utc", r.created_utc},
-      {"status", r.interrupted ? "interrupted" : "complete"},
+      {"status", r.status()},
       {"verdict", verdict_name(r.overall())},
       {"nan_policy", {{"id", kNanPolicy}, {"text", kNanPolicyText}}},
       {"environment", environment_json(r.environment)},

@@ -55,7 +55,7 @@ std::string render_junit(const Report& r) {
   auto prop = [&o](const std::string& k, const std::string& v) {
     o += "      <property name=\"" + xml(k) + "\" value=\"" + xml(v) + "\"/>\n";
   };
-  prop("status", r.interrupted ? "interrupted" : "complete");
+  prop("status", r.status());
   prop("verdict", verdict_name(r.overall()));
   prop("schema_version", std::to_string(kReportSchemaVersion));
   prop("git_commit", e.git_commit);

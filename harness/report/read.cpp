@@ -42,6 +42,12 @@ std::optional<TensorStatus> status_from_name(const std::string& s) {
                         tensor_status_name);
 }
 
+// A report's "status": "complete" (false) or "interrupted" (true).
+std::optional<bool> interrupted_from_status(const std::string& s) {
+  if (s == "complete" || s == "interrupted") return s == "interrupted";
+  return std::nullopt;
+}
+
 std::string histogram_problem(const TensorMetrics& m) {
   if (m.ulp_histogram.empty())
     return m.mismatches == 0 ? "" : "is empty but mismatches is " + std::to_string(m.mismatches);
@@ -316,9 +322,9 @@ Report parse_report_json(std::string_view text, const std::string& path) {
   root["tool"].str();
   r.command = root["command"].str();
   r.created_utc = root["created_utc"].str();
-  const std::string status = root["status"].str();
-  if (status != "complete" && status != "interrupted") root["status"].bad("expected \"complete\" or \"interrupted\"");
-  r.interrupted = status == "interrupted";
+  const auto interrupted = interrupted_from_status(root["status"].str());
+  if (!interrupted) root["status"].bad("expected \"complete\" or \"interrupted\"");
+  r.interrupted = *interrupted;
   root["nan_policy"].expect_object({"id", "text"});
   r.environment = read_environment(root["environment"]);
   root["summary"].expect_object({"cases", "exact", "mismatch", "skipped", "nonfinite", "tensors", "tensors_mismatch"});
@@ -347,7 +353,7 @@ Report read_report_json(const std::string& path) { return parse_report_json(io::
 
 namespace {
 
-constexpr size_t kCsvColumnCount = 28;  // kCsvColumns.size(), needed at compile time by the parser
+constexpr size_t kCsvColumnCount = 29;  // kCsvColumns.size(), needed at compile time by the parser
 using CsvRow = std::array<std::string, kCsvColumnCount>;
 using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
 
@@ -509,12 +515,20 @@ Case case_from_row(const Row& row) {
   return c;
 }
 
+// The row of a report without cases (csv.cpp): empty but for run_status.
+bool is_report_row(const Row& row) { return row.empty("case_id") && row.empty("case_verdict"); }
+void check_report_row(const Row& row) {
+  for (size_t c = 0; c < kCsvColumnCount; ++c)
+    if (c != Row::col("run_status") && !row.at(c).empty())
+      row.bad(c, "must be empty in the row of a report without cases (case_id and case_verdict are empty)");
+}
+
 // Consecutive rows with one case_id form a case; a case without tensors is one row
-// with empty tensor columns.
+// with empty tensor columns. Every row carries the report's run_status.
 void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
   CsvRow f, case_head;
-  unsigned case_line = 0;
-  bool tensorless = false;
+  unsigned case_line = 0, rows = 0;
+  bool tensorless = false, report_row = false;
   std::set<std::string> ids;
   auto close_case = [&] {
     if (r.cases.empty()) return;
@@ -523,6 +537,16 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
   };
   while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) {
     const Row row(f, in.get_file_line(), path);
+    const bool interrupted = row.one_of("run_status", interrupted_from_status, "run status (complete, interrupted)");
+    if (rows++ == 0) r.interrupted = interrupted;
+    else if (interrupted != r.interrupted) row.bad(Row::col("run_status"), "differs from the first row's");
+    if (report_row || (is_report_row(row) && rows > 1))
+      row.bad(Row::col("case_id"), "a report without cases has one row, and a report with cases no such row");
+    if (is_report_row(row)) {
+      check_report_row(row);
+      report_row = true;
+      continue;
+    }
     const bool continues = !r.cases.empty() && r.cases.back().id == row.text("case_id");
     if (continues) {
       for (const char* col : kCaseColumns)
@@ -542,20 +566,29 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
       r.cases.back().tensors.push_back(tensor_from_row(row));
     } else {
       for (size_t c = Row::col("tensor"); c < kCsvColumnCount; ++c)
-        if (!is_case_column(c) && !row.at(c).empty())
+        if (!is_case_column(c) && c != Row::col("run_status") && !row.at(c).empty())
           row.bad(c, "must be empty in the row of a case without tensors (status is empty)");
     }
   }
   close_case();
 }
 
+// `text` without the blank lines at its end, which tools that save CSV (and an
+// `echo >>`) leave and fccp would read as rows: an empty line is not a record.
+std::string_view without_trailing_blank_lines(std::string_view text) {
+  const size_t last = text.find_last_not_of("\r\n");
+  return text.substr(0, last == std::string_view::npos ? 0 : last + 1);
+}
+
 }  // namespace
 
 Report read_report_csv(const std::string& path) {
   if (kCsvColumns.size() != kCsvColumnCount) throw std::logic_error("read.cpp: kCsvColumnCount is stale");
+  const std::string text = io::read_text_file(path, std::numeric_limits<size_t>::max());
+  const std::string_view records = without_trailing_blank_lines(text);
   Report r;
   try {
-    CsvIn in(path);
+    CsvIn in(path, records.data(), records.data() + records.size());
     CsvRow names;
     std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
     // Every column, no other, in any order (the parser names a missing or extra one).

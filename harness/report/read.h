@@ -11,8 +11,10 @@
 // CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
 // order; an earlier layout lacks a column and is refused naming it); consecutive
 // rows with one case_id form a case, and agree on the case's columns (verdict,
-// parameters, first_divergent_op, seconds, peak_device_bytes). The CSV holds no
-// environment, command, timestamp or skip reason, and its "parameters" column
+// parameters, first_divergent_op, seconds, peak_device_bytes); every row agrees on
+// run_status, the report's status (a report without cases is one row with only
+// run_status). Line ends may be CRLF or LF; blank lines at the end are no rows.
+// The CSV holds no environment, command, timestamp or skip reason, and its "parameters" column
 // ("k=v;k=v") is split at the first '=' of each ';'-separated item, so a key or
 // value holding ';' or '=' does not come back whole; a field holding a line break
 // cannot be read at all (the parser reads line by line). Verdicts and metrics come

@@ -1,4 +1,4 @@
-// Report model, environment detection, and the reports written (atomically, io/files.h).
+// Report model, environment detection, and the reports written (io::write_output, io/files.h).
 #include "harness/report/report.h"
 
 #include <sys/wait.h>
@@ -175,42 +175,53 @@ Report make_report(std::string command) {
   return r;
 }
 
-void write_json(const Report& r, const std::string& path) { io::write_file_atomic(path, render_json(r)); }
-void write_csv(const Report& r, const std::string& path) { io::write_file_atomic(path, render_csv(r)); }
-void write_junit(const Report& r, const std::string& path) { io::write_file_atomic(path, render_junit(r)); }
+void write_json(const Report& r, const std::string& path) { io::write_output(path, render_json(r)); }
+void write_csv(const Report& r, const std::string& path) { io::write_output(path, render_csv(r)); }
+void write_junit(const Report& r, const std::string& path) { io::write_output(path, render_junit(r)); }
 
 namespace {
 using Writer = void (*)(const Report&, const std::string&);
-std::vector<std::pair<const std::string*, Writer>> writers(const ReportPaths& p) {
+struct ReportWriter {
+  const char* option;
+  const std::string* path;
+  Writer write;
+};
+std::vector<ReportWriter> writers(const ReportPaths& p) {
   const Writer html = [](const Report& r, const std::string& path) {
-    io::write_file_atomic(path, render_html(r, "bitparity " + r.command, nullptr));
+    io::write_output(path, render_html(r, "bitparity " + r.command, nullptr));
   };
-  return {{&p.json, &write_json}, {&p.csv, &write_csv}, {&p.junit, &write_junit}, {&p.html, html}};
+  return {{"--json", &p.json, &write_json}, {"--csv", &p.csv, &write_csv}, {"--junit", &p.junit, &write_junit},
+          {"--html", &p.html, html}};
 }
 }  // namespace
 
-int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err) {
-  for (const auto& [path, write] : writers(paths)) {
-    if (path->empty()) continue;
-    if (const std::string why = io::write_path_problem(*path); !why.empty()) {
-      std::fprintf(err, "bitparity %s: cannot write report: %s: %s\n", cmd, path->c_str(), why.c_str());
-      return kExitBadInput;
-    }
+int check_report_paths(const char* cmd, const ReportPaths& paths, const std::vector<std::string>& inputs,
+                       std::FILE* err) {
+  std::vector<io::NamedOutput> outputs;
+  for (const ReportWriter& w : writers(paths))
+    if (!w.path->empty()) outputs.push_back({w.option, *w.path});
+  try {
+    io::check_outputs(outputs, inputs);
+  } catch (const io::BadInput& e) {
+    std::fprintf(err, "bitparity %s: cannot write report: %s\n", cmd, e.what());
+    return kExitBadInput;
   }
   return 0;
 }
 
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err) {
-  for (const auto& [path, write] : writers(paths)) {
-    if (path->empty()) continue;
+  int rc = 0;
+  for (const ReportWriter& w : writers(paths)) {
+    if (w.path->empty()) continue;
     try {
-      write(r, *path);
+      w.write(r, *w.path);
     } catch (const io::IoError& e) {
-      std::fprintf(err, "bitparity %s: cannot write report: %s\n", cmd, e.what());
-      return kExitBadInput;
+      // The other reports are still written: one lost folder costs only its own.
+      std::fprintf(err, "bitparity %s: cannot write the %s report: %s\n", cmd, w.option, e.what());
+      rc = kExitBadInput;
     }
   }
-  return 0;
+  return rc;
 }
 
 std::string metric_text(double v, const char* printf_format) {
@@ -247,6 +258,22 @@ std::string bytes_text(uint64_t bytes) {
   size_t u = 0;
   while (v >= 999.5 && u + 1 < std::size(kUnits)) v /= 1024, ++u;
   return three_digits(v, kUnits[u]);
+}
+
+std::string terminal_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+    out += escaped;
+  }
+  return out;
 }
 
 }  // namespace bp::harness

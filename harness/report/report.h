@@ -1,14 +1,17 @@
 // The report every bitparity command writes: an environment block, a status, one
 // entry per case with its compared tensors, and an overall verdict. Three renderings,
-// each written atomically (temporary in the same directory + fsync + rename, via
-// bp::io::write_file_atomic of io/files.h), so an error never leaves a partial report and never
-// destroys an earlier one:
+// each written by bp::io::write_output of io/files.h: a file atomically (temporary in
+// the same directory + fsync + rename, through a symbolic link to its target), so an
+// error never leaves a partial report and never destroys an earlier one; "-",
+// a device or a FIFO straight:
 //   JSON   schema reports/schema/report.schema.json, "schema_version": 4 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
 //          first_divergent_op; 3 added each case's seconds and peak_device_bytes;
 //          4 added the "nonfinite" verdict and its summary count)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
-//          tensor columns), header row, stable column order (kCsvColumns), RFC 4180
+//          tensor columns; a report with no cases: one row with only run_status,
+//          the report's status, which every row carries), header row, stable
+//          column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
 //          (shapes, ulp_histogram) as "[a,b,...]".
 //   JUnit  one <testcase> per case, its time attribute the case's seconds; a
@@ -21,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -100,6 +104,7 @@ struct Report {
   std::string command;  // "diff", "sweep", ...
   std::string created_utc;  // ISO 8601, set by make_report
   bool interrupted = false;
+  const char* status() const { return interrupted ? "interrupted" : "complete"; }  // the reports' "status"
   Environment environment;
   std::vector<Case> cases;
   // The first of kMismatch, kNonFinite, kExact that any case has; else kSkipped (also
@@ -118,7 +123,8 @@ extern const std::vector<std::string> kCsvColumns;
 size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 
-// Atomic writes (io/files.h; throw bp::io::IoError, `path` is then untouched).
+// Writes with io::write_output (io/files.h: "-" is standard output, files atomically;
+// throw bp::io::IoError, a file `path` is then untouched).
 void write_json(const Report& r, const std::string& path);
 void write_csv(const Report& r, const std::string& path);
 void write_junit(const Report& r, const std::string& path);
@@ -127,10 +133,14 @@ void write_junit(const Report& r, const std::string& path);
 struct ReportPaths {
   std::string json, csv, junit, html;
 };
-// 0 when every path can take a report, else prints why and returns kExitBadInput:
-// commands check before writing any, so a bad path costs no earlier report.
-int check_report_paths(const char* cmd, const ReportPaths& paths, std::FILE* err);
-// Writes each requested report atomically; 0, or kExitBadInput after a failed write.
+// 0 when every path can take a report, names a file of its own and is none of
+// `inputs` (the files the command reads) -- io::check_outputs -- else prints why and
+// returns kExitBadInput: commands check before their work, so a bad path costs
+// neither the work nor an earlier report.
+int check_report_paths(const char* cmd, const ReportPaths& paths, const std::vector<std::string>& inputs,
+                       std::FILE* err);
+// Writes each requested report; 0, or kExitBadInput when one could not be written
+// (each failure is printed, naming its report; the others are still written).
 int write_reports(const char* cmd, const Report& r, const ReportPaths& paths, std::FILE* err);
 
 // "logprobs.0 is NaN/Inf in 12 of 12 elements: the match proves nothing", for the
@@ -146,5 +156,10 @@ std::string metric_text(double v, const char* printf_format);
 std::string duration_text(double seconds);
 // "512 B", "1.5 KiB", "23.4 MiB", "1.25 GiB" (binary units, 3 significant digits).
 std::string bytes_text(uint64_t bytes);
+// `s` for a terminal: control characters (an ESC that would drive the terminal, a
+// line break that would forge a line) as \xNN. Names read from files (tensors,
+// cases, paths) pass through it on their way to stdout or stderr; the reports keep
+// them as they are, in their own escaping.
+std::string terminal_text(std::string_view s);
 
 }  // namespace bp::harness

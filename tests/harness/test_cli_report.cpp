@@ -130,7 +130,7 @@ TEST_F(CliReport, HtmlIsAtomicAndAFailedRunKeepsTheEarlierPage) {
   EXPECT_EQ(read(page), first);
   fs::create_directory(path("dir.html"));
   EXPECT_EQ(run("report '" + r + "' --html '" + path("dir.html") + "'"), 2);
-  EXPECT_NE(err_.find("dir.html: is a directory"), std::string::npos) << err_;
+  EXPECT_NE(err_.find("dir.html: --html: is a directory"), std::string::npos) << err_;
   EXPECT_EQ(run("report '" + r + "' --html '" + path("nodir/p.html") + "'"), 2);
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();

@@ -272,13 +272,15 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
     EXPECT_EQ(rows[i][27], "123456789") << i;
   }
   EXPECT_EQ(rows[5][26], "0");  // the skipped case's single row
+  for (size_t i = 1; i <= 5; ++i) EXPECT_EQ(rows[i][28], "complete") << i;  // run_status, on every row
   // The column order is stable (readers index by position).
   EXPECT_EQ(kCsvColumns[0], "case_id");
   EXPECT_EQ(kCsvColumns[14], "max_abs_diff");
   EXPECT_EQ(kCsvColumns[23], "nan_policy");
   EXPECT_EQ(kCsvColumns[25], "ulp_histogram");  // version 2 columns, then version 3's
   EXPECT_EQ(kCsvColumns[26], "seconds");
-  EXPECT_EQ(kCsvColumns.back(), "peak_device_bytes");
+  EXPECT_EQ(kCsvColumns[27], "peak_device_bytes");
+  EXPECT_EQ(kCsvColumns.back(), "run_status");
   EXPECT_EQ(csv_column("seconds"), 26u);
   EXPECT_THROW(csv_column("nope"), std::logic_error);
 }
@@ -292,7 +294,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 28;
+  constexpr size_t kN = 29;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
@@ -308,6 +310,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   EXPECT_EQ(rows[0][15], "0");
   EXPECT_EQ(rows[1][26], "0.5");
   EXPECT_EQ(rows[1][27], "123456789");
+  EXPECT_EQ(rows[1][28], "complete");
   fs::remove_all(d);
 }
 

@@ -229,13 +229,42 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   const size_t skipped_end = skipped_time.find("\r\n", skipped_row);
   skipped_time.replace(skipped_time.rfind(",0,", skipped_end), 3, ",2.5,");
   EXPECT_EQ(error_of(skipped_time), "");
-  // A CSV in the schema 2 layout (without the two columns) is refused, naming them.
+  // Every row carries the report's status, the same on every row.
+  std::string bad_status = good;
+  bad_status.replace(bad_status.find(",complete\r\n"), 9, ",finished");
+  EXPECT_EQ(error_of(bad_status),
+            p.string() + ": line 2, column run_status: \"finished\" is not a run status (complete, interrupted)");
+  std::string split_status = good;
+  split_status.replace(split_status.find(",complete\r\n", split_status.find(",complete\r\n") + 1), 9, ",interrupted");
+  EXPECT_EQ(error_of(split_status), p.string() + ": line 3, column run_status: differs from the first row's");
+  // A report without cases is one row with only its status, and only then.
+  Report none = sample_sweep_report();
+  none.cases.clear();
+  none.interrupted = true;
+  const std::string empty = render_csv(none);
+  EXPECT_EQ(error_of(empty), "");
+  std::ofstream(p, std::ios::binary) << empty;
+  EXPECT_TRUE(read_report_csv(p.string()).interrupted);
+  std::string stray = empty;
+  stray.replace(stray.find("\r\n") + 2, 2, ",,x");
+  EXPECT_EQ(error_of(stray), p.string() + ": line 2, column parameters: must be empty in the row of a report without "
+                                          "cases (case_id and case_verdict are empty)");
+  const std::string report_row = empty.substr(empty.find("\r\n") + 2);
+  EXPECT_NE(error_of(good + report_row.substr(0, report_row.find(",interrupted")) + ",complete\r\n")
+                .find("column case_id: a report without cases has one row"),
+            std::string::npos);
+  // Line ends: CRLF as written, LF, none at the end, blank lines at the end.
+  std::string lf = good;
+  for (size_t at = lf.find("\r\n"); at != std::string::npos; at = lf.find("\r\n", at)) lf.erase(at, 1);
+  for (const std::string& text : {lf, good.substr(0, good.size() - 2), good + "\r\n\r\n", lf + "\n"})
+    EXPECT_EQ(error_of(text), "") << text.substr(text.size() - 20);
+  // A CSV in the schema 2 layout (without seconds, peak_device_bytes and run_status) is refused, naming them.
   std::string v2;
   for (size_t at = 0; at < good.size();) {
     const size_t end = good.find("\r\n", at);
     const std::string line = good.substr(at, end - at);
     size_t cut = line.size();
-    for (int k = 0; k < 2; ++k) cut = line.rfind(',', cut - 1);
+    for (int k = 0; k < 3; ++k) cut = line.rfind(',', cut - 1);
     v2 += line.substr(0, cut) + "\r\n";
     at = end + 2;
   }
