@@ -106,11 +106,11 @@ json spec_json(const std::string& spec, const std::string& source) {
   return j;
 }
 
-Side side_of_spec(const BisectOptions& o, const std::string& spec, const char* source) {
+Side side_of_spec(const BisectOptions& o, const std::string& spec, const char* source, WeightsLog& weights) {
   SweepPlan plan = o.plan.plan(single_case_defaults());
   plan.capture_ops = true;
   apply_plan_json(spec_json(spec, source), source, false, plan);
-  SingleRun r = run_single_case(plan);
+  SingleRun r = run_single_case(plan, weights.listener());
   Side s{r.id, {}, r.num_layers};
   for (NamedTensor& t : r.tensors) s.tensors.emplace(t.name, std::move(t));
   return s;
@@ -183,8 +183,9 @@ int bisect(const BisectOptions& o) {
   if (!by_dumps && (o.a.empty() || o.b.empty())) throw io::BadInput("command line", "--a/--b", "give both --a and --b");
   const ReportPaths paths{o.json, "", "", ""};
   if (const int rc = check_report_paths("bisect", paths, stderr)) return rc;
-  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(o, o.a, "--a");
-  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(o, o.b, "--b");
+  WeightsLog weights("bisect", o.quiet);
+  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(o, o.a, "--a", weights);
+  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(o, o.b, "--b", weights);
   const int layers = std::max(a.num_layers, b.num_layers);
 
   // The tensors of both sides in execution order.
@@ -197,6 +198,7 @@ int bisect(const BisectOptions& o) {
   });
 
   Report r = make_report("bisect");
+  r.environment.weights = weights.origins();
   Case c;
   c.id = "bisect";
   c.parameters = {{"a", a.label}, {"b", b.label}};

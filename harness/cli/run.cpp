@@ -20,7 +20,8 @@ struct RunOptions {
 int run(const RunOptions& o) {
   if (const std::string why = io::write_path_problem(o.out); !why.empty())
     throw io::BadInput("--out", o.out, "cannot write the dump: " + why);
-  const SingleRun r = run_single_case(o.plan.plan(single_case_defaults()));
+  WeightsLog weights("run", o.quiet);
+  const SingleRun r = run_single_case(o.plan.plan(single_case_defaults()), weights.listener());
   std::vector<io::WriteTensor> w;
   for (const NamedTensor& t : r.tensors) {
     const auto* bytes = t.type == CmpType::F32 ? reinterpret_cast<const uint8_t*>(t.f32_values.data())

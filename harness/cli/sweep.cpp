@@ -145,7 +145,8 @@ int sweep(const SweepOptions& o) {
   const SweepPlan plan = o.plan.plan();
   const ReportPaths paths{o.json, o.csv, o.junit, o.html};
   if (const int rc = check_report_paths("sweep", paths, stderr)) return rc;
-  CaseEngine engine(plan);
+  WeightsLog weights("sweep", o.quiet);
+  CaseEngine engine(plan, weights.listener());
   if (o.verbose)
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(stdout, "layout not run: %s\n", d.c_str());
 
@@ -169,6 +170,7 @@ int sweep(const SweepOptions& o) {
   }
   progress.finish();
   r.interrupted = r.cases.size() < cases.size();
+  r.environment.weights = weights.origins();
 
   size_t exact = 0, mismatch = 0, skipped = 0, tensors = 0;
   for (const Case& c : r.cases) {
