@@ -4,12 +4,16 @@
 // (the seed, or the files and their SHA-256) on stderr once per model and records it
 // in dumps and reports; a NaN or Inf weight is refused naming tensor and element; an
 // fp32 checkpoint is rounded to bf16 for the contracts (said once) while the float64
-// truth model computes with the checkpoint's own fp32 values.
+// truth model computes with the checkpoint's own fp32 values. WeightsLoad: the loader
+// under both (io::load_weights, io::load_weights_fp32) on fused and per-expert MoE files.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -273,6 +277,49 @@ TEST_F(CliWeights, Fp32CheckpointIsRoundedForContractsAndExactForTheTruth) {
     }
   }
   EXPECT_GT(differ, 0u) << "the bf16-rounded weights should move some logprob";
+}
+
+// The loader itself: the fp32 load is the stored values, per expert also from a fused
+// tensor, and a non-finite value is named by its element in the checkpoint's tensor.
+TEST(WeightsLoad, Fp32LoadIsTheStoredValuesAndRefusalsNameTheStoredElement) {
+  const ModelConfig moe = io::load_hf_config(test::source_path("fixtures/models/qwen3-moe-tiny/config.json"));
+  int64_t layer = 0;
+  while (!moe.is_moe_layer(layer)) ++layer;
+  const std::string where = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+  const fs::path dir = fs::temp_directory_path() / ("bp_weights_load_" + std::to_string(::getpid()));
+  Weights w = generate_weights(moe, 4);
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused experts" : "per expert");
+    fs::remove_all(dir);
+    io::save_weights(dir.string(), w, moe, {2, fused});
+    const std::map<std::string, io::Fp32Tensor> f32 = io::load_weights_fp32(dir.string(), moe);
+    ASSERT_EQ(f32.size(), w.size());
+    for (const auto& [name, t] : w.all()) {
+      const io::Fp32Tensor& u = f32.at(name);
+      ASSERT_EQ(u.shape, t.shape) << name;
+      for (size_t i = 0; i < t.data.size(); ++i) ASSERT_EQ(u.data[i], widen(t.data[i])) << name << " " << i;
+    }
+  }
+  // A NaN in expert 2's up_proj, element 5: in the fused gate_up_proj [E][2I][H] it is
+  // element (2·2I + I)·H + 5.
+  const int64_t I = moe.moe_intermediate_size, H = moe.hidden_size;
+  w.at(where + "2.up_proj.weight").data[5] = bf16{0x7fc0};
+  fs::remove_all(dir);
+  io::save_weights(dir.string(), w, moe, {1, true});
+  for (bool fp32 : {false, true}) {
+    try {
+      if (fp32) (void)io::load_weights_fp32(dir.string(), moe);
+      else (void)io::load_weights(dir.string(), moe);
+      ADD_FAILURE() << "the NaN was loaded";
+    } catch (const io::BadInput& e) {
+      EXPECT_EQ(e.field(), where + "gate_up_proj");
+      EXPECT_NE(e.message().find("element " + std::to_string((2 * 2 * I + I) * H + 5) + " is NaN"), std::string::npos)
+          << e.what();
+    }
+  }
+  const Weights allowed = io::load_weights(dir.string(), moe, {true});
+  EXPECT_TRUE(std::isnan(widen(allowed.at(where + "2.up_proj.weight").data[5])));
+  fs::remove_all(dir);
 }
 
 }  // namespace
