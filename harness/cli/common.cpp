@@ -16,7 +16,9 @@ void PlanFlags::add_to(CLI::App* app) {
     return o;
   };
   app->add_option("--plan", plan_file_, "JSON plan file (README \"Plans\"); the flags below override its fields");
-  add(app->add_option("--model", models_, "fixture name or Hugging Face checkpoint directory (with a '/'); repeatable"),
+  add(app->add_option("--model", models_,
+                      "fixture name or Hugging Face checkpoint directory (with a '/': config.json, and model.safetensors "
+                      "or its index and shards; a directory with other weight files is refused); repeatable"),
       [this](json& j) { j["models"] = models_; });
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });

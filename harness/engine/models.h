@@ -59,8 +59,4 @@ Weights model_weights(const std::string& spec, const std::string& base_dir, cons
 truth::Model truth_model(const std::string& spec, const std::string& base_dir, const ModelConfig& cfg,
                          uint64_t weight_seed, const io::LoadOptions& opt, WeightsOrigin& origin);
 
-// One line: "generated weights (seed S)", or "weights from N files" (with
-// `digests`: ": <path> sha256 <hex>, ..."), then "; <conversion>" when there was one.
-std::string weights_text(const WeightsOrigin& o, bool digests);
-
 }  // namespace bp::harness

@@ -39,6 +39,9 @@ struct WeightsOrigin {
   std::vector<io::FileDigest> files;  // read from these (the index first, then the shards)
   std::string conversion;             // how stored values became the model's ("" used as stored)
 };
+// One line: "generated weights (seed S)", or "weights from N files" (with
+// `digests`: ": <path> sha256 <hex>, ..."), then "; <conversion>" when there was one.
+std::string weights_text(const WeightsOrigin& o, bool digests);
 
 struct Environment {
   std::string git_commit = "unknown";

@@ -180,9 +180,12 @@ TEST_F(CliWeights, CheckpointFilesAndTheirDigestsAreRecorded) {
     EXPECT_NE(meta.at("bitparity.weights").find(f + " sha256 " + file_sha256(dir + "/" + f)), std::string::npos)
         << meta.at("bitparity.weights");
   ASSERT_EQ(run("sweep --contract bf16-fmaseq-v1 --lengths 5,9 --implementation reference --path extend --model " +
-                dir + " --json " + path("r.json")),
+                dir + " --json " + path("r.json") + " --html " + path("r.html")),
             0)
       << out_ << err_;
+  EXPECT_NE(read(path("r.html")).find("<tr><th>weights of " + dir + "</th><td>weights from 3 files: " + dir + "/" +
+                                      files[0] + " sha256 " + file_sha256(dir + "/" + files[0])),
+            std::string::npos);
   const json w = valid_report(path("r.json"))["environment"]["weights"];
   ASSERT_EQ(w.size(), 1u);
   EXPECT_EQ(w[0]["seed"], nullptr);
