@@ -129,7 +129,10 @@ Checkpoint Checkpoint::open(const std::string& path) {
           example = t;
           break;
         }
-      throw BadInput(index, "weight_map." + example, "shard file " + s + " does not exist (" + p + ")");
+      // A Hugging Face cache snapshot whose blob is missing holds a link to nothing.
+      const fs::path target = fs::read_symlink(p, ec);
+      throw BadInput(index, "weight_map." + example,
+                     "shard file " + s + (ec ? " does not exist (" + p + ")" : " is a broken link to " + target.string()));
     }
     ck.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(p)));
     shards[s] = ck.files_.back().get();

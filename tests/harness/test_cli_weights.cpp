@@ -130,6 +130,17 @@ TEST_F(CliWeights, FolderWithWeightsButNoCheckpointIsRefused) {
       EXPECT_EQ(err_.find('\n'), err_.size() - 1) << "one message line: " << err_;
     }
   }
+  // A sharded snapshot missing one shard's blob: the index names it, the link is broken.
+  const ModelConfig cfg = dense_config();
+  const std::string snapshot = model_dir("snapshot");
+  io::save_weights(snapshot, generate_weights(cfg, 5), cfg, {2, false});
+  const std::string shard = snapshot + "/model-00002-of-00002.safetensors";
+  fs::remove(shard);
+  fs::create_symlink("../../blobs/4567cdef", shard);
+  EXPECT_EQ(run("run --model " + snapshot + " --out " + keep), 2) << err_;
+  EXPECT_NE(err_.find("shard file model-00002-of-00002.safetensors is a broken link to ../../blobs/4567cdef"),
+            std::string::npos)
+      << err_;
   EXPECT_EQ(read(keep), "an earlier dump");
   // Nothing but the config (and files that are no weights): generated weights, said so.
   const std::string config_only = model_dir("config_only");
