@@ -114,8 +114,8 @@ SweepPlan spec_plan(const BisectOptions& o, const std::string& spec, const char*
   return plan;
 }
 
-Side side_of_spec(const SweepPlan& plan) {
-  SingleRun r = run_single_case(plan);
+Side side_of_spec(const SweepPlan& plan, WeightsLog& weights) {
+  SingleRun r = run_single_case(plan, weights.listener());
   Side s{r.id, {}, r.num_layers};
   for (NamedTensor& t : r.tensors) s.tensors.emplace(t.name, std::move(t));
   return s;
@@ -197,8 +197,9 @@ int bisect(const BisectOptions& o) {
   const ReportPaths paths{o.json, "", "", ""};
   if (const int rc = check_report_paths("bisect", paths, read_files, stderr)) return rc;
   std::FILE* const out = text_stream({o.json});
-  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(*plan_a);
-  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(*plan_b);
+  WeightsLog weights("bisect", o.quiet);
+  const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(*plan_a, weights);
+  const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(*plan_b, weights);
   const int layers = std::max(a.num_layers, b.num_layers);
 
   // The tensors of both sides in execution order.
@@ -211,6 +212,7 @@ int bisect(const BisectOptions& o) {
   });
 
   Report r = make_report("bisect");
+  r.environment.weights = weights.origins();
   Case c;
   c.id = "bisect";
   c.parameters = {{"a", a.label}, {"b", b.label}};

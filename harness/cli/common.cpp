@@ -18,7 +18,9 @@ void PlanFlags::add_to(CLI::App* app) {
     return o;
   };
   app->add_option("--plan", plan_file_, "JSON plan file (README \"Plans\"); the flags below override its fields");
-  add(app->add_option("--model", models_, "fixture name or Hugging Face checkpoint directory (with a '/'); repeatable"),
+  add(app->add_option("--model", models_,
+                      "fixture name or Hugging Face checkpoint directory (with a '/': config.json, and model.safetensors "
+                      "or its index and shards; a directory with other weight files is refused); repeatable"),
       [this](json& j) { j["models"] = models_; });
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });
@@ -44,7 +46,8 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["tokens"]["lengths"] = lengths_; });
   add(app->add_option("--tokens", tokens_file_, "tokens file {\"sequences\": [[...], ...]}"),
       [this](json& j) { j["tokens"]["file"] = tokens_file_; });
-  add(app->add_option("--weight-seed", weight_seed_, "seed of generated weights (fixtures)"),
+  add(app->add_option("--weight-seed", weight_seed_,
+                      "seed of generated weights (fixtures, and model directories with no weight file)"),
       [this](json& j) { j["weight_seed"] = weight_seed_; });
   add(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t"),
       [this](json& j) { j["coef_seed"] = coef_seed_; });
@@ -54,6 +57,10 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["grads"] = !no_grads_; });
   add(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
       [this](json& j) { j["capture"] = capture_; });
+  add(app->add_flag("--allow-nonfinite-weights", allow_nonfinite_weights_,
+                    "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
+                    "them: for deliberate tests of NaN handling"),
+      [this](json& j) { j["allow_nonfinite_weights"] = allow_nonfinite_weights_; });
 }
 
 json PlanFlags::given() const {
@@ -92,6 +99,16 @@ std::FILE* text_stream(const std::vector<std::string>& outputs) {
   for (const std::string& o : outputs)
     if (!o.empty() && io::same_file(o, "-")) return stderr;
   return stdout;
+}
+
+WeightsListener WeightsLog::listener() {
+  return [this](const WeightsOrigin& o) {
+    const std::string text = weights_text(o, true);
+    for (const WeightsOrigin& seen : origins_)
+      if (seen.model == o.model && weights_text(seen, true) == text) return;  // said already
+    origins_.push_back(o);
+    if (!quiet_) std::fprintf(stderr, "bitparity %s: %s: %s\n", cmd_, o.model.c_str(), weights_text(o, false).c_str());
+  };
 }
 
 int exit_for_error(const char* cmd, std::FILE* err) {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/engine/models.h"
 #include "harness/engine/plan.h"
 #include "harness/report/report.h"
 
@@ -52,8 +53,24 @@ class PlanFlags {
   uint64_t seed_ = 0, weight_seed_ = 0, coef_seed_ = 0;
   double temperature_ = 1;
   std::string tokens_file_, capture_;
-  bool no_grads_ = false;
+  bool no_grads_ = false, allow_nonfinite_weights_ = false;
   std::vector<std::pair<CLI::Option*, std::function<void(nlohmann::json&)>>> options_;
+};
+
+// Where each model's weights came from: said on stderr once per model per command
+// ("bitparity sweep: qwen3-dense-tiny: generated weights (seed 20261122)"; nothing
+// when quiet) and kept for the report's environment.
+class WeightsLog {
+ public:
+  WeightsLog(const char* cmd, bool quiet) : cmd_(cmd), quiet_(quiet) {}
+  WeightsLog(const WeightsLog&) = delete;  // its listener points to it
+  WeightsListener listener();
+  const std::vector<WeightsOrigin>& origins() const { return origins_; }
+
+ private:
+  const char* cmd_;
+  bool quiet_;
+  std::vector<WeightsOrigin> origins_;
 };
 
 // Reports: ReportPaths, check_report_paths and write_reports (report/report.h).

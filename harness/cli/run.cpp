@@ -20,7 +20,8 @@ struct RunOptions {
 int run(const RunOptions& o) {
   const SweepPlan plan = o.plan.plan(single_case_defaults());
   io::check_outputs({{"--out", o.out}}, o.plan.input_files(plan));
-  const SingleRun r = run_single_case(plan);
+  WeightsLog weights("run", o.quiet);
+  const SingleRun r = run_single_case(plan, weights.listener());
   std::vector<io::WriteTensor> w;
   for (const NamedTensor& t : r.tensors) {
     const auto* bytes = t.type == CmpType::F32 ? reinterpret_cast<const uint8_t*>(t.f32_values.data())

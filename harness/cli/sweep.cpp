@@ -150,7 +150,8 @@ int sweep(const SweepOptions& o) {
   const ReportPaths paths{o.json, o.csv, o.junit, o.html};
   if (const int rc = check_report_paths("sweep", paths, o.plan.input_files(plan), stderr)) return rc;
   std::FILE* const out = text_stream({o.json, o.csv, o.junit, o.html});
-  CaseEngine engine(plan);
+  WeightsLog weights("sweep", o.quiet);
+  CaseEngine engine(plan, weights.listener());
   if (o.verbose)
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(out, "layout not run: %s\n", d.c_str());
 
@@ -175,6 +176,7 @@ int sweep(const SweepOptions& o) {
   }
   progress.finish();
   r.interrupted = r.cases.size() < cases.size();
+  r.environment.weights = weights.origins();
 
   size_t tensors = 0;
   for (const Case& c : r.cases) tensors += c.tensors.size();

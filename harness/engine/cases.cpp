@@ -138,7 +138,8 @@ TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
 
 }  // namespace
 
-CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
+CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
+    : plan_(std::move(plan)), on_weights_(std::move(on_weights)) {
   for (const std::string& name : plan_.contracts) {
     const Contract* c = find_contract(name);
     if (!c) throw std::logic_error("unknown contract " + name);  // the plan parser checked it
@@ -197,7 +198,10 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
     loaded_.reset();  // free the previous model's weights first
     auto l = std::make_unique<Loaded>();
     l->model = &model;
-    l->weights = model_weights(model.name, plan_.base_dir, model.config, plan_.weight_seed);
+    WeightsOrigin origin;
+    l->weights = model_weights(model.name, plan_.base_dir, model.config, plan_.weight_seed,
+                               io::LoadOptions{plan_.allow_nonfinite_weights}, origin);
+    if (on_weights_) on_weights_(origin);
     loaded_ = std::move(l);
   }
   return *loaded_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
+#include "harness/engine/models.h"
 #include "harness/engine/plan.h"
 #include "harness/report/report.h"
 #include "host/model.h"
@@ -74,7 +75,8 @@ class CaseEngine {
   // Resolves the plan: loads each model's config (weights lazily), tokens, and
   // checks explicit layouts against every model and contract. Throws io::BadInput
   // naming the source that set the field (the plan file or "command line").
-  explicit CaseEngine(SweepPlan plan);
+  // `on_weights` hears where each model's weights came from as they are loaded.
+  explicit CaseEngine(SweepPlan plan, WeightsListener on_weights = {});
   ~CaseEngine();
   CaseEngine(const CaseEngine&) = delete;  // its cases point into it
   CaseEngine& operator=(const CaseEngine&) = delete;
@@ -109,6 +111,7 @@ class CaseEngine {
   std::unique_ptr<Canonical> canonical_;  // the last (model, contract) asked for
   std::vector<CaseSpec> cases_;
   std::vector<std::string> dropped_;
+  WeightsListener on_weights_;
   // The device memory the last run() peaked at, set by a run on a device; compare()
   // clears it before each run and reports it as the case's peak_device_bytes.
   std::optional<uint64_t> last_peak_device_bytes_;

@@ -1,15 +1,23 @@
 // The models a command can name: the fixtures embedded in the binary (their
 // config.json, weights generated from a seed), or a Hugging Face checkpoint
-// directory (config.json, with model.safetensors[.index.json] when it has weights,
-// else generated ones, as for a fixture).
+// directory: config.json, with model.safetensors[.index.json] when it has weights,
+// else generated ones, as for a fixture -- unless it holds other weight files or a
+// broken link, which is refused (the user meant weights bitparity would not read).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "harness/io/checkpoint.h"
+#include "harness/report/report.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
+
+namespace bp::truth {
+class Model;  // reference/truth/qwen3.h (whose helpers clash with truth/math.h's, which selfcheck includes)
+}
 
 namespace bp::harness {
 
@@ -25,17 +33,31 @@ const std::vector<EmbeddedFixture>& embedded_fixtures();
 bool names_fixture(const std::string& spec);
 
 // The model's config (io::BadInput / io::IoError naming `source` and `field` for an
-// unknown fixture, a missing directory, or a bad config.json).
+// unknown fixture, a missing directory, or a bad config.json). A directory's weight
+// files are checked here too (generated_weights), so every command refuses a
+// directory before any work.
 ModelConfig model_config(const std::string& spec, const std::string& base_dir, const std::string& source,
                          const std::string& field);
 
-// Whether the model's weights are generated (a fixture, or a directory with only a
-// config.json) rather than read from a checkpoint.
+// Whether the model's weights are generated (a fixture, or a directory with no
+// weight file) rather than read from its checkpoint. io::BadInput naming the
+// directory and what it found when it holds weight files (*.safetensors,
+// pytorch_model*.bin, *.pt, *.gguf, ...) or broken links but neither
+// model.safetensors nor model.safetensors.index.json.
 bool generated_weights(const std::string& spec, const std::string& base_dir);
 
-// The weights: generate_weights(cfg, weight_seed), or the checkpoint's (io::BadInput).
+// Told where each model's weights came from, as they are loaded.
+using WeightsListener = std::function<void(const WeightsOrigin&)>;
+
+// The weights: generate_weights(cfg, weight_seed), or the checkpoint's rounded to
+// bf16 (io::BadInput); `origin` is set to where they came from.
 Weights model_weights(const std::string& spec, const std::string& base_dir, const ModelConfig& cfg,
-                      uint64_t weight_seed);
+                      uint64_t weight_seed, const io::LoadOptions& opt, WeightsOrigin& origin);
+
+// The float64 truth model on the same weights, but a checkpoint's own values (an
+// fp32 checkpoint's fp32 values, not their bf16 roundings).
+truth::Model truth_model(const std::string& spec, const std::string& base_dir, const ModelConfig& cfg,
+                         uint64_t weight_seed, const io::LoadOptions& opt, WeightsOrigin& origin);
 
 // The files of the model's directory (config, weights, index, shards): what a run
 // of it reads. None for a fixture or a directory that cannot be listed.

@@ -205,7 +205,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   if (!obj.is_object()) rd.bad("", std::string("a plan is a JSON object, got ") + io::json_type_word(obj));
   static const std::set<std::string> known = {"models", "contracts", "implementations", "layouts", "tp", "ep", "cp",
                                               "cp_split", "paths", "tokens", "weight_seed", "coef_seed",
-                                              "temperature", "grads", "capture"};
+                                              "temperature", "grads", "capture", "allow_nonfinite_weights"};
   // "backends" is the old name of "implementations": plans written before the
   // rename still read, but a plan may not give both.
   constexpr const char* kOldImplementations = "backends";
@@ -326,6 +326,8 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     plan.temperature = static_cast<float>(t);
   }
   if (const json* v = field("grads")) plan.grads = rd.boolean(rd.name("grads"), *v);
+  if (const json* v = field("allow_nonfinite_weights"))
+    plan.allow_nonfinite_weights = rd.boolean(rd.name("allow_nonfinite_weights"), *v);
   if (const json* v = field("capture")) {
     const std::string& s = rd.string(rd.name("capture"), *v);
     if (s != "none" && s != "ops") rd.bad(rd.name("capture"), "unknown capture mode '" + s + "'; the modes are none, ops");

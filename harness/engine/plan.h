@@ -13,7 +13,7 @@
 //     "paths":       ["extend", "chunked:5,3", "decode", "ragged"],
 //     "tokens":      {"seed": 1, "lengths": [9, 17, 24]}  or  {"file": "tokens.json"},
 //     "weight_seed": 20261122, "coef_seed": 7, "temperature": 1.0,
-//     "grads": true, "capture": "none" | "ops"
+//     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false
 //   }
 // A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens).
 // Relative model directories and tokens files are taken relative to the plan file.
@@ -88,6 +88,7 @@ struct SweepPlan {
   float temperature = 1.0f;
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
+  bool allow_nonfinite_weights = false;  // load a checkpoint's NaN/Inf weights instead of refusing them
   bool allow_float64 = false;  // implementations may name float64 (`run` only)
   std::string base_dir;     // where relative model dirs / tokens files are resolved ("" = cwd)
 

@@ -12,7 +12,8 @@ namespace {
 
 // The float64 truth model's run of the one case `plan` names (on `layout`), rounded
 // to F32 (to nearest) so that `bitparity diff` measures a contract's distance from it.
-std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layout& layout) {
+std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layout& layout, WeightsOrigin& origin,
+                                     const WeightsListener& on_weights) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
   if (!plan.contracts.empty() && plan.origins.count("contracts"))
@@ -21,9 +22,10 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
   if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
-  const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed);
+  const truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
+                                     io::LoadOptions{plan.allow_nonfinite_weights}, origin);
+  if (on_weights) on_weights(origin);
   const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
-  const truth::Model m(cfg, w);
   truth::ForwardOptions opt;
   opt.temperature = plan.temperature;
   opt.entropy = true;
@@ -79,6 +81,12 @@ std::string tokens_text(const TokenSpec& t) {
   return s;
 }
 
+// The dump's record of where the weights came from: the seed only when one made them.
+void record_weights(const WeightsOrigin& o, std::map<std::string, std::string>& m) {
+  m["bitparity.weights"] = weights_text(o, true);
+  if (o.seed) m["bitparity.weight_seed"] = std::to_string(*o.seed);
+}
+
 }  // namespace
 
 SweepPlan single_case_defaults() {
@@ -92,7 +100,7 @@ SweepPlan single_case_defaults() {
   return p;
 }
 
-SingleRun run_single_case(const SweepPlan& plan) {
+SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weights) {
   const layouts::Layout layout = require_one_case(plan);
   SingleRun r;
   std::map<std::string, std::string>& m = r.metadata;
@@ -100,19 +108,23 @@ SingleRun run_single_case(const SweepPlan& plan) {
        {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
        {"bitparity.tokens", tokens_text(plan.tokens)},
-       {"bitparity.weight_seed", std::to_string(plan.weight_seed)},
        {"bitparity.coef_seed", std::to_string(plan.coef_seed)},
        {"bitparity.temperature", std::to_string(plan.temperature)},
        {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
+  WeightsOrigin origin;
   if (plan.implementations[0] == Implementation::kFloat64) {
-    r.tensors = run_float64(plan, layout);
+    r.tensors = run_float64(plan, layout, origin, on_weights);
+    record_weights(origin, m);
     m["bitparity.layout"] = layout.name();
     m["bitparity.note"] = "float64 truth rounded to F32 (nearest)";
     r.id = plan.models[0] + "/" + implementation_name(Implementation::kFloat64);
     r.num_layers = static_cast<int>(model_config(plan.models[0], plan.base_dir, "", "").num_hidden_layers);
     return r;
   }
-  CaseEngine engine(plan);
+  CaseEngine engine(plan, [&](const WeightsOrigin& o) {
+    origin = o;
+    if (on_weights) on_weights(o);
+  });
   const CaseSpec& c = engine.cases().at(0);
   m["bitparity.layout"] = c.layout.name();
   m["bitparity.contract"] = c.contract.name;
@@ -120,6 +132,7 @@ SingleRun run_single_case(const SweepPlan& plan) {
   r.id = engine.case_id(c);
   r.num_layers = static_cast<int>(c.model.config.num_hidden_layers);
   r.tensors = engine.run(c);
+  record_weights(origin, m);
   return r;
 }
 

@@ -13,7 +13,7 @@ namespace bp::harness {
 // One case's outputs, for `run` (its dump) and `bisect` (one side).
 struct SingleRun {
   std::string id;  // the case id
-  std::map<std::string, std::string> metadata;  // what the dump's __metadata__ records
+  std::map<std::string, std::string> metadata;  // what the dump's __metadata__ records, the weights' origin too
   std::vector<NamedTensor> tensors;
   int num_layers = 0;
 };
@@ -24,6 +24,7 @@ SweepPlan single_case_defaults();
 // reference implementation cannot run, or what the float64 truth model lacks: a
 // contract, a path other than extend, captures, a sharded layout; CannotTest for
 // cuda). A float64 case's id is "<model>/float64", its dump records no contract.
-SingleRun run_single_case(const SweepPlan& plan);
+// `on_weights` hears where the model's weights came from, as they are loaded.
+SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weights = {});
 
 }  // namespace bp::harness

@@ -1,5 +1,8 @@
 #include "harness/io/checkpoint.h"
 
+#include <bit>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -8,6 +11,7 @@
 
 #include "harness/io/files.h"
 #include "harness/io/json_strict.h"
+#include "reference/common/sha256.h"
 #include "reference/model/model_graph.h"
 
 namespace bp::io {
@@ -43,6 +47,20 @@ const Checkpoint::Entry* Checkpoint::find(const std::string& name) const {
   return it == entries_.end() ? nullptr : &it->second;
 }
 
+std::vector<FileDigest> Checkpoint::digests() const {
+  std::vector<FileDigest> shards(files_.size());
+  // One pass over each mapped file; big checkpoints hash their shards in parallel.
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const std::span<const uint8_t> bytes = files_[i]->file_bytes();
+    shards[i] = FileDigest{files_[i]->path(), Sha256().update(bytes.data(), bytes.size()).hex()};
+  }
+  std::vector<FileDigest> out;
+  if (!index_sha256_.empty()) out.push_back(FileDigest{path_, index_sha256_});
+  out.insert(out.end(), shards.begin(), shards.end());
+  return out;
+}
+
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint ck;
   std::error_code ec;
@@ -72,7 +90,9 @@ Checkpoint Checkpoint::open(const std::string& path) {
 
   ck.path_ = index;
   if (!fs::exists(index, ec)) throw BadInput(index, "", "no such file");
-  const json j = parse_json_strict(read_text_file(index), index);
+  const std::string index_text = read_text_file(index);
+  ck.index_sha256_ = sha256_hex(index_text);
+  const json j = parse_json_strict(index_text, index);
   if (!j.is_object()) throw BadInput(index, "", std::string("index is ") + json_type_word(j) + ", not an object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "metadata" && it.key() != "weight_map")
@@ -109,7 +129,10 @@ Checkpoint Checkpoint::open(const std::string& path) {
           example = t;
           break;
         }
-      throw BadInput(index, "weight_map." + example, "shard file " + s + " does not exist (" + p + ")");
+      // A Hugging Face cache snapshot whose blob is missing holds a link to nothing.
+      const fs::path target = fs::read_symlink(p, ec);
+      throw BadInput(index, "weight_map." + example,
+                     "shard file " + s + (ec ? " does not exist (" + p + ")" : " is a broken link to " + target.string()));
     }
     ck.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(p)));
     shards[s] = ck.files_.back().get();
@@ -160,19 +183,24 @@ const Checkpoint::Entry& checked(const Checkpoint::Entry& e, const std::string& 
   return e;
 }
 
-Tensor to_tensor(const Checkpoint::Entry& e, const std::vector<int64_t>& shape) {
-  Tensor t;
-  t.shape = shape;
-  t.data = e.file->read_bf16(*e.info);
-  return t;
-}
+// Where one parameter's values are: elements [first, first + numel(shape)) of a
+// checkpoint tensor (all of it, or one expert's part of a fused tensor).
+struct Slice {
+  const Checkpoint::Entry* entry = nullptr;
+  uint64_t first = 0;
+  std::vector<int64_t> shape;
+  uint64_t count() const {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+  }
+};
 
-}  // namespace
-
-Weights load_weights(const std::string& path, const ModelConfig& cfg) {
-  const Checkpoint ck = Checkpoint::open(path);
+// Every parameter of `cfg` found in `ck`, with the checks of checkpoint.h (all but
+// the values').
+std::map<std::string, Slice> locate_weights(const Checkpoint& ck, const ModelConfig& cfg) {
   const std::string origin = "config.json (" + cfg.model_type + ")";
-  Weights w;
+  std::map<std::string, Slice> slices;
   std::set<std::string> consumed;
   std::vector<std::string> missing;
 
@@ -199,17 +227,12 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
     const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
     checked(*egu, gu, {E, 2 * I, H}, origin);
     checked(*edn, dn, {E, H, I}, origin);
-    const std::vector<bf16> a = egu->file->read_bf16(*egu->info);
-    const std::vector<bf16> b = edn->file->read_bf16(*edn->info);
+    const uint64_t half = static_cast<uint64_t>(I * H);  // one expert's gate (or up, or down) elements
     for (int64_t e = 0; e < E; ++e) {
-      const size_t base = static_cast<size_t>(e * 2 * I * H), half = static_cast<size_t>(I * H);
-      Tensor g{{I, H}, std::vector<bf16>(a.begin() + base, a.begin() + base + half)};
-      Tensor u{{I, H}, std::vector<bf16>(a.begin() + base + half, a.begin() + base + 2 * half)};
-      const size_t db = static_cast<size_t>(e * H * I), dl = static_cast<size_t>(H * I);
-      Tensor d{{H, I}, std::vector<bf16>(b.begin() + db, b.begin() + db + dl)};
-      w.insert(graph::param_name(i, e, graph::Param::ExpertGate), std::move(g));
-      w.insert(graph::param_name(i, e, graph::Param::ExpertUp), std::move(u));
-      w.insert(graph::param_name(i, e, graph::Param::ExpertDown), std::move(d));
+      const uint64_t ue = static_cast<uint64_t>(e);
+      slices[graph::param_name(i, e, graph::Param::ExpertGate)] = Slice{egu, ue * 2 * half, {I, H}};
+      slices[graph::param_name(i, e, graph::Param::ExpertUp)] = Slice{egu, ue * 2 * half + half, {I, H}};
+      slices[graph::param_name(i, e, graph::Param::ExpertDown)] = Slice{edn, ue * half, {H, I}};
     }
     consumed.insert(gu);
     consumed.insert(dn);
@@ -217,7 +240,7 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
   }
 
   for (const WeightSpec& s : weight_specs(cfg)) {
-    if (w.contains(s.name)) continue;  // from a fused tensor
+    if (slices.count(s.name)) continue;  // from a fused tensor
     const Checkpoint::Entry* e = ck.find(s.name);
     if (e == nullptr) {
       // A per-expert name of a layer already reported as fused-but-incomplete is not repeated.
@@ -225,7 +248,7 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
       if (!in_fused) missing.push_back(s.name);
       continue;
     }
-    w.insert(s.name, to_tensor(checked(*e, s.name, s.shape, origin), s.shape));
+    slices[s.name] = Slice{&checked(*e, s.name, s.shape, origin), 0, s.shape};
     consumed.insert(s.name);
   }
   if (!missing.empty())
@@ -236,10 +259,11 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
     const std::string lm_head = graph::param_name(graph::Param::LmHead);
     if (const Checkpoint::Entry* e = ck.find(lm_head)) {
       const std::string embed = graph::param_name(graph::Param::Embed);
-      const Tensor& emb = w.at(embed);
+      const Slice& emb = slices.at(embed);
       checked(*e, lm_head, emb.shape, origin);
       const std::vector<bf16> lm = e->file->read_bf16(*e->info);
-      if (lm.size() != emb.data.size() || std::memcmp(lm.data(), emb.data.data(), lm.size() * sizeof(bf16)) != 0)
+      const std::vector<bf16> em = emb.entry->file->read_bf16(*emb.entry->info, emb.first, emb.count());
+      if (lm.size() != em.size() || std::memcmp(lm.data(), em.data(), lm.size() * sizeof(bf16)) != 0)
         throw BadInput(e->file->path(), lm_head,
                        "present and different from " + embed + " although tie_word_embeddings is true");
       consumed.insert(lm_head);
@@ -257,6 +281,110 @@ Weights load_weights(const std::string& path, const ModelConfig& cfg) {
     throw BadInput(extra_file, extra.front(),
                    std::to_string(extra.size()) + " unexpected tensor(s) that " + origin +
                        " does not imply (a checkpoint of another model or config?): " + name_list(extra));
+  return slices;
+}
+
+std::string value_text(float v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// Element i of the slice is non-finite (`what`: its value and why): refused, naming
+// its index in the checkpoint tensor.
+[[noreturn]] void refuse_nonfinite(const Slice& s, uint64_t i, const std::string& what) {
+  throw BadInput(s.entry->file->path(), s.entry->info->name,
+                 "element " + std::to_string(s.first + i) + " is " + what +
+                     "; a non-finite weight makes every logprob and gradient NaN (--allow-nonfinite-weights loads it "
+                     "on purpose)");
+}
+
+// The first i < n whose value(i) is NaN or Inf, or n.
+template <class Value>
+uint64_t first_nonfinite(uint64_t n, Value value) {
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(value(i))) return i;
+  return n;
+}
+
+// How the F32 and F16 values of a load were rounded to bf16, for LoadNotes::conversion.
+class RoundingTally {
+ public:
+  void add(const Slice& s, std::span<const float> stored, std::span<const bf16> rounded) {
+    Count& c = counts_[s.entry->info->dtype];
+    c.tensors.insert(s.entry->info);
+    c.values += stored.size();
+    for (size_t i = 0; i < stored.size(); ++i)
+      c.changed += std::bit_cast<uint32_t>(widen(rounded[i])) != std::bit_cast<uint32_t>(stored[i]);
+  }
+  std::string text() const {
+    std::string r;
+    for (const auto& [dtype, c] : counts_)
+      r += (r.empty() ? "" : "; ") + std::to_string(c.tensors.size()) + " " + dtype_name(dtype) +
+           " tensor(s) rounded " + (dtype == DType::F32 ? "fp32" : "fp16") +
+           " -> bf16 (to nearest even): " + std::to_string(c.changed) + " of " + std::to_string(c.values) +
+           " values changed";
+    return r;
+  }
+
+ private:
+  struct Count {
+    std::set<const TensorInfo*> tensors;
+    uint64_t values = 0, changed = 0;
+  };
+  std::map<DType, Count> counts_;
+};
+
+// A slice's values in bf16 (the conversion of read_bf16), non-finite ones refused
+// unless allowed, F32/F16 roundings tallied.
+std::vector<bf16> read_checked_bf16(const Slice& s, const LoadOptions& opt, RoundingTally& tally) {
+  const SafetensorsFile& f = *s.entry->file;
+  const TensorInfo& t = *s.entry->info;
+  const uint64_t n = s.count();
+  std::vector<bf16> out = f.read_bf16(t, s.first, n);
+  auto rounded = [&](uint64_t i) { return widen(out[i]); };
+  if (t.dtype == DType::BF16) {
+    if (const uint64_t i = first_nonfinite(n, rounded); i < n && !opt.allow_nonfinite)
+      refuse_nonfinite(s, i, value_text(rounded(i)));
+    return out;
+  }
+  const std::vector<float> stored = f.read_f32(t, s.first, n);
+  if (!opt.allow_nonfinite) {
+    if (const uint64_t i = first_nonfinite(n, [&](uint64_t k) { return stored[k]; }); i < n)
+      refuse_nonfinite(s, i, value_text(stored[i]));
+    if (const uint64_t i = first_nonfinite(n, rounded); i < n)  // a finite value too large for bf16
+      refuse_nonfinite(s, i, value_text(stored[i]) + " in " + dtype_name(t.dtype) +
+                                 ", beyond bf16's range (it rounds to " + value_text(rounded(i)) + ")");
+  }
+  tally.add(s, stored, out);
+  return out;
+}
+
+}  // namespace
+
+Weights load_weights(const std::string& path, const ModelConfig& cfg, const LoadOptions& opt, LoadNotes* notes) {
+  const Checkpoint ck = Checkpoint::open(path);
+  RoundingTally tally;
+  Weights w;
+  for (const auto& [name, s] : locate_weights(ck, cfg))
+    w.insert(name, Tensor{s.shape, read_checked_bf16(s, opt, tally)});
+  if (notes) *notes = LoadNotes{ck.digests(), tally.text()};
+  return w;
+}
+
+std::map<std::string, Fp32Tensor> load_weights_fp32(const std::string& path, const ModelConfig& cfg,
+                                                    const LoadOptions& opt, LoadNotes* notes) {
+  const Checkpoint ck = Checkpoint::open(path);
+  std::map<std::string, Fp32Tensor> w;
+  for (const auto& [name, s] : locate_weights(ck, cfg)) {
+    std::vector<float> v = s.entry->file->read_f32(*s.entry->info, s.first, s.count());
+    const uint64_t i = first_nonfinite(v.size(), [&](uint64_t k) { return v[k]; });
+    if (i < v.size() && !opt.allow_nonfinite) refuse_nonfinite(s, i, value_text(v[i]));
+    w.emplace(name, Fp32Tensor{s.shape, std::move(v)});
+  }
+  if (notes) *notes = LoadNotes{ck.digests(), ""};  // widened exactly: nothing to say
   return w;
 }
 

@@ -14,7 +14,11 @@
 //     listed), with the exact shape, in BF16, F32 (-> bf16 by RNE) or F16 (exactly
 //     widened, then RNE) -- any other dtype is refused; no tensor is left over
 //     ("unexpected", all listed). With tie_word_embeddings a stored lm_head.weight is
-//     accepted only if bit-identical to model.embed_tokens.weight.
+//     accepted only if bit-identical to model.embed_tokens.weight. A NaN or Inf value,
+//     or an F32/F16 value that rounds to Inf in bf16, is refused naming the tensor and
+//     the element (one such weight makes every logprob and gradient NaN), unless
+//     LoadOptions::allow_nonfinite. load_weights_fp32: the same checks, the values
+//     widened exactly to fp32 instead (what the float64 truth model computes with).
 //   MoE experts may be stored per expert (mlp.experts.{e}.{gate,up,down}_proj.weight,
 //     as Qwen publishes them and as transformers 5.x's save_pretrained writes by
 //     default, save_original_format=True) or fused as transformers 5.x holds them in
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "harness/io/errors.h"
+#include "harness/io/files.h"
 #include "harness/io/safetensors.h"
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
@@ -51,14 +56,42 @@ class Checkpoint {
   const std::map<std::string, Entry>& entries() const { return entries_; }
   size_t num_files() const { return files_.size(); }
 
+  // Every file the checkpoint was read from: the index (when there is one), then the
+  // safetensors files in name order.
+  std::vector<FileDigest> digests() const;
+
  private:
   std::string path_;
+  std::string index_sha256_;  // of the index's text, when opened through one
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Entry> entries_;
 };
 
-// Loads and checks the weights of `cfg` from `path` (see above).
-Weights load_weights(const std::string& path, const ModelConfig& cfg);
+struct LoadOptions {
+  bool allow_nonfinite = false;  // load NaN/Inf weights on purpose (tests of NaN handling)
+};
+
+// What a load did besides copying: the files it read, and how the stored values
+// became the model's ("" when used as stored; e.g. "57 F32 tensors rounded fp32 ->
+// bf16 (to nearest even): 1234 of 5678 values changed").
+struct LoadNotes {
+  std::vector<FileDigest> files;
+  std::string conversion;
+};
+
+// Loads and checks the weights of `cfg` from `path` (see above); `notes` if given.
+Weights load_weights(const std::string& path, const ModelConfig& cfg, const LoadOptions& opt = {},
+                     LoadNotes* notes = nullptr);
+
+// A parameter's stored values, widened exactly to fp32.
+struct Fp32Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // row-major
+};
+// The checkpoint's own values under the parameters' names (BF16, F16 and F32 alike,
+// nothing rounded to bf16), with load_weights' checks.
+std::map<std::string, Fp32Tensor> load_weights_fp32(const std::string& path, const ModelConfig& cfg,
+                                                    const LoadOptions& opt = {}, LoadNotes* notes = nullptr);
 
 struct SaveOptions {
   int num_shards = 1;          // 1: model.safetensors; n > 1: model-0000k-of-0000n.safetensors + index

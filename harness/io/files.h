@@ -24,6 +24,12 @@
 
 namespace bp::io {
 
+// A file and the SHA-256 of its bytes (64 lowercase hex digits): what a record of
+// the files a run read keeps.
+struct FileDigest {
+  std::string path, sha256;
+};
+
 // Reads a whole (small) text file; IoError if it cannot be opened or read, BadInput
 // if it is larger than max_bytes. (Every caller reads JSON, and the message says so.)
 std::string read_text_file(const std::string& path, size_t max_bytes = size_t{64} << 20);

@@ -351,9 +351,21 @@ void convert_each(const uint8_t* p, int64_t n, Out* out, Convert convert) {
 
 }  // namespace
 
-std::vector<bf16> SafetensorsFile::read_bf16(const TensorInfo& t) const {
-  const uint8_t* p = bytes(t).data();
-  const int64_t n = static_cast<int64_t>(t.numel());
+namespace {
+
+// The first byte of elements [first, first + count) of `t` in `bytes`.
+const uint8_t* element_range(std::span<const uint8_t> bytes, const TensorInfo& t, uint64_t first, uint64_t count) {
+  if (first > t.numel() || count > t.numel() - first)
+    throw std::out_of_range("elements [" + u64s(first) + ", +" + u64s(count) + ") of " + t.name + " (" +
+                            u64s(t.numel()) + " elements)");
+  return bytes.data() + first * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+std::vector<bf16> SafetensorsFile::read_bf16(const TensorInfo& t, uint64_t first, uint64_t count) const {
+  const uint8_t* p = element_range(bytes(t), t, first, count);
+  const int64_t n = static_cast<int64_t>(count);
   std::vector<bf16> out(static_cast<size_t>(n));
   switch (t.dtype) {
     case DType::BF16:
@@ -372,9 +384,9 @@ std::vector<bf16> SafetensorsFile::read_bf16(const TensorInfo& t) const {
   return out;
 }
 
-std::vector<float> SafetensorsFile::read_f32(const TensorInfo& t) const {
-  const uint8_t* p = bytes(t).data();
-  const int64_t n = static_cast<int64_t>(t.numel());
+std::vector<float> SafetensorsFile::read_f32(const TensorInfo& t, uint64_t first, uint64_t count) const {
+  const uint8_t* p = element_range(bytes(t), t, first, count);
+  const int64_t n = static_cast<int64_t>(count);
   std::vector<float> out(static_cast<size_t>(n));
   switch (t.dtype) {
     case DType::F32:

@@ -103,11 +103,17 @@ class SafetensorsFile {
   // The tensor's raw little-endian bytes (not necessarily aligned).
   std::span<const uint8_t> bytes(const TensorInfo& t) const;
 
+  // The whole file's bytes (what a checkpoint's digest covers).
+  std::span<const uint8_t> file_bytes() const { return {base_, size_}; }
+
   // Values converted to bf16: BF16 bit-exact; F32 by R() (RNE, NaN canonical);
   // F16 widened exactly to fp32, then R(). Any other dtype: BadInput.
-  std::vector<bf16> read_bf16(const TensorInfo& t) const;
+  std::vector<bf16> read_bf16(const TensorInfo& t) const { return read_bf16(t, 0, t.numel()); }
   // Values widened exactly to fp32 from BF16, F16 or F32. Any other dtype: BadInput.
-  std::vector<float> read_f32(const TensorInfo& t) const;
+  std::vector<float> read_f32(const TensorInfo& t) const { return read_f32(t, 0, t.numel()); }
+  // The same for elements [first, first + count) of the flat tensor (within it: std::out_of_range).
+  std::vector<bf16> read_bf16(const TensorInfo& t, uint64_t first, uint64_t count) const;
+  std::vector<float> read_f32(const TensorInfo& t, uint64_t first, uint64_t count) const;
 
  private:
   SafetensorsFile() = default;

@@ -49,6 +49,8 @@ std::string environment_table(const Environment& e) {
   std::string h = "<table class=\"env\">\n";
   for (const auto& [k, v] : rows)
     h += std::string("<tr><th>") + k + "</th><td>" + (v ? html_escape(*v) : "<i>n/a</i>") + "</td></tr>\n";
+  for (const WeightsOrigin& w : e.weights)
+    h += "<tr><th>weights of " + html_escape(w.model) + "</th><td>" + html_escape(weights_text(w, true)) + "</td></tr>\n";
   return h + "</table>\n";
 }
 

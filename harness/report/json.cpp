@@ -46,8 +46,17 @@ json tensor_json(const TensorRecord& t) {
   };
 }
 
+json weights_json(const WeightsOrigin& w) {
+  json files = json::array();
+  for (const io::FileDigest& f : w.files) files.push_back({{"path", f.path}, {"sha256", f.sha256}});
+  return {{"model", w.model},
+          {"seed", or_null(w.seed)},
+          {"files", std::move(files)},
+          {"conversion", str_or_null(w.conversion)}};
+}
+
 json environment_json(const Environment& e) {
-  return {
+  json j = {
       {"git_commit", e.git_commit},
       {"git_dirty", or_null(e.git_dirty)},
       {"bitparity_version", e.bitparity_version},
@@ -63,6 +72,12 @@ json environment_json(const Environment& e) {
       {"cuda_version", or_null(e.cuda_version)},
       {"nccl_version", or_null(e.nccl_version)},
   };
+  // Optional, so that reports of commands that load no model read back unchanged.
+  if (!e.weights.empty()) {
+    json& w = j["weights"] = json::array();
+    for (const WeightsOrigin& o : e.weights) w.push_back(weights_json(o));
+  }
+  return j;
 }
 
 }  // namespace

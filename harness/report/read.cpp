@@ -180,10 +180,24 @@ class Node {
   const std::string& file_;
 };
 
+WeightsOrigin read_weights_origin(const Node& n) {
+  n.expect_object({"model", "seed", "files", "conversion"});
+  WeightsOrigin w;
+  w.model = n["model"].str();
+  w.seed = n["seed"].count_or_null();
+  for (const Node& f : n["files"].elements()) {
+    f.expect_object({"path", "sha256"});
+    w.files.push_back({f["path"].str(), f["sha256"].str()});
+  }
+  w.conversion = n["conversion"].str_or_null().value_or("");
+  return w;
+}
+
 Environment read_environment(const Node& n) {
   n.expect_object({"git_commit", "git_dirty", "bitparity_version", "compiler_id", "compiler_version", "compiler_flags",
                    "build_type", "contract_name", "contract_knob_hash", "cpu_model", "gpu_name", "gpu_driver",
-                   "cuda_version", "nccl_version"});
+                   "cuda_version", "nccl_version"},
+                  {"weights"});
   Environment e;
   e.git_commit = n["git_commit"].str();
   e.git_dirty = n["git_dirty"].boolean_or_null();
@@ -199,6 +213,8 @@ Environment read_environment(const Node& n) {
   e.gpu_driver = n["gpu_driver"].str_or_null();
   e.cuda_version = n["cuda_version"].str_or_null();
   e.nccl_version = n["nccl_version"].str_or_null();
+  if (n.has("weights"))
+    for (const Node& w : n["weights"].elements()) e.weights.push_back(read_weights_origin(w));
   return e;
 }
 

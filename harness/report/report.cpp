@@ -162,6 +162,18 @@ size_t Report::count(Verdict v) const {
   return static_cast<size_t>(std::count_if(cases.begin(), cases.end(), [v](const Case& c) { return c.verdict == v; }));
 }
 
+std::string weights_text(const WeightsOrigin& o, bool digests) {
+  std::string s;
+  if (o.seed) {
+    s = "generated weights (seed " + std::to_string(*o.seed) + ")";
+  } else {
+    s = "weights from " + std::to_string(o.files.size()) + (o.files.size() == 1 ? " file" : " files");
+    for (size_t i = 0; digests && i < o.files.size(); ++i)
+      s += (i ? ", " : ": ") + o.files[i].path + " sha256 " + o.files[i].sha256;
+  }
+  return o.conversion.empty() ? s : s + "; " + o.conversion;
+}
+
 Report make_report(std::string command) {
   Report r;
   r.command = std::move(command);

@@ -30,10 +30,23 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/compare/compare.h"
+#include "harness/io/files.h"
 
 namespace bp::harness {
 
 inline constexpr int kReportSchemaVersion = 4;
+
+// Where one model's weights came from: generated from a seed, or read from
+// checkpoint files (README "Bad input and failure modes").
+struct WeightsOrigin {
+  std::string model;                  // as the plan names it
+  std::optional<uint64_t> seed;       // generated from this seed (no files)
+  std::vector<io::FileDigest> files;  // read from these (the index first, then the shards)
+  std::string conversion;             // how stored values became the model's ("" used as stored)
+};
+// One line: "generated weights (seed S)", or "weights from N files" (with
+// `digests`: ": <path> sha256 <hex>, ..."), then "; <conversion>" when there was one.
+std::string weights_text(const WeightsOrigin& o, bool digests);
 
 struct Environment {
   std::string git_commit = "unknown";
@@ -43,6 +56,7 @@ struct Environment {
   std::optional<std::string> contract_name, contract_knob_hash;  // null when no contract applies
   std::string cpu_model = "unknown";
   std::optional<std::string> gpu_name, gpu_driver, cuda_version, nccl_version;  // null when unused
+  std::vector<WeightsOrigin> weights;  // the models' weights; JSON key "weights" only when a model ran
 };
 
 // The build's compiler (from CMake-configured definitions), the CPU model
