@@ -48,6 +48,30 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
   return r;
 }
 
+namespace {
+
+// The grid axis to blame when no layout of the grid can run a model: the first whose
+// every size the model refuses on its own (the other axes 1), else the first axis a
+// source of the plan set.
+std::string impossible_axis(const SweepPlan& plan, const ModelConfig& cfg, const Knobs& kn) {
+  const LayoutGrid& g = plan.grid;
+  auto refuses_all = [&](const std::vector<int>& sizes, int axis) {
+    return std::all_of(sizes.begin(), sizes.end(), [&](int n) {
+      layouts::Layout l;
+      (axis == 0 ? l.tp : axis == 1 ? l.ep : l.cp) = n;
+      return !layouts::shard_check(l, cfg, kn).empty();
+    });
+  };
+  const std::pair<const char*, const std::vector<int>*> axes[] = {{"tp", &g.tp}, {"ep", &g.ep}, {"cp", &g.cp}};
+  for (int a = 0; a < 3; ++a)
+    if (refuses_all(*axes[a].second, a)) return axes[a].first;
+  for (const char* key : {"tp", "ep", "cp", "cp_split"})
+    if (plan.origins.count(key)) return key;
+  return "tp";
+}
+
+}  // namespace
+
 // --- the engine -------------------------------------------------------------------
 
 struct CaseEngine::Loaded {
@@ -156,6 +180,7 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
       const Knobs& kn = contract->knobs;
       // The sharded implementations' layouts for this model and contract.
       std::vector<layouts::Layout> sharded;
+      std::vector<std::string> dropped;  // the grid's layouts the model cannot run, with the reason
       if (!plan_.layouts.empty()) {
         for (size_t i = 0; i < plan_.layouts.size(); ++i) {
           const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
@@ -165,7 +190,6 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
         }
         sharded = plan_.layouts;
       } else {
-        std::vector<std::string> dropped;
         sharded = grid_layouts(plan_.grid, cfg, kn, &dropped);
         if (contract == contracts_.front())
           for (const std::string& d : dropped) dropped_.push_back(model.name + ": " + d);
@@ -174,7 +198,9 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
           std::any_of(plan_.implementations.begin(), plan_.implementations.end(),
                       [](Implementation i) { return i != Implementation::kReference; });
       if (sharded.empty() && needs_layouts)
-        plan_.bad("tp", "", "no layout of the grid can run model " + model.name + " under " + contract->name);
+        plan_.bad(impossible_axis(plan_, cfg, kn), "",
+                  "no layout of the grid can run model " + model.name + " under " + contract->name + " (" +
+                      dropped.front() + ")");
       for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
             i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;

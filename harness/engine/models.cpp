@@ -4,6 +4,7 @@
 
 #include "harness/io/checkpoint.h"
 #include "harness/io/errors.h"
+#include "harness/io/files.h"
 #include "harness/io/hf_config.h"
 
 namespace bp::harness {
@@ -33,18 +34,21 @@ ModelConfig model_config(const std::string& spec, const std::string& base_dir, c
     for (const EmbeddedFixture& f : embedded_fixtures())
       if (f.name == spec) return io::parse_hf_config(f.config_json, "fixture " + spec + "/config.json");
     throw io::BadInput(source, field,
-                       "unknown model '" + spec + "': the fixtures are " + fixture_list() +
-                           " (a checkpoint directory needs a '/', e.g. ./" + spec + ")");
+                       "unknown model " + io::quoted_input(spec) + ": the fixtures are " + fixture_list() +
+                           " (a checkpoint directory needs a '/', e.g. " + io::quoted_input("./" + spec) + ")");
   }
   const std::string dir = directory_of(spec, base_dir);
-  if (!fs::is_directory(dir)) throw io::BadInput(source, field, "model directory '" + dir + "' does not exist");
+  const fs::file_type type = io::path_type(dir, source, field);
+  if (type == fs::file_type::not_found) throw io::BadInput(source, field, "model directory '" + dir + "' does not exist");
+  if (type != fs::file_type::directory) throw io::BadInput(source, field, "'" + dir + "' is not a directory");
   return io::load_hf_config(dir);
 }
 
 bool generated_weights(const std::string& spec, const std::string& base_dir) {
   if (names_fixture(spec)) return true;
   const fs::path dir = directory_of(spec, base_dir);
-  return !fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json");
+  auto absent = [](const fs::path& p) { return io::path_type(p.string()) == fs::file_type::not_found; };
+  return absent(dir / "model.safetensors") && absent(dir / "model.safetensors.index.json");
 }
 
 Weights model_weights(const std::string& spec, const std::string& base_dir, const ModelConfig& cfg,

@@ -105,5 +105,106 @@ TEST_F(CliHangs, StandardInputIsRefusedClearly) {
                    "bad input: /dev/stdin: standard input");
 }
 
+// --- item 6: paths the file system refuses --------------------------------------------
+
+TEST_F(CliHangs, SymlinkLoopsAreBadInput) {
+  std::filesystem::create_symlink(path("loop"), path("loop"));
+  expect_bad_input(run_limited(20, "run --model " + path("loop") + " --out " + path("o.safetensors")),
+                   "command line: --model[0]: ");
+  EXPECT_NE(err_.find("symbolic links"), std::string::npos) << err_;
+  expect_bad_input(run_limited(20, "run --tokens " + path("loop") + " --out " + path("o.safetensors")),
+                   path("loop") + ": ");
+  EXPECT_NE(err_.find("symbolic links"), std::string::npos) << err_;
+  // Inside a model directory.
+  std::filesystem::create_directories(path("m"));
+  write("m/config.json", dense_tiny_config());
+  std::filesystem::create_symlink(path("m/model.safetensors"), path("m/model.safetensors"));
+  expect_bad_input(run_limited(20, "run --model " + path("m") + " --out " + path("o.safetensors")),
+                   "model.safetensors");
+  EXPECT_NE(err_.find("symbolic links"), std::string::npos) << err_;
+}
+
+TEST_F(CliHangs, NonUtf8PathsAreBadInput) {
+  const std::string bad = path("m\xff\xfe");
+  std::filesystem::create_directories(bad);
+  write("m\xff\xfe/config.json", dense_tiny_config());
+  // Dumps and reports record the model and tokens file as JSON text, which is UTF-8.
+  expect_bad_input(run_limited(60, "run --lengths 5,9 --model '" + bad + "' --out " + path("o.safetensors")),
+                   "command line: --model[0]: ");
+  EXPECT_NE(err_.find("UTF-8"), std::string::npos) << err_;
+  expect_bad_input(run_limited(20, "sweep --model '" + bad + "' --json " + path("r.json")), "--model[0]");
+  const std::string tokens = write("t\xff.json", "{\"sequences\": [[1, 2, 3]]}");
+  expect_bad_input(run_limited(20, "run --tokens '" + tokens + "' --out " + path("o.safetensors")),
+                   "command line: --tokens: ");
+  EXPECT_NE(err_.find("UTF-8"), std::string::npos) << err_;
+  EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+}
+
+// --- item 11: exit codes and messages of the command line ------------------------------
+
+TEST_F(CliHangs, ImpossibleGridBlamesTheFlagThatMadeIt) {
+  expect_bad_input(run_limited(20, "sweep --model qwen3-dense-tiny --cp 1000"), "command line: --cp: ");
+  EXPECT_EQ(err_.find("default plan"), std::string::npos) << err_;
+  const std::string plan = write("plan.json", "{\"models\": [\"qwen3-dense-tiny\"], \"tp\": [3, 5]}");
+  expect_bad_input(run_limited(20, "sweep --plan " + plan), plan + ": tp: ");
+  // Given with an axis that is fine, the impossible one is blamed.
+  expect_bad_input(run_limited(20, "sweep --model qwen3-dense-tiny --tp 1,2 --cp 1000"), "command line: --cp: ");
+}
+
+TEST_F(CliHangs, NegativeAndOutOfRangeIntegersAreRefused) {
+  for (const std::string opt : {"--seed", "--weight-seed", "--coef-seed"}) {
+    EXPECT_EQ(run_limited(20, "run " + opt + " -1 --out " + path("o.safetensors")), 2) << opt << out_ << err_;
+    EXPECT_NE(err_.find(opt), std::string::npos) << err_;
+    EXPECT_EQ(run_limited(20, "run " + opt + " 18446744073709551616 --out " + path("o.safetensors")), 2)
+        << opt << out_ << err_;
+    EXPECT_NE(err_.find(opt), std::string::npos) << err_;
+  }
+  EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+  EXPECT_EQ(run_limited(20, "run --lengths 5,99999999999 --out " + path("o.safetensors")), 2) << err_;
+  EXPECT_NE(err_.find("--lengths"), std::string::npos) << err_;
+  EXPECT_EQ(run_limited(20, "sweep --tp 1,-2"), 2) << err_;
+  EXPECT_NE(err_.find("--tp"), std::string::npos) << err_;
+  // The largest seed is fine.
+  EXPECT_EQ(run_limited(60, "run --lengths 5,9 --seed 18446744073709551615 --out " + path("o.safetensors")), 0) << err_;
+}
+
+TEST_F(CliHangs, HugeUserInputIsCutInMessages) {
+  const std::string digits(100000, '1');
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"sweep --layout tp" + digits + "-ep1-cp1", "--layout[0]"},
+      {"sweep --path chunked:" + digits, "--path[0]"},
+      {"sweep --model x" + digits, "--model[0]"},
+      {"sweep --contract c" + digits, "--contract[0]"},
+      {"sweep --implementation i" + digits, "--implementation[0]"},
+  };
+  for (const auto& [args, field] : bad) {
+    expect_bad_input(run_limited(20, args), "command line: " + field + ": ");
+    EXPECT_LT(err_.size(), 400u) << err_.substr(0, 400);
+    EXPECT_NE(err_.find(" characters)"), std::string::npos) << err_.substr(0, 400);
+  }
+}
+
+TEST_F(CliHangs, UnreadableFolderIsPermissionDeniedNotMissing) {
+  // Root reads anything; drop the capabilities that let it (as any user runs).
+  if (std::system("setpriv --help >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs setpriv (util-linux)";
+  const std::string no_dac = "--inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search ";
+  std::filesystem::create_directories(path("locked/m"));
+  write("locked/m/config.json", dense_tiny_config());
+  ::chmod(path("locked").c_str(), 0);
+  const int rc = shell("setpriv " + no_dac + "'" + BP_BITPARITY_EXE + "' run --model " + path("locked/m") + " --out " +
+                       path("o.safetensors"));
+  const std::string model_err = err_;
+  const int tokens_rc = shell("setpriv " + no_dac + "'" + BP_BITPARITY_EXE + "' run --tokens " +
+                              path("locked/t.json") + " --out " + path("o.safetensors"));
+  const std::string tokens_err = err_;
+  ::chmod(path("locked").c_str(), 0755);
+  if (rc == 0) GTEST_SKIP() << "the file system lets this process read a folder with mode 0";
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(model_err.find("Permission denied"), std::string::npos) << model_err;
+  EXPECT_EQ(model_err.find("does not exist"), std::string::npos) << model_err;
+  EXPECT_EQ(tokens_rc, 2);
+  EXPECT_NE(tokens_err.find("Permission denied"), std::string::npos) << tokens_err;
+}
+
 }  // namespace
 }  // namespace bp
