@@ -81,7 +81,8 @@ std::string read_text_file(const std::string& path, size_t max_bytes) {
     s.append(buf, static_cast<size_t>(n));
     if (s.size() > max_bytes) {
       ::close(fd);
-      throw BadInput(path, "", "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
+      throw BadInput(path, "",
+                     "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
     }
   }
   ::close(fd);
