@@ -71,6 +71,9 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["grads"] = !no_grads_; });
   add(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
       [this](json& j) { j["capture"] = capture_; });
+  app->add_flag("--force", force_,
+                "run a plan beyond the work limits (README \"Work limits\": about 2 hours of CPU reference time, "
+                "the machine's physical memory)");
 }
 
 json PlanFlags::given() const {
@@ -83,6 +86,7 @@ json PlanFlags::given() const {
 SweepPlan PlanFlags::plan(SweepPlan base) const {
   if (!plan_file_.empty()) apply_plan_file(plan_file_, base);
   apply_plan_json(given(), "command line", true, base);
+  base.force = force_;
   return base;
 }
 
@@ -98,6 +102,10 @@ int exit_for_error(const char* cmd, std::FILE* err) {
   } catch (const CannotTest& e) {
     std::fprintf(err, "bitparity %s: cannot test here: %s\n", cmd, e.what());
     return kExitCannotTest;
+  } catch (const std::bad_alloc&) {  // the plan's size is the user's to choose
+    std::fprintf(err, "bitparity %s: bad input: out of memory: the plan needs more memory than this process can get "
+                 "(README \"Work limits\")\n", cmd);
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
     return kExitInternal;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <new>
 
 #include "harness/engine/cuda_implementation.h"
 #include "harness/engine/models.h"
@@ -49,6 +50,16 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
 }
 
 namespace {
+
+// f(), a std::bad_alloc turned into bad input that says what the plan needs.
+template <class F>
+auto within_memory(const WorkEstimate& w, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(w);
+  }
+}
 
 // The grid axis to blame when no layout of the grid can run a model: the first whose
 // every size the model refuses on its own (the other axes 1), else the first axis a
@@ -209,9 +220,28 @@ CaseEngine::CaseEngine(SweepPlan plan) : plan_(std::move(plan)) {
       }
     }
   }
+  work_ = estimate_work();
+  check_work_limits(work_, plan_.force);
 }
 
 CaseEngine::~CaseEngine() = default;
+
+WorkEstimate CaseEngine::estimate_work() const {
+  WorkEstimate w;
+  const ModelEntry* model = nullptr;
+  const Contract* contract = nullptr;
+  for (const CaseSpec& c : cases_) {
+    if (&c.model != model || &c.contract != contract) {  // its canonical reference: extend, with the backward
+      model = &c.model;
+      contract = &c.contract;
+      w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
+    }
+    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
+    w = combined(w, estimate_run(c.model.config, c.model.tokens, backward));
+  }
+  w.cases = cases_.size();
+  return w;
+}
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
   return c.model.name + "/" + c.contract.name + "/" + implementation_name(c.implementation) + "/" + c.layout.name() + "/" +
@@ -230,6 +260,10 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
 }
 
 std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+  return within_memory(work_, [&] { return run_case(c); });
+}
+
+std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
   const ModelConfig& cfg = c.model.config;
   const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
@@ -278,7 +312,7 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   return *canonical_;
 }
 
-Case CaseEngine::compare(const CaseSpec& spec) {
+Case CaseEngine::case_header(const CaseSpec& spec) const {
   Case out;
   out.id = case_id(spec);
   out.parameters = {{"model", spec.model.name},
@@ -289,6 +323,22 @@ Case CaseEngine::compare(const CaseSpec& spec) {
                     {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
+  return out;
+}
+
+Case CaseEngine::interrupted(const CaseSpec& spec) const {
+  Case out = case_header(spec);
+  out.verdict = Verdict::kSkipped;
+  out.skip_reason = "interrupted: stopped by a second SIGINT/SIGTERM before it finished";
+  return out;
+}
+
+Case CaseEngine::compare(const CaseSpec& spec) {
+  return within_memory(work_, [&] { return compare_case(spec); });
+}
+
+Case CaseEngine::compare_case(const CaseSpec& spec) {
+  Case out = case_header(spec);
   // The time is the case's own model work: its weights are loaded (once per model),
   // copied to the device (cuda, unsharded: once per model and contract) and the
   // reference is computed (once per model and contract) outside it.

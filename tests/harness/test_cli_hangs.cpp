@@ -44,9 +44,9 @@ class CliHangs : public test::CliTest {
     EXPECT_EQ(::mkfifo(p.c_str(), 0644), 0) << p;
     return p;
   }
-  // bitparity `args` under a time limit: 124 when it would have hung.
+  // bitparity `args` under a time limit (SIGKILL: a sweep finishes its case on SIGTERM); 137 when it would hang.
   int run_limited(int seconds, const std::string& args) {
-    return shell("timeout " + std::to_string(seconds) + " '" + BP_BITPARITY_EXE + "' " + args);
+    return shell("timeout -s KILL " + std::to_string(seconds) + " '" + BP_BITPARITY_EXE + "' " + args);
   }
   // The message is one line naming `what`, exit code 2.
   void expect_bad_input(int rc, const std::string& what) const {
@@ -138,6 +138,102 @@ TEST_F(CliHangs, NonUtf8PathsAreBadInput) {
                    "command line: --tokens: ");
   EXPECT_NE(err_.find("UTF-8"), std::string::npos) << err_;
   EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+}
+
+// --- item 5: runaway work ---------------------------------------------------------------
+
+TEST_F(CliHangs, WorkBeyondTheLimitIsRefusedUnlessForced) {
+  // 40960 tokens of Qwen3-0.6B: about two days of CPU reference time.
+  for (const std::string& cmd : std::vector<std::string>{"run --out " + path("o.safetensors"), "sweep",
+                                                        "bisect --a path=extend --b path=decode"}) {
+    expect_bad_input(run_limited(60, cmd + " --model qwen3-0.6b --lengths 40960"),
+                     "work estimate: the plan needs about ");
+    EXPECT_NE(err_.find("FLOP"), std::string::npos) << err_;
+    EXPECT_NE(err_.find("--force"), std::string::npos) << err_;
+  }
+  // A model too large for the memory it may have: refused by the estimate or, with
+  // --force, out of memory; either way bad input with the estimate, never exit 3.
+  const std::string limited = "ulimit -v 8000000; ";
+  EXPECT_EQ(shell(limited + "timeout 120 '" + BP_BITPARITY_EXE + "' run --model qwen3-30b-a3b --lengths 5,9 --out " +
+                  path("o.safetensors")),
+            2)
+      << err_;
+  EXPECT_NE(err_.find("work estimate: "), std::string::npos) << err_;
+  EXPECT_NE(err_.find("GiB"), std::string::npos) << err_;
+  EXPECT_EQ(shell(limited + "timeout 120 '" + BP_BITPARITY_EXE + "' run --force --model qwen3-30b-a3b --lengths 5,9 " +
+                  "--out " + path("o.safetensors")),
+            2)
+      << err_;
+  EXPECT_NE(err_.find("work estimate: out of memory: the plan needs about "), std::string::npos) << err_;
+  EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+}
+
+// The signals the process catches, from /proc (the SigCgt mask).
+uint64_t caught_signals(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("SigCgt:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
+
+TEST_F(CliHangs, SecondSigtermStopsTheCaseInFlight) {
+  const std::string report = path("r.json");
+  // One case of about a minute: the reference's extend forward and backward of 3000 tokens.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!std::freopen(path("out.txt").c_str(), "w", stdout)) std::_Exit(99);
+    ::execl(BP_BITPARITY_EXE, BP_BITPARITY_EXE, "sweep", "--model", "qwen3-dense-tiny", "--contract", "bf16-fmaseq-v1",
+            "--lengths", "3000", "--implementation", "reference", "--path", "extend", "--json", report.c_str(),
+            static_cast<char*>(nullptr));
+    std::_Exit(98);
+  }
+  // Once the sweep handles SIGTERM (it does from its first case on), send two.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!(caught_signals(pid) & (uint64_t{1} << (SIGTERM - 1))) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const auto sent = Clock::now();
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) == 0 && Clock::now() - sent < std::chrono::seconds(15))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (Clock::now() - sent >= std::chrono::seconds(15)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    FAIL() << "the case in flight ran on after the second SIGTERM";
+  }
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 130) << read(path("out.txt"));
+  const json j = json::parse(read(report));
+  EXPECT_EQ(j["status"], "interrupted");
+  ASSERT_EQ(j["cases"].size(), 1u);
+  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/reference/tp1-ep1-cp1/extend");
+  EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
+  EXPECT_EQ(j["cases"][0]["skip_reason"].get<std::string>().rfind("interrupted: ", 0), 0u) << j["cases"][0];
+}
+
+TEST_F(CliHangs, ATerminalShowsTheEstimateAndTheLayerOfALongCase) {
+  if (std::system("script --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs script (util-linux)";
+  // script(1) gives the sweep a terminal; its output is the terminal's.
+  ASSERT_EQ(shell("script -qec \"'" + std::string(BP_BITPARITY_EXE) +
+                  "' sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --lengths 600 --implementation "
+                  "reference --path extend\" /dev/null"),
+            0)
+      << out_ << err_;
+  EXPECT_NE(out_.find("sweep: 1 cases: about "), std::string::npos) << out_;
+  EXPECT_NE(out_.find("FLOP (about "), std::string::npos) << out_;
+  // A backward layer of 600 tokens takes longer than the line's refresh interval.
+  EXPECT_NE(out_.find("backward layer "), std::string::npos) << out_;
+  // Without a terminal: neither.
+  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --lengths 5 --implementation reference "
+                "--path extend"),
+            0);
+  EXPECT_EQ((out_ + err_).find("layer "), std::string::npos) << out_ << err_;
+  EXPECT_EQ((out_ + err_).find("FLOP"), std::string::npos) << out_ << err_;
 }
 
 // --- item 11: exit codes and messages of the command line ------------------------------
