@@ -179,13 +179,15 @@ uint64_t caught_signals(pid_t pid) {
 
 TEST_F(CliHangs, SecondSigtermStopsTheCaseInFlight) {
   const std::string report = path("r.json");
-  // One case of about a minute: the reference's extend forward and backward of 3000 tokens.
+  // One case of a minute or more: the reference's decode of 4000 tokens (then the canonical
+  // extend forward and backward). Decode's ops are short, so cancellation, checked between
+  // ops, is prompt.
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (!std::freopen(path("out.txt").c_str(), "w", stdout)) std::_Exit(99);
     ::execl(BP_BITPARITY_EXE, BP_BITPARITY_EXE, "sweep", "--model", "qwen3-dense-tiny", "--contract", "bf16-fmaseq-v1",
-            "--lengths", "3000", "--implementation", "reference", "--path", "extend", "--json", report.c_str(),
+            "--lengths", "4000", "--implementation", "reference", "--path", "decode", "--json", report.c_str(),
             static_cast<char*>(nullptr));
     std::_Exit(98);
   }
@@ -211,7 +213,7 @@ TEST_F(CliHangs, SecondSigtermStopsTheCaseInFlight) {
   const json j = json::parse(read(report));
   EXPECT_EQ(j["status"], "interrupted");
   ASSERT_EQ(j["cases"].size(), 1u);
-  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/reference/tp1-ep1-cp1/extend");
+  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/reference/tp1-ep1-cp1/decode");
   EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
   EXPECT_EQ(j["cases"][0]["skip_reason"].get<std::string>().rfind("interrupted: ", 0), 0u) << j["cases"][0];
 }
