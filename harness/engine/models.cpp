@@ -39,8 +39,8 @@ ModelConfig model_config(const std::string& spec, const std::string& base_dir, c
   }
   const std::string dir = directory_of(spec, base_dir);
   const fs::file_type type = io::path_type(dir, source, field);
-  if (type == fs::file_type::not_found) throw io::BadInput(source, field, "model directory '" + dir + "' does not exist");
-  if (type != fs::file_type::directory) throw io::BadInput(source, field, "'" + dir + "' is not a directory");
+  if (type == fs::file_type::not_found) throw io::BadInput(source, field, "model directory " + io::quoted_input(dir) + " does not exist");
+  if (type != fs::file_type::directory) throw io::BadInput(source, field, io::quoted_input(dir) + " is not a directory");
   return io::load_hf_config(dir);
 }
 

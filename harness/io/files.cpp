@@ -60,7 +60,7 @@ std::filesystem::file_type path_type(const std::string& path, const std::string&
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::status(path, ec);
   if (ec && st.type() != std::filesystem::file_type::not_found)
-    throw BadInput(file.empty() ? path : file, field, (file.empty() ? "" : path + ": ") + ec.message());
+    throw BadInput(file.empty() ? path : file, field, (file.empty() ? "" : quoted_input(path) + ": ") + ec.message());
   return st.type();
 }
 

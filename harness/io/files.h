@@ -30,7 +30,7 @@ int open_regular_file(const std::string& path, struct stat& st);
 
 // The type of what is at `path`, symlinks followed (not_found when nothing is). When
 // the file system cannot say (a symlink loop, permission denied on a folder on the
-// way): BadInput(file, field, "<path>: <the OS's reason>"), `file` defaulting to path.
+// way): BadInput(file, field, "'<path>': <the OS's reason>"), `file` defaulting to path.
 std::filesystem::file_type path_type(const std::string& path, const std::string& file = "",
                                      const std::string& field = "");
 

@@ -269,14 +269,17 @@ TEST_F(CliHangs, NegativeAndOutOfRangeIntegersAreRefused) {
 TEST_F(CliHangs, HugeUserInputIsCutInMessages) {
   const std::string digits(100000, '1');
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"sweep --layout tp" + digits + "-ep1-cp1", "--layout[0]"},
-      {"sweep --path chunked:" + digits, "--path[0]"},
-      {"sweep --model x" + digits, "--model[0]"},
-      {"sweep --contract c" + digits, "--contract[0]"},
-      {"sweep --implementation i" + digits, "--implementation[0]"},
+      {"sweep --layout tp" + digits + "-ep1-cp1", "command line: --layout[0]"},
+      {"sweep --path chunked:" + digits, "command line: --path[0]"},
+      {"sweep --model x" + digits, "command line: --model[0]"},
+      {"sweep --contract c" + digits, "command line: --contract[0]"},
+      {"sweep --implementation i" + digits, "command line: --implementation[0]"},
+      {"sweep --model ./d" + digits, "command line: --model[0]"},
+      {"bisect --b path=decode --a temperature=" + digits + "x", "--a: temperature"},
+      {"bisect --b path=decode --a tp=1," + digits, "--a: tp"},
   };
   for (const auto& [args, field] : bad) {
-    expect_bad_input(run_limited(20, args), "command line: " + field + ": ");
+    expect_bad_input(run_limited(20, args), field + ": ");
     EXPECT_LT(err_.size(), 400u) << err_.substr(0, 400);
     EXPECT_NE(err_.find(" characters)"), std::string::npos) << err_.substr(0, 400);
   }
