@@ -239,7 +239,6 @@ WorkEstimate CaseEngine::estimate_work() const {
     const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
     w = combined(w, estimate_run(c.model.config, c.model.tokens, backward));
   }
-  w.cases = cases_.size();
   return w;
 }
 

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 
 #include "harness/io/errors.h"
@@ -46,12 +45,12 @@ std::string flops_text(double f) {
   return scaled(f, units, 7, 1000);
 }
 
-std::string gib_text(double b) {
+std::string memory_text(double b) {
   static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   return scaled(b, units, 6, 1024);
 }
 
-std::string hours_text(double seconds) {
+std::string rough_duration_text(double seconds) {
   char buf[48];
   if (seconds < 90) std::snprintf(buf, sizeof buf, "%.0f s", seconds);
   else if (seconds < 90 * 60) std::snprintf(buf, sizeof buf, "%.0f min", seconds / 60);
@@ -81,19 +80,18 @@ WorkEstimate estimate_run(const ModelConfig& cfg, const std::vector<std::vector<
   const double forward = flops_per_token * tokens + attention;
   const double params = parameter_count(cfg);
   WorkEstimate w;
-  w.cases = 1;
   w.flops = backward ? 3 * forward : forward;
   w.peak_bytes = 2 * params + (backward ? 4 * params : 0) + 4 * tokens * (activations_per_token + 2 * V);
   return w;
 }
 
 WorkEstimate combined(const WorkEstimate& a, const WorkEstimate& b) {
-  return {a.flops + b.flops, std::max(a.peak_bytes, b.peak_bytes), a.cases + b.cases};
+  return {a.flops + b.flops, std::max(a.peak_bytes, b.peak_bytes)};
 }
 
 std::string work_text(const WorkEstimate& w) {
-  return "about " + flops_text(w.flops) + " (about " + hours_text(w.flops / kReferenceFlopsPerSecond) +
-         " of CPU reference time), peak memory about " + gib_text(w.peak_bytes);
+  return "about " + flops_text(w.flops) + " (about " + rough_duration_text(w.flops / kReferenceFlopsPerSecond) +
+         " of CPU reference time), peak memory about " + memory_text(w.peak_bytes);
 }
 
 double physical_memory_bytes() {
@@ -104,11 +102,11 @@ double physical_memory_bytes() {
 std::string work_limit_problem(const WorkEstimate& w, double physical_bytes) {
   const std::string force = "; --force runs it anyway (README \"Work limits\")";
   if (physical_bytes > 0 && w.peak_bytes > physical_bytes)
-    return "the plan needs " + work_text(w) + ", more than this machine's " + gib_text(physical_bytes) +
+    return "the plan needs " + work_text(w) + ", more than this machine's " + memory_text(physical_bytes) +
            " of physical memory" + force;
   if (w.flops > kMaxFlops)
     return "the plan needs " + work_text(w) + ", more than the limit of " + flops_text(kMaxFlops) + " (about " +
-           hours_text(kMaxFlops / kReferenceFlopsPerSecond) + ")" + force;
+           rough_duration_text(kMaxFlops / kReferenceFlopsPerSecond) + ")" + force;
   return "";
 }
 
@@ -120,7 +118,7 @@ void check_work_limits(const WorkEstimate& w, bool force) {
 
 void throw_out_of_memory(const WorkEstimate& w) {
   throw io::BadInput("work estimate", "", "out of memory: the plan needs " + work_text(w) + "; this machine has " +
-                                              gib_text(physical_memory_bytes()) + " of physical memory");
+                                              memory_text(physical_memory_bytes()) + " of physical memory");
 }
 
 }  // namespace bp::harness

@@ -5,8 +5,9 @@
 //
 // The model (an estimate, within a small factor of the truth, never a measurement):
 //   forward FLOPs per token and layer: 2·H·(q + 2·kv) + 2·q·H (projections), the MLP
-//     (2·3·H·I dense; 2·H·E + 2·3·H·Im·top_k MoE), attention 2·2·heads·head_dim·(t+1)
-//     at position t; per token 2·H·V for the logits; the backward costs twice the forward.
+//     (2·3·H·I dense; 2·3·H·(Im·top_k + E) MoE, the router counted as experts' rows),
+//     attention 2·2·heads·head_dim·(t+1) at position t; per token 2·H·V for the logits;
+//     the backward costs twice the forward.
 //   peak bytes of a case: the weights (bf16) and their gradients (fp32), per token and
 //     layer the activations the backward keeps (fp32), per token the logits' rows (fp32).
 // Every case counts its implementation's run, and each (model, contract) its canonical
@@ -23,7 +24,6 @@ namespace bp::harness {
 struct WorkEstimate {
   double flops = 0;       // every case and canonical reference, in floating-point operations
   double peak_bytes = 0;  // the most memory one case needs
-  size_t cases = 0;
 };
 
 // The limits beyond which a plan is refused without --force: the FLOPs the CPU reference
@@ -35,7 +35,7 @@ inline constexpr double kMaxFlops = kReferenceFlopsPerSecond * 3600 * kMaxHours;
 // One run of `cfg` on `seqs`: its forward, and its backward when `backward`.
 WorkEstimate estimate_run(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& seqs, bool backward);
 
-// a + b: FLOPs and cases add up, the peak is the larger.
+// a then b: the FLOPs add up, the peak is the larger.
 WorkEstimate combined(const WorkEstimate& a, const WorkEstimate& b);
 
 // "about 1.2 TFLOP (about 20 min of CPU reference time), peak memory about 3.4 GiB".

@@ -27,6 +27,19 @@ bool names_standard_input(const std::string& path) {
   throw IoError(path + ": cannot open: " + std::strerror(e));
 }
 
+// A descriptor closed when it goes out of scope.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() { ::close(fd_); }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 [[noreturn]] void refuse_non_regular(const std::string& path, int fd) {
   if (fd >= 0) ::close(fd);
   throw BadInput(path, "", "not a regular file (a FIFO, device, socket or directory); bitparity reads regular files");
@@ -66,27 +79,19 @@ std::filesystem::file_type path_type(const std::string& path, const std::string&
 
 std::string read_text_file(const std::string& path, size_t max_bytes) {
   struct stat st {};
-  const int fd = open_regular_file(path, st);
+  const ScopedFd fd(open_regular_file(path, st));
   std::string s;
   char buf[65536];
   while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      throw IoError(path + ": read failed: " + std::strerror(e));
-    }
-    if (n == 0) break;
+    if (n < 0) throw IoError(path + ": read failed: " + std::strerror(errno));
+    if (n == 0) return s;
     s.append(buf, static_cast<size_t>(n));
-    if (s.size() > max_bytes) {
-      ::close(fd);
+    if (s.size() > max_bytes)
       throw BadInput(path, "",
                      "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
-    }
   }
-  ::close(fd);
-  return s;
 }
 
 std::string write_path_problem(const std::string& path) {
