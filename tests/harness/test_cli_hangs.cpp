@@ -90,6 +90,11 @@ TEST_F(CliHangs, FifoInputsAreRefusedNotOpened) {
   const std::string tokens = fifo("tokens.json");
   expect_bad_input(run_limited(20, "run --tokens " + tokens + " --out " + path("o.safetensors")),
                    tokens + ": not a regular file");
+  // A dump to diff, a report to read back.
+  const std::string dump = fifo("dump.safetensors");
+  expect_bad_input(run_limited(20, "diff " + dump + " " + dump), dump + ": not a regular file");
+  const std::string report = fifo("r.json");
+  expect_bad_input(run_limited(20, "report " + report), report + ": not a regular file");
   // A symlink to a FIFO is the FIFO.
   std::filesystem::create_symlink(plan, path("plan_link.json"));
   expect_bad_input(run_limited(20, "sweep --plan " + path("plan_link.json")), "not a regular file");
