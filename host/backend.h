@@ -10,6 +10,7 @@
 
 #include "program/backend.h"
 #include "program/layouts/comm.h"
+#include "program/run_control.h"
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/fp.h"
 #include "reference/numerics/reduce.h"
@@ -116,9 +117,11 @@ struct HostBackend {
     return concat<T>(comm.all_to_all(pieces));
   }
 
-#define BP_HOST_OP(op)                         \
-  template <class... A>                        \
-  decltype(auto) op(A&&... a) const {          \
+  // Every op first checks for a requested cancellation (program/run_control.h).
+#define BP_HOST_OP(op)                           \
+  template <class... A>                          \
+  decltype(auto) op(A&&... a) const {            \
+    run_control::check();                        \
     return ::bp::ref::op(std::forward<A>(a)...); \
   }
   BP_PROGRAM_OPS(BP_HOST_OP)

@@ -15,6 +15,7 @@
 #include "program/model_check.h"
 #include "program/results.h"
 #include "program/path.h"
+#include "program/run_control.h"
 #include "reference/model/loss.h"
 #include "reference/model/model_graph.h"
 #include "reference/ops/attention.h"
@@ -239,6 +240,7 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
   BBuf ao = zeros(T, H), mo = zeros(T, H), kp = zeros(kv_rows, KD), vp = zeros(kv_rows, KD);
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
+    run_control::at_layer("forward", li, cfg_.num_hidden_layers);
     const size_t l = static_cast<size_t>(li);
     // Fresh buffers per layer: the backward keeps them (moved, not copied).
     BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD),
@@ -485,6 +487,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const auto pos_dev = be_.resident(pos);
   const auto tok_dev = be_.resident(sv.tokens);
   for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
+    run_control::at_layer("backward", li, cfg_.num_hidden_layers);
     typename Saved::Layer& s = sv.layers[static_cast<size_t>(li)];
     // dx is the gradient of the layer's output x_out = R(x_mid + mlp_out).
     // MLP branch: its output gradient is dx.

@@ -65,7 +65,7 @@ json spec_json(const std::string& spec, const std::string& source) {
       const size_t c = std::min(v.find(',', s), v.size());
       const std::string n = v.substr(s, c - s);
       if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 18)
-        throw io::BadInput(source, key, "'" + v + "' is not a list of non-negative integers");
+        throw io::BadInput(source, key, io::quoted_input(v) + " is not a list of non-negative integers");
       list.push_back(std::stoull(n));
       s = c + 1;
     }
@@ -96,7 +96,7 @@ json spec_json(const std::string& spec, const std::string& source) {
     } else if (k == "temperature") {
       char* end = nullptr;
       const double t = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end) throw io::BadInput(source, k, "'" + v + "' is not a number");
+      if (v.empty() || *end) throw io::BadInput(source, k, io::quoted_input(v) + " is not a number");
       j[k] = t;
     } else {
       throw io::BadInput(source, k,

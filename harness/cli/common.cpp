@@ -1,6 +1,9 @@
 // What the subcommands share: the plan options and the error-to-exit-code maps.
 #include "harness/cli/common.h"
 
+#include <charconv>
+#include <new>
+
 #include "harness/engine/cases.h"
 #include "harness/engine/models.h"
 #include "harness/exit_codes.h"
@@ -10,6 +13,22 @@
 namespace bp::harness {
 
 using nlohmann::json;
+
+namespace {
+
+// CLI11 reads "-1" into a uint64_t as 2^64 - 1 (strtoull's rule); a seed on the command
+// line is what a plan file's must be, an integer in [0, 2^64 - 1].
+const CLI::Validator kSeed(
+    [](std::string& s) -> std::string {
+      uint64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+        return "must be an integer in [0, 18446744073709551615], got " + io::quoted_input(s);
+      return "";
+    },
+    "UINT64");
+
+}  // namespace
 
 void PlanFlags::add_to(CLI::App* app) {
   // Each option remembers how to put itself into the plan JSON when given.
@@ -40,16 +59,17 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["cp_split"] = cp_split_; });
   add(app->add_option("--path", paths_, "extend, chunked:<n>[,<n>...], decode, ragged; repeatable"),
       [this](json& j) { j["paths"] = paths_; });
-  add(app->add_option("--seed", seed_, "token seed (random sequences of --lengths)"),
+  add(app->add_option("--seed", seed_, "token seed (random sequences of --lengths)")->check(kSeed),
       [this](json& j) { j["tokens"]["seed"] = seed_; });
   add(app->add_option("--lengths", lengths_, "sequence lengths, e.g. 9,17,24")->delimiter(','),
       [this](json& j) { j["tokens"]["lengths"] = lengths_; });
   add(app->add_option("--tokens", tokens_file_, "tokens file {\"sequences\": [[...], ...]}"),
       [this](json& j) { j["tokens"]["file"] = tokens_file_; });
   add(app->add_option("--weight-seed", weight_seed_,
-                      "seed of generated weights (fixtures, and model directories with no weight file)"),
+                      "seed of generated weights (fixtures, and model directories with no weight file)")
+          ->check(kSeed),
       [this](json& j) { j["weight_seed"] = weight_seed_; });
-  add(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t"),
+  add(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t")->check(kSeed),
       [this](json& j) { j["coef_seed"] = coef_seed_; });
   add(app->add_option("--temperature", temperature_, "logprob temperature"),
       [this](json& j) { j["temperature"] = temperature_; });
@@ -61,6 +81,9 @@ void PlanFlags::add_to(CLI::App* app) {
                     "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
                     "them: for deliberate tests of NaN handling"),
       [this](json& j) { j["allow_nonfinite_weights"] = allow_nonfinite_weights_; });
+  app->add_flag("--force", force_,
+                "run a plan beyond the work limits (README \"Work limits\": about 2 hours of CPU reference time, "
+                "the machine's physical memory)");
 }
 
 json PlanFlags::given() const {
@@ -73,6 +96,7 @@ json PlanFlags::given() const {
 SweepPlan PlanFlags::plan(SweepPlan base) const {
   if (!plan_file_.empty()) apply_plan_file(plan_file_, base);
   apply_plan_json(given(), "command line", true, base);
+  base.force = force_;
   return base;
 }
 
@@ -123,6 +147,10 @@ int exit_for_error(const char* cmd, std::FILE* err) {
   } catch (const CannotTest& e) {
     std::fprintf(err, "bitparity %s: cannot test here: %s\n", cmd, e.what());
     return kExitCannotTest;
+  } catch (const std::bad_alloc&) {  // the plan's size is the user's to choose
+    std::fprintf(err, "bitparity %s: bad input: out of memory: the plan needs more memory than this process can get "
+                 "(README \"Work limits\")\n", cmd);
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());
     return kExitInternal;

@@ -3,23 +3,30 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <map>
+#include <mutex>
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
 #include "harness/exit_codes.h"
 #include "harness/report/report.h"
+#include "program/run_control.h"
 
 namespace bp::harness {
 
 namespace {
 
-// Set by SIGINT/SIGTERM: the sweep stops after the case in flight.
+// Set by SIGINT/SIGTERM: the sweep stops after the case in flight. A second signal
+// cancels that case too (run_control: the programs stop at their next op).
 volatile std::sig_atomic_t g_stop = 0;
-extern "C" void on_stop_signal(int) { g_stop = 1; }
+extern "C" void on_stop_signal(int) {
+  if (g_stop) run_control::cancel_requested.store(true, std::memory_order_relaxed);
+  g_stop = 1;
+}
 
 void install_stop_handlers() {
   struct sigaction sa {};
@@ -42,17 +49,32 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
-// "cases done/total, elapsed, ETA" on one rewritten line of a terminal.
+// "cases done/total, elapsed, ETA, case, layer" on one rewritten line of a terminal:
+// rewritten when a case starts, and as its layers go by (at most every kLayerInterval,
+// so only a long case shows them). While enabled, the programs' layer observer.
 class Progress {
  public:
-  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled && ::isatty(STDERR_FILENO)) {}
-  void update(size_t done, const std::string& now) const {
+  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled && ::isatty(STDERR_FILENO)) {
+    if (enabled_) {
+      active_ = this;
+      run_control::layer_observer.store(&on_layer);
+    }
+  }
+  ~Progress() {
     if (!enabled_) return;
-    const double el = elapsed();
-    const std::string eta = done ? clock_text(el / static_cast<double>(done) * static_cast<double>(total_ - done)) : "?";
-    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s elapsed, ETA %s  %s", done, total_, clock_text(el).c_str(), eta.c_str(),
-                 now.c_str());
-    std::fflush(stderr);
+    run_control::layer_observer.store(nullptr);
+    active_ = nullptr;
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  bool enabled() const { return enabled_; }
+  void update(size_t done, const std::string& now) {
+    if (!enabled_) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    done_ = done;
+    case_ = now;
+    print("");
   }
   void finish() const {
     if (enabled_) std::fprintf(stderr, "\r\033[K");
@@ -62,8 +84,31 @@ class Progress {
   }
 
  private:
-  size_t total_;
+  static constexpr double kLayerInterval = 0.2;  // seconds
+
+  static void on_layer(const char* pass, int64_t layer, int64_t layers) {
+    Progress* p = active_;
+    if (!p) return;
+    const std::lock_guard<std::mutex> lock(p->mutex_);
+    if (p->elapsed() - p->printed_at_ < kLayerInterval) return;
+    p->print(std::string("  ") + pass + " layer " + std::to_string(layer + 1) + "/" + std::to_string(layers));
+  }
+  void print(const std::string& layer) {
+    const double el = elapsed();
+    printed_at_ = el;
+    const std::string eta =
+        done_ ? clock_text(el / static_cast<double>(done_) * static_cast<double>(total_ - done_)) : "?";
+    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s elapsed, ETA %s  %s%s", done_, total_, clock_text(el).c_str(),
+                 eta.c_str(), case_.c_str(), layer.c_str());
+    std::fflush(stderr);
+  }
+
+  static inline std::atomic<Progress*> active_{nullptr};
+  size_t total_, done_ = 0;
   bool enabled_;
+  std::string case_;
+  double printed_at_ = 0;
+  std::mutex mutex_;  // the layer observer runs on the emulated ranks' threads
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -161,12 +206,22 @@ int sweep(const SweepOptions& o) {
     r.environment.contract_knob_hash = engine.contracts().front()->knob_hash();
   }
   g_stop = 0;
+  run_control::cancel_requested = false;
   install_stop_handlers();
   const auto& cases = engine.cases();
-  const Progress progress(cases.size(), !o.quiet);
+  Progress progress(cases.size(), !o.quiet);
+  if (progress.enabled())
+    std::fprintf(stderr, "sweep: %zu cases: %s\n", cases.size(), work_text(engine.work()).c_str());
+  bool cancelled = false;
   for (size_t i = 0; i < cases.size() && !g_stop; ++i) {
     progress.update(i, engine.case_id(cases[i]));
-    r.cases.push_back(engine.compare(cases[i]));
+    try {
+      r.cases.push_back(engine.compare(cases[i]));
+    } catch (const run_control::Cancelled&) {
+      r.cases.push_back(engine.interrupted(cases[i]));
+      cancelled = true;
+      break;
+    }
     // A reader that went away (`| head -1`) ends the printing, not the sweep (SIGPIPE is ignored: main.cpp).
     if (o.verbose && !std::ferror(out)) {
       progress.finish();
@@ -175,7 +230,7 @@ int sweep(const SweepOptions& o) {
     }
   }
   progress.finish();
-  r.interrupted = r.cases.size() < cases.size();
+  r.interrupted = cancelled || r.cases.size() < cases.size();
   r.environment.weights = weights.origins();
 
   size_t tensors = 0;
@@ -218,9 +273,9 @@ Subcommand add_sweep_command(CLI::App& app) {
       "compare models x contracts x implementations x layouts x paths against the canonical reference (logprobs, entropy, "
       "every parameter gradient on the extend path, every op's output with --capture ops). With no arguments: the "
       "default sweep on the embedded tiny fixtures. Exit 0 all exact (or non-finite matches, with a warning), 1 a "
-      "mismatch (or, with --strict, a non-finite match), 2 bad usage or input, 3 internal "
-      "error, 125 nothing could be tested here, 130 interrupted (SIGINT/SIGTERM: the report holds the finished "
-      "cases, marked interrupted)");
+      "mismatch (or, with --strict, a non-finite match), 2 bad usage or input, 3 internal error, 125 nothing could "
+      "be tested here, 130 interrupted (SIGINT/SIGTERM stops after the case in flight, a second one stops that case "
+      "at once; the report holds the finished cases, marked interrupted)");
   o->plan.add_to(sub);
   sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json); '-': stdout");
   sub->add_option("--csv", o->csv, "write a CSV report (one row per case x tensor); '-': stdout");

@@ -45,8 +45,8 @@ Report build_diff(const std::string& a, const std::string& b, const std::vector<
     std::string from = m.substr(0, eq), to = m.substr(eq + 1);
     if (!fa.find(from)) throw BadInput(a, from, "--map names a tensor that is not in this file");
     if (!fb.find(to)) throw BadInput(b, to, "--map names a tensor that is not in this file");
-    if (rename.count(from)) throw BadInput("--map", m, "tensor '" + from + "' is mapped twice");
-    if (!map_targets.insert(to).second) throw BadInput("--map", m, "tensor '" + to + "' is a target twice");
+    if (rename.count(from)) throw BadInput("--map", m, "tensor " + io::quoted_input(from) + " is mapped twice");
+    if (!map_targets.insert(to).second) throw BadInput("--map", m, "tensor " + io::quoted_input(to) + " is a target twice");
     rename.emplace(std::move(from), std::move(to));
   }
 
@@ -68,7 +68,7 @@ Report build_diff(const std::string& a, const std::string& b, const std::vector<
     if (it != rename.end()) rec.name_b = bname;
     const TensorInfo* tb = fb.find(bname);
     if (tb && !used_b.insert(bname).second)
-      throw BadInput("--map", bname, "tensor '" + bname + "' of B is matched twice (by name and by --map)");
+      throw BadInput("--map", bname, "tensor " + io::quoted_input(bname) + " of B is matched twice (by name and by --map)");
     if (!tb) {
       rec.status = TensorStatus::kOnlyInA;
     } else {

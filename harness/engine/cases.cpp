@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <new>
 
 #include "harness/engine/cuda_implementation.h"
 #include "harness/engine/models.h"
@@ -47,6 +48,40 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
         }
   return r;
 }
+
+namespace {
+
+// f(), a std::bad_alloc turned into bad input that says what the plan needs.
+template <class F>
+auto within_memory(const WorkEstimate& w, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(w);
+  }
+}
+
+// The grid axis to blame when no layout of the grid can run a model: the first whose
+// every size the model refuses on its own (the other axes 1), else the first axis a
+// source of the plan set.
+std::string impossible_axis(const SweepPlan& plan, const ModelConfig& cfg, const Knobs& kn) {
+  const LayoutGrid& g = plan.grid;
+  auto refuses_all = [&](const std::vector<int>& sizes, int axis) {
+    return std::all_of(sizes.begin(), sizes.end(), [&](int n) {
+      layouts::Layout l;
+      (axis == 0 ? l.tp : axis == 1 ? l.ep : l.cp) = n;
+      return !layouts::shard_check(l, cfg, kn).empty();
+    });
+  };
+  const std::pair<const char*, const std::vector<int>*> axes[] = {{"tp", &g.tp}, {"ep", &g.ep}, {"cp", &g.cp}};
+  for (int a = 0; a < 3; ++a)
+    if (refuses_all(*axes[a].second, a)) return axes[a].first;
+  for (const char* key : {"tp", "ep", "cp", "cp_split"})
+    if (plan.origins.count(key)) return key;
+  return "tp";
+}
+
+}  // namespace
 
 // --- the engine -------------------------------------------------------------------
 
@@ -157,6 +192,7 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
       const Knobs& kn = contract->knobs;
       // The sharded implementations' layouts for this model and contract.
       std::vector<layouts::Layout> sharded;
+      std::vector<std::string> dropped;  // the grid's layouts the model cannot run, with the reason
       if (!plan_.layouts.empty()) {
         for (size_t i = 0; i < plan_.layouts.size(); ++i) {
           const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
@@ -166,7 +202,6 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
         }
         sharded = plan_.layouts;
       } else {
-        std::vector<std::string> dropped;
         sharded = grid_layouts(plan_.grid, cfg, kn, &dropped);
         if (contract == contracts_.front())
           for (const std::string& d : dropped) dropped_.push_back(model.name + ": " + d);
@@ -175,7 +210,9 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
           std::any_of(plan_.implementations.begin(), plan_.implementations.end(),
                       [](Implementation i) { return i != Implementation::kReference; });
       if (sharded.empty() && needs_layouts)
-        plan_.bad("tp", "", "no layout of the grid can run model " + model.name + " under " + contract->name);
+        plan_.bad(impossible_axis(plan_, cfg, kn), "",
+                  "no layout of the grid can run model " + model.name + " under " + contract->name + " (" +
+                      dropped.front() + ")");
       for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
             i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
@@ -184,9 +221,27 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
       }
     }
   }
+  work_ = estimate_work();
+  check_work_limits(work_, plan_.force);
 }
 
 CaseEngine::~CaseEngine() = default;
+
+WorkEstimate CaseEngine::estimate_work() const {
+  WorkEstimate w;
+  const ModelEntry* model = nullptr;
+  const Contract* contract = nullptr;
+  for (const CaseSpec& c : cases_) {
+    if (&c.model != model || &c.contract != contract) {  // its canonical reference: extend, with the backward
+      model = &c.model;
+      contract = &c.contract;
+      w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
+    }
+    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
+    w = combined(w, estimate_run(c.model.config, c.model.tokens, backward));
+  }
+  return w;
+}
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
   return c.model.name + "/" + c.contract.name + "/" + implementation_name(c.implementation) + "/" + c.layout.name() + "/" +
@@ -208,6 +263,10 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
 }
 
 std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+  return within_memory(work_, [&] { return run_case(c); });
+}
+
+std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
   const ModelConfig& cfg = c.model.config;
   const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
@@ -256,7 +315,7 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   return *canonical_;
 }
 
-Case CaseEngine::compare(const CaseSpec& spec) {
+Case CaseEngine::case_header(const CaseSpec& spec) const {
   Case out;
   out.id = case_id(spec);
   out.parameters = {{"model", spec.model.name},
@@ -267,6 +326,22 @@ Case CaseEngine::compare(const CaseSpec& spec) {
                     {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
+  return out;
+}
+
+Case CaseEngine::interrupted(const CaseSpec& spec) const {
+  Case out = case_header(spec);
+  out.verdict = Verdict::kSkipped;
+  out.skip_reason = "interrupted: stopped by a second SIGINT/SIGTERM before it finished";
+  return out;
+}
+
+Case CaseEngine::compare(const CaseSpec& spec) {
+  return within_memory(work_, [&] { return compare_case(spec); });
+}
+
+Case CaseEngine::compare_case(const CaseSpec& spec) {
+  Case out = case_header(spec);
   // The time is the case's own model work: its weights are loaded (once per model),
   // copied to the device (cuda, unsharded: once per model and contract) and the
   // reference is computed (once per model and contract) outside it.

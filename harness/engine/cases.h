@@ -23,6 +23,7 @@
 #include "harness/compare/compare.h"
 #include "harness/engine/models.h"
 #include "harness/engine/plan.h"
+#include "harness/engine/work.h"
 #include "harness/report/report.h"
 #include "host/model.h"
 
@@ -73,7 +74,8 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
 class CaseEngine {
  public:
   // Resolves the plan: loads each model's config (weights lazily), tokens, and
-  // checks explicit layouts against every model and contract. Throws io::BadInput
+  // checks explicit layouts against every model and contract, and the plan's work
+  // against the limits (engine/work.h; unless plan.force). Throws io::BadInput
   // naming the source that set the field (the plan file or "command line").
   // `on_weights` hears where each model's weights came from as they are loaded.
   explicit CaseEngine(SweepPlan plan, WeightsListener on_weights = {});
@@ -89,20 +91,31 @@ class CaseEngine {
   // Grid layouts dropped because a model cannot run them: "<model>: <layout>: why".
   const std::vector<std::string>& dropped_layouts() const { return dropped_; }
   std::string case_id(const CaseSpec& c) const;  // "model/contract/implementation/layout/path"
+  // The work of every case and canonical reference (engine/work.h).
+  const WorkEstimate& work() const { return work_; }
 
-  // One case's outputs (throws CannotTest when its implementation cannot run here).
+  // One case's outputs (throws CannotTest when its implementation cannot run here,
+  // run_control::Cancelled when cancelled, io::BadInput with the work estimate when
+  // out of memory).
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
   // parameters (model, contract, contract_knob_hash, backend: the implementation,
   // layout, path), the seconds of its run() and the device memory it peaked at,
   // and, with capture, first_divergent_op. A CannotTest case comes back skipped.
+  // Throws what run() throws otherwise.
   Case compare(const CaseSpec& c);
+  // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
+  Case interrupted(const CaseSpec& c) const;
 
  private:
   struct Loaded;
   struct Canonical;
   Loaded& loaded(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
+  std::vector<NamedTensor> run_case(const CaseSpec& c);
+  Case compare_case(const CaseSpec& c);
+  Case case_header(const CaseSpec& c) const;  // id and parameters
+  WorkEstimate estimate_work() const;
 
   SweepPlan plan_;
   std::vector<ModelEntry> models_;  // the plan's, in plan order (never reallocated: cases point into it)
@@ -112,6 +125,7 @@ class CaseEngine {
   std::vector<CaseSpec> cases_;
   std::vector<std::string> dropped_;
   WeightsListener on_weights_;
+  WorkEstimate work_;
   // The device memory the last run() peaked at, set by a run on a device; compare()
   // clears it before each run and reports it as the case's peak_device_bytes.
   std::optional<uint64_t> last_peak_device_bytes_;

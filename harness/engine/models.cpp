@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "harness/io/errors.h"
+#include "harness/io/files.h"
 #include "harness/io/hf_config.h"
 #include "reference/truth/qwen3.h"
 
@@ -79,11 +80,13 @@ ModelConfig model_config(const std::string& spec, const std::string& base_dir, c
     for (const EmbeddedFixture& f : embedded_fixtures())
       if (f.name == spec) return io::parse_hf_config(f.config_json, "fixture " + spec + "/config.json");
     throw io::BadInput(source, field,
-                       "unknown model '" + spec + "': the fixtures are " + fixture_list() +
-                           " (a checkpoint directory needs a '/', e.g. ./" + spec + ")");
+                       "unknown model " + io::quoted_input(spec) + ": the fixtures are " + fixture_list() +
+                           " (a checkpoint directory needs a '/', e.g. " + io::quoted_input("./" + spec) + ")");
   }
   const std::string dir = directory_of(spec, base_dir);
-  if (!fs::is_directory(dir)) throw io::BadInput(source, field, "model directory '" + dir + "' does not exist");
+  const fs::file_type type = io::path_type(dir, source, field);
+  if (type == fs::file_type::not_found) throw io::BadInput(source, field, "model directory " + io::quoted_input(dir) + " does not exist");
+  if (type != fs::file_type::directory) throw io::BadInput(source, field, io::quoted_input(dir) + " is not a directory");
   ModelConfig cfg = io::load_hf_config(dir);
   (void)generated_weights(spec, base_dir);  // for its refusal: before any command does any work
   return cfg;
@@ -92,8 +95,8 @@ ModelConfig model_config(const std::string& spec, const std::string& base_dir, c
 bool generated_weights(const std::string& spec, const std::string& base_dir) {
   if (names_fixture(spec)) return true;
   const fs::path dir = directory_of(spec, base_dir);
-  std::error_code ec;
-  if (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec)) return false;
+  auto absent = [](const fs::path& p) { return io::path_type(p.string()) == fs::file_type::not_found; };
+  if (!absent(dir / "model.safetensors") || !absent(dir / "model.safetensors.index.json")) return false;
   const std::vector<std::string> found = weight_files_found(dir);
   if (!found.empty())
     throw io::BadInput(dir.string(), "",

@@ -135,6 +135,18 @@ class FieldReader {
     if (!v.is_string()) bad(field, "must be a string, got " + describe(v));
     return v.get_ref<const std::string&>();
   }
+  // A model or tokens file named by a path: non-empty, and UTF-8, since dumps and
+  // reports record it as JSON text (a plan file's strings are; a command line's may not be).
+  const std::string& path(const std::string& field, const json& v) const {
+    const std::string& s = string(field, v);
+    if (s.empty()) bad(field, "must not be empty");
+    try {
+      (void)v.dump();
+    } catch (const json::type_error&) {
+      bad(field, "is not valid UTF-8 text; rename it (dumps and reports record it as JSON text)");
+    }
+    return s;
+  }
   bool boolean(const std::string& field, const json& v) const {
     if (!v.is_boolean()) bad(field, "must be true or false, got " + describe(v));
     return v.get<bool>();
@@ -161,7 +173,7 @@ void no_duplicates(const FieldReader& rd, const std::string& field, const std::v
   std::set<std::string> seen;
   for (size_t i = 0; i < v.size(); ++i)
     if (!seen.insert(text(v[i])).second)
-      rd.bad(field + "[" + std::to_string(i) + "]", "'" + text(v[i]) + "' is listed twice");
+      rd.bad(field + "[" + std::to_string(i) + "]", io::quoted_input(text(v[i])) + " is listed twice");
 }
 
 std::string joined(const std::vector<std::string>& v) {
@@ -179,8 +191,7 @@ void apply_tokens(const FieldReader& rd, const json& v, TokenSpec& t) {
   if (v.contains("file") && (v.contains("seed") || v.contains("lengths")))
     rd.bad(field, "give either a tokens file or a seed and lengths, not both");
   if (v.contains("file")) {
-    t.file = rd.string(rd.name("tokens.file"), v["file"]);
-    if (t.file.empty()) rd.bad(rd.name("tokens.file"), "must not be empty");
+    t.file = rd.path(rd.name("tokens.file"), v["file"]);
     return;
   }
   t.file.clear();
@@ -195,7 +206,7 @@ layouts::CpSplit cp_split_of(const FieldReader& rd, const std::string& f, const 
   const std::string& s = rd.string(f, x);
   if (s == "contiguous") return layouts::CpSplit::Contiguous;
   if (s == "zigzag") return layouts::CpSplit::Zigzag;
-  rd.bad(f, "unknown cp split '" + s + "'; the splits are contiguous, zigzag");
+  rd.bad(f, "unknown cp split " + io::quoted_input(s) + "; the splits are contiguous, zigzag");
 }
 
 }  // namespace
@@ -222,11 +233,8 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     if (obj.contains("layouts") || obj.contains(axis)) plan.origins[axis] = plan.origins["layouts"] = {source, flags};
   auto field = [&](const char* k) -> const json* { return obj.contains(k) ? &obj[k] : nullptr; };
   if (const json* v = field("models")) {
-    plan.models = rd.list<std::string>(rd.name("models"), *v, [&](const std::string& f, const json& x) {
-      const std::string& s = rd.string(f, x);
-      if (s.empty()) rd.bad(f, "must not be empty");
-      return s;
-    });
+    plan.models = rd.list<std::string>(rd.name("models"), *v,
+                                       [&](const std::string& f, const json& x) { return rd.path(f, x); });
     no_duplicates<std::string>(rd, rd.name("models"), plan.models, [](const std::string& s) { return s; });
   }
   // `run --contract truth` is the old spelling of --implementation float64: the
@@ -245,7 +253,8 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   } else if (contracts) {
     plan.contracts = rd.list<std::string>(rd.name("contracts"), *contracts, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
-      if (!find_contract(s)) rd.bad(f, "unknown contract '" + s + "'; the contracts are " + joined(contract_names()));
+      if (!find_contract(s))
+        rd.bad(f, "unknown contract " + io::quoted_input(s) + "; the contracts are " + joined(contract_names()));
       return s;
     });
     no_duplicates<std::string>(rd, rd.name("contracts"), plan.contracts, [](const std::string& s) { return s; });
@@ -256,7 +265,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
       const std::string& s = rd.string(f, x);
       const auto i = parse_implementation(s);
       const std::string known = plan.allow_float64 ? "reference, emulated, cuda, float64" : "reference, emulated, cuda";
-      if (!i) rd.bad(f, "unknown implementation '" + s + "'; the implementations are " + known);
+      if (!i) rd.bad(f, "unknown implementation " + io::quoted_input(s) + "; the implementations are " + known);
       if (*i == Implementation::kFloat64 && !plan.allow_float64)
         rd.bad(f, "float64, the float64 truth model, runs only in `bitparity run`; here the implementations are " +
                       known);
@@ -276,7 +285,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
       const std::string& s = rd.string(f, x);
       std::string why;
       const auto l = layouts::parse_layout(s, &why);
-      if (!l) rd.bad(f, "bad layout '" + s + "'" + (why.empty() ? "" : ": " + why) + " (e.g. tp2-ep1-cp2z)");
+      if (!l) rd.bad(f, "bad layout " + io::quoted_input(s) + (why.empty() ? "" : ": " + why) + " (e.g. tp2-ep1-cp2z)");
       return *l;
     });
     no_duplicates<layouts::Layout>(rd, rd.name("layouts"), plan.layouts,
@@ -309,7 +318,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
       const std::string& s = rd.string(f, x);
       std::string why;
       const auto p = parse_path(s, &why);
-      if (!p) rd.bad(f, "bad path '" + s + "': " + why);
+      if (!p) rd.bad(f, "bad path " + io::quoted_input(s) + ": " + why);
       return *p;
     });
     no_duplicates<ref::Path>(rd, rd.name("paths"), plan.paths, [](const ref::Path& p) { return path_name(p); });
@@ -330,7 +339,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     plan.allow_nonfinite_weights = rd.boolean(rd.name("allow_nonfinite_weights"), *v);
   if (const json* v = field("capture")) {
     const std::string& s = rd.string(rd.name("capture"), *v);
-    if (s != "none" && s != "ops") rd.bad(rd.name("capture"), "unknown capture mode '" + s + "'; the modes are none, ops");
+    if (s != "none" && s != "ops") rd.bad(rd.name("capture"), "unknown capture mode " + io::quoted_input(s) + "; the modes are none, ops");
     plan.capture_ops = s == "ops";
   }
 }

@@ -90,6 +90,7 @@ struct SweepPlan {
   bool capture_ops = false;  // compare every op's output
   bool allow_nonfinite_weights = false;  // load a checkpoint's NaN/Inf weights instead of refusing them
   bool allow_float64 = false;  // implementations may name float64 (`run` only)
+  bool force = false;          // run beyond the work limits (engine/work.h; --force, not a plan key)
   std::string base_dir;     // where relative model dirs / tokens files are resolved ("" = cwd)
 
   // Which source set each field (JSON key -> source), for messages about values

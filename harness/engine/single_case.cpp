@@ -4,6 +4,7 @@
 #include "harness/engine/single_case.h"
 
 #include "harness/engine/models.h"
+#include "harness/engine/work.h"
 #include "reference/truth/qwen3.h"
 
 namespace bp::harness {
@@ -22,10 +23,11 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
   if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
+  const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
+  check_work_limits(estimate_run(cfg, seqs, plan.grads), plan.force);
   const truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
                                      io::LoadOptions{plan.allow_nonfinite_weights}, origin);
   if (on_weights) on_weights(origin);
-  const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
   truth::ForwardOptions opt;
   opt.temperature = plan.temperature;
   opt.entropy = true;

@@ -39,6 +39,16 @@ class BadInput : public std::runtime_error {
   std::string file_, field_, message_;
 };
 
+// User input quoted in a message: 'text', or its first 64 characters and its length
+// when longer ('tp111...' (100012 characters)), so that a message stays one short line.
+inline std::string quoted_input(const std::string& text) {
+  constexpr size_t kShown = 64;
+  std::string q = "'";
+  q.append(text, 0, kShown);
+  if (text.size() <= kShown) return q += "'";
+  return q += "...' (" + std::to_string(text.size()) + " characters)";
+}
+
 // The OS refused an open, read, write, fsync or rename.
 class IoError : public std::runtime_error {
  public:

@@ -20,18 +20,84 @@
 
 namespace bp::io {
 
+namespace {
+
+// Names under which a path means this process's standard input (or another open
+// descriptor): reading one would wait on a terminal or a pipe.
+bool names_standard_input(const std::string& path) {
+  return path == "-" || path == "/dev/stdin" || path.starts_with("/dev/fd/") || path.starts_with("/proc/self/fd/");
+}
+
+[[noreturn]] void refuse_open(const std::string& path, int e) {
+  if (e == ENOENT) throw BadInput(path, "", "no such file");
+  throw IoError(path + ": cannot open: " + std::strerror(e));
+}
+
+// A descriptor closed when it goes out of scope.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() { ::close(fd_); }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void refuse_non_regular(const std::string& path, int fd) {
+  if (fd >= 0) ::close(fd);
+  throw BadInput(path, "", "not a regular file (a FIFO, device, socket or directory); bitparity reads regular files");
+}
+
+}  // namespace
+
+int open_regular_file(const std::string& path, struct stat& st) {
+  if (names_standard_input(path))
+    throw BadInput(path, "", "standard input is not read; name a regular file instead");
+  if (::stat(path.c_str(), &st) != 0) refuse_open(path, errno);
+  if (!S_ISREG(st.st_mode)) refuse_non_regular(path, -1);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) refuse_open(path, errno);
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw IoError(path + ": cannot stat: " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) refuse_non_regular(path, fd);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw IoError(path + ": cannot clear O_NONBLOCK: " + std::strerror(e));
+  }
+  return fd;
+}
+
+std::filesystem::file_type path_type(const std::string& path, const std::string& file, const std::string& field) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec && st.type() != std::filesystem::file_type::not_found)
+    throw BadInput(file.empty() ? path : file, field, (file.empty() ? "" : quoted_input(path) + ": ") + ec.message());
+  return st.type();
+}
+
 std::string read_text_file(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  const ScopedFd fd(open_regular_file(path, st));
   std::string s;
   char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    s.append(buf, static_cast<size_t>(in.gcount()));
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(path + ": read failed: " + std::strerror(errno));
+    if (n == 0) return s;
+    s.append(buf, static_cast<size_t>(n));
     if (s.size() > max_bytes)
-      throw BadInput(path, "", "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
+      throw BadInput(path, "",
+                     "file is larger than " + std::to_string(max_bytes) + " bytes; refusing to read it as JSON");
   }
-  if (in.bad()) throw IoError(path + ": read failed");
-  return s;
 }
 
 namespace {

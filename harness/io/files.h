@@ -17,10 +17,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+struct stat;
 
 namespace bp::io {
 
@@ -30,9 +33,25 @@ struct FileDigest {
   std::string path, sha256;
 };
 
-// Reads a whole (small) text file; IoError if it cannot be opened or read, BadInput
-// if it is larger than max_bytes. (Every caller reads JSON, and the message says so.)
+// Reads a whole (small) text file (opened by open_regular_file); IoError if it cannot
+// be read, BadInput if it is larger than max_bytes. (Every caller reads JSON, and the
+// message says so.)
 std::string read_text_file(const std::string& path, size_t max_bytes = size_t{64} << 20);
+
+// Opens `path` for reading, refusing before it could block what is not a regular file:
+// standard input by name ("-", /dev/stdin, /dev/fd/N), and FIFOs, devices, sockets and
+// directories (BadInput "not a regular file"). stat() follows symlinks first; the open
+// is O_NONBLOCK (a FIFO swapped in after the stat does not block it) and the opened
+// descriptor is checked again, then made blocking. Returns the descriptor (O_CLOEXEC;
+// the caller closes it) and its fstat in `st`. BadInput "no such file" when nothing is
+// there, IoError with the OS's reason (permission denied, a symlink loop) otherwise.
+int open_regular_file(const std::string& path, struct stat& st);
+
+// The type of what is at `path`, symlinks followed (not_found when nothing is). When
+// the file system cannot say (a symlink loop, permission denied on a folder on the
+// way): BadInput(file, field, "'<path>': <the OS's reason>"), `file` defaulting to path.
+std::filesystem::file_type path_type(const std::string& path, const std::string& file = "",
+                                     const std::string& field = "");
 
 // "" when `path` can take a file written by write_output, else the reason: it is a
 // directory (or some other thing that is not a file, device or FIFO), its folder

@@ -331,9 +331,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& path,
 
 ModelConfig load_hf_config(const std::string& path, bool allow_unknown_fields) {
   std::string file = path;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "config.json").string();
-  if (!std::filesystem::exists(file, ec)) throw BadInput(file, "", "no such file");
+  if (path_type(path) == std::filesystem::file_type::directory)
+    file = (std::filesystem::path(path) / "config.json").string();
   return parse_hf_config(read_text_file(file), file, allow_unknown_fields);
 }
 

@@ -223,22 +223,8 @@ SafetensorsHeader parse_safetensors(const uint8_t* data, size_t size, std::strin
 // --- SafetensorsFile -----------------------------------------------------------
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ENOENT) throw BadInput(path, "", "no such file");
-    throw IoError(path + ": cannot open: " + std::strerror(e));
-  }
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw IoError(path + ": cannot stat: " + std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw BadInput(path, "", "not a regular file");
-  }
+  const int fd = open_regular_file(path, st);
   SafetensorsFile f;
   f.path_ = path;
   const size_t size = static_cast<size_t>(st.st_size);

@@ -15,7 +15,8 @@ std::optional<Layout> parse_layout(const std::string& s, std::string* why) {
   static const std::regex form(R"(tp([1-9][0-9]{0,2})-ep([1-9][0-9]{0,2})-cp([1-9][0-9]{0,2})(z?)(\+ring)?)");
   std::smatch m;
   if (!std::regex_match(s, m, form)) {
-    if (why) *why = "layout '" + s + "' is not of the form tp<N>-ep<N>-cp<N>[z][+ring] (e.g. tp2-ep1-cp2z)";
+    // The caller quotes the name (cut to a readable length: it may be anything a user typed).
+    if (why) *why = "not of the form tp<N>-ep<N>-cp<N>[z][+ring] (N at most 3 digits)";
     return std::nullopt;
   }
   Layout l;

@@ -166,7 +166,10 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   FBuf dlm = split_wgrad(split, dl, d.Vl, sv.hn, d.H);
   Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, false);
 
-  for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) backward_layer(run, split, sv, li, dx);
+  for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
+    run_control::at_layer("backward", li, cfg_.num_hidden_layers);
+    backward_layer(run, split, sv, li, dx);
+  }
 
   // Embedding (replicated table); tied: plus the lm_head gradient of my slice.
   const auto tok_dev = be_.resident(tk.tok);

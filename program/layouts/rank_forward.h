@@ -30,6 +30,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   if (saved) saved->layers.resize(sz(cfg_.num_hidden_layers));
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
+    run_control::at_layer("forward", li, cfg_.num_hidden_layers);
     LayerSaved s;
     s.x_in = be_.clone(x);
     s.a1 = zeros(int64_t{T} * d.H);

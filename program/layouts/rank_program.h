@@ -30,6 +30,7 @@
 #include "program/layouts/rank_result.h"
 #include "program/layouts/sharding.h"
 #include "program/layouts/token_split.h"
+#include "program/run_control.h"
 #include "program/results.h"
 #include "program/path.h"
 #include "reference/model/loss.h"
