@@ -235,6 +235,30 @@ TEST_F(CliWeights, NonFiniteWeightsAreRefusedNamingTensorAndElement) {
   }
 }
 
+// One NaN weight loaded on purpose makes every logprob NaN on both sides of the
+// sweep's compare: bit-identical, and never "ALL EXACT" -- the nonfinite verdict,
+// a warning and exit 0, exit 1 under --strict (issue #18 item 2, second half).
+TEST_F(CliWeights, NanWeightsNeverSweepAsExact) {
+  const ModelConfig cfg = dense_config();
+  FloatWeights w = fp32_weights(cfg);
+  std::find_if(w.begin(), w.end(), [](const auto& p) { return p.first.name == kQuery; })->second[77] = NAN;
+  const std::string dir = model_dir("nan_model");
+  write_checkpoint(dir, w, false);
+  const std::string sweep = "sweep --allow-nonfinite-weights --model " + dir +
+                            " --contract bf16-fmaseq-v1 --layout tp1-ep1-cp1 --path extend --lengths 5,9 --no-grads ";
+  ASSERT_EQ(run(sweep + "--json " + path("nan.json")), 0) << out_ << err_;
+  EXPECT_EQ(out_.find("ALL EXACT"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("NON-FINITE"), std::string::npos) << out_;
+  EXPECT_NE(err_.find("warning"), std::string::npos) << err_;
+  const json j = json::parse(read(path("nan.json")));
+  EXPECT_EQ(j["verdict"], "nonfinite");
+  EXPECT_EQ(j["summary"]["exact"], 0);
+  EXPECT_GT(j["summary"]["nonfinite"], 0);
+  EXPECT_EQ(run(sweep + "--strict"), 1) << out_ << err_;
+  EXPECT_EQ(run("sweep --model " + dir + " --contract bf16-fmaseq-v1 --lengths 5,9 --no-grads"), 2)
+      << "without the flag the NaN weight is refused: " << err_;
+}
+
 TEST_F(CliWeights, Fp32CheckpointIsRoundedForContractsAndExactForTheTruth) {
   const ModelConfig cfg = dense_config();
   const FloatWeights w = fp32_weights(cfg);
