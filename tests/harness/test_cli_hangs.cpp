@@ -224,7 +224,7 @@ TEST_F(CliHangs, SecondSigtermStopsTheCaseInFlight) {
 }
 
 TEST_F(CliHangs, ATerminalShowsTheEstimateAndTheLayerOfALongCase) {
-  if (std::system("script --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs script (util-linux)";
+  ASSERT_EQ(std::system("script --version >/dev/null 2>&1"), 0) << "needs script (bsdutils, essential on Debian)";
   // script(1) gives the sweep a terminal; its output is the terminal's.
   ASSERT_EQ(shell("script -qec \"'" + std::string(BP_BITPARITY_EXE) +
                   "' sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --lengths 600 --implementation "
@@ -292,7 +292,7 @@ TEST_F(CliHangs, HugeUserInputIsCutInMessages) {
 
 TEST_F(CliHangs, UnreadableFolderIsPermissionDeniedNotMissing) {
   // Root reads anything; drop the capabilities that let it (as any user runs).
-  if (std::system("setpriv --help >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs setpriv (util-linux)";
+  ASSERT_EQ(std::system("setpriv --help >/dev/null 2>&1"), 0) << "needs setpriv (util-linux, essential on Debian)";
   const std::string no_dac = "--inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search ";
   std::filesystem::create_directories(path("locked/m"));
   write("locked/m/config.json", dense_tiny_config());

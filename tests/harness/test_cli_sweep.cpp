@@ -32,13 +32,7 @@ const std::string kSmall = "--model qwen3-dense-tiny --contract bf16-fmaseq-v1 -
 class CliSweep : public test::CliTest {
  protected:
   // The JSON report at `p`, checked against the schema.
-  static json valid_report(const std::string& p) {
-    const json j = json::parse(read(p));
-    std::string errs;
-    for (const auto& e : test::schema_errors(test::report_schema(), j)) errs += e + "\n";
-    EXPECT_EQ(errs, "");
-    return j;
-  }
+  static json valid_report(const std::string& p) { return test::valid_report(read(p)); }
 };
 
 TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {

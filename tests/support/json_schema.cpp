@@ -1,5 +1,7 @@
 #include "support/json_schema.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <set>
 #include <stdexcept>
@@ -125,6 +127,14 @@ json report_schema() {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   return json::parse(in);
+}
+
+nlohmann::json valid_report(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  std::string errs;
+  for (const std::string& e : schema_errors(report_schema(), j)) errs += e + "\n";
+  EXPECT_EQ(errs, "");
+  return j;
 }
 
 }  // namespace bp::test

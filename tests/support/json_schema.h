@@ -19,4 +19,7 @@ std::vector<std::string> schema_errors(const nlohmann::json& schema, const nlohm
 // bitparity's report schema, reports/schema/report.schema.json in the source tree.
 nlohmann::json report_schema();
 
+// The JSON report `text`, parsed; a gtest failure lists its schema violations.
+nlohmann::json valid_report(const std::string& text);
+
 }  // namespace bp::test
