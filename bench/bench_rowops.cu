@@ -11,6 +11,7 @@
 // Exit 125 without a Hopper GPU.
 #include <cstdio>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "bench/bench_util.cuh"
@@ -79,8 +80,9 @@ void rope_row(const Options& opt, const Knobs& kn, double copy) {
       2.0 * q * sizeof(bf16) + 2.0 * cos_h.size() * sizeof(bf16), copy);
 }
 
-// The forward, then the backward from the forward's M and S.
-void logprob_rows(const Options& opt, const Knobs& kn, double copy) {
+// The forward, then the backward from the forward's M and S; `tag` names the contract
+// ("" for v1, "_v2" for the one-pass draft of SPEC.md §5.10 v2).
+void logprob_rows(const Options& opt, const Knobs& kn, const std::string& tag, double copy) {
   const size_t lg = size_t{kLogprobRows} * kVocab;
   cuda::DeviceBuffer<bf16> logits(lg);
   bench::fill(logits, 5);
@@ -90,7 +92,7 @@ void logprob_rows(const Options& opt, const Knobs& kn, double copy) {
   cuda::DeviceBuffer<float> mx(kLogprobRows), sm(kLogprobRows);
   {
     cuda::DeviceBuffer<float> lp(kLogprobRows);
-    row("logprob_fwd", "512x151936", measure(opt, [&] {
+    row(("logprob_fwd" + tag).c_str(), "512x151936", measure(opt, [&] {
           cuda::logprob_fwd(kn, logits.get(), tgt.get(), kLogprobRows, kVocab, 1.0f, lp.get(), mx.get(), sm.get(),
                             nullptr);
         }),
@@ -99,7 +101,7 @@ void logprob_rows(const Options& opt, const Knobs& kn, double copy) {
   // Read every logit, write every gradient.
   const cuda::DeviceBuffer<float> coef(std::vector<float>(kLogprobRows, -1.0f));
   cuda::DeviceBuffer<bf16> dlogits(lg);
-  row("logprob_bwd", "512x151936", measure(opt, [&] {
+  row(("logprob_bwd" + tag).c_str(), "512x151936", measure(opt, [&] {
         cuda::logprob_bwd(kn, logits.get(), tgt.get(), coef.get(), mx.get(), sm.get(), kLogprobRows, kVocab, 1.0f,
                           dlogits.get());
       }),
@@ -114,7 +116,8 @@ int run(const Options& opt) {
   rmsnorm_row(opt, kn, copy);
   residual_row(opt, kn, copy);
   rope_row(opt, kn, copy);
-  logprob_rows(opt, kn, copy);
+  logprob_rows(opt, kn, "", copy);
+  logprob_rows(opt, find_contract_or_draft("bf16-sm90tc-v2")->knobs, "_v2", copy);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   return kExitExact;
 }

@@ -255,17 +255,6 @@ struct Heads {
   }
 };
 
-// The rule's exponential over N values in place: v1's exp (exp_in_place, whose
-// bits are math::exp's) or v2's exp2_poly (branch-free, no slow path).
-template <bool kBase2, int N>
-__device__ inline void softmax_exp_in_place(float* x) {
-  if constexpr (kBase2) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) x[j] = math::exp2_poly(x[j]);
-  } else {
-    exp_in_place<N>(x);
-  }
-}
 
 __device__ inline SlotTile slot_tile(const AttnSeq* seqs, const Task& task, const Heads& h) {
   const AttnSeq s = seqs[task.seq];

@@ -76,6 +76,19 @@ __device__ inline void exp_in_place(float* x) {
     if ((below >> j) & 1u) x[j] = math::exp(x[j]);
 }
 
+// The softmax exponential of a contract generation over N values in place: v1's
+// exp (exp_in_place, whose bits are math::exp's) or v2's exp2_poly (kBase2:
+// branch-free, no slow path).
+template <bool kBase2, int N>
+__device__ inline void softmax_exp_in_place(float* x) {
+  if constexpr (kBase2) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = math::exp2_poly(x[j]);
+  } else {
+    exp_in_place<N>(x);
+  }
+}
+
 // ---- 16-byte accesses ---------------------------------------------------------
 // The bandwidth-bound kernels move kPack bf16 (16 bytes) per load or store where
 // every pointer is 16-byte aligned and the sizes are multiples of kPack, and take

@@ -61,6 +61,7 @@ struct ChunkOfTeam {
 // logits as exp's branch did.
 template <bool kUnitTemp>
 struct Temp {
+  static constexpr bool kUnit = kUnitTemp;
   float temp;
   __device__ float div(float x) const {
     if constexpr (kUnitTemp) return x;
@@ -97,20 +98,33 @@ __global__ void row_max_kernel(const float* __restrict__ chunk_max, int T, int C
   });
 }
 
-// The lane sums of exp(d) and (with tsum) of entropy_term(exp(d), d), d = x − M,
-// in one pass: each is the reference's lane_sum over the chunk-local indices.
-template <bool kWarpPerRow, bool kPacked, bool kUnitTemp>
+// The lane sums of e = exp(d) and (with tsum) of entropy_term(e, d), each the
+// reference's lane_sum over the chunk-local indices. v1 (two-pass): d = x − M, M
+// the row's maximum. v2 (kOnePass, SPEC.md §5.10 v2): the chunk's own maximum m
+// first (written to chunk_max), then d = fma(x, c, −m_c) and e = exp2_poly(d).
+template <bool kWarpPerRow, bool kPacked, bool kUnitTemp, bool kOnePass>
 __global__ void __launch_bounds__(kMaxTeamThreads)
     chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks,
-                      Temp<kUnitTemp> temp,
-                      LaneShape shape, const float* __restrict__ row_max, float* __restrict__ chunk_sum,
-                      float* __restrict__ chunk_tsum, int out_ld) {
+                      Temp<kUnitTemp> temp, LaneShape shape, const float* __restrict__ row_max,
+                      float* __restrict__ chunk_max, float* __restrict__ chunk_sum, float* __restrict__ chunk_tsum,
+                      int out_ld) {
   __shared__ float warp_totals[kWarp];
   const auto team = RowTeam<kWarpPerRow>::here();
   if (team.row >= T * n_chunks) return;
   const ChunkOfTeam at(team.row, n_chunks);
   const bf16* c = at.start(logits, ld, chunk_len);
-  const float M = row_max[at.t];
+  const int64_t out = static_cast<int64_t>(at.t) * out_ld + at.j;
+  float M;  // what the exponents subtract: v1 the row's maximum, v2 the chunk's scaled one
+  if constexpr (kOnePass) {
+    float m = kNegInf;
+    for_lane_values<kPacked>(c, team.lane, chunk_len, shape, [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
+    m = team.reduce(m, warp_totals, MaxNan{});
+    if (team.lane == 0) chunk_max[out] = m;
+    M = ref::scaled_max_base2(m);
+  } else {
+    M = row_max[at.t];
+  }
+  auto exponent = [&](float x) { return kOnePass ? ref::exponent_base2(x, M) : ref::shifted_diff(x, M); };
   float s = 0.0f, w = 0.0f;
   auto add_terms = [&](float e, float d) {
     s = add_rn(s, e);
@@ -121,18 +135,17 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
       const Bf16x8 pack = load8(c + i);
       float d[kPack], e[kPack];
 #pragma unroll
-      for (int j = 0; j < kPack; ++j) e[j] = d[j] = ref::shifted_diff(temp.logit(pack[j]), M);
-      exp_in_place<kPack>(e);
+      for (int j = 0; j < kPack; ++j) e[j] = d[j] = exponent(temp.logit(pack[j]));
+      softmax_exp_in_place<kOnePass, kPack>(e);
 #pragma unroll
       for (int j = 0; j < kPack; ++j) add_terms(e[j], d[j]);
     });
   } else {
     for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
-      const float d = ref::shifted_diff(temp.logit(c[i]), M);
-      add_terms(math::exp(d), d);
+      const float d = exponent(temp.logit(c[i]));
+      add_terms(kOnePass ? math::exp2_poly(d) : math::exp(d), d);
     });
   }
-  const int64_t out = static_cast<int64_t>(at.t) * out_ld + at.j;
   s = team.tree(s, warp_totals);
   if (team.lane == 0) chunk_sum[out] = canonical(s);
   if (chunk_tsum) {  // uniform over the block
@@ -166,14 +179,36 @@ __global__ void combine_kernel(const float* __restrict__ chunk_sum, const float*
   });
 }
 
-// dl = R((c·(δ − p)) ÷ τ), p = exp(x − M) ÷ S, for the logit l of row t at vocabulary
-// index v: shifted(l) = x − M, then the gradient from e = exp(x − M) (ref::shifted_exp).
-template <bool kUnitTemp>
+// v2's combine (SPEC.md §5.10 v2): each row's C gathered states merged by the tree.
+__global__ void merge_states_kernel(const float* __restrict__ chunk_max, const float* __restrict__ chunk_sum,
+                                    const float* __restrict__ chunk_tsum, const float* __restrict__ x_target, int T,
+                                    int C, float* __restrict__ row_max, float* __restrict__ row_sum,
+                                    float* __restrict__ logprob, float* __restrict__ entropy) {
+  for_each_index(T, [&](size_t t) {
+    ref::ChunkState states[kMaxLogprobChunks];
+    for (int c = 0; c < C; ++c)
+      states[c] = {chunk_max[t * C + c], chunk_sum[t * C + c], chunk_tsum ? chunk_tsum[t * C + c] : 0.0f};
+    const ref::RowOutputs r = ref::merge_row_states(states, C, x_target[t], entropy != nullptr);
+    row_max[t] = r.row_max;
+    row_sum[t] = r.row_sum;
+    logprob[t] = r.logprob;
+    if (entropy) entropy[t] = r.entropy;
+  });
+}
+
+// dl = R((c·(δ − p)) ÷ τ), p = e ÷ S, for the logit l of row t at vocabulary index
+// v: shifted(l) is e's exponent (v1 x − M; v2 fma(x, c, −m_c(M)), kBase2), then the
+// gradient from e.
+template <bool kUnitTemp, bool kBase2>
 struct RowGrad {
   Temp<kUnitTemp> temp;
-  float M, S, coef;
+  float M, S, coef;  // M: v1 the row's maximum, v2 its scaled maximum m_c
   int target;
-  __device__ float shifted(bf16 l) const { return ref::shifted_diff(temp.logit(l), M); }
+  __device__ float shifted(bf16 l) const {
+    if constexpr (kBase2) return ref::exponent_base2(temp.logit(l), M);
+    else return ref::shifted_diff(temp.logit(l), M);
+  }
+  __device__ static float exp(float d) { return kBase2 ? math::exp2_poly(d) : math::exp(d); }
   __device__ bf16 operator()(float e, int64_t v) const {
     const float p = div_rn(e, S);
     const float delta = v == target ? 1.0f : 0.0f;
@@ -183,7 +218,7 @@ struct RowGrad {
 
 // One thread per kStep logits of a row: kStep = 8 (16-byte loads and stores) where
 // vocab_len and ld are multiples of 8 and the pointers 16-byte aligned, else 1.
-template <int kStep, bool kUnitTemp>
+template <int kStep, bool kUnitTemp, bool kBase2>
 __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                                  const int32_t* __restrict__ targets, const float* __restrict__ coef,
                                  const float* __restrict__ row_max, const float* __restrict__ row_sum,
@@ -192,16 +227,17 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
   for_each_index(static_cast<size_t>(T) * steps, [&](size_t idx) {
     const int64_t t = static_cast<int64_t>(idx / steps), v = static_cast<int64_t>(idx % steps) * kStep;
     const int64_t at = t * ld + v;
-    const RowGrad<kUnitTemp> grad{temp, row_max[t], row_sum[t], coef[t], targets[t]};
+    const float M = kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t];
+    const RowGrad<kUnitTemp, kBase2> grad{temp, M, row_sum[t], coef[t], targets[t]};
     if constexpr (kStep == kPack) {
       const Bf16x8 l = load8(logits + at);
       float e[kPack];
 #pragma unroll
       for (int j = 0; j < kPack; ++j) e[j] = grad.shifted(l[j]);
-      exp_in_place<kPack>(e);
+      softmax_exp_in_place<kBase2, kPack>(e);
       store8(dlogits + at, Bf16x8::of([&](int j) { return grad(e[j], vocab_begin + v + j); }));
     } else {
-      dlogits[at] = grad(math::exp(grad.shifted(logits[at])), vocab_begin + v);
+      dlogits[at] = grad(grad.exp(grad.shifted(logits[at])), vocab_begin + v);
     }
   });
 }
@@ -209,9 +245,9 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
 // Launches kernel<kWarpPerRow, kPacked, kUnitTemp> with one team per (row, slice
 // chunk): launch(warp_per_row, packed, Temp<τ == 1>, grid, block, stream).
 template <class Launch>
-void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
-                     cudaStream_t stream, Launch launch) {
-  ref::logprob_check_softmax_knobs(kn, false);  // the two-pass kernels only, until v2's land (#19)
+void per_chunk_teams(const Knobs& kn, bool one_pass, const bf16* logits, int64_t ld, int T, int chunk_len,
+                     int n_chunks, float temp, cudaStream_t stream, Launch launch) {
+  ref::logprob_check_softmax_knobs(kn, one_pass);
   check_lane_shape(kn.row_reduce, "logprob");
   const int teams = T * n_chunks;
   if (teams == 0) return;
@@ -233,7 +269,7 @@ void per_chunk_teams(const Knobs& kn, const bf16* logits, int64_t ld, int T, int
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                        float* chunk_max, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, temp, stream,
+  per_chunk_teams(kn, false, logits, ld, T, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_max_kernel<decltype(warp_per_row)::value, decltype(packed)::value>
         <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, chunk_max, out_ld);
@@ -249,11 +285,36 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
                         const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, logits, ld, T, chunk_len, n_chunks, temp, stream,
+  per_chunk_teams(kn, false, logits, ld, T, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
-    chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value><<<grid, block, 0, s>>>(
-        logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, row_max, chunk_sum, chunk_tsum, out_ld);
+    chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value, decltype(scale)::kUnit, false>
+        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, row_max, nullptr, chunk_sum,
+                                chunk_tsum, out_ld);
   });
+}
+
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                          float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld,
+                          cudaStream_t stream) {
+  check_temperature(temp);
+  per_chunk_teams(kn, true, logits, ld, T, chunk_len, n_chunks, temp, stream,
+                  [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
+    chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value, decltype(scale)::kUnit, true>
+        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, nullptr, chunk_max,
+                                chunk_sum, chunk_tsum, out_ld);
+  });
+}
+
+void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_sum, const float* chunk_tsum,
+                          const float* x_target, int T, float* row_max, float* row_sum, float* logprob, float* entropy,
+                          cudaStream_t stream) {
+  ref::logprob_check_softmax_knobs(kn, true);
+  if (entropy && !chunk_tsum) refuse("entropy needs the chunk sums of the entropy terms");
+  check_tree_width(kn.tp_tree_width);
+  if (T == 0) return;
+  merge_states_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(chunk_max, chunk_sum, chunk_tsum, x_target, T,
+                                                                 kn.tp_tree_width, row_max, row_sum, logprob, entropy);
+  BP_CUDA_CHECK_LAUNCH();
 }
 
 void logprob_target_logit(const Knobs&, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
@@ -284,6 +345,13 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
   DeviceBuffer<float> chunk_max(partials, stream), chunk_sum(partials, stream),
       chunk_tsum(entropy ? partials : 0, stream), x_target(T, stream);
   float* tsum = entropy ? chunk_tsum.get() : nullptr;
+  if (kn.log_softmax == LogSoftmax::kOnePass) {
+    logprob_chunk_states(kn, logits, V, T, V / C, C, temp, chunk_max.get(), chunk_sum.get(), tsum, C, stream);
+    logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.get(), stream);
+    logprob_merge_states(kn, chunk_max.get(), chunk_sum.get(), tsum, x_target.get(), T, row_max, row_sum, logprob,
+                         entropy, stream);
+    return;
+  }
   logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.get(), C, stream);
   logprob_row_max(kn, chunk_max.get(), T, row_max, stream);
   logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.get(), tsum, C, stream);
@@ -294,19 +362,23 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
 void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                        const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
                        float temp, bf16* dlogits, cudaStream_t stream) {
-  ref::logprob_check_softmax_knobs(kn, false);  // the two-pass kernels only, until v2's land (#19)
+  const bool base2 = kn.log_softmax == LogSoftmax::kOnePass;
+  ref::logprob_check_softmax_knobs(kn, base2);
   check_temperature(temp);
   const size_t n = static_cast<size_t>(T) * vocab_len;
   if (n == 0) return;
   const bool packed = vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits);
   with_flag(temp == 1.0f, [&](auto unit) {
-    const Temp<decltype(unit)::value> scale{temp};
-    if (packed)
-      bwd_slice_kernel<kPack><<<grid_for(n / kPack), kBlockThreads, 0, stream>>>(
-          logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
-    else
-      bwd_slice_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(logits, ld, T, vocab_begin, vocab_len, targets,
-                                                                     coef, row_max, row_sum, scale, dlogits);
+    with_flag(base2, [&](auto base2_flag) {
+      constexpr bool kUnit = decltype(unit)::value, kBase2 = decltype(base2_flag)::value;
+      const Temp<kUnit> scale{temp};
+      if (packed)
+        bwd_slice_kernel<kPack, kUnit, kBase2><<<grid_for(n / kPack), kBlockThreads, 0, stream>>>(
+            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
+      else
+        bwd_slice_kernel<1, kUnit, kBase2><<<grid_for(n), kBlockThreads, 0, stream>>>(
+            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
+    });
   });
   BP_CUDA_CHECK_LAUNCH();
 }

@@ -29,6 +29,13 @@ void logprob_target_logit(const Knobs& kn, const bf16* logits, int64_t ld, int T
 void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk_tsum, const float* x_target,
                      const float* row_max, int T, float* row_sum, float* logprob, float* entropy,
                      cudaStream_t stream = 0);
+// Contract v2's one-pass stages (ref::logprob_chunk_states, ref::logprob_merge_states).
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+                          float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld,
+                          cudaStream_t stream = 0);
+void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_sum, const float* chunk_tsum,
+                          const float* x_target, int T, float* row_max, float* row_sum, float* logprob, float* entropy,
+                          cudaStream_t stream = 0);
 
 void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp, float* logprob,
                  float* row_max, float* row_sum, float* entropy, cudaStream_t stream = 0);

@@ -190,12 +190,11 @@ void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* 
         const int64_t at = static_cast<int64_t>(t) * C + j;
         tree[j] = {chunk_max[at], chunk_sum[at], chunk_tsum ? chunk_tsum[at] : 0.0f};
       }
-      const ChunkState root = pairwise_tree_merge(tree.data(), C, MergeChunkStates{});
-      const float log_s = math::log(root.s);
-      row_max[t] = root.m;
-      row_sum[t] = canonical(root.s);
-      logprob[t] = canonical(fma_rn(exponent_base2(x_target[t], scaled_max_base2(root.m)), kLn2F, -log_s));
-      if (entropy) entropy[t] = canonical(sub_rn(log_s, div_rn(mul_rn(root.w, kLn2F), root.s)));
+      const RowOutputs r = merge_row_states(tree.data(), C, x_target[t], entropy != nullptr);
+      row_max[t] = r.row_max;
+      row_sum[t] = r.row_sum;
+      logprob[t] = r.logprob;
+      if (entropy) entropy[t] = r.entropy;
     }
   }
 }

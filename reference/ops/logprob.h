@@ -17,6 +17,7 @@
 
 #include "reference/contract/contract.h"
 #include "reference/numerics/math.h"
+#include "reference/numerics/reduce.h"
 
 namespace bp::ref {
 
@@ -71,6 +72,22 @@ BP_HD inline ChunkState merge_chunk_states(ChunkState a, ChunkState b) {
 struct MergeChunkStates {
   BP_HD ChunkState operator()(ChunkState a, ChunkState b) const { return merge_chunk_states(a, b); }
 };
+
+// The outputs of one row (v2's merge; the entropy only where asked for), every NaN canonical.
+struct RowOutputs {
+  float row_max, row_sum, logprob, entropy;
+};
+
+// SPEC.md §5.10 v2 steps 3-4 for one row from its C states (merged in place):
+// logprob = fma(t_target, ln2, −log S), t_target = fma(x_target, c, −m_c(M)),
+// entropy = log S − (W·ln2) ÷ S. The reference and the CUDA combine both call it.
+BP_HD inline RowOutputs merge_row_states(ChunkState* states, int C, float x_target, bool entropy) {
+  const ChunkState root = pairwise_tree_merge(states, C, MergeChunkStates{});
+  const float log_s = math::log(root.s);
+  const float lp = fma_rn(exponent_base2(x_target, scaled_max_base2(root.m)), kLn2F, -log_s);
+  const float h = entropy ? sub_rn(log_s, div_rn(mul_rn(root.w, kLn2F), root.s)) : 0.0f;
+  return {root.m, float_of(canonical_bits(root.s)), float_of(canonical_bits(lp)), float_of(canonical_bits(h))};
+}
 
 // v2 stage (one pass over the logits): every chunk's state, written as chunk_max,
 // chunk_sum and (nullable) chunk_tsum at out[t·out_ld + j]. v1 knobs are refused.

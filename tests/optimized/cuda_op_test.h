@@ -27,7 +27,7 @@ class ContractTest : public ::testing::TestWithParam<const char*> {
   const Knobs& knobs() const { return contract_or_draft(GetParam()).knobs; }
 };
 #define BP_ALL_CONTRACTS ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1")
-// The ops whose kernels implement the v2 drafts too (attention).
+// The ops whose kernels implement the v2 drafts too (attention, logprob).
 #define BP_CONTRACTS_AND_DRAFTS ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2")
 
 // An output buffer filled with 0x5a bytes: a finite value no op here produces by
