@@ -79,6 +79,28 @@ void for_each_chunk(int T, int n_chunks, int lanes, Body body) {
   }
 }
 
+// The maximum of the chunk's x (max_nan).
+float chunk_maximum(const bf16* c, int chunk_len, float temp) {
+  float m = kNegInf;
+  for (int i = 0; i < chunk_len; ++i) m = max_nan(m, scaled_logit(c[i], temp));
+  return m;
+}
+
+// The chunk's lane sums of e = exp(d) and, where tsum is asked for, of
+// entropy_term(e, d), with d = exponent(x): v1 x − M and math::exp, v2 the base-2
+// exponent and exp2_poly (SPEC.md §5.10 step 4 and its v2 rows).
+template <class Exponent, class Exp>
+void chunk_lane_sums(const Knobs& kn, const bf16* c, int chunk_len, float temp, float* scratch, Exponent exponent,
+                     Exp exp, float* sum, float* tsum) {
+  auto d = [&](int i) { return exponent(scaled_logit(c[i], temp)); };
+  *sum = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) { return exp(d(i)); }));
+  if (tsum)
+    *tsum = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) {
+      const float di = d(i);
+      return entropy_term(exp(di), di);
+    }));
+}
+
 }  // namespace
 
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
@@ -86,10 +108,7 @@ void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, i
   check_softmax_knobs(kn, false);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, 0, [&](int t, int j, float*) {
-    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
-    float m = kNegInf;
-    for (int i = 0; i < chunk_len; ++i) m = max_nan(m, scaled_logit(c[i], temp));
-    chunk_max[static_cast<int64_t>(t) * out_ld + j] = m;
+    chunk_max[static_cast<int64_t>(t) * out_ld + j] = chunk_maximum(chunk_start(logits, ld, t, j, chunk_len), chunk_len, temp);
   });
 }
 
@@ -108,16 +127,12 @@ void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, 
   check_softmax_knobs(kn, false);
   check_temperature(temp);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
-    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
     const float M = row_max[t];
     const int64_t out = static_cast<int64_t>(t) * out_ld + j;
-    chunk_sum[out] = canonical(
-        lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) { return shifted_exp(scaled_logit(c[i], temp), M); }));
-    if (chunk_tsum)
-      chunk_tsum[out] = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) {
-        const float d = shifted_diff(scaled_logit(c[i], temp), M);
-        return entropy_term(math::exp(d), d);
-      }));
+    chunk_lane_sums(
+        kn, chunk_start(logits, ld, t, j, chunk_len), chunk_len, temp, scratch,
+        [M](float x) { return shifted_diff(x, M); }, [](float d) { return math::exp(d); }, chunk_sum + out,
+        chunk_tsum ? chunk_tsum + out : nullptr);
   });
 }
 
@@ -160,19 +175,12 @@ void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T
   check_temperature(temp);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
     const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
-    float m = kNegInf;
-    for (int i = 0; i < chunk_len; ++i) m = max_nan(m, scaled_logit(c[i], temp));
-    const float mc = scaled_max_base2(m);
-    auto exponent = [&](int i) { return exponent_base2(scaled_logit(c[i], temp), mc); };
+    const float m = chunk_maximum(c, chunk_len, temp), mc = scaled_max_base2(m);
     const int64_t out = static_cast<int64_t>(t) * out_ld + j;
     chunk_max[out] = m;
-    chunk_sum[out] =
-        canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) { return math::exp2_poly(exponent(i)); }));
-    if (chunk_tsum)
-      chunk_tsum[out] = canonical(lane_sum(chunk_len, kn.row_reduce, scratch, [&](int i) {
-        const float e = exponent(i);
-        return entropy_term(math::exp2_poly(e), e);
-      }));
+    chunk_lane_sums(
+        kn, c, chunk_len, temp, scratch, [mc](float x) { return exponent_base2(x, mc); },
+        [](float d) { return math::exp2_poly(d); }, chunk_sum + out, chunk_tsum ? chunk_tsum + out : nullptr);
   });
 }
 
