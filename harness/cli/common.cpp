@@ -44,7 +44,7 @@ void PlanFlags::add_to(CLI::App* app) {
   add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
       [this](json& j) { j["contracts"] = contracts_; });
   add(app->add_option("--implementation,--backend", implementations_,
-                      "what computes the cases: reference, emulated, cuda (comma-separated); run also float64, the "
+                      "what computes the cases: reference, emulated, cuda, nccl (comma-separated); run also float64, the "
                       "float64 truth model; --backend is its old name")
           ->delimiter(','),
       [this](json& j) { j["implementations"] = implementations_; });
@@ -134,6 +134,16 @@ WeightsListener WeightsLog::listener() {
     if (!quiet_) std::fprintf(stderr, "bitparity %s: %s: %s\n", cmd_, o.model.c_str(), weights_text(o, false).c_str());
   };
 }
+
+namespace {
+std::vector<std::string>& args_store() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void remember_program_args(int argc, char** argv) { args_store().assign(argv + 1, argv + argc); }
+const std::vector<std::string>& program_args() { return args_store(); }
 
 int exit_for_error(const char* cmd, std::FILE* err) {
   try {

@@ -24,6 +24,11 @@ struct Subcommand {
   std::function<int()> run;  // the exit code (exit_codes.h)
 };
 
+// The command line after the program's name, as main received it (the launcher of
+// real ranks starts them with the same arguments).
+void remember_program_args(int argc, char** argv);
+const std::vector<std::string>& program_args();
+
 Subcommand add_selfcheck_command(CLI::App& app);
 Subcommand add_run_command(CLI::App& app);
 Subcommand add_sweep_command(CLI::App& app);

@@ -4,6 +4,7 @@
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
 #include "harness/engine/cuda_implementation.h"
+#include "harness/engine/nccl_implementation.h"
 #include "harness/engine/models.h"
 #include "harness/exit_codes.h"
 
@@ -60,11 +61,12 @@ int list(const ListOptions& o) {
               "  reference  the unsharded CPU reference model (ref::Model), every path\n"
               "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
               "  cuda       %s\n"
+              "  nccl       %s\n"
               "  float64    the float64 truth model (reference/truth): no contract, unsharded, extend, no captures; "
               "run only (--contract truth is its old spelling)\n",
-              cuda_implementation_summary());
-  std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring]; z = zigzag cp split, +ring = the ring-reduction negative "
-              "control); those of the default grid each model runs under every contract:\n");
+              cuda_implementation_summary(), nccl_implementation_summary());
+  std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring|+nccl-bf16sum]; z = zigzag cp split, +ring = the ring-reduction "
+              "negative control, +nccl-bf16sum = NCCL's bf16 all-reduce of the row-parallel partials, nccl only); those of the default grid each model runs under every contract:\n");
   for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());
   std::printf("paths:\n  extend  chunked:<n>[,<n>...]  decode  ragged\n");
   return kExitExact;

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -12,9 +14,11 @@
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
+#include "harness/engine/nccl_implementation.h"
 #include "harness/exit_codes.h"
 #include "harness/report/report.h"
 #include "program/run_control.h"
+#include "reference/common/sha256.h"
 
 namespace bp::harness {
 
@@ -190,17 +194,86 @@ void print_table(const Report& r, const std::vector<std::string>& paths, std::FI
   for (const auto& row : rows) print(row);
 }
 
+// The most ranks a case of the plan may need: its largest layout.
+int largest_world(const SweepPlan& plan) {
+  int world = 1;
+  for (const layouts::Layout& l : plan.layouts) world = std::max(world, l.world());
+  if (plan.layouts.empty())
+    world = *std::max_element(plan.grid.tp.begin(), plan.grid.tp.end()) *
+            *std::max_element(plan.grid.ep.begin(), plan.grid.ep.end()) *
+            *std::max_element(plan.grid.cp.begin(), plan.grid.cp.end());
+  return world;
+}
+
+// What every rank of real ranks must share with rank 0, by digest: the binary
+// (so the kernels and the contract code are the same), the plan's cases and
+// inputs, the contracts' knobs.
+std::vector<std::pair<std::string, std::string>> rank_setup(const CaseEngine& engine) {
+  std::ifstream exe("/proc/self/exe", std::ios::binary);
+  const std::string binary{std::istreambuf_iterator<char>(exe), {}};
+  Sha256 plan, contracts;
+  const SweepPlan& p = engine.plan();
+  for (const CaseSpec& c : engine.cases()) plan.update(engine.case_id(c) + "\n");
+  for (const std::string& m : p.models) plan.update("model " + m + "\n");
+  plan.update("seeds " + std::to_string(p.weight_seed) + " " + std::to_string(p.coef_seed) + " " +
+              std::to_string(p.tokens.seed) + " temperature " + std::to_string(p.temperature) + " grads " +
+              std::to_string(p.grads) + " capture " + std::to_string(p.capture_ops) + " tokens " + p.tokens.file);
+  for (int n : p.tokens.lengths) plan.update(" " + std::to_string(n));
+  for (const Contract* c : engine.contracts()) contracts.update(c->name + " " + c->canonical_knobs() + "\n");
+  return {{"binary", sha256_hex(binary)}, {"plan", plan.hex()}, {"contracts", contracts.hex()}};
+}
+
+// Rank 0 tells the followers that the sweep is over, however it ends.
+class FollowersReleased {
+ public:
+  explicit FollowersReleased(RankSession* ranks) : ranks_(ranks && ranks->leader() ? ranks : nullptr) {}
+  ~FollowersReleased() {
+    try {
+      if (ranks_) ranks_->send_done();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bitparity sweep: could not release the other ranks: %s\n", e.what());
+    }
+  }
+  FollowersReleased(const FollowersReleased&) = delete;
+  FollowersReleased& operator=(const FollowersReleased&) = delete;
+
+ private:
+  RankSession* ranks_;
+};
+
 int sweep(const SweepOptions& o) {
   const SweepPlan plan = o.plan.plan();
+  std::unique_ptr<RankSession> ranks;
+  if (std::count(plan.implementations.begin(), plan.implementations.end(), Implementation::kNccl)) {
+    ranks = RankSession::join();
+    // Not started as a rank: start the ranks on this node's GPUs (rank 0 does the rest).
+    if (!ranks && !nccl_unavailable_reason())
+      return launch_ranks(std::min(visible_gpus(), largest_world(plan)), program_args());
+  }
+  const bool follower = ranks && !ranks->leader();
   const ReportPaths paths{o.json, o.csv, o.junit, o.html};
-  if (const int rc = check_report_paths("sweep", paths, o.plan.input_files(plan), stderr)) return rc;
+  if (!follower)
+    if (const int rc = check_report_paths("sweep", paths, o.plan.input_files(plan), stderr)) return rc;
   std::FILE* const out = text_stream({o.json, o.csv, o.junit, o.html});
-  WeightsLog weights("sweep", o.quiet);
+  WeightsLog weights("sweep", o.quiet || follower);
   CaseEngine engine(plan, weights.listener());
+  if (ranks) {
+    engine.use_rank_session(ranks.get());
+    ranks->check_same(rank_setup(engine));
+    if (follower) return engine.follow_rank_zero();
+  }
+  const FollowersReleased release(ranks.get());
   if (o.verbose)
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(out, "layout not run: %s\n", d.c_str());
 
   Report r = make_report("sweep");
+  if (ranks) {
+    r.environment.nccl_version = ranks->nccl_version();
+    r.environment.gpu_name = ranks->gpu_name() + " x" + std::to_string(ranks->world());
+    if (!o.quiet)
+      std::fprintf(stderr, "sweep: %d ranks (started by %s), one per GPU, NCCL %s\n", ranks->world(),
+                   ranks->launcher().c_str(), ranks->nccl_version().c_str());
+  }
   if (engine.contracts().size() == 1) {
     r.environment.contract_name = engine.contracts().front()->name;
     r.environment.contract_knob_hash = engine.contracts().front()->knob_hash();

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <new>
 
 #include "harness/engine/cuda_implementation.h"
 #include "harness/engine/models.h"
+#include "harness/engine/nccl_implementation.h"
+#include "harness/exit_codes.h"
 #include "harness/io/errors.h"
 #include "host/layouts.h"
 #include "reference/model/model_graph.h"
@@ -195,6 +198,11 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
       std::vector<std::string> dropped;  // the grid's layouts the model cannot run, with the reason
       if (!plan_.layouts.empty()) {
         for (size_t i = 0; i < plan_.layouts.size(); ++i) {
+          if (plan_.layouts[i].reduction == layouts::Reduction::NcclBf16Sum &&
+              !std::count(plan_.implementations.begin(), plan_.implementations.end(), Implementation::kNccl))
+            plan_.bad("layouts", "[" + std::to_string(i) + "]",
+                      "layout " + plan_.layouts[i].name() +
+                          " reduces with NCCL's own all-reduce: it runs with implementation nccl only");
           const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
           if (!why.empty())
             plan_.bad("layouts", "[" + std::to_string(i) + "]",
@@ -216,8 +224,11 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
       for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
             i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
-        for (const layouts::Layout& l : ls)
+        for (const layouts::Layout& l : ls) {
+          // NCCL's own all-reduce needs NCCL: the control is real ranks' only.
+          if (l.reduction == layouts::Reduction::NcclBf16Sum && i != Implementation::kNccl) continue;
           for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
+        }
       }
     }
   }
@@ -286,6 +297,22 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
       bwd = std::move(r.backward);
       break;
     }
+    case Implementation::kNccl: {
+      if (!ranks_)
+        throw CannotTest(nccl_unavailable_reason().value_or("this process is not one of the ranks"));
+      if (c.layout.world() > ranks_->world())
+        throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
+                         " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
+      if (ranks_->leader()) ranks_->send_case(case_id(c));
+      GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      if (!ranks_->leader()) return {};
+      last_peak_device_bytes_ = r.peak_device_bytes;
+      last_ranks_ = r.ranks;
+      last_traffic_ = std::move(r.traffic);
+      fwd = std::move(r.forward);
+      bwd = std::move(r.backward);
+      break;
+    }
     case Implementation::kReference: {
       const ref::Model& m = l.model_for(c.contract);
       fwd = m.forward(seqs, c.path, opt);
@@ -300,6 +327,23 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
   }
   return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr);
+}
+
+int CaseEngine::follow_rank_zero() {
+  for (;;) {
+    const std::string id = ranks_->next_case();
+    if (id.empty()) return 0;
+    const auto it = std::find_if(cases_.begin(), cases_.end(), [&](const CaseSpec& c) { return case_id(c) == id; });
+    if (it == cases_.end())
+      throw io::BadInput("ranks", "", "rank 0 runs case " + id + ", which rank " + std::to_string(ranks_->rank()) +
+                                          "'s plan does not have: every rank must run the same plan");
+    try {
+      run(*it);
+    } catch (const CaseFailed& e) {
+      std::fprintf(stderr, "bitparity sweep: rank %d: case %s failed: %s\n", ranks_->rank(), id.c_str(), e.what());
+      return kExitInternal;
+    }
+  }
 }
 
 const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, const Contract& contract) {

@@ -29,8 +29,17 @@
 
 namespace bp::harness {
 
+class RankSession;  // engine/nccl_implementation.h
+
 // The case's implementation cannot run on this machine (exit code 125 when nothing ran).
 class CannotTest : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The case ran and failed (e.g. a rank died): the case is reported as an error
+// with this message, and the sweep goes on (exit code 3 at its end).
+class CaseFailed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -107,6 +116,13 @@ class CaseEngine {
   // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
 
+  // This process is a rank of real ranks (engine/nccl_implementation.h): its nccl
+  // cases run on them. Without one, nccl cases skip (cannot test here).
+  void use_rank_session(RankSession* ranks) { ranks_ = ranks; }
+  // A follower rank's whole sweep: runs its part of each case rank 0 names, until
+  // rank 0 is done. Returns the exit code (0, or 3 once a rank failed).
+  int follow_rank_zero();
+
  private:
   struct Loaded;
   struct Canonical;
@@ -129,6 +145,10 @@ class CaseEngine {
   // The device memory the last run() peaked at, set by a run on a device; compare()
   // clears it before each run and reports it as the case's peak_device_bytes.
   std::optional<uint64_t> last_peak_device_bytes_;
+  // Likewise the ranks and NCCL traffic of the last run on real ranks.
+  int last_ranks_ = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> last_traffic_;
+  RankSession* ranks_ = nullptr;
 };
 
 }  // namespace bp::harness

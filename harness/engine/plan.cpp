@@ -22,6 +22,7 @@ const char* implementation_name(Implementation i) {
     case Implementation::kReference: return "reference";
     case Implementation::kEmulated: return "emulated";
     case Implementation::kCuda: return "cuda";
+    case Implementation::kNccl: return "nccl";
     case Implementation::kFloat64: return "float64";
   }
   return "?";
@@ -264,7 +265,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     plan.implementations = rd.list<Implementation>(name, *v, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
       const auto i = parse_implementation(s);
-      const std::string known = plan.allow_float64 ? "reference, emulated, cuda, float64" : "reference, emulated, cuda";
+      const std::string known = plan.allow_float64 ? "reference, emulated, cuda, nccl, float64" : "reference, emulated, cuda, nccl";
       if (!i) rd.bad(f, "unknown implementation " + io::quoted_input(s) + "; the implementations are " + known);
       if (*i == Implementation::kFloat64 && !plan.allow_float64)
         rd.bad(f, "float64, the float64 truth model, runs only in `bitparity run`; here the implementations are " +

@@ -44,15 +44,17 @@
 namespace bp::harness {
 
 // What computes a case: the reference model (ref::Model, unsharded), the layouts
-// on emulated CPU ranks, or the GPU (engine/cuda_implementation.h); and, for `run`
+// on emulated CPU ranks, the GPU (engine/cuda_implementation.h), real ranks over
+// NCCL, one process per GPU (engine/nccl_implementation.h); and, for `run`
 // only (allow_float64), the float64 truth model (reference/truth/qwen3.h): no
 // contract, unsharded, extend, no captures. Not the program's compute Backend
 // (program/backend.h), which the first three supply.
-enum class Implementation { kReference, kEmulated, kCuda, kFloat64 };
-const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda", "float64"
+enum class Implementation { kReference, kEmulated, kCuda, kNccl, kFloat64 };
+const char* implementation_name(Implementation i);  // "reference", "emulated", "cuda", "nccl", "float64"
 std::optional<Implementation> parse_implementation(std::string_view s);
 inline constexpr Implementation kAllImplementations[] = {Implementation::kReference, Implementation::kEmulated,
-                                                         Implementation::kCuda, Implementation::kFloat64};
+                                                         Implementation::kCuda, Implementation::kNccl,
+                                                         Implementation::kFloat64};
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
 std::string path_name(const ref::Path& s);

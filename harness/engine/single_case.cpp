@@ -70,6 +70,9 @@ layouts::Layout require_one_case(const SweepPlan& p) {
   }
   const layouts::Layout l = p.layouts.empty() ? layouts::Layout{p.grid.tp[0], p.grid.ep[0], p.grid.cp[0], p.grid.cp_split[0]}
                                               : p.layouts[0];
+  if (p.implementations[0] == Implementation::kNccl)
+    p.bad("implementations", "", "nccl, real ranks over NCCL, runs in `bitparity sweep` (which starts the ranks); "
+                                 "run the layout with --implementation cuda (virtual ranks) here");
   if (p.implementations[0] == Implementation::kReference && l != layouts::Layout{})
     p.bad("layouts", "", "the reference implementation is unsharded; run layout " + l.name() +
                              " with --implementation emulated");

@@ -128,16 +128,21 @@ inline std::string no_hopper_reason() {
 }
 
 // The peak of device memory that DeviceBuffer (the stream-ordered allocator's
-// default pool of device 0) has held since the last reset, in bytes.
-inline void reset_pool_peak() {
+// default pool of the current device) has held since the last reset, in bytes.
+inline cudaMemPool_t current_default_pool() {
+  int dev = 0;
+  BP_CUDA_CHECK(cudaGetDevice(&dev));
   cudaMemPool_t pool;
-  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  return pool;
+}
+inline void reset_pool_peak() {
+  const cudaMemPool_t pool = current_default_pool();
   uint64_t zero = 0;
   BP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
 }
 inline uint64_t pool_peak_bytes() {
-  cudaMemPool_t pool;
-  BP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  const cudaMemPool_t pool = current_default_pool();
   uint64_t high = 0;
   BP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
   return high;

@@ -8,15 +8,16 @@ std::string Layout::name() const {
   std::string s = "tp" + std::to_string(tp) + "-ep" + std::to_string(ep) + "-cp" + std::to_string(cp);
   if (cp_split == CpSplit::Zigzag) s += "z";
   if (reduction == Reduction::Ring) s += "+ring";
+  if (reduction == Reduction::NcclBf16Sum) s += "+nccl-bf16sum";
   return s;
 }
 
 std::optional<Layout> parse_layout(const std::string& s, std::string* why) {
-  static const std::regex form(R"(tp([1-9][0-9]{0,2})-ep([1-9][0-9]{0,2})-cp([1-9][0-9]{0,2})(z?)(\+ring)?)");
+  static const std::regex form(R"(tp([1-9][0-9]{0,2})-ep([1-9][0-9]{0,2})-cp([1-9][0-9]{0,2})(z?)(\+ring|\+nccl-bf16sum)?)");
   std::smatch m;
   if (!std::regex_match(s, m, form)) {
     // The caller quotes the name (cut to a readable length: it may be anything a user typed).
-    if (why) *why = "not of the form tp<N>-ep<N>-cp<N>[z][+ring] (N at most 3 digits)";
+    if (why) *why = "not of the form tp<N>-ep<N>-cp<N>[z][+ring|+nccl-bf16sum] (N at most 3 digits)";
     return std::nullopt;
   }
   Layout l;
@@ -24,7 +25,7 @@ std::optional<Layout> parse_layout(const std::string& s, std::string* why) {
   l.ep = std::stoi(m[2]);
   l.cp = std::stoi(m[3]);
   l.cp_split = m[4].length() ? CpSplit::Zigzag : CpSplit::Contiguous;
-  l.reduction = m[5].length() ? Reduction::Ring : Reduction::Tree;
+  l.reduction = m[5] == "+ring" ? Reduction::Ring : m[5].length() ? Reduction::NcclBf16Sum : Reduction::Tree;
   return l;
 }
 

@@ -20,8 +20,10 @@ enum class CpSplit {
 // How partial sums that cross ranks are reduced. Tree is the contract's fixed
 // tree and the only exact one; Ring is what a framework gets from a local GEMM
 // and NCCL's ring all-reduce, kept as the negative control that shows a layout
-// change is caught.
-enum class Reduction { Tree, Ring };
+// change is caught. NcclBf16Sum is what inference engines commonly run: each
+// rank's row-parallel partial rounded to bf16 and summed by NCCL's own bf16
+// all-reduce (real ranks only; elsewhere it reduces as Ring).
+enum class Reduction { Tree, Ring, NcclBf16Sum };
 
 struct Layout {
   int tp = 1;
@@ -31,7 +33,8 @@ struct Layout {
   Reduction reduction = Reduction::Tree;
 
   int world() const { return tp * ep * cp; }
-  // "tp2-ep1-cp2" (contiguous), "tp1-ep2-cp2z" (zigzag), "+ring" appended for Ring.
+  // "tp2-ep1-cp2" (contiguous), "tp1-ep2-cp2z" (zigzag), "+ring" appended for Ring,
+  // "+nccl-bf16sum" for NcclBf16Sum.
   std::string name() const;
   bool operator==(const Layout&) const = default;
 };

@@ -50,6 +50,9 @@ std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights
                                   const std::function<RankResult(int rank, RankComms& comms)>& body) {
   const std::string why = shard_check(layout, cfg, knobs);
   if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
+  if (layout.reduction == Reduction::NcclBf16Sum)
+    throw std::invalid_argument("layout " + layout.name() +
+                                ": NCCL's bf16 all-reduce runs on real ranks only (implementation nccl)");
   check_model(cfg, weights, knobs);  // as the unsharded model checks them
   std::vector<RankResult> results(static_cast<size_t>(layout.world()));
   run_emulated(layout, [&](int rank, RankComms& comms) { results[static_cast<size_t>(rank)] = body(rank, comms); });

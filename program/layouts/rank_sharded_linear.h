@@ -49,6 +49,17 @@ typename RankProgram<B>::Buf RankProgram<B>::row_parallel(const bf16* x, const s
                                                       int n) const {
   FBuf acc = fzeros(int64_t{T} * n);
   be_.linear_acc(kn_, x, w(name), acc.data(), T, k_local, n, d_.local_chunks);
+  if (layout_.reduction == Reduction::NcclBf16Sum) {
+    if constexpr (requires(const bf16* p, bf16* q) { be_.all_reduce_bf16_sum(comms_.tp, p, q, size_t{}); }) {
+      const Buf mine = round_all(acc);
+      Buf out = zeros(int64_t{T} * n);
+      be_.all_reduce_bf16_sum(comms_.tp, mine.data(), out.data(), out.size());
+      return out;
+    } else {
+      throw std::invalid_argument("layout " + layout_.name() +
+                                  ": NCCL's bf16 all-reduce runs on real ranks only (implementation nccl)");
+    }
+  }
   return round_all(tp_reduce(acc, tp_sum()));
 }
 

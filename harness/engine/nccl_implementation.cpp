@@ -1,0 +1,134 @@
+// The `nccl` implementation in a build with NCCL.
+#include "harness/engine/nccl_implementation.h"
+
+#include <cuda_runtime_api.h>
+
+#include "harness/engine/cases.h"
+#include "harness/io/errors.h"
+#include "optimized/cuda/common.h"
+#include "optimized/dist/real_ranks.h"
+
+namespace bp::harness {
+namespace {
+
+// The command that names a case; a follower finds it among its own cases.
+constexpr const char* kRunPrefix = "run ";
+constexpr const char* kDone = "done";
+
+class NcclRankSession final : public RankSession {
+ public:
+  explicit NcclRankSession(const dist::RankIdentity& me) : ranks_(me) {}
+
+  int rank() const override { return ranks_.rank(); }
+  int world() const override { return ranks_.world(); }
+  std::string launcher() const override { return ranks_.identity().launcher; }
+  std::string gpu_name() const override {
+    cudaDeviceProp p{};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "unknown";
+    return p.name;
+  }
+  std::string nccl_version() const override { return dist::nccl_version_text(); }
+
+  void check_same(const std::vector<std::pair<std::string, std::string>>& fields) override {
+    try {
+      ranks_.check_same(fields);
+    } catch (const dist::SetupMismatch& e) {
+      throw io::BadInput("ranks", "", e.what());
+    }
+  }
+
+  void send_case(const std::string& case_id) override {
+    if (!ranks_.broken()) guarded([&] { ranks_.send_command(kRunPrefix + case_id); });
+  }
+  std::string next_case() override {
+    const std::string c = ranks_.next_command();
+    if (c == kDone) return "";
+    if (c.rfind(kRunPrefix, 0) != 0) throw std::runtime_error("rank 0 sent an unknown command");
+    return c.substr(std::string(kRunPrefix).size());
+  }
+  void send_done() override {
+    if (!ranks_.broken()) ranks_.send_command(kDone);
+  }
+
+  GpuCaseResult run(const GpuCaseInput& in) override {
+    const ModelConfig& cfg = in.model.model.config;
+    const Knobs& kn = in.model.contract.knobs;
+    if (in.layout.world() > world())
+      throw CannotTest("layout " + in.layout.name() + " needs " + std::to_string(in.layout.world()) +
+                       " GPUs; this run has " + std::to_string(world()) + " ranks");
+    GpuCaseResult r;
+    guarded([&] {
+      auto fwd = ranks_.forward(cfg, in.model.weights, kn, in.layout, in.seqs, in.path, in.options);
+      std::optional<dist::RankZeroResult<ref::BackwardResult>> bwd;
+      if (in.grads)
+        bwd = ranks_.backward(cfg, in.model.weights, kn, in.layout, in.seqs, in.coef_seed, in.options.temperature);
+      if (!fwd) return;
+      r.forward = std::move(fwd->result);
+      add_cost(fwd->cost, r);
+      if (bwd) {
+        r.backward = std::move(bwd->result);
+        add_cost(bwd->cost, r);
+      }
+    });
+    return r;
+  }
+
+ private:
+  static void add_cost(const dist::CaseCost& c, GpuCaseResult& r) {
+    r.ranks = c.ranks;
+    r.peak_device_bytes = std::max(r.peak_device_bytes, c.peak_device_bytes);
+    for (const auto& [kind, t] : c.traffic) {
+      r.traffic[kind].first += t.calls;
+      r.traffic[kind].second += t.bytes;
+    }
+  }
+  // A rank's failure is the case's, reported as an error; the sweep goes on.
+  template <class F>
+  static void guarded(F&& f) {
+    try {
+      f();
+    } catch (const dist::RankFailure& e) {
+      throw CaseFailed(e.what());
+    }
+  }
+
+  dist::RealRanks ranks_;
+};
+
+}  // namespace
+
+const char* nccl_implementation_summary() {
+  return "the layouts on real ranks: one process per GPU, collectives over NCCL (started by bitparity on this node, "
+         "or by mpirun/srun/torchrun; cases that need more GPUs than there are exit 125: cannot test here)";
+}
+
+int visible_gpus() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+std::optional<std::string> nccl_unavailable_reason() {
+  if (const std::string why = cuda::no_hopper_reason(); !why.empty()) return why;
+  return std::nullopt;
+}
+
+int launch_ranks(int world, const std::vector<std::string>& args) { return dist::launch_local_ranks(world, args); }
+
+std::unique_ptr<RankSession> RankSession::join() {
+  std::optional<dist::RankIdentity> me;
+  try {
+    me = dist::rank_identity_from_env();
+  } catch (const std::invalid_argument& e) {
+    throw io::BadInput("environment", "", e.what());
+  }
+  if (!me) return nullptr;
+  if (const auto why = nccl_unavailable_reason()) throw CannotTest("rank " + std::to_string(me->rank) + ": " + *why);
+  try {
+    return std::make_unique<NcclRankSession>(*me);
+  } catch (const std::invalid_argument& e) {  // no rendezvous address given
+    throw io::BadInput("environment", "", e.what());
+  }
+}
+
+}  // namespace bp::harness
