@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build demo test test-slow test-gpu fuzz clean
+.PHONY: all setup configure build demo test test-slow test-gpu test-multigpu fuzz clean
 
 all: build
 
@@ -34,6 +34,9 @@ test-slow: build
 
 test-gpu: build
 	cd $(BUILD) && ctest -L gpu --output-on-failure
+
+test-multigpu: build
+	cd $(BUILD) && ctest -L multigpu --output-on-failure
 
 # libFuzzer on the input parsers in a separate clang build, $(BUILD)-fuzz (tests/fuzz/README.md).
 FUZZ_SECONDS ?= 60

@@ -123,7 +123,9 @@ ncclUniqueId shared_unique_id(const RankIdentity& me) {
       throw std::invalid_argument("rank " + std::to_string(me.rank) + " (launched by " + me.launcher +
                                   "): set MASTER_ADDR and MASTER_PORT (or NCCL_COMM_ID=host:port) to rank 0's host "
                                   "and a free port, where NCCL's bootstrap meets");
-    ::setenv("NCCL_COMM_ID", (std::string(addr) + ":" + port).c_str(), 1);
+    // torchrun's agent holds MASTER_PORT for its own store: NCCL meets on the next one.
+    const std::string nccl_port = me.launcher == "torchrun" ? std::to_string(std::atoi(port) + 1) : port;
+    ::setenv("NCCL_COMM_ID", (std::string(addr) + ":" + nccl_port).c_str(), 1);
   }
   ncclUniqueId id{};
   if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)

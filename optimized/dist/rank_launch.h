@@ -25,8 +25,9 @@ std::optional<RankIdentity> rank_identity_from_env();
 
 // The id every rank initialises the world communicator with: the launcher's
 // (BP_NCCL_ID) or, under a cluster launcher, NCCL's id of the address in
-// NCCL_COMM_ID, set from MASTER_ADDR:MASTER_PORT when absent (rank 0 then hosts
-// NCCL's bootstrap there). Throws std::invalid_argument when neither is given.
+// NCCL_COMM_ID, set from MASTER_ADDR:MASTER_PORT when absent — MASTER_PORT + 1
+// under torchrun, whose agent holds MASTER_PORT — (rank 0 then hosts NCCL's
+// bootstrap there). Throws std::invalid_argument when neither is given.
 ncclUniqueId shared_unique_id(const RankIdentity& me);
 
 // The launcher: runs this binary with `args` (argv[1..]) as `world` rank
