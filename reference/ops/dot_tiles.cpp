@@ -41,11 +41,12 @@ void dot_rows_scalar(DotModel model, const bf16* a, int rows_a, const bf16* b, i
 #if defined(__x86_64__)
 namespace {
 
-// Tiles: kMB rows of a by kNB rows of b per task, K in blocks of kKC (a multiple of
+// Tiles: kMB rows of a by kNB rows of b per task (b is repacked per tile: a tall tile
+// keeps that to 1/kMB of the products), K in blocks of kKC (a multiple of
 // the sm90 group, so groups never straddle a block); within a block, panels of kNR
 // outputs (two AVX2 vectors) by Tiles::kMR rows stay in registers for the whole block.
 constexpr int kNR = 16;
-constexpr int kMB = 48;
+constexpr int kMB = 192;
 constexpr int kNB = 64;
 constexpr int kKC = 256;
 static_assert(kKC % Sm90Tc::kGroup == 0, "a K block holds whole sm90 groups");
