@@ -348,22 +348,26 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   Loaded& l = loaded(spec.model);
   last_peak_device_bytes_.reset();
   std::vector<NamedTensor> got;
-  std::optional<std::string> cannot_test;
+  std::optional<std::chrono::steady_clock::time_point> start;
+  auto seconds_since_start = [&start] {
+    return start ? std::chrono::duration<double>(std::chrono::steady_clock::now() - *start).count() : 0.0;
+  };
   try {
     if (spec.implementation == Implementation::kCuda)
       l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
-    const auto start = std::chrono::steady_clock::now();
+    start = std::chrono::steady_clock::now();
     got = run(spec);
-    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    out.seconds = seconds_since_start();
   } catch (const CannotTest& e) {
-    cannot_test = e.what();
+    out.verdict = Verdict::kSkipped;
+    out.skip_reason = e.what();
+  } catch (const CaseFailed& e) {
+    out.verdict = Verdict::kError;
+    out.error = e.what();
+    out.seconds = seconds_since_start();
   }
   out.peak_device_bytes = last_peak_device_bytes_;
-  if (cannot_test) {
-    out.verdict = Verdict::kSkipped;
-    out.skip_reason = *cannot_test;
-    return out;
-  }
+  if (out.verdict != Verdict::kExact) return out;  // skipped or failed: nothing to compare
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
   const Canonical& ref = canonical(spec.model, spec.contract);

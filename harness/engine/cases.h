@@ -35,6 +35,18 @@ class CannotTest : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The case's run failed, and the sweep can go on to the next case: what() says, on
+// one line (a CSV report is read line by line), what failed and names the rank
+// ("rank 1 was killed by signal 9 during the case", "rank 1 threw: ..."). The case's
+// verdict is then "error" (the sweep's exit code 3, after its reports). An
+// implementation throws it only where the failure is confined to the case (its
+// processes are gone or have aborted their communicator); anything else it throws
+// ends the sweep.
+class CaseFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct NamedTensor {
   std::string name;
   std::vector<uint64_t> shape;
@@ -101,8 +113,9 @@ class CaseEngine {
   // Runs the case and compares it with the reference: a report case with
   // parameters (model, contract, contract_knob_hash, backend: the implementation,
   // layout, path), the seconds of its run() and the device memory it peaked at,
-  // and, with capture, first_divergent_op. A CannotTest case comes back skipped.
-  // Throws what run() throws otherwise.
+  // and, with capture, first_divergent_op. A CannotTest case comes back skipped, a
+  // CaseFailed one with the verdict error, its message and the seconds until it
+  // failed. Throws what run() throws otherwise.
   Case compare(const CaseSpec& c);
   // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
