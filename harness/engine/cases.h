@@ -14,6 +14,7 @@
 // name: logprobs and entropy always, ops with capture, grads on the extend path.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -72,6 +73,15 @@ struct CaseSpec {
   layouts::Layout layout;
   ref::Path path;
 };
+
+// One case's run as a report case sees it: `prepare()` (untimed: uploads), then
+// `run()`, timed into out.seconds, gives the outputs. When either throws CannotTest,
+// `out` is skipped with the reason; CaseFailed, `out` gets the verdict error, the
+// message and the seconds `run` ran until then; both give nullopt. Anything else
+// propagates. (CaseEngine::compare's, on its own so that a test can throw what an
+// implementation would.)
+std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::function<void()>& prepare,
+                                                     const std::function<std::vector<NamedTensor>()>& run);
 
 // Sort key of a dump tensor name in execution order: ops.* in the model graph's op
 // order (graph::op_position; names it does not know sort after them), then
