@@ -560,7 +560,7 @@ Case case_from_row(const Row& row) {
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
   c.seconds = row.non_negative("seconds");
   if (!row.empty("peak_device_bytes")) c.peak_device_bytes = row.count("peak_device_bytes");
-  // An error message may be empty, so an empty field cannot say "no error".
+  // The verdict, not the field, says whether the case failed: a message may be empty.
   if (c.verdict == Verdict::kError) c.error = row.text("error");
   else if (!row.empty("error")) row.bad(Row::col("error"), "must be empty unless case_verdict is \"error\"");
   return c;
