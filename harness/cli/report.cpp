@@ -26,10 +26,11 @@ struct ReportOptions {
 
 // For a terminal: names pass through terminal_text.
 void print_summary(const Report& r, const std::string& path, std::FILE* out) {
-  std::fprintf(out, "report %s: %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped%s\n",
-               terminal_text(path).c_str(), r.cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch),
-               r.count(Verdict::kNonFinite), r.count(Verdict::kSkipped), r.interrupted ? " (interrupted run)" : "");
+  std::fprintf(out, "report %s: %zu cases: %s%s\n", terminal_text(path).c_str(), r.cases.size(),
+               r.counts_text().c_str(), r.interrupted ? " (interrupted run)" : "");
   for (const Case& c : r.cases) {
+    if (c.verdict == Verdict::kError)
+      std::fprintf(out, "  ERROR %s: %s\n", terminal_text(c.id).c_str(), terminal_text(c.error).c_str());
     if (c.verdict != Verdict::kMismatch) continue;
     const TensorRecord* t = c.first_mismatch();
     std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", terminal_text(c.id).c_str(),
@@ -44,12 +45,12 @@ void print_summary(const Report& r, const std::string& path, std::FILE* out) {
 
 // Exit code: 130 for the report of an interrupted run (as the run itself exited: its
 // missing cases were never compared); else without a baseline the report's verdict
-// (0 exact or skipped only, 1 a mismatch; nonfinite: 0 with a warning, 1 under
-// --strict); with one, 1 iff something newly fails or a case compared in the
-// baseline is gone, else 0; 2 for an unreadable or malformed report (the message
-// names the file and the field) or a bad --html path (unwritable, or one of the
-// reports read). Every input is read before the page is written (atomically), so a
-// failed run leaves an earlier page untouched.
+// (0 exact or skipped only, 1 a mismatch, 3 a case that failed with an error, as the
+// run exited; nonfinite: 0 with a warning, 1 under --strict); with one, 1 iff
+// something newly fails or a case compared in the baseline is gone, else 0; 2 for an
+// unreadable or malformed report (the message names the file and the field) or a bad
+// --html path (unwritable, or one of the reports read). Every input is read before
+// the page is written (atomically), so a failed run leaves an earlier page untouched.
 int report(const ReportOptions& o) {
   if (const int rc = check_report_paths("report", ReportPaths{"", "", "", o.html}, {o.report, o.baseline}, stderr))
     return rc;
@@ -74,8 +75,9 @@ int report(const ReportOptions& o) {
   }
   if (r.interrupted) return kExitInterrupted;
   if (diff) return diff->regressed() ? kExitMismatch : kExitExact;
+  if (const auto rc = failure_exit_code(r)) return *rc;  // an error, a mismatch
   if (r.overall() == Verdict::kNonFinite) return nonfinite_exit("report", r, o.strict, stderr);
-  return r.overall() == Verdict::kMismatch ? kExitMismatch : kExitExact;
+  return kExitExact;
 }
 
 }  // namespace
@@ -85,11 +87,11 @@ Subcommand add_report_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "report",
       "read a report back (JSON, or CSV by its .csv extension), print its summary, compare it against a baseline, "
-      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch; "
-      "nonfinite: 0 with a warning, 1 with --strict); "
-      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch or nonfinite) or a case "
-      "compared in the baseline is gone, else 0; 2 for an unreadable or malformed report (the message names file and "
-      "field); 130 for the report of an interrupted run");
+      "render it as HTML. Exit code without --baseline: the report's verdict (0 exact or skipped only, 1 a mismatch, "
+      "3 a case that failed with an error; nonfinite: 0 with a warning, 1 with --strict); "
+      "with --baseline: 1 iff a tensor or case newly fails (exact, skipped or new -> mismatch or nonfinite; anything "
+      "-> error) or a case compared in the baseline is gone, else 0; 2 for an unreadable or malformed report (the "
+      "message names file and field); 130 for the report of an interrupted run");
   sub->add_option("REPORT", o->report, "report to read (.json or .csv)")->required();
   sub->add_option("--baseline", o->baseline,
                   "earlier report (.json or .csv): cases matched by id, tensors by name; prints what newly fails, "

@@ -116,12 +116,13 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// One cell of the table: "exact", "skip", "NONFINITE", or "<n> diff <u> ulp" (n
-// tensors differ, u the largest ULP distance among them).
+// One cell of the table: "exact", "skip", "NONFINITE", "ERROR", or "<n> diff <u> ulp"
+// (n tensors differ, u the largest ULP distance among them).
 std::string cell_text(const Case& c) {
   if (c.verdict == Verdict::kSkipped) return "skip";
   if (c.verdict == Verdict::kExact) return "exact";
   if (c.verdict == Verdict::kNonFinite) return "NONFINITE";
+  if (c.verdict == Verdict::kError) return "ERROR";
   size_t n = 0;
   double ulp = 0;
   bool missing = false;
@@ -136,9 +137,12 @@ std::string cell_text(const Case& c) {
 
 // For a terminal: names pass through terminal_text.
 std::string case_line(const Case& c) {
-  std::string s = std::string(c.verdict == Verdict::kMismatch ? "MISMATCH " : verdict_name(c.verdict)) + " " +
-                  terminal_text(c.id);
+  const char* word = c.verdict == Verdict::kMismatch ? "MISMATCH "
+                     : c.verdict == Verdict::kError  ? "ERROR"
+                                                     : verdict_name(c.verdict);
+  std::string s = std::string(word) + " " + terminal_text(c.id);
   if (c.verdict == Verdict::kSkipped) return s + ": " + terminal_text(c.skip_reason);
+  if (c.verdict == Verdict::kError) return s + ": " + terminal_text(c.error);
   if (c.verdict == Verdict::kNonFinite) return s + ": " + terminal_text(nonfinite_text(*c.first_nonfinite()));
   if (const TensorRecord* t = c.first_mismatch()) {
     s += ": first tensor " + terminal_text(t->name);
@@ -152,10 +156,13 @@ std::string case_line(const Case& c) {
   return s;
 }
 
-// What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, peak 2.5 GiB device memory)".
+// What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, peak 2.5 GiB device
+// memory)", "(1.23 s on 2 ranks, peak 2.5 GiB device memory, 3.1 MiB moved in 42 collectives)".
 std::string cost_text(const Case& c) {
   std::string s = "(" + duration_text(c.seconds);
+  if (c.ranks) s += " on " + std::to_string(*c.ranks) + (*c.ranks == 1 ? " rank" : " ranks");
   if (c.peak_device_bytes) s += ", peak " + bytes_text(*c.peak_device_bytes) + " device memory";
+  if (!c.communication.empty()) s += ", " + communication_text(c.communication);
   return s + ")";
 }
 
@@ -316,22 +323,21 @@ int sweep(const SweepOptions& o) {
     if (!o.verbose) {
       size_t shown = 0;
       for (const Case& c : r.cases)
-        if (c.verdict == Verdict::kMismatch && shown++ < 10) std::fprintf(out, "%s\n", case_line(c).c_str());
-      if (shown > 10) std::fprintf(out, "... and %zu more mismatching cases\n", shown - 10);
+        if ((c.verdict == Verdict::kMismatch || c.verdict == Verdict::kError) && shown++ < 10)
+          std::fprintf(out, "%s\n", case_line(c).c_str());
+      if (shown > 10) std::fprintf(out, "... and %zu more failing cases\n", shown - 10);
     }
   }
   const char* verdict = r.interrupted ? "INTERRUPTED"
+                        : overall == Verdict::kError ? "ERROR"
                         : overall == Verdict::kMismatch ? "MISMATCH"
                         : overall == Verdict::kNonFinite ? "NON-FINITE (matching NaN/Inf results prove nothing)"
                         : overall == Verdict::kSkipped  ? "NOTHING TESTED (cannot test here)"
                                                         : "ALL EXACT";
-  std::fprintf(o.quiet ? stderr : out,
-               "sweep: %zu of %zu cases: %zu exact, %zu mismatch, %zu nonfinite, %zu skipped; %zu tensors; %.1f s: %s\n",
-               r.cases.size(), cases.size(), r.count(Verdict::kExact), r.count(Verdict::kMismatch),
-               r.count(Verdict::kNonFinite), r.count(Verdict::kSkipped), tensors, progress.elapsed(), verdict);
+  std::fprintf(o.quiet ? stderr : out, "sweep: %zu of %zu cases: %s; %zu tensors; %.1f s: %s\n", r.cases.size(),
+               cases.size(), r.counts_text().c_str(), tensors, progress.elapsed(), verdict);
   if (const int rc = write_reports("sweep", r, paths, stderr)) return rc;
-  if (r.interrupted) return kExitInterrupted;
-  if (overall == Verdict::kMismatch) return kExitMismatch;
+  if (const auto rc = failure_exit_code(r)) return *rc;  // interrupted, an error, a mismatch
   if (overall == Verdict::kNonFinite) return nonfinite_exit("sweep", r, o.strict, stderr);
   if (overall == Verdict::kSkipped) return kExitCannotTest;
   return kExitExact;
@@ -346,7 +352,8 @@ Subcommand add_sweep_command(CLI::App& app) {
       "compare models x contracts x implementations x layouts x paths against the canonical reference (logprobs, entropy, "
       "every parameter gradient on the extend path, every op's output with --capture ops). With no arguments: the "
       "default sweep on the embedded tiny fixtures. Exit 0 all exact (or non-finite matches, with a warning), 1 a "
-      "mismatch (or, with --strict, a non-finite match), 2 bad usage or input, 3 internal error, 125 nothing could "
+      "mismatch (or, with --strict, a non-finite match), 2 bad usage or input, 3 internal error or a case that failed "
+      "with an error (its verdict 'error'; the other cases still run and the reports are written), 125 nothing could "
       "be tested here, 130 interrupted (SIGINT/SIGTERM stops after the case in flight, a second one stops that case "
       "at once; the report holds the finished cases, marked interrupted)");
   o->plan.add_to(sub);
@@ -357,8 +364,8 @@ Subcommand add_sweep_command(CLI::App& app) {
   sub->add_flag("--quiet,-q", o->quiet, "print only the verdict line, on stderr (and errors)");
   sub->add_flag("--strict", o->strict, kStrictHelp);
   sub->add_flag("--verbose,-v", o->verbose,
-                "print every case as it finishes, with its run time and peak device memory, and the layouts a model "
-                "cannot run");
+                "print every case as it finishes, with its run time, peak device memory and, on several ranks, the "
+                "bytes its collectives moved, and the layouts a model cannot run");
   return guarded_subcommand(sub, [o] { return sweep(*o); });
 }
 

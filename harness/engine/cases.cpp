@@ -308,7 +308,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
       if (!ranks_->leader()) return {};
       last_peak_device_bytes_ = r.peak_device_bytes;
       last_ranks_ = r.ranks;
-      last_traffic_ = std::move(r.traffic);
+      last_communication_ = std::move(r.communication);
       fwd = std::move(r.forward);
       bwd = std::move(r.backward);
       break;
@@ -380,6 +380,29 @@ Case CaseEngine::interrupted(const CaseSpec& spec) const {
   return out;
 }
 
+std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::function<void()>& prepare,
+                                                     const std::function<std::vector<NamedTensor>()>& run) {
+  std::optional<std::chrono::steady_clock::time_point> start;
+  auto seconds_since_start = [&start] {
+    return start ? std::chrono::duration<double>(std::chrono::steady_clock::now() - *start).count() : 0.0;
+  };
+  try {
+    prepare();
+    start = std::chrono::steady_clock::now();
+    std::vector<NamedTensor> got = run();
+    out.seconds = seconds_since_start();
+    return got;
+  } catch (const CannotTest& e) {
+    out.verdict = Verdict::kSkipped;
+    out.skip_reason = e.what();
+  } catch (const CaseFailed& e) {
+    out.verdict = Verdict::kError;
+    out.error = e.what();
+    out.seconds = seconds_since_start();
+  }
+  return std::nullopt;
+}
+
 Case CaseEngine::compare(const CaseSpec& spec) {
   return within_memory(work_, [&] { return compare_case(spec); });
 }
@@ -391,23 +414,19 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   // reference is computed (once per model and contract) outside it.
   Loaded& l = loaded(spec.model);
   last_peak_device_bytes_.reset();
-  std::vector<NamedTensor> got;
-  std::optional<std::string> cannot_test;
-  try {
-    if (spec.implementation == Implementation::kCuda)
-      l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
-    const auto start = std::chrono::steady_clock::now();
-    got = run(spec);
-    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  } catch (const CannotTest& e) {
-    cannot_test = e.what();
-  }
+  last_ranks_.reset();
+  last_communication_.clear();
+  const auto outputs = case_outputs(
+      out,
+      [&] {
+        if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
+      },
+      [&] { return run(spec); });
   out.peak_device_bytes = last_peak_device_bytes_;
-  if (cannot_test) {
-    out.verdict = Verdict::kSkipped;
-    out.skip_reason = *cannot_test;
-    return out;
-  }
+  out.ranks = last_ranks_;
+  out.communication = std::move(last_communication_);
+  if (!outputs) return out;  // skipped or failed: nothing to compare
+  const std::vector<NamedTensor>& got = *outputs;
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
   const Canonical& ref = canonical(spec.model, spec.contract);

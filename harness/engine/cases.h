@@ -14,6 +14,7 @@
 // name: logprobs and entropy always, ops with capture, grads on the extend path.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -37,8 +38,13 @@ class CannotTest : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The case ran and failed (e.g. a rank died): the case is reported as an error
-// with this message, and the sweep goes on (exit code 3 at its end).
+// The case's run failed, and the sweep can go on to the next case: what() says, on
+// one line (a CSV report is read line by line), what failed and names the rank
+// ("rank 1 was killed by signal 9 during the case", "rank 1 threw: ..."). The case's
+// verdict is then "error" (the sweep's exit code 3, after its reports). An
+// implementation throws it only where the failure is confined to the case (its
+// processes are gone or have aborted their communicator); anything else it throws
+// ends the sweep.
 class CaseFailed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -69,6 +75,15 @@ struct CaseSpec {
   layouts::Layout layout;
   ref::Path path;
 };
+
+// One case's run as a report case sees it: `prepare()` (untimed: uploads), then
+// `run()`, timed into out.seconds, gives the outputs. When either throws CannotTest,
+// `out` is skipped with the reason; CaseFailed, `out` gets the verdict error, the
+// message and the seconds `run` ran until then; both give nullopt. Anything else
+// propagates. (CaseEngine::compare's, on its own so that a test can throw what an
+// implementation would.)
+std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::function<void()>& prepare,
+                                                     const std::function<std::vector<NamedTensor>()>& run);
 
 // Sort key of a dump tensor name in execution order: ops.* in the model graph's op
 // order (graph::op_position; names it does not know sort after them), then
@@ -110,8 +125,9 @@ class CaseEngine {
   // Runs the case and compares it with the reference: a report case with
   // parameters (model, contract, contract_knob_hash, backend: the implementation,
   // layout, path), the seconds of its run() and the device memory it peaked at,
-  // and, with capture, first_divergent_op. A CannotTest case comes back skipped.
-  // Throws what run() throws otherwise.
+  // and, with capture, first_divergent_op. A CannotTest case comes back skipped, a
+  // CaseFailed one with the verdict error, its message and the seconds until it
+  // failed. Throws what run() throws otherwise.
   Case compare(const CaseSpec& c);
   // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
@@ -146,8 +162,8 @@ class CaseEngine {
   // clears it before each run and reports it as the case's peak_device_bytes.
   std::optional<uint64_t> last_peak_device_bytes_;
   // Likewise the ranks and NCCL traffic of the last run on real ranks.
-  int last_ranks_ = 0;
-  std::map<std::string, std::pair<uint64_t, uint64_t>> last_traffic_;
+  std::optional<int> last_ranks_;
+  std::vector<CollectiveTraffic> last_communication_;
   RankSession* ranks_ = nullptr;
 };
 

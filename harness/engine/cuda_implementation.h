@@ -14,14 +14,13 @@
 // host weights per case.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "harness/engine/cases.h"
+#include "harness/report/report.h"
 #include "host/model.h"
 #include "program/layouts/layout.h"
 
@@ -37,9 +36,9 @@ struct GpuCaseResult {
   uint64_t peak_device_bytes = 0;
   // Real ranks (the nccl implementation; engine/nccl_implementation.h): the
   // processes the case ran on, and NCCL's traffic per collective kind summed over
-  // them, {calls, bytes}; the peak above is the largest rank's.
-  int ranks = 0;
-  std::map<std::string, std::pair<uint64_t, uint64_t>> traffic;
+  // them; the peak above is the largest rank's.
+  std::optional<int> ranks;
+  std::vector<CollectiveTraffic> communication;
 };
 
 // A case's model and contract: the weights to upload and the knobs to build the GPU

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "harness/engine/cases.h"
 #include "harness/io/errors.h"
 #include "optimized/cuda/common.h"
@@ -75,12 +77,16 @@ class NcclRankSession final : public RankSession {
   }
 
  private:
+  // The forward's and the backward's cost, together.
   static void add_cost(const dist::CaseCost& c, GpuCaseResult& r) {
     r.ranks = c.ranks;
     r.peak_device_bytes = std::max(r.peak_device_bytes, c.peak_device_bytes);
     for (const auto& [kind, t] : c.traffic) {
-      r.traffic[kind].first += t.calls;
-      r.traffic[kind].second += t.bytes;
+      auto it = std::find_if(r.communication.begin(), r.communication.end(),
+                             [&](const CollectiveTraffic& x) { return x.collective == kind; });
+      if (it == r.communication.end()) it = r.communication.insert(r.communication.end(), {kind, 0, 0});
+      it->calls += t.calls;
+      it->bytes += t.bytes;
     }
   }
   // A rank's failure is the case's, reported as an error; the sweep goes on.

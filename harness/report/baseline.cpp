@@ -42,9 +42,18 @@ std::string metric_delta(const TensorRecord& a, const TensorRecord& b) {
 }
 
 // Against a baseline, a non-finite match fails as a mismatch does: exact yesterday
-// and NaN everywhere today is a regression.
+// and NaN everywhere today is a regression. An error fails too, and worst.
 bool passes(const TensorRecord& t) { return t.matches() && !t.nonfinite(); }
-bool fails(const Case& c) { return c.verdict == Verdict::kMismatch || c.verdict == Verdict::kNonFinite; }
+bool fails(const Case& c) {
+  return c.verdict == Verdict::kMismatch || c.verdict == Verdict::kNonFinite || c.verdict == Verdict::kError;
+}
+// "error: <message>" for an error case, else its verdict.
+std::string verdict_text(const Case& c) {
+  return c.verdict == Verdict::kError ? "error: " + c.error : verdict_name(c.verdict);
+}
+
+// Whether a case's run came to a comparison with the reference.
+bool compared(const Case& c) { return c.verdict != Verdict::kSkipped && c.verdict != Verdict::kError; }
 
 // A case's tensors by key; BadInput when a key repeats.
 std::map<std::string, const TensorRecord*> tensors_by_key(const Case& c, size_t case_index, const std::string& path) {
@@ -67,19 +76,34 @@ class Differ {
 
   void new_case(const Case& c) {
     if (fails(c)) {
-      const TensorRecord* t = c.verdict == Verdict::kMismatch ? c.first_mismatch() : c.first_nonfinite();
+      const TensorRecord* t = c.verdict == Verdict::kMismatch    ? c.first_mismatch()
+                              : c.verdict == Verdict::kNonFinite ? c.first_nonfinite()
+                                                                 : nullptr;
       add(ChangeKind::kNewlyFailing, c.id, "",
-          std::string("new case, ") + verdict_name(c.verdict) + (t ? ": " + tensor_key(*t) + " " + state(*t) : ""), true);
+          "new case, " + verdict_text(c) + (t ? ": " + tensor_key(*t) + " " + state(*t) : ""), true);
     } else {
       add(ChangeKind::kCaseAdded, c.id, "", verdict_name(c.verdict), false);
     }
   }
 
-  void skip_change(const Case& old, const Case& now) {
-    if (old.verdict == now.verdict) return;
-    const std::string detail = std::string(verdict_name(old.verdict)) + " -> " + verdict_name(now.verdict);
-    if (fails(now)) add(ChangeKind::kNewlyFailing, now.id, "", detail, true);
-    else add(ChangeKind::kSkipChanged, now.id, "", detail, false);
+  // A case skipped or failed with an error on either side: its verdicts, not its
+  // tensors, say what changed. An error newly fails also after a mismatch (the case
+  // no longer runs to a comparison); error -> mismatch still fails, no regression.
+  void verdict_change(const Case& old, const Case& now) {
+    if (old.verdict == now.verdict) {
+      if (old.error != now.error)
+        add(ChangeKind::kMetricsChanged, now.id, "", "error " + old.error + " -> " + now.error, false);
+      return;
+    }
+    const std::string detail = verdict_text(old) + " -> " + verdict_text(now);
+    if (now.verdict == Verdict::kError || (fails(now) && !fails(old)))
+      add(ChangeKind::kNewlyFailing, now.id, "", detail, true);
+    else if (old.verdict == Verdict::kError && now.verdict == Verdict::kExact)
+      add(ChangeKind::kNewlyPassing, now.id, "", detail, false);
+    else if (old.verdict == Verdict::kError && fails(now))
+      add(ChangeKind::kMetricsChanged, now.id, "", detail, false);
+    else
+      add(ChangeKind::kSkipChanged, now.id, "", detail, false);
   }
 
   void both_compared(const Case& old, size_t old_index, const std::string& old_path, const Case& now, size_t now_index,
@@ -161,14 +185,12 @@ BaselineDiff compare_to_baseline(const Report& baseline, const std::string& base
       continue;
     }
     const Case& old = baseline.cases[it->second];
-    if (old.verdict == Verdict::kSkipped || now.verdict == Verdict::kSkipped) differ.skip_change(old, now);
-    else differ.both_compared(old, it->second, baseline_path, now, i, current_path);
+    if (compared(old) && compared(now)) differ.both_compared(old, it->second, baseline_path, now, i, current_path);
+    else differ.verdict_change(old, now);
   }
   for (const Case& old : baseline.cases)
-    if (!now_index.count(old.id)) {
-      const bool was_compared = old.verdict != Verdict::kSkipped;
-      differ.add(ChangeKind::kCaseRemoved, old.id, "", std::string("was ") + verdict_name(old.verdict), was_compared);
-    }
+    if (!now_index.count(old.id))
+      differ.add(ChangeKind::kCaseRemoved, old.id, "", "was " + verdict_text(old), compared(old));
   std::stable_sort(d.changes.begin(), d.changes.end(),
                    [](const Change& a, const Change& b) { return a.kind < b.kind; });
   return d;

@@ -2,9 +2,10 @@
 // matched by id, tensors within a case by key (tensor_key), each difference
 // classified. A regression is something newly failing (a tensor or case that
 // matched, or was not there or skipped, and now mismatches or is a non-finite
-// match, TensorRecord::nonfinite) or a case that was
-// compared (not skipped) in the baseline and is gone now. A case's seconds and
-// peak_device_bytes are measurements, not results: they never make a change.
+// match, TensorRecord::nonfinite; a case that now fails with an error, whatever it
+// was) or a case that was compared (neither skipped nor an error) in the baseline
+// and is gone now. A case's seconds, peak_device_bytes, ranks and communication are
+// measurements, not results: they never make a change.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,14 +15,15 @@
 namespace bp::harness {
 
 enum class ChangeKind {
-  kNewlyFailing,    // exact (or new, or skipped) -> mismatch or nonfinite
+  kNewlyFailing,    // exact (or new, or skipped) -> mismatch or nonfinite; anything else -> error
   kCaseRemoved,     // in the baseline, not in the report
   kTensorRemoved,   // in the baseline's case, not in the report's
-  kNewlyPassing,    // mismatch or nonfinite -> exact
-  kMetricsChanged,  // mismatch -> mismatch with other mismatches / max_ulp_diff / max_abs_diff / status
+  kNewlyPassing,    // mismatch, nonfinite or error -> exact
+  kMetricsChanged,  // mismatch -> mismatch with other mismatches / max_ulp_diff / max_abs_diff / status;
+                    // error -> error with another message; error -> mismatch or nonfinite
   kCaseAdded,       // not in the baseline (and not failing)
   kTensorAdded,     // not in the baseline's case (and matching)
-  kSkipChanged,     // skipped <-> exact or mismatch -> skipped
+  kSkipChanged,     // skipped <-> exact, or mismatch, nonfinite or error -> skipped
 };
 const char* change_kind_title(ChangeKind k);  // "newly failing", ...
 

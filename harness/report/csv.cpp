@@ -17,6 +17,8 @@ const std::vector<std::string> kCsvColumns = {
     "first_divergent_op", "ulp_histogram",
     // schema_version 3
     "seconds", "peak_device_bytes",
+    // schema_version 5: a case's error message (verdict "error"), else empty
+    "error",
     // the report's status (complete, interrupted), on every row
     "run_status",
 };
@@ -92,6 +94,7 @@ std::string render_csv(const Report& r) {
       f[csv_column("first_divergent_op")] = c.first_divergent_op.value_or("");
       f[csv_column("seconds")] = num(c.seconds);
       f[csv_column("peak_device_bytes")] = c.peak_device_bytes ? std::to_string(*c.peak_device_bytes) : "";
+      f[csv_column("error")] = c.verdict == Verdict::kError ? c.error : "";
       f[csv_column("run_status")] = r.status();
     };
     if (c.tensors.empty()) {

@@ -16,7 +16,8 @@ table{border-collapse:collapse;margin:.4em 0}
 th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{display:inline-block;padding:.2em .8em;font-weight:bold;border-radius:3px}
-.v-exact{background:#c8e6c9}.v-mismatch{background:#ffcdd2}.v-skipped{background:#e0e0e0}.v-nonfinite{background:#ffe0b2}.v-none{background:#fff;color:#aaa}
+.v-exact{background:#c8e6c9}.v-mismatch{background:#ffcdd2}.v-skipped{background:#e0e0e0}.v-nonfinite{background:#ffe0b2}
+.v-error{background:#e57373}.v-none{background:#fff;color:#aaa}
 .grid td.cell{min-width:5em;text-align:center}.grid td.cell a{color:inherit}
 .interrupted{background:#fff3cd;padding:.3em .6em}.regression{color:#b00020;font-weight:bold}
 .env th{font-weight:normal;color:#555}code{font-size:90%}
@@ -57,11 +58,8 @@ std::string environment_table(const Environment& e) {
 std::string header(const Report& r, const std::string& source) {
   std::string h = "<header>\n<h1>bitparity report</h1>\n<p>" + verdict_span(r.overall()) + " <code>" +
                   html_escape(source) + "</code>: command <code>" + html_escape(r.command) + "</code>, created " +
-                  html_escape(r.created_utc) + "; " + std::to_string(r.cases.size()) + " cases: " +
-                  std::to_string(r.count(Verdict::kExact)) + " exact, " +
-                  std::to_string(r.count(Verdict::kMismatch)) + " mismatch, " +
-                  std::to_string(r.count(Verdict::kNonFinite)) + " nonfinite, " +
-                  std::to_string(r.count(Verdict::kSkipped)) + " skipped</p>\n";
+                  html_escape(r.created_utc) + "; " + std::to_string(r.cases.size()) + " cases: " + r.counts_text() +
+                  "</p>\n";
   if (r.interrupted) h += "<p class=\"interrupted\">The run was interrupted: only the finished cases are listed.</p>\n";
   h += environment_table(r.environment);
   h += std::string("<p>NaN policy <code>") + kNanPolicy + "</code>: " + html_escape(kNanPolicyText) + ".</p>\n";
@@ -213,6 +211,21 @@ std::string tensor_row(const TensorRecord& t) {
          std::to_string(m.inf_b) + " Inf</td></tr>\n";
 }
 
+// "Ran on 2 ranks; 3.1 MiB moved in 42 collectives: all_gather 30 calls, 2 MiB; ...";
+// "" for a case with neither (one process).
+std::string communication_line(const Case& c) {
+  std::string s = c.ranks ? "Ran on " + std::to_string(*c.ranks) + (*c.ranks == 1 ? " rank" : " ranks") : "";
+  if (!c.communication.empty()) {
+    s += (s.empty() ? "" : "; ") + communication_text(c.communication) + ":";
+    for (size_t i = 0; i < c.communication.size(); ++i) {
+      const CollectiveTraffic& t = c.communication[i];
+      s += (i ? "; " : " ") + t.collective + " " + std::to_string(t.calls) + (t.calls == 1 ? " call, " : " calls, ") +
+           bytes_text(t.bytes);
+    }
+  }
+  return s.empty() ? "" : "<p class=\"communication\">" + html_escape(s) + "</p>\n";
+}
+
 std::string case_section(const Case& c, size_t index) {
   std::string h = "<section class=\"case\" id=\"" + anchor(index) + "\">\n<h3>" + html_escape(c.id) + " " +
                   verdict_span(c.verdict) + "</h3>\n";
@@ -222,6 +235,8 @@ std::string case_section(const Case& c, size_t index) {
     h += "</p>\n";
   }
   if (c.verdict == Verdict::kSkipped) h += "<p>Skipped: " + html_escape(c.skip_reason) + "</p>\n";
+  if (c.verdict == Verdict::kError) h += "<p class=\"error\">Error: " + html_escape(c.error) + "</p>\n";
+  h += communication_line(c);
   if (c.first_divergent_op) h += "<p>First divergent op: <code>" + html_escape(*c.first_divergent_op) + "</code></p>\n";
   if (c.tensors.empty()) return h + "</section>\n";
   h += "<table class=\"tensors\"><tr><th>tensor</th><th>status</th><th>dtype</th><th>shape</th><th>mismatches</th>"

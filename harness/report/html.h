@@ -9,8 +9,10 @@
 //     them are listed plainly below the grids);
 //   - a table of the cases: verdict, run time and peak device memory (a dash for a
 //     backend without a device), in human units (duration_text, bytes_text);
-//   - per case: its parameters, first divergent op, and a table of its tensors with
-//     their metrics; a ULP-distance histogram (inline SVG bars) per mismatching tensor.
+//   - per case: its parameters, skip reason or error, the ranks it ran on and the
+//     bytes its collectives moved (where it ran on several processes), first
+//     divergent op, and a table of its tensors with their metrics; a ULP-distance
+//     histogram (inline SVG bars) per mismatching tensor.
 // Every text from the report is escaped (names may hold <, &, quotes, control bytes).
 #pragma once
 #include <string>

@@ -1,4 +1,6 @@
-// JSON rendering (reports/schema/report.schema.json, schema_version 3).
+// JSON rendering (reports/schema/report.schema.json, schema_version 5: 5 added the
+// "error" verdict, each case's "error" message and the summary's "error" count, and
+// each case's optional "ranks" and "communication"; earlier versions: report.h).
 #include <cmath>
 
 #include "harness/report/report.h"
@@ -80,6 +82,31 @@ json environment_json(const Environment& e) {
   return j;
 }
 
+json communication_json(const std::vector<CollectiveTraffic>& traffic) {
+  json a = json::array();
+  for (const CollectiveTraffic& t : traffic)
+    a.push_back({{"collective", t.collective}, {"calls", t.calls}, {"bytes", t.bytes}});
+  return a;
+}
+
+json case_json(const Case& c, json tensors) {
+  json j = {
+      {"id", c.id},
+      {"parameters", c.parameters},
+      {"verdict", verdict_name(c.verdict)},
+      {"skip_reason", c.verdict == Verdict::kSkipped ? json(c.skip_reason) : json(nullptr)},
+      {"error", c.verdict == Verdict::kError ? json(c.error) : json(nullptr)},
+      {"first_divergent_op", or_null(c.first_divergent_op)},
+      {"seconds", c.seconds},
+      {"peak_device_bytes", or_null(c.peak_device_bytes)},
+  };
+  // Absent where the implementation runs in one process (no ranks, no collectives).
+  if (c.ranks) j["ranks"] = *c.ranks;
+  if (!c.communication.empty()) j["communication"] = communication_json(c.communication);
+  j["tensors"] = std::move(tensors);
+  return j;
+}
+
 }  // namespace
 
 json to_json(const Report& r) {
@@ -92,16 +119,7 @@ json to_json(const Report& r) {
       ++n_tensors;
       n_tensors_bad += !t.matches();
     }
-    cases.push_back({
-        {"id", c.id},
-        {"parameters", c.parameters},
-        {"verdict", verdict_name(c.verdict)},
-        {"skip_reason", c.verdict == Verdict::kSkipped ? json(c.skip_reason) : json(nullptr)},
-        {"first_divergent_op", or_null(c.first_divergent_op)},
-        {"seconds", c.seconds},
-        {"peak_device_bytes", or_null(c.peak_device_bytes)},
-        {"tensors", std::move(tensors)},
-    });
+    cases.push_back(case_json(c, std::move(tensors)));
   }
   return {
       {"schema_version", kReportSchemaVersion},
@@ -114,8 +132,8 @@ json to_json(const Report& r) {
       {"environment", environment_json(r.environment)},
       {"summary",
        {{"cases", r.cases.size()}, {"exact", r.count(Verdict::kExact)}, {"mismatch", r.count(Verdict::kMismatch)},
-        {"skipped", r.count(Verdict::kSkipped)}, {"nonfinite", r.count(Verdict::kNonFinite)}, {"tensors", n_tensors},
-        {"tensors_mismatch", n_tensors_bad}}},
+        {"skipped", r.count(Verdict::kSkipped)}, {"nonfinite", r.count(Verdict::kNonFinite)},
+        {"error", r.count(Verdict::kError)}, {"tensors", n_tensors}, {"tensors_mismatch", n_tensors_bad}}},
       {"cases", std::move(cases)},
   };
 }

@@ -36,16 +36,18 @@ std::string time_attribute(double seconds) {
 }  // namespace
 
 std::string render_junit(const Report& r) {
-  size_t failures = 0, skipped = 0;
+  size_t failures = 0, errors = 0, skipped = 0;
   double seconds = 0;
   for (const Case& c : r.cases) {
     failures += c.verdict == Verdict::kMismatch;
+    errors += c.verdict == Verdict::kError;
     skipped += c.verdict == Verdict::kSkipped;
     seconds += c.seconds;
   }
   const std::string suite = "bitparity." + r.command;
   const std::string counts = " tests=\"" + std::to_string(r.cases.size()) + "\" failures=\"" +
-                             std::to_string(failures) + "\" errors=\"0\" skipped=\"" + std::to_string(skipped) + "\"";
+                             std::to_string(failures) + "\" errors=\"" + std::to_string(errors) + "\" skipped=\"" +
+                             std::to_string(skipped) + "\"";
   const Environment& e = r.environment;
   std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += "<testsuites name=\"bitparity\"" + counts + ">\n";
@@ -71,6 +73,9 @@ std::string render_junit(const Report& r) {
     const TensorRecord* bad = c.verdict == Verdict::kMismatch ? c.first_mismatch() : nullptr;
     if (c.verdict == Verdict::kSkipped) {
       o += ">\n      <skipped message=\"" + xml(c.skip_reason) + "\"/>\n    </testcase>\n";
+    } else if (c.verdict == Verdict::kError) {
+      o += ">\n      <error type=\"error\" message=\"" + xml(c.error) + "\">" + xml(c.error) +
+           "</error>\n    </testcase>\n";
     } else if (bad) {
       size_t n_bad = 0;
       for (const TensorRecord& t : c.tensors) n_bad += !t.matches();

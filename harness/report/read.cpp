@@ -33,8 +33,11 @@ std::optional<Enum> enum_from_name(const std::string& s, const std::array<Enum, 
   return std::nullopt;
 }
 std::optional<Verdict> verdict_from_name(const std::string& s) {
-  return enum_from_name(s, std::array{Verdict::kExact, Verdict::kMismatch, Verdict::kSkipped, Verdict::kNonFinite}, verdict_name);
+  return enum_from_name(
+      s, std::array{Verdict::kExact, Verdict::kMismatch, Verdict::kSkipped, Verdict::kNonFinite, Verdict::kError},
+      verdict_name);
 }
+constexpr const char* kVerdictWhat = "verdict (exact, mismatch, skipped, nonfinite, error)";
 std::optional<TensorStatus> status_from_name(const std::string& s) {
   return enum_from_name(s,
                         std::array{TensorStatus::kCompared, TensorStatus::kOnlyInA, TensorStatus::kOnlyInB,
@@ -59,7 +62,7 @@ std::string histogram_problem(const TensorMetrics& m) {
   return "";
 }
 
-// A stated case verdict must be what its tensors give (skipped stands on its own).
+// A stated case verdict must be what its tensors give (skipped and error stand on their own).
 std::string verdict_problem(const Case& c) {
   Case settled = c;
   settled.settle();
@@ -268,20 +271,48 @@ TensorRecord read_tensor(const Node& n) {
   return t;
 }
 
+int read_ranks(const Node& n) {
+  const uint64_t v = n.count();
+  if (v < 1 || v > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+    n.bad("expected an integer >= 1, found " + std::to_string(v));
+  return static_cast<int>(v);
+}
+
+// Present only when the case called collectives (json.cpp), each kind once.
+std::vector<CollectiveTraffic> read_communication(const Node& n) {
+  std::vector<CollectiveTraffic> out;
+  std::set<std::string> seen;
+  for (const Node& e : n.elements()) {
+    e.expect_object({"collective", "calls", "bytes"});
+    CollectiveTraffic t{e["collective"].str(), e["calls"].count(), e["bytes"].count()};
+    if (!seen.insert(t.collective).second) e["collective"].bad("collective \"" + t.collective + "\" appears twice");
+    out.push_back(std::move(t));
+  }
+  if (out.empty()) n.bad("is empty: a case that called no collectives has no \"communication\"");
+  return out;
+}
+
 Case read_case(const Node& n) {
-  n.expect_object({"id", "parameters", "verdict", "skip_reason", "first_divergent_op", "seconds", "peak_device_bytes",
-                   "tensors"});
+  n.expect_object({"id", "parameters", "verdict", "skip_reason", "error", "first_divergent_op", "seconds",
+                   "peak_device_bytes", "tensors"},
+                  {"ranks", "communication"});
   Case c;
   c.id = n["id"].str();
   for (const auto& [k, node] : n["parameters"].members()) c.parameters[k] = node.str();
-  c.verdict = n["verdict"].one_of(verdict_from_name, "verdict (exact, mismatch, skipped, nonfinite)");
+  c.verdict = n["verdict"].one_of(verdict_from_name, kVerdictWhat);
   const auto skip = n["skip_reason"].str_or_null();
   if (skip.has_value() != (c.verdict == Verdict::kSkipped))
     n["skip_reason"].bad("must be a string for a skipped case and null otherwise");
   c.skip_reason = skip.value_or("");
+  const auto error = n["error"].str_or_null();
+  if (error.has_value() != (c.verdict == Verdict::kError))
+    n["error"].bad("must be a string for a case with verdict \"error\" and null otherwise");
+  c.error = error.value_or("");
   c.first_divergent_op = n["first_divergent_op"].str_or_null();
   c.seconds = n["seconds"].non_negative();
   c.peak_device_bytes = n["peak_device_bytes"].count_or_null();
+  if (n.has("ranks")) c.ranks = read_ranks(n["ranks"]);
+  if (n.has("communication")) c.communication = read_communication(n["communication"]);
   for (const Node& t : n["tensors"].elements()) c.tensors.push_back(read_tensor(t));
   if (const std::string why = verdict_problem(c); !why.empty()) n["verdict"].bad(why);
   return c;
@@ -343,7 +374,8 @@ Report parse_report_json(std::string_view text, const std::string& path) {
   r.interrupted = *interrupted;
   root["nan_policy"].expect_object({"id", "text"});
   r.environment = read_environment(root["environment"]);
-  root["summary"].expect_object({"cases", "exact", "mismatch", "skipped", "nonfinite", "tensors", "tensors_mismatch"});
+  root["summary"].expect_object(
+      {"cases", "exact", "mismatch", "skipped", "nonfinite", "error", "tensors", "tensors_mismatch"});
   for (const Node& c : root["cases"].elements()) r.cases.push_back(read_case(c));
   if (const auto i = repeated_case_id(r)) root["cases"].elements()[*i]["id"].bad(repeated_id_message(r.cases[*i]));
   // What the writer derives (tool, verdicts, summary, bit_identical, the NaN policy
@@ -369,7 +401,7 @@ Report read_report_json(const std::string& path) { return parse_report_json(io::
 
 namespace {
 
-constexpr size_t kCsvColumnCount = 29;  // kCsvColumns.size(), needed at compile time by the parser
+constexpr size_t kCsvColumnCount = 30;  // kCsvColumns.size(), needed at compile time by the parser
 using CsvRow = std::array<std::string, kCsvColumnCount>;
 using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
 
@@ -514,7 +546,7 @@ TensorRecord tensor_from_row(const Row& row) {
 
 // The columns of a case (beside case_id), repeated on each of its rows.
 constexpr const char* kCaseColumns[] = {"case_verdict", "parameters", "first_divergent_op", "seconds",
-                                        "peak_device_bytes"};
+                                        "peak_device_bytes", "error"};
 bool is_case_column(size_t c) {
   return std::any_of(std::begin(kCaseColumns), std::end(kCaseColumns), [c](const char* n) { return Row::col(n) == c; });
 }
@@ -523,11 +555,14 @@ bool is_case_column(size_t c) {
 Case case_from_row(const Row& row) {
   Case c;
   c.id = row.text("case_id");
-  c.verdict = row.one_of("case_verdict", verdict_from_name, "verdict (exact, mismatch, skipped, nonfinite)");
+  c.verdict = row.one_of("case_verdict", verdict_from_name, kVerdictWhat);
   c.parameters = parameters_from_text(row.text("parameters"));
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
   c.seconds = row.non_negative("seconds");
   if (!row.empty("peak_device_bytes")) c.peak_device_bytes = row.count("peak_device_bytes");
+  // The verdict, not the field, says whether the case failed: a message may be empty.
+  if (c.verdict == Verdict::kError) c.error = row.text("error");
+  else if (!row.empty("error")) row.bad(Row::col("error"), "must be empty unless case_verdict is \"error\"");
   return c;
 }
 

@@ -5,16 +5,19 @@
 // writer derives (bit_identical, case and overall verdicts, summary counts) must
 // agree with the records. So render_json(read_report_json(p)) reproduces the file
 // written by render_json byte for byte. A report of an earlier schema_version is
-// refused (exit 2, "re-run the command that wrote the report"): no such report is
-// kept in the repository (reports/baselines/ holds benchmark CSVs and test logs).
+// refused (exit 2, "re-run the command that wrote the report"): no report kept in
+// the repository is read by its tests or scripts (reports/baselines/ holds benchmark
+// CSVs and test logs, and one gzipped schema 3 sweep kept as the record of its run:
+// its README).
 //
 // CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
 // order; an earlier layout lacks a column and is refused naming it); consecutive
 // rows with one case_id form a case, and agree on the case's columns (verdict,
-// parameters, first_divergent_op, seconds, peak_device_bytes); every row agrees on
+// parameters, first_divergent_op, seconds, peak_device_bytes, error); every row agrees on
 // run_status, the report's status (a report without cases is one row with only
 // run_status). Line ends may be CRLF or LF; blank lines at the end are no rows.
-// The CSV holds no environment, command, timestamp or skip reason, and its "parameters" column
+// The CSV holds no environment, command, timestamp, skip reason, ranks or
+// communication, and its "parameters" column
 // ("k=v;k=v") is split at the first '=' of each ';'-separated item, so a key or
 // value holding ';' or '=' does not come back whole; a field holding a line break
 // cannot be read at all (the parser reads line by line). Verdicts and metrics come

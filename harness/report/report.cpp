@@ -118,6 +118,7 @@ const char* verdict_name(Verdict v) {
     case Verdict::kMismatch: return "mismatch";
     case Verdict::kSkipped: return "skipped";
     case Verdict::kNonFinite: return "nonfinite";
+    case Verdict::kError: return "error";
   }
   return "?";
 }
@@ -129,7 +130,7 @@ bool TensorRecord::nonfinite() const {
 }
 
 void Case::settle() {
-  if (verdict == Verdict::kSkipped) return;
+  if (verdict == Verdict::kSkipped || verdict == Verdict::kError) return;
   const bool any_nonfinite = std::any_of(tensors.begin(), tensors.end(), [](const TensorRecord& t) { return t.nonfinite(); });
   verdict = first_mismatch() ? Verdict::kMismatch : any_nonfinite ? Verdict::kNonFinite : Verdict::kExact;
 }
@@ -153,13 +154,34 @@ std::string nonfinite_text(const TensorRecord& t) {
 }
 
 Verdict Report::overall() const {
-  for (const Verdict v : {Verdict::kMismatch, Verdict::kNonFinite, Verdict::kExact})
+  for (const Verdict v : {Verdict::kError, Verdict::kMismatch, Verdict::kNonFinite, Verdict::kExact})
     if (count(v) != 0) return v;
   return Verdict::kSkipped;
 }
 
 size_t Report::count(Verdict v) const {
   return static_cast<size_t>(std::count_if(cases.begin(), cases.end(), [v](const Case& c) { return c.verdict == v; }));
+}
+
+std::string Report::counts_text() const {
+  std::string s;
+  for (const Verdict v : {Verdict::kExact, Verdict::kMismatch, Verdict::kNonFinite, Verdict::kError, Verdict::kSkipped})
+    s += (s.empty() ? "" : ", ") + std::to_string(count(v)) + " " + verdict_name(v);
+  return s;
+}
+
+std::optional<int> failure_exit_code(const Report& r) {
+  if (r.interrupted) return kExitInterrupted;
+  if (r.count(Verdict::kError) != 0) return kExitInternal;
+  if (r.count(Verdict::kMismatch) != 0) return kExitMismatch;
+  return std::nullopt;
+}
+
+std::string communication_text(const std::vector<CollectiveTraffic>& traffic) {
+  if (traffic.empty()) return "";
+  uint64_t calls = 0, bytes = 0;
+  for (const CollectiveTraffic& t : traffic) calls += t.calls, bytes += t.bytes;
+  return bytes_text(bytes) + " moved in " + std::to_string(calls) + (calls == 1 ? " collective" : " collectives");
 }
 
 std::string weights_text(const WeightsOrigin& o, bool digests) {

@@ -4,18 +4,22 @@
 // the same directory + fsync + rename, through a symbolic link to its target), so an
 // error never leaves a partial report and never destroys an earlier one; "-",
 // a device or a FIFO straight:
-//   JSON   schema reports/schema/report.schema.json, "schema_version": 4 (2 changed
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 5 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
 //          first_divergent_op; 3 added each case's seconds and peak_device_bytes;
-//          4 added the "nonfinite" verdict and its summary count)
+//          4 added the "nonfinite" verdict and its summary count; 5 added the
+//          "error" verdict with each case's "error" message and its summary count,
+//          and each case's optional "ranks" and "communication")
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns; a report with no cases: one row with only run_status,
 //          the report's status, which every row carries), header row, stable
 //          column order (kCsvColumns), RFC 4180
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
-//          (shapes, ulp_histogram) as "[a,b,...]".
+//          (shapes, ulp_histogram) as "[a,b,...]". Schema 5 added the column
+//          "error" (a case's error message); ranks and communication are JSON only.
 //   JUnit  one <testcase> per case, its time attribute the case's seconds; a
 //          mismatching case has one <failure> naming its first mismatching tensor; a
+//          case that failed with an error has one <error> with its message; a
 //          skipped case has <skipped/>.
 // In JSON non-finite metrics (NaN against a number) are the string "inf".
 #pragma once
@@ -34,7 +38,7 @@
 
 namespace bp::harness {
 
-inline constexpr int kReportSchemaVersion = 4;
+inline constexpr int kReportSchemaVersion = 5;
 
 // Where one model's weights came from: generated from a seed, or read from
 // checkpoint files (README "Bad input and failure modes").
@@ -84,14 +88,26 @@ struct TensorRecord {
 };
 
 // A case is kNonFinite when its tensors all match but one of them is nonfinite().
-enum class Verdict { kExact, kMismatch, kSkipped, kNonFinite };
-const char* verdict_name(Verdict v);  // "exact", "mismatch", "skipped", "nonfinite"
+// kError: the case's run failed (a rank killed or throwing); nothing was compared.
+enum class Verdict { kExact, kMismatch, kSkipped, kNonFinite, kError };
+const char* verdict_name(Verdict v);  // "exact", "mismatch", "skipped", "nonfinite", "error"
+
+// The bytes one kind of collective moved during a case's run.
+struct CollectiveTraffic {
+  std::string collective;  // "all_gather", "all_to_all", "all_reduce", ...
+  uint64_t calls = 0;
+  uint64_t bytes = 0;  // sent by all ranks together
+  bool operator==(const CollectiveTraffic&) const = default;
+};
+// "3.1 MiB moved in 42 collectives" (the sums over `traffic`); "" when it is empty.
+std::string communication_text(const std::vector<CollectiveTraffic>& traffic);
 
 struct Case {
   std::string id;
   std::map<std::string, std::string> parameters;
   Verdict verdict = Verdict::kExact;
   std::string skip_reason;  // when kSkipped
+  std::string error;        // when kError: what failed, naming the rank, e.g. "rank 1 was killed by signal 9"
   std::vector<TensorRecord> tensors;
   // The first (layer, op) whose output differs, e.g. "layers.3.attn_out", when the
   // command located it (sweep/bisect); nullopt when not looked for or not found.
@@ -102,13 +118,20 @@ struct Case {
   double seconds = 0;
   // The device memory the run peaked at, the model's weights included in every case
   // (also when they stay resident between cases: harness/engine/cuda_implementation.h);
-  // nullopt for an implementation with no device (CPU).
+  // on several ranks the largest of theirs; nullopt for an implementation with no
+  // device (CPU).
   std::optional<uint64_t> peak_device_bytes;
-  // (Time and peak are measurements, not results: a baseline never counts them as a
-  // change, and a case's verdict ignores them.)
+  // The number of processes (GPUs) the case ran on; nullopt for implementations that
+  // run in this one process (reference, emulated ranks, cuda's virtual ranks).
+  std::optional<int> ranks;
+  // The collectives the run called, per kind; empty for implementations without real
+  // collectives (the emulated and virtual ranks exchange through memory).
+  std::vector<CollectiveTraffic> communication;
+  // (Time, peak, ranks and communication are measurements, not results: a baseline
+  // never counts them as a change, and a case's verdict ignores them.)
 
   // kMismatch if any tensor does not match, else kNonFinite if any is nonfinite(),
-  // else kExact (leaves kSkipped alone).
+  // else kExact (leaves kSkipped and kError alone).
   void settle();
   const TensorRecord* first_mismatch() const;  // in record order; nullptr when none
   const TensorRecord* first_nonfinite() const;  // likewise
@@ -121,11 +144,19 @@ struct Report {
   const char* status() const { return interrupted ? "interrupted" : "complete"; }  // the reports' "status"
   Environment environment;
   std::vector<Case> cases;
-  // The first of kMismatch, kNonFinite, kExact that any case has; else kSkipped (also
-  // for no cases at all).
+  // The first of kError, kMismatch, kNonFinite, kExact that any case has; else
+  // kSkipped (also for no cases at all). A case that failed is the worst outcome.
   Verdict overall() const;
   size_t count(Verdict v) const;  // the cases with verdict v
+  // "3 exact, 1 mismatch, 0 nonfinite, 1 error, 2 skipped", for summary lines.
+  std::string counts_text() const;
 };
+
+// The exit code (harness/exit_codes.h) that a run's report decides on its own:
+// kExitInterrupted for an interrupted run, else kExitInternal when a case failed with
+// an error, else kExitMismatch on a mismatch; nullopt otherwise (exact, non-finite
+// or skipped cases only: each command has its rule for those).
+std::optional<int> failure_exit_code(const Report& r);
 
 Report make_report(std::string command);  // environment detected, timestamp now
 

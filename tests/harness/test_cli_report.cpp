@@ -1,5 +1,5 @@
 // `bitparity report` end to end: the REAL binary on reports written by the report
-// writers; exit codes 0/1/2 with and without --baseline; malformed JSON and CSV
+// writers; exit codes 0/1/2/3 with and without --baseline; malformed JSON and CSV
 // named by file and field; --html written atomically and never by a failed run;
 // and the page loaded in headless Chromium (grid present, no console error).
 #include <gtest/gtest.h>
@@ -40,7 +40,7 @@ Report exact_only() {
 
 TEST_F(CliReport, VerdictWithoutBaseline) {
   EXPECT_EQ(run("report '" + json_report("exact.json", exact_only()) + "'"), 0) << err_;
-  EXPECT_NE(out_.find("4 cases: 4 exact, 0 mismatch, 0 nonfinite, 0 skipped"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("4 cases: 4 exact, 0 mismatch, 0 nonfinite, 0 error, 0 skipped"), std::string::npos) << out_;
   EXPECT_NE(out_.find("verdict: exact"), std::string::npos);
   EXPECT_EQ(run("report '" + json_report("sweep.json", sample_sweep_report()) + "'"), 1) << err_;
   EXPECT_NE(out_.find("MISMATCH tp2-decode: first tensor logprobs (compared), first divergent op layer0.mlp.down_proj"),
@@ -68,6 +68,29 @@ TEST_F(CliReport, BaselineRegressionsExitOne) {
   fewer.cases.erase(fewer.cases.begin());
   EXPECT_EQ(run("report '" + json_report("fewer.json", fewer) + "' --baseline '" + path("old.csv") + "'"), 1) << err_;
   EXPECT_NE(out_.find("cases removed (1):\n  ! tp1-full: was exact"), std::string::npos) << out_;
+}
+
+// A report holding a case that failed with an error exits 3, as the sweep that wrote
+// it did (after its reports); against a baseline, exact -> error is a regression.
+TEST_F(CliReport, ErrorCaseExitsThreeAndRegressesAgainstABaseline) {
+  Report failed = sample_sweep_report();
+  harness::Case& c = sample_case(failed, "tp1-full");
+  c.verdict = harness::Verdict::kError;
+  c.error = "rank 1 threw: \x1b[31mboom";
+  c.tensors.clear();
+  const std::string now = json_report("failed.json", failed);
+  EXPECT_EQ(run("report '" + now + "'"), 3) << err_;
+  EXPECT_NE(out_.find("7 cases: 3 exact, 2 mismatch, 0 nonfinite, 1 error, 1 skipped"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  ERROR tp1-full: rank 1 threw: \\x1b[31mboom\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("verdict: error"), std::string::npos) << out_;
+  harness::write_csv(failed, path("failed.csv"));
+  EXPECT_EQ(run("report '" + path("failed.csv") + "'"), 3) << err_;
+  EXPECT_EQ(run("report '" + now + "' --baseline '" + json_report("old.json", sample_sweep_report()) + "'"), 1) << err_;
+  EXPECT_NE(out_.find("newly failing (1):\n  ! tp1-full: exact -> error: rank 1 threw: \\x1b[31mboom"),
+            std::string::npos)
+      << out_;
+  EXPECT_EQ(run("report '" + path("old.json") + "' --baseline '" + now + "'"), 0) << err_;
+  EXPECT_NE(out_.find("newly passing (1):\n    tp1-full: error: rank 1 threw"), std::string::npos) << out_;
 }
 
 TEST_F(CliReport, BaselineImprovementsExitZero) {
@@ -106,11 +129,11 @@ TEST_F(CliReport, MalformedReportsExitTwoNamingFileAndField) {
                       ": line 2, column bit_identical: expected true or false, found \"maybe\"\n");
   // A report of an earlier schema (no case times) asks for a re-run.
   std::string v2 = read(path("r.json"));
-  v2.replace(v2.find("\"schema_version\": 4"), 19, "\"schema_version\": 2");
+  v2.replace(v2.find("\"schema_version\": 5"), 19, "\"schema_version\": 2");
   std::ofstream(path("v2.json"), std::ios::binary) << v2;
   EXPECT_EQ(run("report '" + path("v2.json") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("v2.json") +
-                      ": schema_version: this bitparity reads schema_version 4; re-run the command that wrote the "
+                      ": schema_version: this bitparity reads schema_version 5; re-run the command that wrote the "
                       "report\n");
   EXPECT_EQ(run("report '" + path("missing.json") + "'"), 2);
   EXPECT_NE(err_.find("missing.json"), std::string::npos);
@@ -141,6 +164,7 @@ TEST_F(CliReport, HelpDocumentsExitCodes) {
   EXPECT_NE(out_.find("--baseline"), std::string::npos) << out_;
   EXPECT_NE(out_.find("newly fails"), std::string::npos) << out_;
   EXPECT_NE(out_.find("2 for an unreadable or malformed report"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("3 a case that failed with an error"), std::string::npos) << out_;
 }
 
 // --- the page in a browser ---------------------------------------------------------

@@ -64,10 +64,16 @@ TEST_F(CliSweep, SmallSweepExactWithGradsAndValidReports) {
   EXPECT_NE(read(path("r.html")).find("<table class=\"grid\""), std::string::npos);
   // Every case's run is timed (and --verbose shows it); the CPU implementations have no
   // device, so no peak device memory.
+  // They run in this one process: no ranks, no collectives; no case failed.
   for (const json& c : j["cases"]) {
     EXPECT_GT(c["seconds"].get<double>(), 0) << c["id"];
     EXPECT_EQ(c["peak_device_bytes"], nullptr) << c["id"];
+    EXPECT_FALSE(c.contains("ranks")) << c["id"];
+    EXPECT_FALSE(c.contains("communication")) << c["id"];
+    EXPECT_EQ(c["error"], nullptr) << c["id"];
   }
+  EXPECT_NE(out_.find("sweep: 6 of 6 cases: 6 exact, 0 mismatch, 0 nonfinite, 0 error, 0 skipped; "), std::string::npos)
+      << out_;
   const std::regex timed_line("\nexact qwen3-dense-tiny/bf16-fmaseq-v1/emulated/tp2-ep1-cp2z/extend "
                               "\\(([0-9.]+ (us|ms|s)|[0-9]+ min [0-9]{2} s)\\)\n");
   EXPECT_TRUE(std::regex_search(out_, timed_line)) << out_;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/exit_codes.h"
 #include "harness/io/errors.h"
 #include "harness/report/fccp_csv.h"
 #include "harness/report/report.h"
@@ -136,13 +137,14 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
   EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
-  EXPECT_EQ(j["schema_version"], 4);
+  EXPECT_EQ(j["schema_version"], 5);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
   EXPECT_EQ(j["summary"]["cases"], 3);
   EXPECT_EQ(j["summary"]["mismatch"], 1);
   EXPECT_EQ(j["summary"]["skipped"], 1);
   EXPECT_EQ(j["summary"]["nonfinite"], 0);
+  EXPECT_EQ(j["summary"]["error"], 0);
   EXPECT_EQ(j["summary"]["tensors_mismatch"], 3);
   const json& lp = j["cases"][1]["tensors"][0]["metrics"];
   EXPECT_EQ(lp["max_abs_diff"], "inf");
@@ -165,6 +167,94 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   EXPECT_EQ(j["cases"][1]["seconds"], 0.5);
   EXPECT_EQ(j["cases"][1]["peak_device_bytes"], 123456789);
   EXPECT_EQ(j["cases"][2]["seconds"], 0);
+  // Single-process cases: an error of null, and no ranks or communication at all.
+  for (const json& c : j["cases"]) {
+    EXPECT_EQ(c["error"], nullptr);
+    EXPECT_FALSE(c.contains("ranks"));
+    EXPECT_FALSE(c.contains("communication"));
+  }
+}
+
+// A case that failed with an error, and one that ran on two ranks with collectives.
+Report with_error_and_ranks() {
+  Report r = sample_report();
+  Case failed;
+  failed.id = "nccl/tp2";
+  failed.verdict = Verdict::kError;
+  failed.error = "rank 1 was killed by signal 9 during the case";
+  failed.seconds = 2.5;
+  failed.ranks = 2;
+  r.cases.push_back(failed);
+  Case& two = r.cases[0];
+  two.ranks = 2;
+  two.communication = {{"all_gather", 40, 3u << 20}, {"all_to_all", 2, 1000}};
+  return r;
+}
+
+TEST(Report, ErrorVerdictRanksAndCommunicationInJson) {
+  const json j = json::parse(render_json(with_error_and_ranks()));
+  EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
+  EXPECT_EQ(j["verdict"], "error");  // outranks the mismatch
+  EXPECT_EQ(j["summary"]["error"], 1);
+  EXPECT_EQ(j["summary"]["mismatch"], 1);
+  const json& failed = j["cases"][3];
+  EXPECT_EQ(failed["verdict"], "error");
+  EXPECT_EQ(failed["error"], "rank 1 was killed by signal 9 during the case");
+  EXPECT_EQ(failed["skip_reason"], nullptr);
+  EXPECT_EQ(failed["seconds"], 2.5);
+  EXPECT_EQ(failed["ranks"], 2);
+  EXPECT_FALSE(failed.contains("communication"));
+  EXPECT_EQ(failed["tensors"], json::array());
+  EXPECT_EQ(j["cases"][0]["communication"],
+            json::parse(R"([{"collective": "all_gather", "calls": 40, "bytes": 3145728},
+                            {"collective": "all_to_all", "calls": 2, "bytes": 1000}])"));
+  // Negative controls on the schema's new fields.
+  auto broken = [&](auto mutate) {
+    json b = j;
+    mutate(b);
+    return !test::schema_errors(test::report_schema(), b).empty();
+  };
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0].erase("error"); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][3]["error"] = 9; }));
+  EXPECT_TRUE(broken([](json& b) { b["summary"].erase("error"); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][3]["verdict"] = "failed"; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][3]["ranks"] = 0; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][3]["ranks"] = "2"; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"] = json::array(); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0].erase("bytes"); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0]["calls"] = -1; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0]["rank"] = 0; }));
+}
+
+TEST(Report, ErrorVerdictOutranksEveryOther) {
+  Report r = with_error_and_ranks();
+  EXPECT_EQ(r.overall(), Verdict::kError);
+  EXPECT_EQ(r.counts_text(), "1 exact, 1 mismatch, 0 nonfinite, 1 error, 1 skipped");
+  r.cases[3].settle();  // settle() leaves an error alone, as a skip
+  EXPECT_EQ(r.cases[3].verdict, Verdict::kError);
+  r.cases.pop_back();
+  EXPECT_EQ(r.overall(), Verdict::kMismatch);  // negative control: without it, the mismatch
+}
+
+// The exit code a report decides by itself: an error is 3 (internal), outranking a
+// mismatch; an interrupted run 130, outranking both; the rest is each command's.
+TEST(Report, FailureExitCodes) {
+  Report r = with_error_and_ranks();
+  EXPECT_EQ(failure_exit_code(r), kExitInternal);
+  r.interrupted = true;
+  EXPECT_EQ(failure_exit_code(r), kExitInterrupted);
+  r.interrupted = false;
+  r.cases.pop_back();
+  EXPECT_EQ(failure_exit_code(r), kExitMismatch);
+  r.cases.erase(r.cases.begin() + 1);
+  EXPECT_EQ(failure_exit_code(r), std::nullopt);  // exact and skipped
+}
+
+TEST(Report, CommunicationText) {
+  EXPECT_EQ(communication_text({}), "");
+  EXPECT_EQ(communication_text({{"all_gather", 1, 512}}), "512 B moved in 1 collective");
+  EXPECT_EQ(communication_text({{"all_gather", 40, 3u << 20}, {"all_to_all", 2, 1u << 19}}),
+            "3.5 MiB moved in 42 collectives");
 }
 
 TEST(Report, SchemaRejectsBrokenReports) {  // negative controls on the real schema
@@ -272,7 +362,10 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
     EXPECT_EQ(rows[i][27], "123456789") << i;
   }
   EXPECT_EQ(rows[5][26], "0");  // the skipped case's single row
-  for (size_t i = 1; i <= 5; ++i) EXPECT_EQ(rows[i][28], "complete") << i;  // run_status, on every row
+  for (size_t i = 1; i <= 5; ++i) {
+    EXPECT_EQ(rows[i][28], "") << i;          // error: no case failed
+    EXPECT_EQ(rows[i][29], "complete") << i;  // run_status, on every row
+  }
   // The column order is stable (readers index by position).
   EXPECT_EQ(kCsvColumns[0], "case_id");
   EXPECT_EQ(kCsvColumns[14], "max_abs_diff");
@@ -280,6 +373,7 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
   EXPECT_EQ(kCsvColumns[25], "ulp_histogram");  // version 2 columns, then version 3's
   EXPECT_EQ(kCsvColumns[26], "seconds");
   EXPECT_EQ(kCsvColumns[27], "peak_device_bytes");
+  EXPECT_EQ(kCsvColumns[28], "error");  // version 5
   EXPECT_EQ(kCsvColumns.back(), "run_status");
   EXPECT_EQ(csv_column("seconds"), 26u);
   EXPECT_THROW(csv_column("nope"), std::logic_error);
@@ -294,7 +388,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 29;
+  constexpr size_t kN = 30;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
@@ -310,7 +404,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   EXPECT_EQ(rows[0][15], "0");
   EXPECT_EQ(rows[1][26], "0.5");
   EXPECT_EQ(rows[1][27], "123456789");
-  EXPECT_EQ(rows[1][28], "complete");
+  EXPECT_EQ(rows[1][29], "complete");
   fs::remove_all(d);
 }
 
@@ -337,6 +431,24 @@ TEST(Report, JunitOneTestcasePerCase) {
   EXPECT_NE(x.find("name=\"cuda\" time=\"0.000000\""), std::string::npos) << x;
   EXPECT_NE(x.find("skipped=\"1\" time=\"1.750000\" timestamp="), std::string::npos) << x;
   EXPECT_EQ(count(x, " time=\""), 4u);
+  // A case that failed: an <error> with its message, counted in errors.
+  const std::string e = render_junit(with_error_and_ranks());
+  EXPECT_NE(e.find("tests=\"4\" failures=\"1\" errors=\"1\" skipped=\"1\""), std::string::npos) << e;
+  EXPECT_NE(e.find("name=\"nccl/tp2\" time=\"2.500000\">\n      <error type=\"error\" message=\"rank 1 was killed by "
+                   "signal 9 during the case\">rank 1 was killed by signal 9 during the case</error>\n    </testcase>"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(count(e, "<error "), 1u);
+}
+
+TEST(Report, CsvCarriesTheErrorMessage) {
+  const auto rows = parse_csv(render_csv(with_error_and_ranks()));
+  ASSERT_EQ(rows.size(), 1u + 1 + 3 + 1 + 1);
+  EXPECT_EQ(rows[6][0], "nccl/tp2");
+  EXPECT_EQ(rows[6][1], "error");
+  EXPECT_EQ(rows[6][3], "");  // no tensors
+  EXPECT_EQ(rows[6][csv_column("error")], "rank 1 was killed by signal 9 during the case");
+  EXPECT_EQ(rows[6][csv_column("seconds")], "2.5");
 }
 
 // --- human units -------------------------------------------------------------

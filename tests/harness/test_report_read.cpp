@@ -86,10 +86,10 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["elements"] = -8; }),
             "r.json: cases[0].tensors[0].metrics.elements: expected an integer >= 0, found -8");
   EXPECT_EQ(broken([](json& j) { j["schema_version"] = 1; }),
-            "r.json: schema_version: this bitparity reads schema_version 4; re-run the command that wrote the report");
+            "r.json: schema_version: this bitparity reads schema_version 5; re-run the command that wrote the report");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["surprise"] = 1; }), "r.json: cases[0].surprise: unknown field");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["verdict"] = "exactish"; }),
-            "r.json: cases[0].verdict: \"exactish\" is not a verdict (exact, mismatch, skipped, nonfinite)");
+            "r.json: cases[0].verdict: \"exactish\" is not a verdict (exact, mismatch, skipped, nonfinite, error)");
   EXPECT_EQ(broken([](json& j) { j["cases"][4]["verdict"] = "exact"; }),
             "r.json: cases[4].verdict: is \"exact\" but its tensors give \"mismatch\"");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["parameters"]["model"] = 3; }),
@@ -118,16 +118,17 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
 }
 
 // A report as schema_version 2 wrote it (no seconds, no peak_device_bytes) is refused,
-// telling to re-run. That holds while the repository keeps no bitparity report of an
-// earlier version (reports/baselines/ has benchmark CSVs, logs and hw_truth): a
-// committed report there must be read by every later bitparity, so read.cpp would
-// have to learn its layout.
+// telling to re-run. That holds while no test or script reads a committed bitparity
+// report of an earlier version (reports/baselines/ has benchmark CSVs, logs, hw_truth,
+// and a gzipped schema 3 sweep kept as the record of its run, which nothing reads: its
+// README): a committed report read as a baseline must be read by every later
+// bitparity, so read.cpp would have to learn its layout.
 TEST(ReportRead, EarlierSchemaVersionIsRefused) {
   json v2 = json::parse(render_json(sample_sweep_report()));
   v2["schema_version"] = 2;
   for (json& c : v2["cases"]) c.erase("seconds"), c.erase("peak_device_bytes");
   EXPECT_EQ(json_error(v2.dump()),
-            "r.json: schema_version: this bitparity reads schema_version 4; re-run the command that wrote the report");
+            "r.json: schema_version: this bitparity reads schema_version 5; re-run the command that wrote the report");
   for (const auto& e : fs::directory_iterator(test::source_path("reports/baselines"))) {
     std::ifstream in(e.path(), std::ios::binary);
     std::string first_line;
@@ -203,7 +204,8 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   std::string bad_verdict = good;
   bad_verdict.replace(bad_verdict.find("tp1-full,exact"), 14, "tp1-full,exaxt");
   EXPECT_EQ(error_of(bad_verdict),
-            p.string() + ": line 2, column case_verdict: \"exaxt\" is not a verdict (exact, mismatch, skipped, nonfinite)");
+            p.string() +
+                ": line 2, column case_verdict: \"exaxt\" is not a verdict (exact, mismatch, skipped, nonfinite, error)");
   std::string bad_bool = good;
   bad_bool.replace(bad_bool.find(",true,true,"), 11, ",yes,true,");
   EXPECT_EQ(error_of(bad_bool), p.string() + ": line 2, column bit_identical: expected true or false, found \"yes\"");
@@ -258,19 +260,35 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   for (size_t at = lf.find("\r\n"); at != std::string::npos; at = lf.find("\r\n", at)) lf.erase(at, 1);
   for (const std::string& text : {lf, good.substr(0, good.size() - 2), good + "\r\n\r\n", lf + "\n"})
     EXPECT_EQ(error_of(text), "") << text.substr(text.size() - 20);
-  // A CSV in the schema 2 layout (without seconds, peak_device_bytes and run_status) is refused, naming them.
-  std::string v2;
-  for (size_t at = 0; at < good.size();) {
-    const size_t end = good.find("\r\n", at);
-    const std::string line = good.substr(at, end - at);
-    size_t cut = line.size();
-    for (int k = 0; k < 3; ++k) cut = line.rfind(',', cut - 1);
-    v2 += line.substr(0, cut) + "\r\n";
-    at = end + 2;
-  }
+  // A CSV in the schema 2 layout (without seconds, peak_device_bytes, error and run_status) is refused, naming
+  // them; one in the schema 4 layout (without error) too.
+  // `good` without the columns `drop`, counted from the last (0); the sample's quoted
+  // commas all sit left of them, and joining the fields back restores them.
+  auto without_columns = [&good](std::initializer_list<size_t> drop) {
+    std::string out;
+    for (size_t at = 0; at < good.size();) {
+      const size_t end = good.find("\r\n", at);
+      std::vector<std::string> fields(1);
+      for (const char ch : good.substr(at, end - at)) {
+        if (ch == ',') fields.emplace_back();
+        else fields.back() += ch;
+      }
+      std::string line;
+      for (size_t k = 0; k < fields.size(); ++k)
+        if (std::find(drop.begin(), drop.end(), fields.size() - 1 - k) == drop.end())
+          line += (line.empty() ? "" : ",") + fields[k];
+      out += line + "\r\n";
+      at = end + 2;
+    }
+    return out;
+  };
+  const std::string v2 = without_columns({0, 1, 2, 3});
   ASSERT_EQ(v2.rfind("case_id,", 0), 0u);
   ASSERT_NE(v2.find(",ulp_histogram\r\n"), std::string::npos);
   EXPECT_NE(error_of(v2).find("seconds"), std::string::npos) << error_of(v2);
+  const std::string v4 = without_columns({1});
+  ASSERT_NE(v4.find(",peak_device_bytes,run_status\r\n"), std::string::npos) << v4.substr(0, 400);
+  EXPECT_NE(error_of(v4).find("error"), std::string::npos) << error_of(v4);
   EXPECT_NE(error_of("case_id\r\nx\r\n").find(p.string()), std::string::npos);
 }
 
@@ -411,6 +429,179 @@ TEST(ReportNonFinite, AllNanTensorOrNanLogprobIsItsOwnVerdict) {
   EXPECT_EQ(back_to_exact.count(ChangeKind::kNewlyPassing), 1u) << format_baseline_diff(back_to_exact);
 }
 
+// --- a case that failed with an error; ranks and communication ---------------------
+
+constexpr const char* kRankKilled = "rank 1 was killed by signal 9 during the case";
+
+// The sample with its empty grid cell (tp2 / prefill) a case that failed on 2 ranks,
+// and tp1-full run on 2 ranks with collectives.
+Report sample_with_error() {
+  Report r = sample_sweep_report();
+  Case failed;
+  failed.id = "tp2-prefill";
+  failed.parameters = {
+      {"model", "qwen3-tiny"}, {"contract", "v1"}, {"backend", "cpu"}, {"layout", "tp2"}, {"path", "prefill"}};
+  failed.verdict = Verdict::kError;
+  failed.error = kRankKilled;
+  failed.seconds = 0.75;
+  failed.ranks = 2;
+  r.cases.push_back(failed);
+  Case& two = sample_case(r, "tp1-full");
+  two.ranks = 2;
+  two.communication = {{"all_gather", 40, uint64_t{3} << 20}, {"all_to_all", 2, uint64_t{1} << 19}};
+  return r;
+}
+
+TEST(ReportError, JsonRoundTripIsByteIdentical) {
+  const Report r = sample_with_error();
+  const std::string text = render_json(r);
+  Report back = parse_report_json(text, "r.json");
+  EXPECT_EQ(render_json(back), text);
+  EXPECT_EQ(back.overall(), Verdict::kError);
+  const Case& failed = sample_case(back, "tp2-prefill");
+  EXPECT_EQ(failed.verdict, Verdict::kError);
+  EXPECT_EQ(failed.error, kRankKilled);
+  EXPECT_EQ(failed.seconds, 0.75);
+  EXPECT_EQ(failed.ranks, 2);
+  EXPECT_TRUE(failed.tensors.empty());
+  const Case& two = sample_case(back, "tp1-full");
+  EXPECT_EQ(two.ranks, 2);
+  EXPECT_EQ(two.communication, sample_case(const_cast<Report&>(r), "tp1-full").communication);
+  EXPECT_EQ(sample_case(back, "tp1-decode").ranks, std::nullopt);
+  EXPECT_TRUE(sample_case(back, "tp1-decode").communication.empty());
+}
+
+TEST(ReportError, JsonMalformedNamesTheField) {
+  const json good = json::parse(render_json(sample_with_error()));
+  const size_t failed = good["cases"].size() - 1;
+  const std::string at = "r.json: cases[" + std::to_string(failed) + "]";
+  auto broken = [&](const std::function<void(json&)>& mutate) {
+    json j = good;
+    mutate(j);
+    return json_error(j.dump());
+  };
+  EXPECT_EQ(broken([](json&) {}), "");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["error"] = "boom"; }),
+            "r.json: cases[0].error: must be a string for a case with verdict \"error\" and null otherwise");
+  EXPECT_EQ(broken([&](json& j) { j["cases"][failed]["error"] = nullptr; }),
+            at + ".error: must be a string for a case with verdict \"error\" and null otherwise");
+  EXPECT_EQ(broken([&](json& j) { j["cases"][failed].erase("error"); }), at + ".error: required field is missing");
+  EXPECT_EQ(broken([](json& j) { j["summary"]["error"] = 0; }),
+            "r.json: summary.error: disagrees with the rest of the report (expected 1)");
+  EXPECT_EQ(broken([](json& j) { j["verdict"] = "mismatch"; }),
+            "r.json: verdict: disagrees with the rest of the report (expected \"error\")");
+  EXPECT_EQ(broken([&](json& j) { j["cases"][failed]["ranks"] = 0; }),
+            at + ".ranks: expected an integer >= 1, found 0");
+  EXPECT_EQ(broken([&](json& j) { j["cases"][failed]["ranks"] = -2; }),
+            at + ".ranks: expected an integer >= 0, found -2");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["communication"] = json::array(); }),
+            "r.json: cases[0].communication: is empty: a case that called no collectives has no \"communication\"");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["communication"][1]["collective"] = "all_gather"; }),
+            "r.json: cases[0].communication[1].collective: collective \"all_gather\" appears twice");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["communication"][0]["bytes"] = 1.5; }),
+            "r.json: cases[0].communication[0].bytes: expected an integer >= 0, found 1.5");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["communication"][0]["rank"] = 0; }),
+            "r.json: cases[0].communication[0].rank: unknown field");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["communication"][0].erase("calls"); }),
+            "r.json: cases[0].communication[0].calls: required field is missing");
+}
+
+TEST(ReportError, CsvCarriesTheVerdictAndMessage) {
+  const Report r = sample_with_error();
+  const fs::path p = temp_file("error.csv");
+  write_csv(r, p.string());
+  Report back = read_report(p.string());
+  EXPECT_EQ(back.overall(), Verdict::kError);
+  EXPECT_EQ(sample_case(back, "tp2-prefill").verdict, Verdict::kError);
+  EXPECT_EQ(sample_case(back, "tp2-prefill").error, kRankKilled);
+  EXPECT_EQ(sample_case(back, "tp2-prefill").seconds, 0.75);
+  // CSV carries neither ranks nor communication (read.h); the rest comes back.
+  Report same = back;
+  same.command = r.command;
+  same.created_utc = r.created_utc;
+  same.environment = r.environment;
+  sample_case(same, "moe-ep2-decode").skip_reason = "no GPU";
+  sample_case(same, "tp2-prefill").ranks = 2;
+  sample_case(same, "tp1-full").ranks = 2;
+  sample_case(same, "tp1-full").communication = sample_case(const_cast<Report&>(r), "tp1-full").communication;
+  EXPECT_EQ(render_json(same), render_json(r));
+  // An error message on a case that did not fail is refused.
+  std::string text = render_csv(r);
+  const size_t row = text.find("\r\ntp1-decode,") + 2;
+  const size_t error_field = text.find(",,complete\r\n", row);  // error (empty), then run_status
+  ASSERT_NE(error_field, std::string::npos);
+  text.insert(error_field + 1, "boom");
+  std::ofstream(p, std::ios::binary) << text;
+  try {
+    read_report_csv(p.string());
+    ADD_FAILURE() << "read";
+  } catch (const io::BadInput& e) {
+    EXPECT_EQ(std::string(e.what()),
+              p.string() + ": line 4, column error: must be empty unless case_verdict is \"error\"");
+  }
+}
+
+TEST(ReportBaseline, ErrorIsNewlyFailingAndItsEndNewlyPassing) {
+  const Report old = sample_sweep_report();
+  auto failing = [](Report r, const std::string& id, const std::string& message = kRankKilled) {
+    Case& c = sample_case(r, id);
+    c.verdict = Verdict::kError;
+    c.error = message;
+    c.tensors.clear();
+    c.first_divergent_op.reset();
+    return r;
+  };
+  auto changes = [](const Report& a, const Report& b) {
+    const BaselineDiff d = compare_to_baseline(a, "old", b, "new");
+    std::vector<std::string> out;
+    for (const Change& c : d.changes)
+      out.push_back(std::string(change_kind_title(c.kind)) + (c.regression ? " ! " : " ") + c.case_id + ": " +
+                    c.detail);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  const std::string killed = kRankKilled;
+  // exact -> error: newly failing (its tensors are not listed as removed); back: newly passing.
+  const Report exact_failed = failing(old, "tp1-full");
+  EXPECT_EQ(changes(old, exact_failed), V{"newly failing ! tp1-full: exact -> error: " + killed});
+  EXPECT_EQ(changes(exact_failed, old), V{"newly passing tp1-full: error: " + killed + " -> exact"});
+  // mismatch -> error: newly failing too (the case no longer comes to a comparison);
+  // error -> mismatch still fails, no regression.
+  const Report mismatch_failed = failing(old, "tp2-decode");
+  EXPECT_EQ(changes(old, mismatch_failed), V{"newly failing ! tp2-decode: mismatch -> error: " + killed});
+  EXPECT_EQ(changes(mismatch_failed, old),
+            V{"still failing, metrics changed tp2-decode: error: " + killed + " -> mismatch"});
+  // skipped -> error: newly failing; error -> skipped: a skip change.
+  const Report skipped_failed = failing(old, "moe-ep2-decode");
+  EXPECT_EQ(changes(old, skipped_failed), V{"newly failing ! moe-ep2-decode: skipped -> error: " + killed});
+  EXPECT_EQ(changes(skipped_failed, old), V{"skip changes moe-ep2-decode: error: " + killed + " -> skipped"});
+  // Another message: listed, no regression; the same: no change.
+  EXPECT_EQ(changes(exact_failed, failing(old, "tp1-full", "rank 0 threw: x")),
+            V{"still failing, metrics changed tp1-full: error " + killed + " -> rank 0 threw: x"});
+  EXPECT_TRUE(changes(exact_failed, exact_failed).empty());
+  // A new case that fails is newly failing; an error case gone is no regression (it was never compared).
+  const Report with_error = sample_with_error();
+  const BaselineDiff added = compare_to_baseline(old, "old", with_error, "new");
+  EXPECT_EQ(changes(old, with_error), V{"newly failing ! tp2-prefill: new case, error: " + killed});
+  EXPECT_TRUE(added.regressed());
+  EXPECT_EQ(changes(with_error, old),
+            V{"cases removed tp2-prefill: was error: " + killed});
+  EXPECT_FALSE(compare_to_baseline(with_error, "old", old, "new").regressed());
+}
+
+// Like time and peak, ranks and communication are measurements: never a change.
+TEST(ReportBaseline, RanksAndCommunicationAreNoChange) {
+  const Report old = sample_sweep_report();
+  Report now = old;
+  for (Case& c : now.cases) {
+    c.ranks = 4;
+    c.communication = {{"all_reduce", 7, 1234}};
+  }
+  const BaselineDiff d = compare_to_baseline(old, "old", now, "new");
+  EXPECT_TRUE(d.changes.empty()) << format_baseline_diff(d);
+  EXPECT_TRUE(compare_to_baseline(now, "old", old, "new").changes.empty());
+}
+
 TEST(ReportBaseline, AmbiguousTensorNamesAreBadInput) {
   Report r = sample_sweep_report();
   r.cases[0].tensors.push_back(r.cases[0].tensors[0]);
@@ -452,6 +643,21 @@ TEST(ReportHtml, GridCellsHistogramsAndEscaping) {
             std::string::npos);
   const BaselineDiff d = compare_to_baseline(r, "old<.json", r, "new");
   EXPECT_NE(render_html(r, "r.json", &d).find("<h2>Against baseline <code>old&lt;.json</code></h2>"), std::string::npos);
+}
+
+TEST(ReportHtml, ErrorCaseAndCommunication) {
+  const Report r = sample_with_error();
+  const std::string h = render_html(r, "r.json", nullptr);
+  EXPECT_EQ(count(h, "<td class=\"cell v-none\""), 0u);  // tp2 / prefill now holds the failed case
+  EXPECT_EQ(count(h, "<td class=\"cell v-error\""), 1u);
+  EXPECT_NE(h.find("<span class=\"verdict v-error\">error</span> <code>r.json</code>"), std::string::npos);
+  EXPECT_NE(h.find("8 cases: 4 exact, 2 mismatch, 0 nonfinite, 1 error, 1 skipped"), std::string::npos);
+  EXPECT_NE(h.find("<p class=\"error\">Error: rank 1 was killed by signal 9 during the case</p>"), std::string::npos);
+  EXPECT_NE(h.find("<p class=\"communication\">Ran on 2 ranks; 3.5 MiB moved in 42 collectives: all_gather 40 calls, "
+                   "3 MiB; all_to_all 2 calls, 512 KiB</p>"),
+            std::string::npos);
+  EXPECT_NE(h.find("<p class=\"communication\">Ran on 2 ranks</p>"), std::string::npos);  // the failed case
+  EXPECT_EQ(count(h, "<p class=\"communication\">"), 2u);  // single-process cases: no line
 }
 
 }  // namespace
