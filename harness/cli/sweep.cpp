@@ -267,7 +267,11 @@ int sweep(const SweepOptions& o) {
   if (ranks) {
     engine.use_rank_session(ranks.get());
     ranks->check_same(rank_setup(engine));
-    if (follower) return engine.follow_rank_zero();
+    if (follower) {
+      const int rc = engine.follow_rank_zero();
+      if (ranks->broken()) RankSession::leave_now(rc);
+      return rc;
+    }
   }
   const FollowersReleased release(ranks.get());
   if (o.verbose)
@@ -336,11 +340,15 @@ int sweep(const SweepOptions& o) {
                                                         : "ALL EXACT";
   std::fprintf(o.quiet ? stderr : out, "sweep: %zu of %zu cases: %s; %zu tensors; %.1f s: %s\n", r.cases.size(),
                cases.size(), r.counts_text().c_str(), tensors, progress.elapsed(), verdict);
-  if (const int rc = write_reports("sweep", r, paths, stderr)) return rc;
-  if (const auto rc = failure_exit_code(r)) return *rc;  // interrupted, an error, a mismatch
-  if (overall == Verdict::kNonFinite) return nonfinite_exit("sweep", r, o.strict, stderr);
-  if (overall == Verdict::kSkipped) return kExitCannotTest;
-  return kExitExact;
+  const int rc = [&]() -> int {
+    if (const int w = write_reports("sweep", r, paths, stderr)) return w;
+    if (const auto f = failure_exit_code(r)) return *f;  // interrupted, an error, a mismatch
+    if (overall == Verdict::kNonFinite) return nonfinite_exit("sweep", r, o.strict, stderr);
+    if (overall == Verdict::kSkipped) return kExitCannotTest;
+    return kExitExact;
+  }();
+  if (ranks && ranks->broken()) RankSession::leave_now(rc);
+  return rc;
 }
 
 }  // namespace

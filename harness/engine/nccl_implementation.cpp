@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "harness/engine/cases.h"
 #include "harness/io/errors.h"
@@ -52,6 +54,8 @@ class NcclRankSession final : public RankSession {
   void send_done() override {
     if (!ranks_.broken()) ranks_.send_command(kDone);
   }
+
+  bool broken() const override { return ranks_.broken().has_value(); }
 
   GpuCaseResult run(const GpuCaseInput& in) override {
     const ModelConfig& cfg = in.model.model.config;
@@ -103,6 +107,11 @@ class NcclRankSession final : public RankSession {
 };
 
 }  // namespace
+
+void RankSession::leave_now(int exit_code) {
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
 
 const char* nccl_implementation_summary() {
   return "the layouts on real ranks: one process per GPU, collectives over NCCL (started by bitparity on this node, "

@@ -60,6 +60,12 @@ class RankSession {
   virtual std::string next_case() = 0;  // a follower's wait: "" when rank 0 is done
   virtual void send_done() = 0;         // rank 0: no more cases
   virtual GpuCaseResult run(const GpuCaseInput& in) = 0;
+
+  // After a rank failed, this process's GPU may still hold a kernel waiting on the
+  // dead peer, and tearing CUDA down would wait for it: the caller leaves with
+  // leave_now once its reports are written.
+  virtual bool broken() const = 0;
+  [[noreturn]] static void leave_now(int exit_code);
 };
 
 }  // namespace bp::harness

@@ -1,4 +1,5 @@
 // The `nccl` implementation in a build without NCCL (or without CUDA).
+#include <cstdlib>
 #include <stdexcept>
 
 #include "harness/engine/nccl_implementation.h"
@@ -16,6 +17,8 @@ int visible_gpus() { return 0; }
 int launch_ranks(int, const std::vector<std::string>&) {
   throw std::logic_error("launch_ranks in a build without NCCL");
 }
+
+void RankSession::leave_now(int exit_code) { std::exit(exit_code); }
 
 // Without NCCL no process is a rank: its nccl cases skip.
 std::unique_ptr<RankSession> RankSession::join() { return nullptr; }

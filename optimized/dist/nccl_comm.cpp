@@ -37,6 +37,12 @@ bool unregister_live(ncclComm_t c) {
   return g_live.erase(c) > 0;
 }
 
+// ncclCommAbort may wait on work queued behind a kernel that still waits for a
+// dead peer: it runs on a thread of its own, and nothing waits for it.
+void abort_in_background(ncclComm_t c) {
+  std::thread([c] { ncclCommAbort(c); }).detach();
+}
+
 // A stop request gives the main thread a moment to abort its communicators
 // itself (its waits poll the request); one blocked inside NCCL gets them aborted
 // from here.
@@ -45,7 +51,7 @@ void abort_live_after_grace() {
   std::thread([] {
     std::this_thread::sleep_for(kAbortGrace);
     const std::lock_guard lock(g_live_mutex);
-    for (ncclComm_t c : g_live) ncclCommAbort(c);
+    for (ncclComm_t c : g_live) abort_in_background(c);
     g_live.clear();
   }).detach();
 }
@@ -87,13 +93,15 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, cudaStream_t stream)
 }
 
 NcclComm::~NcclComm() {
+  // After a failure a kernel may still wait on a dead peer, and cudaFree or a
+  // collective destroy would wait for it: the process leaves without them
+  // (real_ranks.h: a broken session ends with _Exit).
+  if (broken_ || abort_requested()) {
+    abort();
+    return;
+  }
   if (staging_) cudaFree(staging_);
-  if (!comm_ || !unregister_live(comm_)) return;  // aborted already
-  // Destroying waits for the peers; after a failure only an abort is safe.
-  if (broken_ || abort_requested())
-    ncclCommAbort(comm_);
-  else
-    ncclCommDestroy(comm_);
+  if (comm_ && unregister_live(comm_)) ncclCommDestroy(comm_);
 }
 
 std::unique_ptr<NcclComm> NcclComm::init_world(const ncclUniqueId& id, int rank, int size, cudaStream_t stream) {
@@ -106,7 +114,7 @@ std::unique_ptr<NcclComm> NcclComm::init_world(const ncclUniqueId& id, int rank,
 
 void NcclComm::abort() {
   broken_ = true;
-  if (comm_ && unregister_live(comm_)) ncclCommAbort(comm_);
+  if (comm_ && unregister_live(comm_)) abort_in_background(comm_);
   comm_ = nullptr;
 }
 

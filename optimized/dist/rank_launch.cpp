@@ -172,16 +172,22 @@ int launch_local_ranks(int world, const std::vector<std::string>& args) {
   for (int r = 0; r < world; ++r) {
     int relay[2], status[2];
     if (::pipe2(relay, O_CLOEXEC) || ::pipe2(status, O_CLOEXEC)) throw std::runtime_error("pipe2 failed");
+    const std::pair<std::string, std::string> mine[] = {{"BP_RANK", std::to_string(r)},
+                                                        {"BP_WORLD_SIZE", std::to_string(world)},
+                                                        {"BP_LOCAL_RANK", std::to_string(r)},
+                                                        {"BP_NCCL_ID", hex(id)},
+                                                        {"BP_RELAY_FD", std::to_string(kRelayFd)},
+                                                        {"BP_STATUS_FD", std::to_string(kStatusFd)}};
+    // The environment as it is (BP_RANK_TIMEOUT_S, NCCL_*, ...), with ours in place of any stale ones.
     std::vector<std::string> env_text;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "BP_", 3) != 0) env_text.emplace_back(*e);
-    for (auto [k, v] : {std::pair<std::string, std::string>{"BP_RANK", std::to_string(r)},
-                        {"BP_WORLD_SIZE", std::to_string(world)},
-                        {"BP_LOCAL_RANK", std::to_string(r)},
-                        {"BP_NCCL_ID", hex(id)},
-                        {"BP_RELAY_FD", std::to_string(kRelayFd)},
-                        {"BP_STATUS_FD", std::to_string(kStatusFd)}})
-      env_text.push_back(k + "=" + v);
+    for (char** e = environ; *e; ++e) {
+      const std::string_view var(*e);
+      const bool ours = std::any_of(std::begin(mine), std::end(mine), [&](const auto& kv) {
+        return var.substr(0, kv.first.size() + 1) == kv.first + "=";
+      });
+      if (!ours) env_text.emplace_back(var);
+    }
+    for (const auto& [k, v] : mine) env_text.push_back(k + "=" + v);
     std::vector<char*> envp;
     for (std::string& e : env_text) envp.push_back(e.data());
     envp.push_back(nullptr);

@@ -59,7 +59,7 @@ case $SCENARIO in
   # time, the case is an error naming the rank, exit 3, and the report is written.
   kill | throw)
     start=$(date +%s)
-    BP_TEST_FAULT="$SCENARIO@1:3" BP_RANK_TIMEOUT_S=120 timeout 150 "$BIN" sweep --implementation nccl \
+    BP_TEST_FAULT="$SCENARIO@1:3" BP_RANK_TIMEOUT_S=120 timeout -k 5 150 "$BIN" sweep --implementation nccl \
       "${TINY_DENSE[@]}" --layout tp2-ep1-cp1 --contract bf16-sm90tc-v1 --json report.json --quiet
     rc=$?
     took=$(( $(date +%s) - start ))
