@@ -18,7 +18,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: the numerics self-check, then the default sweep (both tiny fixtures,
-# both contracts, reference + emulated layouts, every path, gradients).
+# the v2 contract pair, reference + emulated layouts, every path, gradients).
 demo: build
 	$(BUILD)/harness/bitparity selfcheck
 	OMP_WAIT_POLICY=passive $(BUILD)/harness/bitparity sweep

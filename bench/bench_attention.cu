@@ -1,5 +1,5 @@
 // bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
-// heads, head_dim 128), both v1 contracts and the sm90-tc v2 draft:
+// heads, head_dim 128), both v1 contracts and sm90-tc v2:
 //   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8);
 //   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys;
 //   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
@@ -40,7 +40,7 @@ using bench::Options;
 
 // `batch` sequences of q_len queries after kv_len − q_len cached keys each.
 void bench_case(const Options& opt, const std::string& contract, const char* kind, int batch, int q_len, int kv_len) {
-  const Knobs& kn = find_contract_or_draft(contract)->knobs;
+  const Knobs& kn = find_contract(contract)->knobs;
   std::vector<ref::AttnSeq> seqs;
   for (int b = 0; b < batch; ++b) seqs.push_back({b * q_len, q_len, kv_len - q_len, b * kv_len});
   const size_t q_elems = size_t(batch) * q_len * kDims.Hq * kDims.D;
@@ -81,7 +81,7 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
 int run(const Options& opt) {
   bench::require_hopper("bench_attention", opt);
   std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes\n");
-  // v2 (a draft until its release, SPEC.md §1.3) beside v1; fma-seq has no speed target.
+  // v2 beside v1 (SPEC.md §1.3); fma-seq has no speed target.
   for (const char* c : {"bf16-sm90tc-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v1"}) {
     for (int batch : {1, 8})
       for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);

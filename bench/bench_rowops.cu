@@ -81,7 +81,7 @@ void rope_row(const Options& opt, const Knobs& kn, double copy) {
 }
 
 // The forward, then the backward from the forward's M and S; `tag` names the contract
-// ("" for v1, "_v2" for the one-pass draft of SPEC.md §5.10 v2).
+// ("" for v1, "_v2" for v2's one-pass log-softmax, SPEC.md §5.10 v2).
 void logprob_rows(const Options& opt, const Knobs& kn, const std::string& tag, double copy) {
   const size_t lg = size_t{kLogprobRows} * kVocab;
   cuda::DeviceBuffer<bf16> logits(lg);
@@ -117,7 +117,7 @@ int run(const Options& opt) {
   residual_row(opt, kn, copy);
   rope_row(opt, kn, copy);
   logprob_rows(opt, kn, "", copy);
-  logprob_rows(opt, find_contract_or_draft("bf16-sm90tc-v2")->knobs, "_v2", copy);
+  logprob_rows(opt, find_contract("bf16-sm90tc-v2")->knobs, "_v2", copy);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   return kExitExact;
 }

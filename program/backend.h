@@ -23,10 +23,11 @@
 #pragma once
 
 // The ops the model and rank programs call; each backend forwards them to its own twins.
-#define BP_PROGRAM_OPS(X)                                                                                              \
-  X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(linear_fwd) X(linear_dgrad) X(linear_dgrad_acc) \
-  X(linear_wgrad) X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(residual_fwd) X(sum_round)            \
-  X(router_fwd) X(moe_experts_fwd) X(moe_combine_fwd) X(moe_layer_bwd) X(mlp_hidden_fwd) X(mlp_bwd)                 \
-  X(logprob_fwd) X(logprob_bwd) X(linear_acc) X(swiglu_bwd) X(attention_bwd_dq) X(attention_bwd_kv_partials)           \
-  X(attention_bwd_kv_combine) X(logprob_chunk_max) X(logprob_row_max) X(logprob_chunk_sums) X(logprob_target_logit) \
-  X(logprob_combine) X(logprob_bwd_slice) X(router_bwd) X(moe_experts_bwd) X(moe_combine_bwd)
+#define BP_PROGRAM_OPS(X)                                                                                               \
+  X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(linear_fwd) X(linear_dgrad) X(linear_dgrad_acc)     \
+  X(linear_wgrad) X(rope_fwd) X(rope_bwd) X(attention_fwd) X(attention_bwd) X(residual_fwd) X(sum_round)                \
+  X(router_fwd) X(moe_experts_fwd) X(moe_combine_fwd) X(moe_layer_bwd) X(mlp_hidden_fwd) X(mlp_bwd) X(logprob_fwd)      \
+  X(logprob_bwd) X(linear_acc) X(swiglu_bwd) X(attention_bwd_dq) X(attention_bwd_kv_partials)                           \
+  X(attention_bwd_kv_combine) X(logprob_chunk_max) X(logprob_row_max) X(logprob_chunk_sums) X(logprob_target_logit)     \
+  X(logprob_combine) X(logprob_chunk_states) X(logprob_merge_states) X(logprob_bwd_slice) X(router_bwd)                 \
+  X(moe_experts_bwd) X(moe_combine_bwd)

@@ -6,7 +6,7 @@
 // Plan file (every key optional; unknown keys are refused):
 //   {
 //     "models":      ["qwen3-dense-tiny", "path/to/hf_dir"],  fixture names or HF checkpoint dirs
-//     "contracts":   ["bf16-sm90tc-v1", "bf16-fmaseq-v1"],
+//     "contracts":   ["bf16-sm90tc-v2", "bf16-fmaseq-v1"],     default: the v2 pair
 //     "implementations": ["reference", "emulated", "cuda"],   (or "backends", its old name)
 //     "layouts":     ["tp2-ep1-cp2z", "tp1-ep1-cp1+ring"],    explicit list, or the grid:
 //     "tp": [1, 2, 4], "ep": [1, 2, 4], "cp": [1, 2], "cp_split": ["contiguous", "zigzag"],
@@ -62,7 +62,7 @@ std::optional<ref::Path> parse_path(std::string_view s, std::string* why = nullp
 
 // The contracts a plan may name: bp::contracts(). (`run` also reads "truth", the
 // old spelling of implementation float64: it sets implementations ["float64"] and
-// no contract.)
+// no contract.) A plan that names none runs bp::default_contract_names() (v2).
 std::vector<std::string> contract_names();
 
 struct TokenSpec {
@@ -78,7 +78,7 @@ struct LayoutGrid {
 
 struct SweepPlan {
   std::vector<std::string> models = {"qwen3-dense-tiny", "qwen3-moe-tiny"};
-  std::vector<std::string> contracts = contract_names();  // empty for the float64 truth model, which has none
+  std::vector<std::string> contracts = default_contract_names();  // empty for the float64 truth model, which has none
   std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;

@@ -97,7 +97,7 @@ void record_weights(const WeightsOrigin& o, std::map<std::string, std::string>& 
 SweepPlan single_case_defaults() {
   SweepPlan p;
   p.models = {"qwen3-dense-tiny"};
-  p.contracts = {contract_names().front()};
+  p.contracts = {default_contract_names().front()};
   p.implementations = {Implementation::kReference};
   p.layouts = {layouts::Layout{}};
   p.paths = {ref::Path::extend()};

@@ -110,7 +110,15 @@ class RankProgram {
   ref::ExpertWeights expert_weights(int64_t li, int e_begin, int e_end, std::vector<const bf16*> (&ptr)[3]) const;
   Routing route(int64_t li, const Buf& a2, int T) const;
   Buf moe(Run& run, const Tokens& tk, int64_t li, const Buf& a2) const;
+  // Per target row: the saved M and S, the logprob and (where asked for) the entropy.
+  struct RowStats {
+    FBuf row_max, row_sum, logprob, entropy;
+  };
   FBuf gather_chunks(const FBuf& mine, int R) const;
+  RowStats two_pass_logprobs(const Buf& lg, const std::vector<int32_t>& targets, const int32_t* targets_dev,
+                             float temp, bool entropy) const;
+  RowStats one_pass_logprobs(const Buf& lg, const std::vector<int32_t>& targets, const int32_t* targets_dev,
+                             float temp, bool entropy) const;
   void logprobs(Run& run, const Tokens& tk, const Buf& logits, Saved* saved) const;
 
   void emit(Run& run, const std::string& name, FBuf g, Block block) const;

@@ -51,26 +51,19 @@ std::string Contract::canonical_knobs() const {
 std::string Contract::knob_hash() const { return sha256_hex(canonical_knobs()).substr(0, 16); }
 
 const std::vector<Contract>& contracts() {
-  static const std::vector<Contract> all = {make_v1("bf16-sm90tc-v1", DotModel::Sm90Tc),
-                                            make_v1("bf16-fmaseq-v1", DotModel::FmaSeq)};
+  static const std::vector<Contract> all = {
+      make_v1("bf16-sm90tc-v1", DotModel::Sm90Tc), make_v1("bf16-fmaseq-v1", DotModel::FmaSeq),
+      make_v2("bf16-sm90tc-v2", DotModel::Sm90Tc), make_v2("bf16-fmaseq-v2", DotModel::FmaSeq)};
   return all;
 }
 
-const std::vector<Contract>& draft_contracts() {
-  static const std::vector<Contract> all = {make_v2("bf16-sm90tc-v2", DotModel::Sm90Tc),
-                                            make_v2("bf16-fmaseq-v2", DotModel::FmaSeq)};
-  return all;
+const std::vector<std::string>& default_contract_names() {
+  static const std::vector<std::string> names = {"bf16-sm90tc-v2", "bf16-fmaseq-v2"};
+  return names;
 }
 
 const Contract* find_contract(std::string_view name) {
   for (const Contract& c : contracts())
-    if (c.name == name) return &c;
-  return nullptr;
-}
-
-const Contract* find_contract_or_draft(std::string_view name) {
-  if (const Contract* c = find_contract(name)) return c;
-  for (const Contract& c : draft_contracts())
     if (c.name == name) return &c;
   return nullptr;
 }

@@ -48,16 +48,12 @@ std::optional<DotModel> parse_dot_model(std::string_view name);
 std::string_view softmax_exp_name(SoftmaxExp e);  // "exp", "exp2_poly"
 std::string_view log_softmax_name(LogSoftmax l);  // "two-pass", "one-pass"
 
-// The named contracts, in a stable order.
+// The named contracts, in a stable order: v1 (frozen), then v2 (SPEC.md §1.2, §1.3).
 const std::vector<Contract>& contracts();
-// Contracts specified in SPEC.md but not selectable yet (v2 while #19 lands: the
-// CUDA kernels do not implement it): what the reference's tests run them under.
-const std::vector<Contract>& draft_contracts();
+// The current version's pair (v2): what a sweep runs when it names no contract.
+const std::vector<std::string>& default_contract_names();
 // nullptr if there is no contract of that name.
 const Contract* find_contract(std::string_view name);
-// The same over the contracts and the drafts: for the suites and benchmarks that
-// run a draft ahead of its release, never for what users select.
-const Contract* find_contract_or_draft(std::string_view name);
 
 // Empty if the knobs are consistent, otherwise a message naming the bad knob.
 std::string validate(const Knobs& k);

@@ -92,17 +92,31 @@ TEST_F(CliSweep, MoeExpertParallelDecodeWithCaptures) {
 }
 
 // The contract's negative control: a ring all-reduce of the row-parallel partial
-// sums must be caught, first at the first row-parallel output.
+// sums must be caught, first at the first row-parallel output, under v1 and v2.
 TEST_F(CliSweep, RingReductionIsCaught) {
-  // The default tokens (6, 11, 17): with these the ring's first changed rounding is in o_proj.
-  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 --implementation emulated --layout "
-                "tp2-ep1-cp1+ring --path ragged --capture ops --json " + path("r.json")),
-            1)
+  for (const std::string contract : {"bf16-fmaseq-v1", "bf16-fmaseq-v2"}) {
+    // The default tokens (6, 11, 17): with these the ring's first changed rounding is in o_proj.
+    ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract " + contract + " --implementation emulated --layout "
+                  "tp2-ep1-cp1+ring --path ragged --capture ops --json " + path("r.json")),
+              1)
+        << contract << out_ << err_;
+    EXPECT_NE(out_.find("MISMATCH"), std::string::npos) << out_;
+    const json j = valid_report(path("r.json"));
+    EXPECT_EQ(j["verdict"], "mismatch") << contract;
+    EXPECT_EQ(j["cases"][0]["first_divergent_op"], "layers.0.attn_out") << contract;
+  }
+}
+
+// A sweep that names no contract runs v2's pair (SPEC.md §1.3); v1 stays selectable by name.
+TEST_F(CliSweep, DefaultContractsAreV2) {
+  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --lengths 5 --implementation reference --path extend --no-grads "
+                "--json " + path("r.json")),
+            0)
       << out_ << err_;
-  EXPECT_NE(out_.find("MISMATCH"), std::string::npos) << out_;
   const json j = valid_report(path("r.json"));
-  EXPECT_EQ(j["verdict"], "mismatch");
-  EXPECT_EQ(j["cases"][0]["first_divergent_op"], "layers.0.attn_out");
+  ASSERT_EQ(j["cases"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-sm90tc-v2/reference/tp1-ep1-cp1/extend");
+  EXPECT_EQ(j["cases"][1]["id"], "qwen3-dense-tiny/bf16-fmaseq-v2/reference/tp1-ep1-cp1/extend");
 }
 
 TEST_F(CliSweep, BadPlansExitTwoNamingFileAndFieldAndKeepTheReport) {
@@ -280,20 +294,23 @@ TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
 
 TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
   ASSERT_EQ(run("list"), 0) << err_;
-  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1", "implementations:\n", "emulated",
-                        "float64", "tp4-ep4-cp2z", "decode"})
+  for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1   hash 43a602a29cdd98f8",
+                        "bf16-fmaseq-v1   hash 833bb4d7d43b7bb1", "bf16-sm90tc-v2   hash 4af40b8561fc78fd",
+                        "bf16-fmaseq-v2   hash aee5a46e84d4f39c", "implementations:\n", "emulated", "float64",
+                        "tp4-ep4-cp2z", "decode"})
     EXPECT_NE(out_.find(s), std::string::npos) << s << "\n" << out_;
   EXPECT_EQ(run("list --model " + path("nothere")), 2);
   EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;
 }
 
-// The README's main command: the default sweep (both fixtures, both contracts,
+// The README's main command: the default sweep (both fixtures, the v2 pair,
 // reference + emulated, every layout the fixtures allow, four paths, gradients).
 TEST_F(CliSweep, SlowDefaultSweepIsExact) {
   ASSERT_EQ(run("sweep --json " + path("r.json")), 0) << out_ << err_;
   const json j = valid_report(path("r.json"));
   EXPECT_EQ(j["cases"].size(), 304u);
   EXPECT_EQ(j["verdict"], "exact");
+  for (const json& c : j["cases"]) EXPECT_NE(c["id"].get<std::string>().find("-v2/"), std::string::npos) << c["id"];
 }
 
 }  // namespace

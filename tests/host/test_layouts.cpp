@@ -2,11 +2,13 @@
 // {TP 1,2,4} × {EP 1,2,4} × {CP 1, 2 contiguous, 2 zigzag} the tiny fixtures allow,
 // every path gives logprobs (and entropies) bit-identical to the unsharded
 // full-sequence reference, and the backward gives every parameter gradient
-// bit-identical to the unsharded backward — for both contracts. The `cpu` set
-// runs a subset that still covers each mechanism (TP, EP, CP both splits, token
-// splits over several gradient chunks, a sequence longer than one attention
-// chunk); the `slow` twin runs the whole matrix. Negative control: the ring
-// reduction (a local chain per rank, then NCCL's ring order) makes TP = 2 differ.
+// bit-identical to the unsharded backward — for all four contracts (v1's two-pass
+// and v2's one-pass vocabulary-parallel log-softmax). The `cpu` set runs a subset
+// that still covers each mechanism (TP, EP, CP both splits, token splits over
+// several gradient chunks, a sequence longer than one attention chunk) on half the
+// (fixture, contract) cases (model_cases.h); the `slow` twin runs the other half
+// and the whole matrix for all. Negative control: the ring reduction (a local chain
+// per rank, then NCCL's ring order) makes TP = 2 differ.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -137,9 +139,11 @@ TEST_P(LayoutsTest, CapturesExact) {
 // The comparison bites: a framework's TP (a local GEMM chain per rank, then NCCL's
 // ring all-reduce) changes the bits with the TP size; the contract's tree does
 // not. The first op to differ is a row-parallel output (o_proj or down_proj: a bf16
-// rounding of a differently summed fp32 value flips now and then); logprobs differ
-// too where the vocabulary sum is not dominated by one logit (the MoE fixture's
-// untied head).
+// rounding of a differently summed fp32 value flips now and then). Under v1 the
+// ring also sums the vocabulary chunk sums, and logprobs differ too where that sum
+// is not dominated by one logit (the MoE fixture's untied head); v2's log-softmax
+// has no all-reduce for the ring to replace (SPEC.md §7), and on these fixtures the
+// flipped roundings do not reach the logits.
 TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
   bp::ref::ForwardOptions opt;
   opt.capture = true;
@@ -160,13 +164,14 @@ TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
   EXPECT_PRED1(row_parallel_output, first_difference(ring2, ref));
   EXPECT_PRED1(row_parallel_output, first_difference(ring2, ring1));
   EXPECT_EQ(first_difference(tree2, ref), "");
-  if (cfg_.is_moe_model()) {
+  if (cfg_.is_moe_model() && kn_.log_softmax == bp::LogSoftmax::kTwoPass) {
     EXPECT_FALSE(same_bits(flat(ring2.logprob), flat(ring1.logprob)));
     EXPECT_FALSE(same_bits(flat(ring2.logprob), flat(ref.logprob)));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsTest, bp::test::ci_fixture_cases(), bp::test::fixture_case_name);
+INSTANTIATE_TEST_SUITE_P(SlowFixtures, LayoutsTest, bp::test::slow_fixture_cases(), bp::test::fixture_case_name);
 
 // ---- Layout names, sharding rules, refusals ---------------------------------------
 

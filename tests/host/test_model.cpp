@@ -1,9 +1,11 @@
-// The reference model (SPEC.md §6) on the tiny fixtures under both contracts:
+// The reference model (SPEC.md §6) on the tiny fixtures under all four contracts:
 // every path gives the same logprob bits (extend, chunked, decode, ragged), a
 // sequence alone equals itself inside a batch, captures agree across paths,
 // negative controls (another kv block, the other dot model) change the bits, the
 // backward gives finite non-zero gradients for every parameter with the same bits
-// with 1 and with 2 threads, and golden digests pin logprobs and gradients.
+// with 1 and with 2 threads (these on the CI half of the cases, model_cases.h; the
+// other half in the slow twin), and golden digests pin logprobs, entropies and
+// gradients of every case in CI.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -32,13 +34,8 @@ using Rows = std::vector<std::vector<float>>;
 constexpr uint64_t kWeightSeed = 20261122;
 constexpr uint64_t kCoefSeed = 7;
 
-struct Case {
-  std::string fixture;
-  std::string contract;
-};
-
+using Case = bp::test::FixtureCase;
 std::string case_name(const Case& c) { return c.fixture + "/" + c.contract; }
-void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 bp::ModelConfig load(const std::string& fixture) { return bp::test::load_fixture(fixture); }
 
@@ -93,8 +90,6 @@ TEST_P(ModelTest, EveryPathSameBits) {
   const auto r = m.forward(rev, Path::ragged(), opt);
   for (size_t s = 0; s < seqs_.size(); ++s)
     EXPECT_TRUE(same_bits(r.logprob[seqs_.size() - 1 - s], ext.logprob[s])) << "reversed batch, sequence " << s;
-  bp::test::expect_golden("model.txt", case_name(GetParam()) + "/logprob", bp::test::digest(ref));
-  bp::test::expect_golden("model.txt", case_name(GetParam()) + "/entropy", bp::test::digest(ref_ent));
 }
 
 TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
@@ -159,18 +154,6 @@ TEST_P(ModelTest, BackwardFiniteDeterministic) {
     EXPECT_TRUE(finite) << s.name;
     EXPECT_TRUE(same_bits(g, g2.grads.at(s.name))) << s.name << " (1 vs 2 threads)";
   }
-  const std::string base = case_name(GetParam()) + "/grad/";
-  std::vector<std::string> pinned = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-                                     "model.layers.0.input_layernorm.weight", "model.norm.weight"};
-  const int64_t last = cfg_.num_hidden_layers - 1;
-  if (cfg_.is_moe_layer(last)) {
-    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.gate.weight");
-    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.experts.3.down_proj.weight");
-  } else {
-    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.down_proj.weight");
-  }
-  if (!cfg_.tie_word_embeddings) pinned.push_back("lm_head.weight");
-  for (const auto& n : pinned) bp::test::expect_golden("model.txt", base + n, bp::test::digest(g1.grads.at(n)));
 }
 
 TEST_P(ModelTest, RefusesMissingWeight) {
@@ -225,17 +208,36 @@ TEST_P(ModelTest, GradientPointsUphill) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelTest,
-                         ::testing::Values(Case{"qwen3-dense-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-dense-tiny", "bf16-fmaseq-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-sm90tc-v1"},
-                                           Case{"qwen3-moe-tiny", "bf16-fmaseq-v1"}),
-                         [](const auto& info) {
-                           std::string s = info.param.fixture + "_" + info.param.contract;
-                           for (char& c : s)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelTest, bp::test::ci_fixture_cases(), bp::test::fixture_case_name);
+INSTANTIATE_TEST_SUITE_P(SlowFixtures, ModelTest, bp::test::slow_fixture_cases(), bp::test::fixture_case_name);
+
+// Golden digests of every case (v1's unchanged since v1; v2's pinned at its
+// release): the extend path's logprobs and entropies, and a few gradients.
+class ModelGolden : public ModelTest {};
+
+TEST_P(ModelGolden, DigestsPinned) {
+  const Model m(cfg_, w_, contract_->knobs);
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  const auto ext = m.forward(seqs_, Path::extend(), opt);
+  bp::test::expect_golden("model.txt", case_name(GetParam()) + "/logprob", bp::test::digest(flat(ext.logprob)));
+  bp::test::expect_golden("model.txt", case_name(GetParam()) + "/entropy", bp::test::digest(flat(ext.entropy)));
+  const auto g = m.backward(seqs_, kCoefSeed);
+  const std::string base = case_name(GetParam()) + "/grad/";
+  std::vector<std::string> pinned = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                                     "model.layers.0.input_layernorm.weight", "model.norm.weight"};
+  const int64_t last = cfg_.num_hidden_layers - 1;
+  if (cfg_.is_moe_layer(last)) {
+    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.gate.weight");
+    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.experts.3.down_proj.weight");
+  } else {
+    pinned.push_back("model.layers." + std::to_string(last) + ".mlp.down_proj.weight");
+  }
+  if (!cfg_.tie_word_embeddings) pinned.push_back("lm_head.weight");
+  for (const auto& n : pinned) bp::test::expect_golden("model.txt", base + n, bp::test::digest(g.grads.at(n)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGolden, bp::test::every_fixture_case(), bp::test::fixture_case_name);
 
 }  // namespace
 

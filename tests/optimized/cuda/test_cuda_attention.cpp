@@ -1,5 +1,5 @@
 // bp::cuda attention (forward, both schedules; backward and its CP stages) against
-// the CPU reference, bit for bit, under both contracts: GQA groups 1/2/8, head_dim
+// the CPU reference, bit for bit, under all four contracts: GQA groups 1/2/8, head_dim
 // 64/128, Qwen3-30B-A3B heads (32/4 × 128) from 1 to 4096 tokens, decode with long
 // caches, prefix-cache extend, ragged batches, sequences crossing the 64-key block
 // and the 512-key split, edge values; decode == extend and repeated runs on the GPU.
@@ -374,7 +374,7 @@ TEST_P(AttentionGpu, RepeatedRunsGiveSameBits) {
   EXPECT_TRUE(identical(a.dq, b.dq) && identical(a.dk, b.dk) && identical(a.dv, b.dv));
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, AttentionGpu, BP_CONTRACTS_AND_DRAFTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, AttentionGpu, BP_ALL_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

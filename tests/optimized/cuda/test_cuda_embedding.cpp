@@ -131,7 +131,7 @@ TEST_P(EmbeddingGpu, RefusesTokenOutsideVocabulary) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, EmbeddingGpu, BP_ALL_CONTRACTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, EmbeddingGpu, BP_V1_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

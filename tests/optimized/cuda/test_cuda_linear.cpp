@@ -1,4 +1,5 @@
-// bp::cuda linear vs the CPU reference, bit for bit, under both contracts: every
+// bp::cuda linear vs the CPU reference, bit for bit, under v1's pair (both dot
+// models; v2 changes no linear bits): every
 // function on small and odd shapes (aligned and unaligned loads, chunk trees of
 // every small width, token chunks spilling past the register levels), edge values
 // (NaN, Inf, subnormals, signed zeros), and the Qwen3-0.6B / Qwen3-30B-A3B

@@ -193,7 +193,7 @@ TEST_P(LogprobGpu, RefusesBadArguments) {
   EXPECT_THROW(cuda::logprob_combine(kn, &x, nullptr, &x, &x, 1, &x, &x, &x), std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, LogprobGpu, BP_CONTRACTS_AND_DRAFTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, LogprobGpu, BP_ALL_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

@@ -75,7 +75,7 @@ TEST(SumRoundGpu, RefusesTooManyParts) {
   EXPECT_THROW(cuda::sum_round(ptrs.data(), cuda::kMaxSumParts + 1, nullptr, 1), std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, ResidualGpu, BP_ALL_CONTRACTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, ResidualGpu, BP_V1_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

@@ -131,7 +131,7 @@ TEST_P(RmsnormGpu, RepeatedRunsGiveSameBits) {
   EXPECT_TRUE(identical(a.out, b.out) && identical(a.rstd, b.rstd) && identical(a.dx, b.dx) && identical(a.dw, b.dw));
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, RmsnormGpu, BP_ALL_CONTRACTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, RmsnormGpu, BP_V1_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

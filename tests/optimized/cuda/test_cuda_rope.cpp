@@ -118,7 +118,7 @@ TEST_P(RopeGpu, RefusesPositionOutsideTable) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, RopeGpu, BP_ALL_CONTRACTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, RopeGpu, BP_V1_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

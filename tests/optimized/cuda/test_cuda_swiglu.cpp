@@ -137,7 +137,7 @@ TEST_P(MlpGpu, ForwardAndBackwardMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Contracts, MlpGpu, BP_ALL_CONTRACTS);
+INSTANTIATE_TEST_SUITE_P(Contracts, MlpGpu, BP_V1_CONTRACTS);
 
 }  // namespace
 }  // namespace bp::test

@@ -1,6 +1,6 @@
 // Virtual ranks (optimized/layouts/virtual_ranks.h): the layouts' rank program on
 // one GPU, every rank a thread with its own stream, collectives as device copies,
-// against the CPU reference model: both tiny fixtures, both contracts; TP, EP,
+// against the CPU reference model: both tiny fixtures, all four contracts; TP, EP,
 // CP (zigzag) and a mix of all three, every path's logprobs and entropies, the
 // captured op outputs, and the backward's every parameter gradient, bit for bit.
 // Negative control: the Ring reduction (a local chain per rank, NCCL's ring order)

@@ -1,5 +1,5 @@
 // The whole model on the GPU (optimized/model/qwen3.h) against the CPU reference
-// model: both tiny fixtures, both contracts; every path's logprobs, entropies and
+// model: both tiny fixtures, all four contracts; every path's logprobs, entropies and
 // captured op outputs, and the backward's every parameter gradient, bit for bit.
 // Every path equal to the reference's extend is batch invariance and decode ==
 // extend on the GPU. Repeated runs give the same raw bits. Negative control: a

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "reference/common/sha256.h"
 #include "reference/contract/contract.h"
@@ -22,19 +24,33 @@ TEST(Sha256, FipsVectors) {
 TEST(Contract, NamedContractsExistAndValidate) {
   ASSERT_NE(find_contract("bf16-sm90tc-v1"), nullptr);
   ASSERT_NE(find_contract("bf16-fmaseq-v1"), nullptr);
-  EXPECT_EQ(find_contract("bf16-sm90tc-v2"), nullptr);
+  ASSERT_NE(find_contract("bf16-sm90tc-v2"), nullptr);
+  ASSERT_NE(find_contract("bf16-fmaseq-v2"), nullptr);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v3"), nullptr);
+  EXPECT_EQ(contracts().size(), 4u);
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knobs.dot, DotModel::Sm90Tc);
   EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knobs.dot, DotModel::FmaSeq);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v2")->knobs.dot, DotModel::Sm90Tc);
+  EXPECT_EQ(find_contract("bf16-fmaseq-v2")->knobs.dot, DotModel::FmaSeq);
   for (const Contract& c : contracts()) EXPECT_EQ(validate(c.knobs), "") << c.name;
 }
 
-// The hashes are pinned: a change of any v1 knob must be a new contract version.
+// A sweep that names no contract runs the v2 pair, and both are selectable.
+TEST(Contract, DefaultsAreTheV2Pair) {
+  EXPECT_EQ(default_contract_names(), (std::vector<std::string>{"bf16-sm90tc-v2", "bf16-fmaseq-v2"}));
+  for (const std::string& name : default_contract_names()) EXPECT_NE(find_contract(name), nullptr) << name;
+}
+
+// The hashes are pinned: a change of any knob must be a new contract version
+// (v1 frozen, v2 released).
 TEST(Contract, KnobHashesArePinned) {
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->canonical_knobs(),
             "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
             "\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"tp_tree_width\":8}");
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knob_hash(), "43a602a29cdd98f8");
   EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knob_hash(), "833bb4d7d43b7bb1");
+  EXPECT_EQ(find_contract("bf16-sm90tc-v2")->knob_hash(), "4af40b8561fc78fd");
+  EXPECT_EQ(find_contract("bf16-fmaseq-v2")->knob_hash(), "aee5a46e84d4f39c");
 }
 
 TEST(Contract, EveryKnobChangesTheHash) {
@@ -56,21 +72,18 @@ TEST(Contract, EveryKnobChangesTheHash) {
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.log_softmax = LogSoftmax::kOnePass; })).second);
 }
 
-// v2 is specified but not selectable until its kernels land (SPEC.md §1.3): its
-// knobs are v1's but the softmax's two, and they enter the canonical text in
-// key order.
-TEST(Contract, DraftV2IsV1WithTheGpuNativeSoftmax) {
-  ASSERT_EQ(draft_contracts().size(), 2u);
-  for (const Contract& v2 : draft_contracts()) {
-    EXPECT_EQ(find_contract(v2.name), nullptr) << v2.name << " must not be selectable yet";
-    EXPECT_EQ(validate(v2.knobs), "") << v2.name;
+// v2's knobs are v1's but the softmax's two, and they enter the canonical text in
+// key order (SPEC.md §1.3).
+TEST(Contract, V2IsV1WithTheGpuNativeSoftmax) {
+  for (const char* name : {"bf16-sm90tc-v2", "bf16-fmaseq-v2"}) {
+    const Contract& v2 = *find_contract(name);
     const Contract& v1 = *find_contract(v2.name.substr(0, v2.name.size() - 1) + "1");
     Knobs k = v2.knobs;
     k.softmax_exp = v1.knobs.softmax_exp;
     k.log_softmax = v1.knobs.log_softmax;
     EXPECT_EQ((Contract{"", k}.canonical_knobs()), v1.canonical_knobs()) << v2.name;
   }
-  EXPECT_EQ(draft_contracts()[0].canonical_knobs(),
+  EXPECT_EQ(find_contract("bf16-sm90tc-v2")->canonical_knobs(),
             "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
             "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"softmax_exp\":\"exp2_poly\","
             "\"tp_tree_width\":8}");

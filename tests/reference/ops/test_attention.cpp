@@ -402,7 +402,7 @@ std::vector<bf16> spec_forward(const Knobs& kn, const Seq& x, bool round_p) {
 
 class AttentionTest : public ::testing::TestWithParam<const char*> {
  protected:
-  const Contract& contract() const { return test::contract_or_draft(GetParam()); }
+  const Contract& contract() const { return *find_contract(GetParam()); }
   const Knobs& knobs() const { return contract().knobs; }
 };
 
@@ -910,7 +910,7 @@ TEST_P(AttentionTest, SlowRealShapeWithinBoundAndPathInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Contracts, AttentionTest,
-                         ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2"),
+                         ::testing::ValuesIn(test::all_contract_names()),
                          [](const auto& info) { return test::contract_test_name(info.param); });
 
 }  // namespace

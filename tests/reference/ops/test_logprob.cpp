@@ -276,7 +276,7 @@ void expect_within_bounds(const Knobs& kn, const Inputs& in, Ratios& ratios) {
 
 class LogprobTest : public ::testing::TestWithParam<const char*> {
  protected:
-  const Contract& contract() const { return test::contract_or_draft(GetParam()); }
+  const Contract& contract() const { return *find_contract(GetParam()); }
   const Knobs& knobs() const { return contract().knobs; }
 };
 
@@ -502,7 +502,7 @@ TEST_P(LogprobTest, RefusesBadArguments) {
 TEST(LogprobKnobs, StagesServeTheirScheduleOnly) {
   Inputs in = make_inputs(2, 1000, 1.0f, 52);
   std::vector<float> lp(2), m(2), s(2), part(2 * 8), part2(2 * 8);
-  const Knobs v1 = find_contract("bf16-sm90tc-v1")->knobs, v2 = test::contract_or_draft("bf16-sm90tc-v2").knobs;
+  const Knobs v1 = find_contract("bf16-sm90tc-v1")->knobs, v2 = find_contract("bf16-sm90tc-v2")->knobs;
   EXPECT_THROW(ref::logprob_chunk_max(v2, in.logits.data(), 1000, 2, 125, 8, 1.0f, part.data(), 8),
                std::invalid_argument);
   EXPECT_THROW(ref::logprob_chunk_sums(v2, in.logits.data(), 1000, 2, 125, 8, 1.0f, m.data(), part.data(), nullptr, 8),
@@ -608,7 +608,7 @@ TEST_P(LogprobTest, GoldenDigests) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Contracts, LogprobTest,
-                         ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v2"),
+                         ::testing::ValuesIn(test::all_contract_names()),
                          [](const auto& info) { return test::contract_test_name(info.param); });
 
 }  // namespace
