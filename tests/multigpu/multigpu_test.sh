@@ -34,6 +34,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 TINY_DENSE=(--model qwen3-dense-tiny)
 TINY_MOE=(--model qwen3-moe-tiny)
+ALL_CONTRACTS=$("$BIN" list | sed -n '/^contracts:/,/^implementations:/s/^  \(bf16-[a-z0-9-]*\) .*/\1/p' | paste -sd,)
 WORLD2_DENSE=tp2-ep1-cp1,tp1-ep1-cp2,tp1-ep1-cp2z
 WORLD2_MOE=tp2-ep1-cp1,tp1-ep2-cp1,tp1-ep1-cp2,tp1-ep1-cp2z
 
@@ -41,7 +42,8 @@ case $SCENARIO in
   # Every world-2 layout x every contract x every path, gradients and op captures.
   sweep_dense | sweep_moe)
     if [[ $SCENARIO == sweep_dense ]]; then m=("${TINY_DENSE[@]}") l=$WORLD2_DENSE; else m=("${TINY_MOE[@]}") l=$WORLD2_MOE; fi
-    "$BIN" sweep --implementation nccl "${m[@]}" --layout "$l" --capture ops --json report.json --quiet
+    "$BIN" sweep --implementation nccl "${m[@]}" --layout "$l" --contract "$ALL_CONTRACTS" --capture ops \
+      --json report.json --quiet
     expect_rc 0 $? "the sweep"
     grep -q '"communication"' report.json || fail "the report has no communication traffic"
     ;;
