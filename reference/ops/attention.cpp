@@ -143,6 +143,31 @@ void softmax_step(const Geometry& g, const float* z, int n, SoftmaxState& st, fl
   for (int d = 0; d < g.D; ++d) st.acc[d] = mul_rn(st.acc[d], alpha);
 }
 
+// The softmax steps of a block's rows [r0, rows) of a tile: z at the block's first
+// key (row stride ldz), the rows' split states (m, l, acc), pb ([rows][B]) and the
+// visible key counts hi to fill; p is B floats of scratch.
+struct BlockRows {
+  const Tile& t;
+  int b, r0;
+  const float* z;
+  int ldz;
+  float *m, *l, *acc;
+  bf16* pb;
+  int* hi;
+  float* p;
+};
+
+inline void softmax_rows(const BlockRows& x) {
+  const Geometry& g = *x.t.g;
+  for (int r = x.r0; r < x.t.rows(); ++r) {
+    x.hi[r] = visible_in_block(g, x.b, x.t.pos(r));
+    SoftmaxState st{x.m[r], x.l[r], x.acc + static_cast<size_t>(r) * g.D};
+    softmax_step(g, x.z + static_cast<size_t>(r) * x.ldz, x.hi[r], st, x.p, x.pb + static_cast<size_t>(r) * g.block);
+    x.m[r] = st.m, x.l[r] = st.l;
+  }
+}
+BP_AVX2_FLATTEN void softmax_rows_avx2(const BlockRows& x) { softmax_rows(x); }
+
 // Folds split st into the merged state (M, L, O), splits taken in increasing order.
 void merge_split(const SoftmaxForm& form, float& M, float& L, float* O, const SoftmaxState& st, int D) {
   const float mc_new = form.scaled_max(max_num(M, st.m));
@@ -171,13 +196,9 @@ void attend_tile(const Tile& t, const bf16* q, const bf16* k, const bf16* v, bf1
     std::fill(sl.begin() + r_split, sl.end(), 0.0f);
     for (int b = split / B; b * B < split_end; ++b) {
       const int r_block = t.first_seeing(b * B);
-      for (int r = r_block; r < rows; ++r) {
-        hi[r] = visible_in_block(g, b, t.pos(r));
-        SoftmaxState st{sm[r], sl[r], acc.data() + static_cast<size_t>(r) * D};
-        softmax_step(g, z.data() + static_cast<size_t>(r) * Sp + (b * B - split), hi[r], st, p.data(),
-                     pb.data() + static_cast<size_t>(r) * B);
-        sm[r] = st.m, sl[r] = st.l;
-      }
+      const BlockRows rows_b{t, b, r_block, z.data() + (b * B - split), Sp, sm.data(), sl.data(), acc.data(), pb.data(),
+                             hi.data(), p.data()};
+      dot_simd_enabled() ? softmax_rows_avx2(rows_b) : softmax_rows(rows_b);
       block_chains(t, b, r_block, pb.data(), B, t.kv0(v), hi.data(), acc.data());
     }
     for (int r = r_split; r < rows; ++r) {
@@ -207,6 +228,29 @@ struct BackwardInputs {
   const bf16* dout;
 };
 
+// R(P) and R(dS) of rows [r0, rows) of a tile for keys [j0, j1): z and dp the rows'
+// raw scores and dP from key j0 (row stride kKeyPass), delta, inv_l and mc their
+// Δ, 1 ÷ l and scaled maximum; written at key j of pb (may be null) and dsb rows (ld).
+struct ProbRows {
+  const Tile& t;
+  int r0, j0, j1;
+  const float *z, *dp, *delta, *inv_l, *mc;
+  bf16 *pb, *dsb;
+  size_t ld;
+};
+
+inline void prob_rows(const ProbRows& x) {
+  const Geometry& g = *x.t.g;
+  for (int r = x.r0; r < x.t.rows(); ++r)
+    for (int j = x.j0; j < std::min(x.j1, x.t.pos(r) + 1); ++j) {
+      const size_t at = static_cast<size_t>(r) * kKeyPass + (j - x.j0), to = static_cast<size_t>(r) * x.ld + j;
+      const float p = mul_rn(g.form.weight(g.form.state_value(x.z[at]), x.mc[r]), x.inv_l[r]);
+      if (x.pb) x.pb[to] = round_bf16(p);
+      x.dsb[to] = round_bf16(mul_rn(p, sub_rn(x.dp[at], x.delta[r])));
+    }
+}
+BP_AVX2_FLATTEN void prob_rows_avx2(const ProbRows& x) { prob_rows(x); }
+
 // R(P) and R(dS) of the tile's slots against keys [0, keys()), into rows of pb and
 // dsb (row stride ld; pb may be null), which hold +0 where the key is not visible.
 void tile_probs(const Tile& t, const BackwardInputs& in, bf16* pb, bf16* dsb, size_t ld) {
@@ -227,13 +271,8 @@ void tile_probs(const Tile& t, const BackwardInputs& in, bf16* pb, bf16* dsb, si
     const int j1 = std::min(t.keys(), j0 + kKeyPass), r0 = t.first_seeing(j0);
     key_dots(t, qt.data(), r0, t.kv0(in.k), j0, j1, z.data(), kKeyPass);
     key_dots(t, dt.data(), r0, t.kv0(in.v), j0, j1, dp.data(), kKeyPass);
-    for (int r = r0; r < rows; ++r)
-      for (int j = j0; j < std::min(j1, t.pos(r) + 1); ++j) {
-        const size_t at = static_cast<size_t>(r) * kKeyPass + (j - j0), to = static_cast<size_t>(r) * ld + j;
-        const float p = mul_rn(g.form.weight(g.form.state_value(z[at]), mc[r]), inv_l[r]);
-        if (pb) pb[to] = round_bf16(p);
-        dsb[to] = round_bf16(mul_rn(p, sub_rn(dp[at], delta[r])));
-      }
+    const ProbRows x{t, r0, j0, j1, z.data(), dp.data(), delta.data(), inv_l.data(), mc.data(), pb, dsb, ld};
+    dot_simd_enabled() ? prob_rows_avx2(x) : prob_rows(x);
   }
 }
 

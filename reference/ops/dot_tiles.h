@@ -27,6 +27,15 @@ bool dot_rows_simd_available();
 void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
                    float* out);
 
+// Host code compiled a second time for AVX2 + FMA, every call inlined into it: the
+// same IEEE operations (same bits), but fma_rn one instruction instead of a libm call
+// and loops in vector registers. Callers take it where dot_simd_enabled().
+#if defined(__x86_64__)
+#define BP_AVX2_FLATTEN __attribute__((target("avx2,fma"), flatten))
+#else
+#define BP_AVX2_FLATTEN
+#endif
+
 // Whether dot_rows and framed_chains take the SIMD path (available and not switched
 // off). Switching it off runs the definition: the bits are the same either way, which
 // is what tests and benchmarks compare.
