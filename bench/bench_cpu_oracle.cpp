@@ -4,9 +4,11 @@
 // Peak: independent register-resident fma chains, one thread and all threads, in
 // AVX2 and (where the host has it) AVX-512; the larger counts. Kernels at
 // Qwen3-0.6B shapes over 512 tokens: linear (forward, dX, dW) under both dot
-// models, the scalar definition beside them for the speed-up, attention's forward,
-// and RMSNorm as the row op. GFLOP/s counts 2 per multiply-add of the op's
-// definition; RMSNorm counts 4 per element (square-add, scale, weight, round).
+// models, the scalar definition beside them for the speed-up, attention's forward
+// and backward, and RMSNorm as the row op. GFLOP/s counts 2 per multiply-add of the
+// op's definition (the attention backward: its five products per visible pair, the
+// recompute of P counted once); RMSNorm counts 4 per element (square-add, scale,
+// weight, round).
 #include <omp.h>
 
 #include <algorithm>
@@ -169,17 +171,24 @@ int main(int argc, char** argv) {
       row("scalar defn", model, std::to_string(M) + "x1024x1024",
           2.0 * M * K * N, best_seconds([&] { ref::dot_rows_scalar(kn.dot, a.data(), M, b.data(), N, K, K, out.data()); }, min_s));
     }
-    {  // attention forward, one causal sequence: QK^T and PV over T(T+1)/2 pairs per head
+    {  // attention, one causal sequence: QK^T and PV over T(T+1)/2 pairs per head forward;
+       // the backward's products of the definition (scores, dP, dq, dk, dv) likewise
       const ref::AttnDims dims{16, 8, 128};
       const ref::AttnSeq seq{0, T, 0, 0};
       const auto q = random_bf16(size_t(T) * dims.Hq * dims.D, 8, 1.0f),
                  k = random_bf16(size_t(T) * dims.Hkv * dims.D, 9, 1.0f),
-                 v = random_bf16(size_t(T) * dims.Hkv * dims.D, 10, 1.0f);
-      std::vector<bf16> o(q.size());
+                 v = random_bf16(size_t(T) * dims.Hkv * dims.D, 10, 1.0f),
+                 dout = random_bf16(q.size(), 13, 1.0f);
+      std::vector<bf16> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
       std::vector<float> m(size_t(T) * dims.Hq), l(m.size());
       const double pairs = 0.5 * T * (T + 1.0) * dims.Hq;
-      row("attention fwd", model, "16/8 heads x128, T=" + std::to_string(T), 4.0 * pairs * dims.D,
+      const std::string shape = "16/8 heads x128, T=" + std::to_string(T);
+      row("attention fwd", model, shape, 4.0 * pairs * dims.D,
           best_seconds([&] { ref::attention_fwd(kn, dims, &seq, 1, q.data(), k.data(), v.data(), o.data(), m.data(), l.data()); }, min_s));
+      row("attention bwd", model, shape, 10.0 * pairs * dims.D, best_seconds([&] {
+            ref::attention_bwd(kn, dims, &seq, 1, q.data(), k.data(), v.data(), o.data(), m.data(), l.data(), dout.data(),
+                               dq.data(), dk.data(), dv.data());
+          }, min_s));
     }
     {
       const int n = 1024;

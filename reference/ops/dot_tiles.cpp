@@ -1,8 +1,10 @@
 #include "dot_tiles.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
+#include "attention.h"
 #include "reference/numerics/chunked.h"
 
 #if defined(__x86_64__)
@@ -18,7 +20,33 @@ void fill_zero(float* out, int rows_a, int rows_b) {
   std::fill(out, out + static_cast<size_t>(rows_a) * rows_b, 0.0f);
 }
 
+std::atomic<bool> g_simd_enabled{true};
+
+// Row i's present slots.
+int range_lo(const int* lo, int i, int first) { return lo ? lo[i] : first; }
+int range_hi(const int* hi, int i, int k) { return hi ? hi[i] : k; }
+
+// framed_chain for output (i, j) of framed_chains.
+template <class Model>
+float framed_one(float c, int i, int j, int k, int first, FrameOperand a, FrameOperand b, int lo, int hi) {
+  const ptrdiff_t at = hi > lo ? lo - first : 0;  // an empty range reads nothing
+  return framed_chain<Model>(c, a.p + i * a.outer + at * a.step, a.step, b.p + j * b.outer + at * b.step, b.step, lo,
+                             hi, k);
+}
+
 }  // namespace
+
+void framed_chains_scalar(DotModel model, int rows, int cols, int k, int first, FrameOperand a, FrameOperand b,
+                          const int* lo, const int* hi, float* c, int ldc) {
+  with_dot_model(model, [&](auto m) {
+    using Model = decltype(m);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) {
+        float& out = c[static_cast<size_t>(i) * ldc + j];
+        out = framed_one<Model>(out, i, j, k, first, a, b, range_lo(lo, i, first), range_hi(hi, i, k));
+      }
+  });
+}
 
 void dot_rows_scalar(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
                      float* out) {
@@ -59,6 +87,7 @@ BP_AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_ca
 
 // fma-seq: operands widened to fp32 once; each lane is one output's fma chain.
 struct FmaSeqTiles {
+  using Model = FmaSeq;
   static constexpr int kMR = 6;
   static constexpr int kPlanes = 1;
   static void put_a(bf16 x, int32_t* p, size_t) { p[0] = static_cast<int32_t>(static_cast<uint32_t>(x.bits) << 16); }
@@ -83,6 +112,17 @@ struct FmaSeqTiles {
   }
 
   static void repair(const bf16*, const bf16*, int, float*, int, int, int, int) {}
+
+  // framed_chains: the lanes run every row over the same slots, an absent one being
+  // +0·b, i.e. c + (±0) where the definition adds +0. The two differ only on a zero
+  // accumulator's sign, so the definition's own +0 fix-ups make them equal: before
+  // the slots (lo > 0), c never -0 then keeps its bits through c + (±0); after them
+  // (hi < k), c + 0 maps ±0 to +0 and keeps every other value.
+  static float framed_in(float c, bool absent_before) { return absent_before ? add_rn(c, 0.0f) : c; }
+  template <class Recompute>
+  static float framed_out(float lanes, bool absent_after, Recompute&&) {
+    return absent_after ? add_rn(lanes, 0.0f) : lanes;
+  }
 };
 
 // sm90-tc: operands split once into a signed significand and an exponent (planes
@@ -91,6 +131,7 @@ struct FmaSeqTiles {
 // §2.3.3). Lanes whose result leaves the fp32 normal range (overflow, subnormal)
 // come out as kSentinel and are recomputed by Sm90Tc::chain: rare, and exact.
 struct Sm90TcTiles {
+  using Model = Sm90Tc;
   static constexpr int kMR = 2;
   static constexpr int kPlanes = 2;
   static constexpr int32_t kZeroExp = -1000;  // a zero's exponent: below any E, so it never sets one
@@ -217,6 +258,19 @@ struct Sm90TcTiles {
         if (bits_of(c[r * ld + j]) == kSentinel)
           c[r * ld + j] = Sm90Tc::chain(0.0f, a + static_cast<size_t>(r) * k, 1, b + static_cast<size_t>(j) * k, 1, len);
   }
+
+  // framed_chains: a zero product takes no part and groups wholly absent map c to c
+  // (±0 to +0, which the lanes' zero c shares), so the lanes need no fix-up. A
+  // subnormal c (the lanes model normal ones) enters as the sentinel; sentinel
+  // lanes are recomputed by the definition from the original c.
+  static float framed_in(float c, bool) {
+    const uint32_t u = bits_of(c);
+    return (u & 0x7f800000u) == 0 && (u & 0x7fffffu) != 0 ? float_of(kSentinel) : c;
+  }
+  template <class Recompute>
+  static float framed_out(float lanes, bool, Recompute&& recompute) {
+    return bits_of(lanes) == kSentinel ? recompute() : lanes;
+  }
 };
 
 // One tile: rows [i0, i0 + rows) of a against rows [j0, j0 + cols) of b, every chunk
@@ -294,11 +348,90 @@ void run_tiles(const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int 
   }
 }
 
+bool is_finite(bf16 x) { return (x.bits & 0x7f80u) != 0x7f80u; }
+
 // The sm90 lanes model finite operands only; Inf and NaN take the definition.
 bool all_finite(const bf16* x, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    if ((x[i].bits & 0x7f80u) == 0x7f80u) return false;
+    if (!is_finite(x[i])) return false;
   return true;
+}
+
+// Scratch that lives with the thread: framed_chains runs many times inside callers'
+// parallel loops.
+template <class T>
+T* scratch(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// framed_chains in the tiles' lanes: every row runs over slots [ks, kmax) (ks the
+// group boundary at or below the first present slot, kmax the last present slot's
+// end) with a's slots outside the row's range packed as +0, so groups keep their
+// frame offsets; Tiles::framed_in/out settle what that differs in from the frame.
+// Operands with Inf or NaN (whose product with an absent +0 would not vanish) take
+// the definition. Returns false, computing nothing, where it does not apply.
+template <class Tiles>
+BP_AVX2 bool run_framed(int rows, int cols, int k, int first, FrameOperand a, FrameOperand b, const int* lo,
+                        const int* hi, float* c, int ldc) {
+  int kmin = k, kmax = 0;
+  for (int i = 0; i < rows; ++i) {
+    const int l = range_lo(lo, i, first), h = range_hi(hi, i, k);
+    if (l < h) kmin = std::min(kmin, l), kmax = std::max(kmax, h);
+  }
+  if (kmin >= kmax) return false;  // no products at all
+  for (int j = 0; j < cols; ++j)
+    for (int s = kmin; s < kmax; ++s)
+      if (!is_finite(b.p[j * b.outer + (s - first) * b.step])) return false;
+  for (int i = 0; i < rows; ++i)
+    for (int s = range_lo(lo, i, first); s < range_hi(hi, i, k); ++s)
+      if (!is_finite(a.p[i * a.outer + (s - first) * a.step])) return false;
+
+  thread_local std::vector<int32_t> a_buf, b_buf;
+  thread_local std::vector<float> c_buf;
+  const int ks = kmin / Sm90Tc::kGroup * Sm90Tc::kGroup, span = kmax - ks;
+  const int rows_p = round_up(rows, Tiles::kMR), cols_p = round_up(cols, kNR);
+  const size_t a_plane = static_cast<size_t>(rows_p) * span, b_plane = static_cast<size_t>(kKC) * kNR;
+  int32_t* ap = scratch(a_buf, Tiles::kPlanes * a_plane);
+  int32_t* bp = scratch(b_buf, Tiles::kPlanes * b_plane);
+  float* cc = scratch(c_buf, static_cast<size_t>(rows_p) * cols_p);
+  for (int i = 0; i < rows_p; ++i) {
+    const int l = i < rows ? range_lo(lo, i, first) : k, h = i < rows ? range_hi(hi, i, k) : k;
+    for (int s = ks; s < kmax; ++s)
+      Tiles::put_a(s >= l && s < h ? a.p[i * a.outer + (s - first) * a.step] : bf16{0}, ap + i * span + (s - ks),
+                   a_plane);
+    for (int j = 0; j < cols_p; ++j)
+      cc[i * cols_p + j] = i < rows && j < cols ? Tiles::framed_in(c[static_cast<size_t>(i) * ldc + j], l > 0) : 0.0f;
+  }
+  for (int kb = ks; kb < kmax; kb += kKC) {
+    const int kc = std::min(kKC, kmax - kb);
+    for (int p = 0; p < cols_p / kNR; ++p) {
+      for (int s = kb; s < kb + kc; ++s)
+        for (int jj = 0; jj < kNR; ++jj) {
+          const int j = p * kNR + jj;
+          Tiles::put_b(j < cols && s >= kmin ? b.p[j * b.outer + (s - first) * b.step] : bf16{0},
+                       bp + (s - kb) * kNR + jj, b_plane);
+        }
+      for (int r = 0; r < rows_p; r += Tiles::kMR)
+        Tiles::kernel(ap + static_cast<size_t>(r) * span + (kb - ks), span, a_plane, bp, b_plane, kc,
+                      cc + r * cols_p + p * kNR, cols_p);
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    const int l = range_lo(lo, i, first), h = range_hi(hi, i, k);
+    for (int j = 0; j < cols; ++j) {
+      float& out = c[static_cast<size_t>(i) * ldc + j];
+      const auto definition = [&] { return framed_one<typename Tiles::Model>(out, i, j, k, first, a, b, l, h); };
+      out = l < h ? Tiles::framed_out(cc[i * cols_p + j], h < k, definition) : definition();
+    }
+  }
+  return true;
+}
+
+bool framed_chains_simd(DotModel model, int rows, int cols, int k, int first, FrameOperand a, FrameOperand b,
+                        const int* lo, const int* hi, float* c, int ldc) {
+  if (model == DotModel::FmaSeq) return run_framed<FmaSeqTiles>(rows, cols, k, first, a, b, lo, hi, c, ldc);
+  return run_framed<Sm90TcTiles>(rows, cols, k, first, a, b, lo, hi, c, ldc);
 }
 
 }  // namespace
@@ -321,6 +454,12 @@ void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int
 
 bool dot_rows_simd_available() { return false; }
 
+namespace {
+bool framed_chains_simd(DotModel, int, int, int, int, FrameOperand, FrameOperand, const int*, const int*, float*, int) {
+  return false;
+}
+}  // namespace
+
 void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
                    float* out) {
   dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, out);
@@ -328,9 +467,18 @@ void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int
 
 #endif
 
+bool dot_simd_enabled() { return dot_rows_simd_available() && g_simd_enabled.load(std::memory_order_relaxed); }
+void set_dot_simd_enabled(bool on) { g_simd_enabled.store(on, std::memory_order_relaxed); }
+
 void dot_rows(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, float* out) {
-  if (dot_rows_simd_available()) return dot_rows_simd(model, a, rows_a, b, rows_b, k, chunk_len, out);
+  if (dot_simd_enabled()) return dot_rows_simd(model, a, rows_a, b, rows_b, k, chunk_len, out);
   dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, out);
+}
+
+void framed_chains(DotModel model, int rows, int cols, int k, int first, FrameOperand a, FrameOperand b,
+                   const int* lo, const int* hi, float* c, int ldc) {
+  if (dot_simd_enabled() && framed_chains_simd(model, rows, cols, k, first, a, b, lo, hi, c, ldc)) return;
+  framed_chains_scalar(model, rows, cols, k, first, a, b, lo, hi, c, ldc);
 }
 
 }  // namespace bp::ref

@@ -61,6 +61,7 @@
 #include "reference/common/rng.h"
 #include "reference/numerics/math.h"
 #include "reference/ops/attention.h"
+#include "reference/ops/dot_tiles.h"
 #include "reference/truth/attention.h"
 #include "support/bounds.h"
 #include "support/contracts.h"
@@ -859,6 +860,80 @@ TEST_P(AttentionTest, NonFiniteInputsPropagateOnlyWhereVisible) {
           EXPECT_TRUE(same_bits(per_row(f, t, hh), want)) << where << " row " << t << " head " << hh;
       }
   }
+}
+
+// ---- the products in lanes (dot_tiles) against the definition ----
+
+// Digests of everything attention writes for x: queries [past, S) as one extend, the
+// whole sequence's forward and backward, and the fp32 dk/dv partials of the queries
+// from past on (a context-parallel rank's chunks), with the products in lanes or one
+// output at a time (framed_chains_scalar, dot_rows_scalar).
+std::string all_outputs(const Knobs& kn, const Seq& x, int past, const std::vector<bf16>& dout, bool lanes) {
+  ref::set_dot_simd_enabled(lanes);
+  const AttnDims d = x.dims;
+  const Fwd part = forward(kn, x, past), f = forward(kn, x);
+  const Bwd b = backward(kn, x, f, dout);
+  const AttnSeq s{0, x.S - past, past, 0};
+  const int C = kn.grad_token_chunk, chunks = (x.S + C - 1) / C - past / C;
+  std::vector<float> dk_part(chunks * kvsize(d, x.S)), dv_part(dk_part.size());
+  ref::attention_bwd_kv_partials(kn, d, s, x.q.data() + qsize(d, past), x.k.data(), x.v.data(), part.o.data(),
+                                 part.m.data(), part.l.data(), dout.data() + qsize(d, past), dk_part.data(),
+                                 dv_part.data());
+  ref::set_dot_simd_enabled(true);
+  std::string all;
+  for (const std::vector<bf16>& t : {part.o, f.o, b.dq, b.dk, b.dv}) all += test::digest(t) + " ";
+  for (const std::vector<float>& t : {part.m, part.l, f.m, f.l, dk_part, dv_part}) all += test::digest(t) + " ";
+  return all;
+}
+
+// x with the lanes' and the frame's edge cases: a query of -0 (every score a +0 tie),
+// zero and subnormal values of both signs, a large query (P down to fp32 subnormals),
+// a NaN key and an Inf value late in the sequence (tiles that see them take the
+// definition; earlier ones must not see them).
+Seq edge_seq(AttnDims d, int S, uint64_t seed) {
+  Seq x = make_seq(d, S, seed);
+  const size_t q_row = size_t(d.Hq) * d.D, kv_row = size_t(d.Hkv) * d.D;
+  std::fill(x.q.begin() + 3 * q_row, x.q.begin() + 4 * q_row, bf16{0x8000});
+  for (size_t i = 5 * q_row; i < 6 * q_row; ++i) x.q[i] = round_bf16(widen(x.q[i]) * 96.0f);
+  for (size_t i = 0; i < x.v.size(); i += 7) x.v[i] = bf16{static_cast<uint16_t>(counter_hash(seed, i) & 0x807f)};
+  for (size_t i = 3; i < x.k.size(); i += 11) x.k[i] = bf16{static_cast<uint16_t>(counter_hash(seed, i) & 0x8003)};
+  x.k[(S - 9) * kv_row + 3] = bf16{0x7fc0};
+  x.v[(S - 4) * kv_row + 5] = round_bf16(INFINITY);
+  return x;
+}
+
+TEST_P(AttentionTest, LanesEqualDefinition) {
+  if (!ref::dot_rows_simd_available()) GTEST_SKIP() << "no AVX2/FMA on this host: only the definition runs";
+  const Knobs small = small_variant(knobs());
+  struct Case {
+    Knobs kn;
+    Seq x;
+    int past;
+  };
+  // GQA 2, 8 and 1 (tiles of 64, 16 and 128 queries), blocks crossing the tiles,
+  // a prefix cache that starts mid-chunk, the contract's own 512 split.
+  const Case cases[] = {{small, make_seq({4, 2, 64}, 150, 120), 37},
+                        {small, make_seq({8, 1, 64}, 70, 121), 20},
+                        {small, make_seq({2, 2, 128}, 90, 122, 8.0f), 0},
+                        {small, edge_seq({4, 2, 64}, 80, 123), 10},
+                        {knobs(), make_seq({2, 1, 64}, 530, 124), 130}};
+  for (const Case& c : cases) {
+    const auto dout = random_bf16(c.x.q.size(), 125, 1.0f);
+    EXPECT_EQ(all_outputs(c.kn, c.x, c.past, dout, true), all_outputs(c.kn, c.x, c.past, dout, false))
+        << "S " << c.x.S << " past " << c.past << " Hq " << c.x.dims.Hq << " Hkv " << c.x.dims.Hkv;
+  }
+}
+
+// Negative control: the lanes with kv blocks of 16 against the definition with 32
+// (the same products, other chains) differ, so the equality above can fail.
+TEST_P(AttentionTest, NegativeControlLanesAgainstOtherBlocks) {
+  if (!ref::dot_rows_simd_available()) GTEST_SKIP() << "no AVX2/FMA on this host: only the definition runs";
+  const Knobs kn = small_variant(knobs());
+  Knobs other = kn;
+  other.attn_kv_block = 32;
+  const Seq x = make_seq({4, 2, 64}, 100, 126);
+  const auto dout = random_bf16(x.q.size(), 127, 1.0f);
+  EXPECT_NE(all_outputs(kn, x, 0, dout, true), all_outputs(other, x, 0, dout, false));
 }
 
 // ---- golden digests ----

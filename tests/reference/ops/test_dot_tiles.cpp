@@ -1,10 +1,12 @@
-// dot_tiles: the vectorised tiles give the definition's bits (dot_rows_scalar) for
-// every shape, chunking and class of input, at any thread count; a deliberately
-// different order of the same products gives other bits (negative control).
+// dot_tiles: the vectorised tiles give the definition's bits (dot_rows_scalar,
+// framed_chains_scalar) for every shape, chunking, frame and class of input, at any
+// thread count; a deliberately different order of the same products gives other
+// bits (negative control).
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "reference/common/rng.h"
@@ -114,6 +116,131 @@ TEST_P(DotTilesTest, NegativeControlOtherOrderDiffers) {
   const std::string simd = test::digest(run(true, GetParam(), a, b, c));
   EXPECT_NE(simd, test::digest(run(false, GetParam(), ar, br, c)));
   EXPECT_NE(simd, test::digest(run(false, GetParam(), a, b, Case{c.rows_a, c.rows_b, c.k, 128})));
+}
+
+// ---- framed_chains: attention's products ----
+
+// A framed product: rows × cols outputs over a frame of k slots, a's and b's slots
+// from `first` on; b either row-major by column ([cols][slots]) or by slot.
+struct Frame {
+  int rows, cols, k, first;
+  bool b_by_slot;
+  std::vector<int> lo, hi;
+  std::vector<bf16> a, b;
+  std::vector<float> c;
+  ref::FrameOperand fa() const { return {a.data(), k - first, 1}; }
+  ref::FrameOperand fb() const {
+    return b_by_slot ? ref::FrameOperand{b.data(), 1, cols} : ref::FrameOperand{b.data(), k - first, 1};
+  }
+};
+
+// An accumulator of one class in five: ±0, fp32 subnormal, ordinary, huge, or
+// (rarely) Inf or NaN; each class is an edge of the lanes or of the frame's fix-ups.
+float spread_c(uint64_t seed, size_t i) {
+  const uint64_t h = counter_hash(seed, i);
+  const float u = counter_uniform(seed, i + (1u << 30));
+  switch (h % 11) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return u * 0x1p-130f;
+    case 3: return u * 0x1p100f;
+    case 4: return h % 7 ? u * 4.0f : (h % 2 ? INFINITY : NAN);
+    default: return u;
+  }
+}
+
+// Random ranges (empty ones, ranges touching either end of the frame or neither),
+// absent a slots and b slots outside every range set to NaN: never read.
+Frame make_frame(uint64_t seed, const Inputs& in) {
+  auto pick = [&](int i, int n) { return static_cast<int>(counter_hash(seed, 100 + i) % static_cast<uint64_t>(n)); };
+  Frame f{1 + pick(0, 14), 1 + pick(1, 40), 1 + pick(2, 300), 0, pick(3, 2) == 1, {}, {}, {}, {}, {}};
+  f.first = pick(4, 3) == 0 ? 0 : pick(5, f.k);
+  const int n = f.k - f.first;
+  for (int i = 0; i < f.rows; ++i) {
+    const int shape = pick(10 + 3 * i, 4);
+    int lo = f.first + (shape & 1 ? pick(11 + 3 * i, n + 1) : 0), hi = shape & 2 ? lo + pick(12 + 3 * i, f.k - lo + 1) : f.k;
+    f.lo.push_back(lo);
+    f.hi.push_back(hi);
+  }
+  f.a = spread_bf16(size_t(f.rows) * n, seed + 1, in.lo_a, in.hi_a);
+  f.b = spread_bf16(size_t(f.cols) * n, seed + 2, in.lo_b, in.hi_b);
+  int kmin = f.k, kmax = f.first;
+  for (int i = 0; i < f.rows; ++i) {
+    for (int s = f.first; s < f.k; ++s)
+      if (s < f.lo[i] || s >= f.hi[i]) f.a[size_t(i) * n + s - f.first] = bf16{0x7fc0};
+    if (f.lo[i] < f.hi[i]) kmin = std::min(kmin, f.lo[i]), kmax = std::max(kmax, f.hi[i]);
+  }
+  for (int j = 0; j < f.cols; ++j)
+    for (int s = f.first; s < f.k; ++s)
+      if (s < kmin || s >= kmax) f.b[f.b_by_slot ? size_t(s - f.first) * f.cols + j : size_t(j) * n + s - f.first] = bf16{0x7fc0};
+  for (size_t i = 0; i < size_t(f.rows) * f.cols; ++i) f.c.push_back(spread_c(seed + 3, i));
+  return f;
+}
+
+std::vector<float> run_frame(bool simd, DotModel m, const Frame& f) {
+  std::vector<float> c = f.c;
+  (simd ? ref::framed_chains : ref::framed_chains_scalar)(m, f.rows, f.cols, f.k, f.first, f.fa(), f.fb(), f.lo.data(),
+                                                          f.hi.data(), c.data(), f.cols);
+  return c;
+}
+
+TEST_P(DotTilesTest, FramedChainsEqualDefinition) {
+  uint64_t seed = 5000;
+  for (const Inputs& in : kInputs)
+    for (int trial = 0; trial < 40; ++trial, seed += 10) {
+      const Frame f = make_frame(seed, in);
+      EXPECT_EQ(test::digest(run_frame(true, GetParam(), f)), test::digest(run_frame(false, GetParam(), f)))
+          << in.what << " seed " << seed << ": " << f.rows << "x" << f.cols << " k=" << f.k << " first=" << f.first;
+    }
+}
+
+// Zero accumulators and zero products of either sign over short ranges: where the
+// frame's absent slots (+0·+0) decide the sign of a zero result, which the lanes'
+// +0·b products do not.
+TEST_P(DotTilesTest, FramedChainsSignedZeros) {
+  for (uint64_t seed = 9000; seed < 9200; ++seed) {
+    Frame f = make_frame(seed, kInputs[0]);
+    for (int i = 0; i < f.rows; ++i) {
+      f.hi[i] = std::min(f.hi[i], f.lo[i] + 1 + static_cast<int>(counter_hash(seed, i) % 3));
+      for (int s = f.lo[i]; s < f.hi[i]; ++s)
+        f.a[size_t(i) * (f.k - f.first) + s - f.first] = bf16{static_cast<uint16_t>(counter_hash(seed, 50 + s) & 0x8000)};
+    }
+    for (size_t i = 0; i < f.c.size(); ++i) f.c[i] = counter_hash(seed, 1000 + i) % 2 ? -0.0f : 0.0f;
+    EXPECT_EQ(test::digest(run_frame(true, GetParam(), f)), test::digest(run_frame(false, GetParam(), f)))
+        << "seed " << seed;
+  }
+}
+
+// Inf and NaN in present slots (the lanes hand the product to the definition).
+TEST_P(DotTilesTest, FramedChainsNonFinite) {
+  Frame f = make_frame(77, kInputs[0]);
+  for (int i = 0; i < f.rows; ++i)
+    if (f.lo[i] < f.hi[i]) f.a[size_t(i) * (f.k - f.first) + f.lo[i] - f.first] = round_bf16(i % 2 ? INFINITY : -INFINITY);
+  EXPECT_EQ(test::digest(run_frame(true, GetParam(), f)), test::digest(run_frame(false, GetParam(), f)));
+}
+
+// Negative control: the same present products in reversed slot order give other
+// bits; under sm90-tc so does a frame whose groups start elsewhere (first slot 0).
+TEST_P(DotTilesTest, NegativeControlFramedOrderDiffers) {
+  const int rows = 6, cols = 32, k = 200, first = 8;
+  const std::vector<int> lo(rows, 8), hi(rows, 190);
+  auto a = random_bf16(size_t(rows) * (k - first), 31, 1.0f), b = random_bf16(size_t(cols) * (k - first), 32, 1.0f);
+  auto run = [&](const std::vector<bf16>& x, const std::vector<bf16>& y, int kk, int f0, int shift) {
+    std::vector<float> c(size_t(rows) * cols, 0.0f);
+    std::vector<int> l = lo, h = hi;
+    for (int i = 0; i < rows; ++i) l[i] -= shift, h[i] -= shift;
+    ref::framed_chains(GetParam(), rows, cols, kk, f0, {x.data(), k - first, 1}, {y.data(), k - first, 1}, l.data(),
+                       h.data(), c.data(), cols);
+    return test::digest(c);
+  };
+  const std::string base = run(a, b, k, first, 0);
+  auto ar = a, br = b;  // slots [8, 190) are operands [0, 182)
+  for (int i = 0; i < rows; ++i) std::reverse(ar.begin() + size_t(i) * (k - first), ar.begin() + size_t(i) * (k - first) + 182);
+  for (int j = 0; j < cols; ++j) std::reverse(br.begin() + size_t(j) * (k - first), br.begin() + size_t(j) * (k - first) + 182);
+  EXPECT_NE(base, run(ar, br, k, first, 0));
+  if (GetParam() == DotModel::Sm90Tc) {
+    EXPECT_NE(base, run(a, b, k - first, 0, first));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DotTilesTest, ::testing::Values(DotModel::FmaSeq, DotModel::Sm90Tc),
