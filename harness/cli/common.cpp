@@ -77,6 +77,11 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["grads"] = !no_grads_; });
   add(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
       [this](json& j) { j["capture"] = capture_; });
+  add(app->add_option("--canonical", canonical_,
+                      "what every case is compared with: reference (the unsharded CPU reference model, the "
+                      "default) or cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
+                      "too large for the CPU)"),
+      [this](json& j) { j["canonical"] = canonical_; });
   add(app->add_flag("--allow-nonfinite-weights", allow_nonfinite_weights_,
                     "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
                     "them: for deliberate tests of NaN handling"),

@@ -224,7 +224,8 @@ std::vector<std::pair<std::string, std::string>> rank_setup(const CaseEngine& en
   for (const std::string& m : p.models) plan.update("model " + m + "\n");
   plan.update("seeds " + std::to_string(p.weight_seed) + " " + std::to_string(p.coef_seed) + " " +
               std::to_string(p.tokens.seed) + " temperature " + std::to_string(p.temperature) + " grads " +
-              std::to_string(p.grads) + " capture " + std::to_string(p.capture_ops) + " tokens " + p.tokens.file);
+              std::to_string(p.grads) + " capture " + std::to_string(p.capture_ops) + " canonical " +
+              implementation_name(p.canonical) + " tokens " + p.tokens.file);
   for (int n : p.tokens.lengths) plan.update(" " + std::to_string(n));
   for (const Contract* c : engine.contracts()) contracts.update(c->name + " " + c->canonical_knobs() + "\n");
   return {{"binary", sha256_hex(binary)}, {"plan", plan.hex()}, {"contracts", contracts.hex()}};

@@ -246,10 +246,14 @@ WorkEstimate CaseEngine::estimate_work() const {
     if (&c.model != model || &c.contract != contract) {  // its canonical reference: extend, with the backward
       model = &c.model;
       contract = &c.contract;
-      w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
+      if (plan_.canonical == Implementation::kReference)
+        w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
     }
     const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
-    w = combined(w, estimate_run(c.model.config, c.model.tokens, backward));
+    WorkEstimate run = estimate_run(c.model.config, c.model.tokens, backward);
+    // The limit is on CPU time: a GPU case's arithmetic is not (its host memory is).
+    if (c.implementation == Implementation::kCuda || c.implementation == Implementation::kNccl) run.flops = 0;
+    w = combined(w, run);
   }
   return w;
 }
@@ -352,8 +356,14 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   auto c = std::make_unique<Canonical>();
   c->model = &model;
   c->contract = &contract;
-  // The reference is the unsharded model's extend path (with its backward).
-  c->tensors = run({model, contract, Implementation::kReference, layouts::Layout{}, ref::Path::extend()});
+  // The reference is the unsharded model's extend path (with its backward), on the
+  // CPU reference model or the GPU model.
+  const CaseSpec spec{model, contract, plan_.canonical, layouts::Layout{}, ref::Path::extend()};
+  if (spec.implementation == Implementation::kCuda) {
+    Loaded& l = loaded(model);
+    l.gpu.prepare(l.gpu_source(contract), spec.layout);
+  }
+  c->tensors = run(spec);
   for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
   canonical_ = std::move(c);
   return *canonical_;
@@ -370,6 +380,9 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
                     {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
+  // Said only where it is not the reference (the reports before it had no such key).
+  if (plan_.canonical != Implementation::kReference)
+    out.parameters["canonical"] = implementation_name(plan_.canonical);
   return out;
 }
 

@@ -217,7 +217,8 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   if (!obj.is_object()) rd.bad("", std::string("a plan is a JSON object, got ") + io::json_type_word(obj));
   static const std::set<std::string> known = {"models", "contracts", "implementations", "layouts", "tp", "ep", "cp",
                                               "cp_split", "paths", "tokens", "weight_seed", "coef_seed",
-                                              "temperature", "grads", "capture", "allow_nonfinite_weights"};
+                                              "temperature", "grads", "capture", "allow_nonfinite_weights",
+                                              "canonical"};
   // "backends" is the old name of "implementations": plans written before the
   // rename still read, but a plan may not give both.
   constexpr const char* kOldImplementations = "backends";
@@ -338,6 +339,12 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   if (const json* v = field("grads")) plan.grads = rd.boolean(rd.name("grads"), *v);
   if (const json* v = field("allow_nonfinite_weights"))
     plan.allow_nonfinite_weights = rd.boolean(rd.name("allow_nonfinite_weights"), *v);
+  if (const json* v = field("canonical")) {
+    const std::string& s = rd.string(rd.name("canonical"), *v);
+    if (s != "reference" && s != "cuda")
+      rd.bad(rd.name("canonical"), "unknown canonical " + io::quoted_input(s) + "; it is reference or cuda");
+    plan.canonical = s == "cuda" ? Implementation::kCuda : Implementation::kReference;
+  }
   if (const json* v = field("capture")) {
     const std::string& s = rd.string(rd.name("capture"), *v);
     if (s != "none" && s != "ops") rd.bad(rd.name("capture"), "unknown capture mode " + io::quoted_input(s) + "; the modes are none, ops");

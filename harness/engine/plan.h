@@ -13,7 +13,8 @@
 //     "paths":       ["extend", "chunked:5,3", "decode", "ragged"],
 //     "tokens":      {"seed": 1, "lengths": [9, 17, 24]}  or  {"file": "tokens.json"},
 //     "weight_seed": 20261122, "coef_seed": 7, "temperature": 1.0,
-//     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false
+//     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false,
+//     "canonical":   "reference" | "cuda"   what every case is compared with (below)
 //   }
 // A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens).
 // Relative model directories and tokens files are taken relative to the plan file.
@@ -23,6 +24,10 @@
 // only for MoE models, shard_check empty); cp_split matters only for cp > 1. A
 // source that names any grid axis gets 1 (contiguous) for the axes it leaves out.
 // The reference implementation is unsharded: it runs each path once, on tp1-ep1-cp1.
+// The canonical result of a (model, contract) is the unsharded extend forward and
+// backward of the reference model (CPU), or with "canonical": "cuda" of the GPU
+// model — bit-identical to the reference wherever both run (the gpu suites prove it
+// on the tiny fixtures), and the only one that fits a real-size model's time.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -90,6 +95,7 @@ struct SweepPlan {
   float temperature = 1.0f;
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
+  Implementation canonical = Implementation::kReference;  // or kCuda: what the cases are compared with
   bool allow_nonfinite_weights = false;  // load a checkpoint's NaN/Inf weights instead of refusing them
   bool allow_float64 = false;  // implementations may name float64 (`run` only)
   bool force = false;          // run beyond the work limits (engine/work.h; --force, not a plan key)

@@ -22,7 +22,7 @@
 namespace bp::harness {
 
 struct WorkEstimate {
-  double flops = 0;       // every case and canonical reference, in floating-point operations
+  double flops = 0;       // every CPU case and CPU canonical reference, in floating-point operations
   double peak_bytes = 0;  // the most memory one case needs
 };
 
