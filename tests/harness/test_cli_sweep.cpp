@@ -209,6 +209,26 @@ TEST_F(CliSweep, CudaImplementationCannotTestHere) {
   EXPECT_EQ(run("run --implementation cuda --out " + path("c.safetensors")), 125);
 }
 
+// Real ranks and the GPU canonical need a GPU: without one their cases skip, nothing
+// else is touched; a layout of NCCL's control is refused for the other implementations.
+TEST_F(CliSweep, NcclAndCanonicalCudaCannotTestHere) {
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation nccl --layout tp2-ep1-cp1+nccl-bf16sum --path extend --json " +
+                path("r.json")),
+            125)
+      << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1+nccl-bf16sum --path extend"), 2);
+  EXPECT_NE(err_.find("implementation nccl only"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1 --canonical cuda --path extend"),
+            125)
+      << err_;
+  EXPECT_NE(err_.find("no CUDA"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep " + kSmall + "--canonical cpu"), 2);
+  EXPECT_NE(err_.find("--canonical: unknown canonical 'cpu'"), std::string::npos) << err_;
+  EXPECT_EQ(run("run --implementation nccl --out " + path("n.safetensors")), 2);
+}
+
 // --backend and a plan's "backends" are the old names of --implementation and
 // "implementations": the same case, the same dump. A plan giving both is refused.
 TEST_F(CliSweep, BackendIsTheOldNameOfImplementation) {
