@@ -188,8 +188,9 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
     const SweepPlan::Origin o = plan_.origin("models");
     const std::string field = plan_field("models", o.flags) + "[" + std::to_string(m) + "]";
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
-    const ModelEntry& model = models_.emplace_back(
-        ModelEntry{plan_.models[m], cfg, plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings)});
+    TokenBatch batch = plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings);
+    const ModelEntry& model =
+        models_.emplace_back(ModelEntry{plan_.models[m], cfg, std::move(batch.seqs), std::move(batch.coefs)});
 
     for (const Contract* contract : contracts_) {
       const Knobs& kn = contract->knobs;
@@ -291,7 +292,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
   std::optional<ref::BackwardResult> bwd;
   switch (c.implementation) {
     case Implementation::kCuda: {
-      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
       last_peak_device_bytes_ = r.peak_device_bytes;
       fwd = std::move(r.forward);
       bwd = std::move(r.backward);
@@ -304,7 +305,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
         throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
                          " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
       if (ranks_->leader()) ranks_->send_case(case_id(c));
-      GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
       if (!ranks_->leader()) return {};
       last_peak_device_bytes_ = r.peak_device_bytes;
       last_ranks_ = r.ranks;
@@ -316,12 +317,12 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
     case Implementation::kReference: {
       const ref::Model& m = l.model_for(c.contract);
       fwd = m.forward(seqs, c.path, opt);
-      if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
+      if (grads) bwd = m.backward(seqs, c.model.coefs, plan_.temperature);
       break;
     }
     case Implementation::kEmulated:
       fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
       break;
     case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
@@ -370,6 +371,9 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
                     {"backend", implementation_name(spec.implementation)},
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
+  // The loss whose gradients the case compares, so that it can be reproduced.
+  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
+    out.parameters["coefficients"] = spec.model.coefs.describe();
   return out;
 }
 

@@ -59,11 +59,12 @@ struct NamedTensor {
 };
 
 // One model of the plan, resolved: its name as the plan gives it, its config, and
-// the plan's token sequences for it.
+// the plan's token sequences for it with the loss coefficients of its backward.
 struct ModelEntry {
   std::string name;
   ModelConfig config;
   std::vector<std::vector<int32_t>> tokens;
+  ref::LossCoefficients coefs;
 };
 
 // One case: its model (the engine's entry) and contract (one of bp::contracts()),
