@@ -101,9 +101,11 @@ struct SweepPlan {
 
   // Which source set each field (JSON key -> source), for messages about values
   // that only a model can refuse (a layout it cannot shard, a sequence too long).
+  // A field no source set is the default of its option ("defaults: --lengths[2]"):
+  // a user who wrote no plan is never told about one.
   struct Origin {
-    std::string source = "default plan";
-    bool flags = false;
+    std::string source = "defaults";
+    bool flags = true;
   };
   std::map<std::string, Origin> origins;
   Origin origin(const std::string& key) const {
