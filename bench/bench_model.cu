@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     const auto fwd = model.forward(seqs, bp::ref::Path::extend());
     row("forward", o, t);
     t = Clock::now();
-    auto bwd = model.backward_resident(seqs, 11);
+    auto bwd = model.backward_resident(seqs, bp::ref::LossCoefficients::generated(11));
     row("forward+backward_on_device", o, t);
     t = Clock::now();
     size_t bytes = 0;

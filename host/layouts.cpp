@@ -18,11 +18,12 @@ ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const
 }
 
 ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
+                             const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
+                             float temperature) {
   const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coef_seed, temperature);
+    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coefs, temperature);
   });
-  return assemble_backward(ranks, weights, seqs, coef_seed);
+  return assemble_backward(ranks, weights, seqs, coefs);
 }
 
 }  // namespace bp::layouts

@@ -15,9 +15,9 @@ ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, cons
   return program_->forward(seqs, path, opt);
 }
 
-BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                                float temperature) const {
-  return program_->backward(seqs, coef_seed, temperature);
+  return program_->backward(seqs, coefs, temperature);
 }
 
 const ModelConfig& Model::config() const { return program_->config(); }

@@ -36,8 +36,9 @@ class Model {
                         const ForwardOptions& opt = {}) const;
 
   // Backward of L = Σ c_t·logprob_t over the batch (all sequences packed, the
-  // ragged/extend forward), c from loss_coef(coef_seed, ·).
-  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+  // ragged/extend forward), c from `coefs` (generated or
+  // explicit; std::invalid_argument when explicit ones miss the batch's shape).
+  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                           float temperature = 1.0f) const;
 
   const ModelConfig& config() const;

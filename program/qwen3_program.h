@@ -35,7 +35,7 @@ class Qwen3Program {
   ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                         const ForwardOptions& opt = {}) const;
   // Backward of L = Σ c_t·logprob_t (qwen3.h, Model::backward).
-  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
                           float temperature = 1.0f) const;
 
   // The same backward with every gradient left in the backend's buffers (result's
@@ -47,7 +47,7 @@ class Qwen3Program {
     BackwardResult result;
     std::map<std::string, Buf<float>> grads;
   };
-  ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+  ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
                                      float temperature = 1.0f) const;
 
   const ModelConfig& config() const { return cfg_; }
@@ -395,16 +395,17 @@ ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& 
 }
 
 template <class B>
-BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
-                                         float temperature) const {
-  ResidentBackward r = backward_resident(seqs, coef_seed, temperature);
+BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs,
+                                         const LossCoefficients& coefs, float temperature) const {
+  ResidentBackward r = backward_resident(seqs, coefs, temperature);
   for (auto& [name, g] : r.grads) r.result.grads[name] = be_.take(std::move(g));
   return std::move(r.result);
 }
 
 template <class B>
 typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
-    const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) const {
+    const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs, float temperature) const {
+  const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
   const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
   const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
@@ -429,20 +430,16 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   std::vector<int32_t> tgt;
   std::vector<int> row_of;  // packed token of each target row
   std::vector<float> coef;
+  res.coef = c_of;
   {
     int t = 0;
-    uint64_t r = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      res.coef.emplace_back();
+    for (size_t s = 0; s < seqs.size(); ++s)
       for (size_t i = 0; i < seqs[s].size(); ++i, ++t) {
         if (i + 1 >= seqs[s].size()) continue;
-        const float c = loss_coef(coef_seed, r++);
-        res.coef.back().push_back(c);
-        coef.push_back(c);
+        coef.push_back(c_of[s][i]);
         tgt.push_back(seqs[s][i + 1]);
         row_of.push_back(t);
       }
-    }
   }
   auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
   auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };

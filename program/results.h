@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/model/loss.h"  // LossCoefficients, which every backward takes
 #include "reference/numerics/bf16.h"
 
 namespace bp::ref {

@@ -1,5 +1,8 @@
 // `bitparity list`: the models, contracts, implementations, layouts and paths a plan can name.
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
@@ -38,6 +41,29 @@ std::string layouts_text(const ModelConfig& cfg) {
   return s.empty() ? "(none)" : s;
 }
 
+// Why the default grid's other layouts are missing (grid_exclusions), each cause
+// once, naming the contracts it applies to when not all of them.
+std::vector<std::string> missing_text(const ModelConfig& cfg) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> causes;  // cause, contracts
+  for (const Contract& c : contracts())
+    for (const std::string& e : grid_exclusions(LayoutGrid{}, cfg, c.knobs)) {
+      auto it = std::find_if(causes.begin(), causes.end(), [&](const auto& x) { return x.first == e; });
+      if (it == causes.end()) it = causes.insert(causes.end(), {e, {}});
+      it->second.push_back(c.name);
+    }
+  std::vector<std::string> out;
+  for (const auto& [cause, names] : causes) {
+    std::string s = "missing " + cause;
+    if (names.size() < contracts().size()) {
+      s += " (under";
+      for (const std::string& n : names) s += " " + n;
+      s += ")";
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 int list(const ListOptions& o) {
   std::vector<std::pair<std::string, ModelConfig>> models;
   for (const EmbeddedFixture& f : embedded_fixtures())
@@ -65,9 +91,21 @@ int list(const ListOptions& o) {
               "  float64    the float64 truth model (reference/truth): no contract, unsharded, extend, no captures; "
               "run only (--contract truth is its old spelling)\n",
               cuda_implementation_summary(), nccl_implementation_summary());
+  const LayoutGrid g;
+  auto sizes = [](const std::vector<int>& v) {
+    std::string s;
+    for (int n : v) s += (s.empty() ? "" : ", ") + std::to_string(n);
+    return s;
+  };
   std::printf("layouts (tp<N>-ep<N>-cp<N>[z][+ring|+nccl-bf16sum]; z = zigzag cp split, +ring = the ring-reduction "
-              "negative control, +nccl-bf16sum = NCCL's bf16 all-reduce of the row-parallel partials, nccl only); those of the default grid each model runs under every contract:\n");
-  for (const auto& [name, cfg] : models) std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());
+              "negative control, +nccl-bf16sum = NCCL's bf16 all-reduce of the row-parallel partials, nccl only); those of "
+              "the default grid (tp %s; ep %s; cp %s) each model runs under every contract, and why the others are "
+              "missing:\n",
+              sizes(g.tp).c_str(), sizes(g.ep).c_str(), sizes(g.cp).c_str());
+  for (const auto& [name, cfg] : models) {
+    std::printf("  %-*s  %s\n", iw, name.c_str(), layouts_text(cfg).c_str());
+    for (const std::string& m : missing_text(cfg)) std::printf("  %-*s  %s\n", iw, "", m.c_str());
+  }
   std::printf("paths:\n  extend  chunked:<n>[,<n>...]  decode  ragged\n");
   return kExitExact;
 }

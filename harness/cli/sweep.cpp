@@ -220,7 +220,8 @@ std::vector<std::pair<std::string, std::string>> rank_setup(const CaseEngine& en
   const std::string binary{std::istreambuf_iterator<char>(exe), {}};
   Sha256 plan, contracts;
   const SweepPlan& p = engine.plan();
-  for (const CaseSpec& c : engine.cases()) plan.update(engine.case_id(c) + "\n");
+  // The coefficients' description names an explicit file's sha256: the ranks must read the same values.
+  for (const CaseSpec& c : engine.cases()) plan.update(engine.case_id(c) + " " + c.model.coefs.describe() + "\n");
   for (const std::string& m : p.models) plan.update("model " + m + "\n");
   plan.update("seeds " + std::to_string(p.weight_seed) + " " + std::to_string(p.coef_seed) + " " +
               std::to_string(p.tokens.seed) + " temperature " + std::to_string(p.temperature) + " grads " +

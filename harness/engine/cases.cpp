@@ -52,6 +52,43 @@ std::vector<layouts::Layout> grid_layouts(const LayoutGrid& grid, const ModelCon
   return r;
 }
 
+std::vector<std::string> grid_exclusions(const LayoutGrid& grid, const ModelConfig& cfg, const Knobs& kn) {
+  const std::string everywhere = layouts::shard_check(layouts::Layout{}, cfg, kn);
+  if (!everywhere.empty()) return {"every layout: " + everywhere};
+  std::vector<std::string> out;
+  // One axis at a time: its refused sizes grouped by the constraint, which the
+  // reason names after "<axis> <n> " (shard_check's wording).
+  const std::pair<const char*, const std::vector<int>*> axes[] = {{"tp", &grid.tp}, {"ep", &grid.ep}, {"cp", &grid.cp}};
+  for (int a = 0; a < 3; ++a) {
+    std::vector<std::pair<std::string, std::string>> groups;  // constraint, sizes
+    for (int n : *axes[a].second) {
+      layouts::Layout l;
+      (a == 0 ? l.tp : a == 1 ? l.ep : l.cp) = n;
+      std::string why = layouts::shard_check(l, cfg, kn);
+      if (why.empty()) continue;
+      const std::string own = std::string(axes[a].first) + " " + std::to_string(n) + " ";
+      if (why.rfind(own, 0) == 0) why = why.substr(own.size());
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == why; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {why, ""});
+      it->second += (it->second.empty() ? "" : ", ") + std::to_string(n);
+    }
+    for (const auto& [why, sizes] : groups) out.push_back(std::string(axes[a].first) + " " + sizes + ": " + why);
+  }
+  // Layouts whose every size runs alone but not together (e.g. too many ranks); the
+  // cp split changes no constraint.
+  auto ok = [&](int tp, int ep, int cp) { return layouts::shard_check({tp, ep, cp}, cfg, kn).empty(); };
+  size_t combined = 0;
+  for (int tp : grid.tp)
+    for (int ep : grid.ep)
+      for (int cp : grid.cp) {
+        if (!ok(tp, 1, 1) || !ok(1, ep, 1) || !ok(1, 1, cp) || ok(tp, ep, cp)) continue;
+        const layouts::Layout l{tp, ep, cp};
+        if (combined++ < 3) out.push_back(l.name() + ": " + layouts::shard_check(l, cfg, kn));
+      }
+  if (combined > 3) out.push_back("and " + std::to_string(combined - 3) + " more layouts refused in combination");
+  return out;
+}
+
 namespace {
 
 // f(), a std::bad_alloc turned into bad input that says what the plan needs.
@@ -188,8 +225,15 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
     const SweepPlan::Origin o = plan_.origin("models");
     const std::string field = plan_field("models", o.flags) + "[" + std::to_string(m) + "]";
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
-    const ModelEntry& model = models_.emplace_back(
-        ModelEntry{plan_.models[m], cfg, plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings)});
+    TokenBatch batch = plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings);
+    const ModelEntry& model =
+        models_.emplace_back(ModelEntry{plan_.models[m], cfg, std::move(batch.seqs), std::move(batch.coefs)});
+    // A layout the model cannot run names the field that chose it, or the model
+    // when no source did (the defaults, which the user never wrote).
+    auto refuse = [&](const std::string& key, const std::string& suffix, const std::string& message) {
+      if (plan_.origins.count(key)) plan_.bad(key, suffix, message);
+      plan_.bad("models", "[" + std::to_string(m) + "]", message);
+    };
 
     for (const Contract* contract : contracts_) {
       const Knobs& kn = contract->knobs;
@@ -205,8 +249,8 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
                           " reduces with NCCL's own all-reduce: it runs with implementation nccl only");
           const std::string why = layouts::shard_check(plan_.layouts[i], cfg, kn);
           if (!why.empty())
-            plan_.bad("layouts", "[" + std::to_string(i) + "]",
-                      "model " + model.name + " cannot run layout " + plan_.layouts[i].name() + ": " + why);
+            refuse("layouts", "[" + std::to_string(i) + "]",
+                   "model " + model.name + " cannot run layout " + plan_.layouts[i].name() + ": " + why);
         }
         sharded = plan_.layouts;
       } else {
@@ -217,10 +261,12 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
       const bool needs_layouts =
           std::any_of(plan_.implementations.begin(), plan_.implementations.end(),
                       [](Implementation i) { return i != Implementation::kReference; });
-      if (sharded.empty() && needs_layouts)
-        plan_.bad(impossible_axis(plan_, cfg, kn), "",
-                  "no layout of the grid can run model " + model.name + " under " + contract->name + " (" +
-                      dropped.front() + ")");
+      if (sharded.empty() && needs_layouts) {
+        std::string why;
+        for (const std::string& e : grid_exclusions(plan_.grid, cfg, kn)) why += (why.empty() ? "" : "; ") + e;
+        refuse(impossible_axis(plan_, cfg, kn), "",
+               "no layout of the grid can run model " + model.name + " under " + contract->name + ": " + why);
+      }
       for (Implementation i : plan_.implementations) {
         const std::vector<layouts::Layout> ls =
             i == Implementation::kReference ? std::vector<layouts::Layout>{layouts::Layout{}} : sharded;
@@ -295,7 +341,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
   std::optional<ref::BackwardResult> bwd;
   switch (c.implementation) {
     case Implementation::kCuda: {
-      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
       last_peak_device_bytes_ = r.peak_device_bytes;
       fwd = std::move(r.forward);
       bwd = std::move(r.backward);
@@ -308,7 +354,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
         throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
                          " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
       if (ranks_->leader()) ranks_->send_case(case_id(c));
-      GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, plan_.coef_seed});
+      GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
       if (!ranks_->leader()) return {};
       last_peak_device_bytes_ = r.peak_device_bytes;
       last_ranks_ = r.ranks;
@@ -320,12 +366,12 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
     case Implementation::kReference: {
       const ref::Model& m = l.model_for(c.contract);
       fwd = m.forward(seqs, c.path, opt);
-      if (grads) bwd = m.backward(seqs, plan_.coef_seed, plan_.temperature);
+      if (grads) bwd = m.backward(seqs, c.model.coefs, plan_.temperature);
       break;
     }
     case Implementation::kEmulated:
       fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, plan_.coef_seed, plan_.temperature);
+      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
       break;
     case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
@@ -383,6 +429,9 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
   // Said only where it is not the reference (the reports before it had no such key).
   if (plan_.canonical != Implementation::kReference)
     out.parameters["canonical"] = implementation_name(plan_.canonical);
+  // The loss whose gradients the case compares, so that it can be reproduced.
+  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
+    out.parameters["coefficients"] = spec.model.coefs.describe();
   return out;
 }
 

@@ -22,7 +22,7 @@ namespace {
 GpuCaseResult run_model(const cuda::Model& model, const GpuCaseInput& in) {
   GpuCaseResult r;
   r.forward = model.forward(in.seqs, in.path, in.options);
-  if (in.grads) r.backward = model.backward(in.seqs, in.coef_seed, in.options.temperature);
+  if (in.grads) r.backward = model.backward(in.seqs, in.coefs, in.options.temperature);
   return r;
 }
 
@@ -32,7 +32,7 @@ GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
   const Knobs& kn = m.contract.knobs;
   r.forward = cuda::layouts::forward(m.model.config, m.weights, kn, in.layout, in.seqs, in.path, in.options);
   if (in.grads)
-    r.backward = cuda::layouts::backward(m.model.config, m.weights, kn, in.layout, in.seqs, in.coef_seed,
+    r.backward = cuda::layouts::backward(m.model.config, m.weights, kn, in.layout, in.seqs, in.coefs,
                                          in.options.temperature);
   return r;
 }

@@ -55,8 +55,8 @@ struct GpuCaseInput {
   const std::vector<std::vector<int32_t>>& seqs;
   const ref::Path& path;
   const ref::ForwardOptions& options;
-  bool grads;  // also the backward (L = Σ c_t·logprob_t, c from coef_seed)
-  uint64_t coef_seed;
+  bool grads;  // also the backward (L = Σ c_t·logprob_t)
+  const ref::LossCoefficients& coefs;
 };
 
 // What `bitparity list` says of the cuda implementation in this build.

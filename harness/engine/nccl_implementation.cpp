@@ -68,7 +68,7 @@ class NcclRankSession final : public RankSession {
       auto fwd = ranks_.forward(cfg, in.model.weights, kn, in.layout, in.seqs, in.path, in.options);
       std::optional<dist::RankZeroResult<ref::BackwardResult>> bwd;
       if (in.grads)
-        bwd = ranks_.backward(cfg, in.model.weights, kn, in.layout, in.seqs, in.coef_seed, in.options.temperature);
+        bwd = ranks_.backward(cfg, in.model.weights, kn, in.layout, in.seqs, in.coefs, in.options.temperature);
       if (!fwd) return;
       r.forward = std::move(fwd->result);
       add_cost(fwd->cost, r);

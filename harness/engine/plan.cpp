@@ -11,6 +11,7 @@
 #include "harness/io/files.h"
 #include "harness/io/json_strict.h"
 #include "reference/common/rng.h"
+#include "reference/common/sha256.h"
 
 namespace bp::harness {
 
@@ -376,9 +377,43 @@ std::string tokens_file(const SweepPlan& plan) {
   return (fs::path(plan.base_dir) / file).string();
 }
 
-std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions) {
+namespace {
+
+// A tokens file's "coefficients": one list per sequence, one fp32 value per target
+// (SPEC.md §6.4). A JSON number is read as binary64 and rounded to the nearest fp32.
+std::vector<std::vector<float>> file_coefficients(const FieldReader& rd, const json& v,
+                                                  const std::vector<std::vector<int32_t>>& seqs) {
+  if (!v.is_array()) rd.bad("coefficients", "must be a list of lists (one per sequence), got " + rd.describe(v));
+  if (v.size() != seqs.size())
+    rd.bad("coefficients", "has " + std::to_string(v.size()) + " lists; \"sequences\" has " +
+                               std::to_string(seqs.size()) + " sequences (one list of coefficients per sequence)");
+  std::vector<std::vector<float>> c(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const std::string f = "coefficients[" + std::to_string(s) + "]";
+    const json& row = v[s];
+    if (!row.is_array()) rd.bad(f, "must be a list of numbers, got " + rd.describe(row));
+    const size_t targets = seqs[s].size() - 1;
+    if (row.size() != targets)
+      rd.bad(f, "has " + std::to_string(row.size()) + " values; sequences[" + std::to_string(s) + "] has " +
+                    std::to_string(seqs[s].size()) + " tokens, so " + std::to_string(targets) +
+                    " targets (one coefficient per token after the first)");
+    for (size_t t = 0; t < targets; ++t) {
+      const std::string g = f + "[" + std::to_string(t) + "]";
+      if (row[t].is_boolean() || !row[t].is_number()) rd.bad(g, "must be a number, got " + rd.describe(row[t]));
+      const float x = static_cast<float>(row[t].get<double>());
+      if (!std::isfinite(x)) rd.bad(g, row[t].dump() + " is not a finite float32 (|c| <= 3.4028235e38)");
+      c[s].push_back(x);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TokenBatch plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions) {
   std::vector<std::vector<int32_t>> seqs;
   std::string source, field_prefix;
+  json file;
   if (plan.tokens.file.empty()) {
     for (size_t s = 0; s < plan.tokens.lengths.size(); ++s) {
       const uint64_t seq_seed = counter_hash(plan.tokens.seed, s);
@@ -389,20 +424,24 @@ std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t voc
     }
   } else {
     source = tokens_file(plan);
-    const json j = io::parse_json_strict(io::read_text_file(source, size_t{64} << 20), source);
+    const std::string text = io::read_text_file(source, size_t{64} << 20);
+    file = io::parse_json_strict(text, source);
     const FieldReader rd(source, false);
-    if (!j.is_object()) rd.bad("", "a tokens file is a JSON object {\"sequences\": [[...], ...]}");
-    for (const auto& [k, v] : j.items())
-      if (k != "sequences") rd.bad(k, "unknown field; a tokens file has only \"sequences\"");
-    if (!j.contains("sequences")) rd.bad("sequences", "required field is missing");
-    seqs = rd.list<std::vector<int32_t>>("sequences", j["sequences"], [&](const std::string& f, const json& x) {
+    if (!file.is_object()) rd.bad("", "a tokens file is a JSON object {\"sequences\": [[...], ...]}");
+    for (const auto& [k, v] : file.items())
+      if (k != "sequences" && k != "coefficients")
+        rd.bad(k, "unknown field; a tokens file has \"sequences\" and optionally \"coefficients\"");
+    if (!file.contains("sequences")) rd.bad("sequences", "required field is missing");
+    seqs = rd.list<std::vector<int32_t>>("sequences", file["sequences"], [&](const std::string& f, const json& x) {
       return rd.list<int32_t>(f, x, [&](const std::string& g, const json& y) {
         return static_cast<int32_t>(rd.integer(g, y, 0, INT32_MAX));
       });
     });
     field_prefix = "sequences";
+    // Recorded in dumps and reports, so that the loss can be reproduced from the file.
+    if (file.contains("coefficients")) source += ", sha256 " + sha256_hex(text);
   }
-  const FieldReader rd(source, false);
+  const FieldReader rd(tokens_file(plan), false);
   for (size_t s = 0; s < seqs.size(); ++s) {
     const std::string f = field_prefix + "[" + std::to_string(s) + "]";
     const std::string too_long = std::to_string(seqs[s].size()) +
@@ -417,7 +456,14 @@ std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t voc
         rd.bad(f + "[" + std::to_string(j) + "]",
                "token " + std::to_string(seqs[s][j]) + " is not below the model's vocab_size " + std::to_string(vocab));
   }
-  return seqs;
+  if (!file.is_object() || !file.contains("coefficients"))
+    return {std::move(seqs), ref::LossCoefficients::generated(plan.coef_seed)};
+  if (plan.origins.count("coef_seed"))
+    plan.bad("coef_seed", "",
+             "the tokens file " + tokens_file(plan) +
+                 " gives the loss coefficients; a coefficient seed would not be used (give one of them)");
+  std::vector<std::vector<float>> c = file_coefficients(rd, file["coefficients"], seqs);
+  return {std::move(seqs), ref::LossCoefficients::explicit_values(std::move(c), source)};
 }
 
 }  // namespace bp::harness

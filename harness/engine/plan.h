@@ -16,7 +16,10 @@
 //     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false,
 //     "canonical":   "reference" | "cuda"   what every case is compared with (below)
 //   }
-// A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens).
+// A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens),
+// optionally with "coefficients": [[c0, c1, ...], ...], the loss's coefficients,
+// len − 1 per sequence (SPEC.md §6.4), which replace the ones coef_seed generates;
+// a plan carries explicit coefficients through its tokens file.
 // Relative model directories and tokens files are taken relative to the plan file.
 //
 // Layouts: an explicit list must be shardable by every model of the plan. The grid
@@ -44,6 +47,7 @@
 #include "program/results.h"
 #include "reference/contract/contract.h"
 #include "reference/model/config.h"
+#include "reference/model/loss.h"
 #include "reference/model/weights.h"
 
 namespace bp::harness {
@@ -103,9 +107,11 @@ struct SweepPlan {
 
   // Which source set each field (JSON key -> source), for messages about values
   // that only a model can refuse (a layout it cannot shard, a sequence too long).
+  // A field no source set is the default of its option ("defaults: --lengths[2]"):
+  // a user who wrote no plan is never told about one.
   struct Origin {
-    std::string source = "default plan";
-    bool flags = false;
+    std::string source = "defaults";
+    bool flags = true;
   };
   std::map<std::string, Origin> origins;
   Origin origin(const std::string& key) const {
@@ -133,11 +139,21 @@ SweepPlan parse_plan(std::string_view json, const std::string& path);
 // io::BadInput, or io::IoError when unreadable.
 void apply_plan_file(const std::string& path, SweepPlan& plan);
 
+// A plan's batch for one model: its token sequences and the loss coefficients of
+// its backward.
+struct TokenBatch {
+  std::vector<std::vector<int32_t>> seqs;
+  ref::LossCoefficients coefs;
+};
+
 // The token sequences of a plan for a model with `vocab` tokens: from the file,
-// or token j of sequence s = counter_hash(counter_hash(seed, s), j) mod vocab.
-// Throws io::BadInput (a malformed tokens file, a token >= vocab, a sequence
-// shorter than 2 or longer than max_positions).
-std::vector<std::vector<int32_t>> plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions);
+// or token j of sequence s = counter_hash(counter_hash(seed, s), j) mod vocab; the
+// coefficients the file's "coefficients" (explicit, described by the file's path
+// and sha256), else generated from coef_seed. Throws io::BadInput (a malformed
+// tokens file, a token >= vocab, a sequence shorter than 2 or longer than
+// max_positions, coefficients not one finite number per target, or coef_seed set
+// beside a file's coefficients).
+TokenBatch plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positions);
 
 // The plan's tokens file resolved against base_dir, or "" when its tokens are generated.
 std::string tokens_file(const SweepPlan& plan);

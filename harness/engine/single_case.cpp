@@ -13,8 +13,9 @@ namespace {
 
 // The float64 truth model's run of the one case `plan` names (on `layout`), rounded
 // to F32 (to nearest) so that `bitparity diff` measures a contract's distance from it.
+// Records the loss coefficients in `meta`.
 std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layout& layout, WeightsOrigin& origin,
-                                     const WeightsListener& on_weights) {
+                                     const WeightsListener& on_weights, std::map<std::string, std::string>& meta) {
   const SweepPlan::Origin o = plan.origin("models");
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
   if (!plan.contracts.empty() && plan.origins.count("contracts"))
@@ -23,7 +24,9 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
   if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
-  const auto seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
+  const TokenBatch batch = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings);
+  const auto& seqs = batch.seqs;
+  meta["bitparity.coefficients"] = batch.coefs.describe();
   check_work_limits(estimate_run(cfg, seqs, plan.grads), plan.force);
   const truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
                                      io::LoadOptions{plan.allow_nonfinite_weights}, origin);
@@ -43,7 +46,7 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
   for (size_t s = 0; s < fwd.logprob.size(); ++s) add("logprobs." + std::to_string(s), fwd.logprob[s], {fwd.logprob[s].size()});
   for (size_t s = 0; s < fwd.entropy.size(); ++s) add("entropy." + std::to_string(s), fwd.entropy[s], {fwd.entropy[s].size()});
   if (plan.grads) {
-    const truth::BackwardResult bwd = m.backward(seqs, plan.coef_seed, plan.temperature);
+    const truth::BackwardResult bwd = m.backward(seqs, batch.coefs, plan.temperature);
     for (const WeightSpec& spec : weight_specs(cfg))
       if (const auto it = bwd.grads.find(spec.name); it != bwd.grads.end())
         add("grads." + spec.name, it->second, std::vector<uint64_t>(spec.shape.begin(), spec.shape.end()));
@@ -113,12 +116,11 @@ SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weigh
        {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
        {"bitparity.tokens", tokens_text(plan.tokens)},
-       {"bitparity.coef_seed", std::to_string(plan.coef_seed)},
        {"bitparity.temperature", std::to_string(plan.temperature)},
        {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
   WeightsOrigin origin;
   if (plan.implementations[0] == Implementation::kFloat64) {
-    r.tensors = run_float64(plan, layout, origin, on_weights);
+    r.tensors = run_float64(plan, layout, origin, on_weights, m);
     record_weights(origin, m);
     m["bitparity.layout"] = layout.name();
     m["bitparity.note"] = "float64 truth rounded to F32 (nearest)";
@@ -134,6 +136,7 @@ SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weigh
   m["bitparity.layout"] = c.layout.name();
   m["bitparity.contract"] = c.contract.name;
   m["bitparity.contract_knob_hash"] = c.contract.knob_hash();
+  m["bitparity.coefficients"] = c.model.coefs.describe();
   r.id = engine.case_id(c);
   r.num_layers = static_cast<int>(c.model.config.num_hidden_layers);
   r.tensors = engine.run(c);

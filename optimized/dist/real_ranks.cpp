@@ -223,11 +223,11 @@ std::optional<RankZeroResult<ref::ForwardResult>> RealRanks::forward(
 
 std::optional<RankZeroResult<ref::BackwardResult>> RealRanks::backward(
     const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-    const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
+    const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs, float temperature) {
   Shares s =
-      run(layout, cfg, weights, knobs, [&](RankProgram& p) { return p.backward(seqs, coef_seed, temperature); });
+      run(layout, cfg, weights, knobs, [&](RankProgram& p) { return p.backward(seqs, coefs, temperature); });
   if (!leader()) return std::nullopt;
-  return RankZeroResult<ref::BackwardResult>{layouts::assemble_backward(s.results, weights, seqs, coef_seed), s.cost};
+  return RankZeroResult<ref::BackwardResult>{layouts::assemble_backward(s.results, weights, seqs, coefs), s.cost};
 }
 
 }  // namespace bp::dist

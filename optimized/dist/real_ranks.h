@@ -86,7 +86,7 @@ class RealRanks {
   std::optional<RankZeroResult<ref::BackwardResult>> backward(const ModelConfig& cfg, const Weights& weights,
                                                               const Knobs& knobs, const layouts::Layout& layout,
                                                               const std::vector<std::vector<int32_t>>& seqs,
-                                                              uint64_t coef_seed, float temperature);
+                                                              const ref::LossCoefficients& coefs, float temperature);
 
  private:
   struct Groups;

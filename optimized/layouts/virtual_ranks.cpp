@@ -53,10 +53,11 @@ ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const
 }
 
 ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature) {
+                             const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
+                             float temperature) {
   const auto ranks = run_virtual(cfg, weights, knobs, layout,
-                                 [&](RankProgram& m) { return m.backward(seqs, coef_seed, temperature); });
-  return bp::layouts::assemble_backward(ranks, weights, seqs, coef_seed);
+                                 [&](RankProgram& m) { return m.backward(seqs, coefs, temperature); });
+  return bp::layouts::assemble_backward(ranks, weights, seqs, coefs);
 }
 
 }  // namespace bp::cuda::layouts

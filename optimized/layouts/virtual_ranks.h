@@ -29,7 +29,7 @@ ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const
 // Backward of L = Σ c_t·logprob_t over the batch (the packed forward), as
 // ref::Model::backward: logprobs, coefficients and every parameter's gradient.
 ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+                             const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                              float temperature = 1.0f);
 
 }  // namespace bp::cuda::layouts

@@ -126,8 +126,9 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
 }
 
 template <class B>
-RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
-                                  float temperature) {
+RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
+                                    float temperature) {
+  const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
   const Dims& d = d_;
   ref::ForwardOptions fo;
   fo.temperature = temperature;
@@ -140,10 +141,7 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   const int T = tk.size();
   const TokenSplit split(comms_.plane, tk.row, run.total, kn_.grad_token_chunk);
 
-  // dlogits of my vocabulary slice; target rows are numbered over the batch.
-  std::vector<int64_t> target_off;
-  for (int64_t s = 0, n = 0; s < static_cast<int64_t>(seqs.size()); n += run.len(static_cast<int>(s)) - 1, ++s)
-    target_off.push_back(n);
+  // dlogits of my vocabulary slice.
   const std::vector<int>& rows = sv.target_rows;
   const int R = static_cast<int>(rows.size());
   std::vector<int32_t> targets;
@@ -151,7 +149,7 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   for (int i : rows) {
     const int s = tk.seq[sz(i)], p = tk.pos[sz(i)];
     targets.push_back(seqs[sz(s)][sz(p + 1)]);
-    coef.push_back(ref::loss_coef(coef_seed, static_cast<uint64_t>(target_off[sz(s)] + p)));
+    coef.push_back(c_of[sz(s)][sz(p)]);
   }
   const auto targets_dev = be_.resident(targets);
   const auto coef_dev = be_.resident(coef);

@@ -52,7 +52,8 @@ class RankProgram {
 
   RankResult forward(const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
                      const ref::ForwardOptions& opt);
-  RankResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed, float temperature);
+  RankResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
+                      float temperature);
 
  private:
   template <class T>

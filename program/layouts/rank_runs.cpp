@@ -70,14 +70,12 @@ ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
 }
 
 ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
-                                      const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed) {
+                                      const std::vector<std::vector<int32_t>>& seqs,
+                                      const ref::LossCoefficients& coefs) {
   ref::BackwardResult r;
   std::vector<std::vector<float>> unused;
   place_values(ranks, seqs, false, r.logprob, unused);
-  for (size_t s = 0, row = 0; s < seqs.size(); ++s) {
-    r.coef.emplace_back();
-    for (size_t t = 0; t + 1 < seqs[s].size(); ++t) r.coef.back().push_back(ref::loss_coef(coef_seed, row++));
-  }
+  r.coef = coefs.for_batch(seqs);
   for (const RankResult& rank : ranks)
     for (const RankResult::GradBlock& b : rank.grads) {
       std::vector<float>& g = r.grads[b.name];

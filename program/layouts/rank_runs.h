@@ -32,6 +32,7 @@ ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
 
 // The backward's logprobs, coefficients and every parameter's gradient from the ranks' shares.
 ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
-                                      const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed);
+                                      const std::vector<std::vector<int32_t>>& seqs,
+                                      const ref::LossCoefficients& coefs);
 
 }  // namespace bp::layouts

@@ -145,8 +145,11 @@ ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, cons
   return r;
 }
 
-BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                                double temperature, bool fp32_storage) const {
+  for (const auto& s : seqs)
+    if (s.empty()) throw std::invalid_argument("truth model: empty sequence");
+  const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);
   const int D = static_cast<int>(cfg_.head_dim), V = static_cast<int>(cfg_.vocab_size);
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
   const double eps = cfg_.rms_norm_eps;
@@ -154,14 +157,13 @@ BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, ui
   WeightsD g;
   for (const auto& [name, m] : w_) g[name] = MatD::Zero(m.rows(), m.cols());
   MatD dlm = MatD::Zero(lm_head().rows(), lm_head().cols());
-  uint64_t row = 0;
-  for (const auto& s : seqs) {
-    if (s.empty()) throw std::invalid_argument("truth model: empty sequence");
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const std::vector<int32_t>& s = seqs[si];
     const int T = static_cast<int>(s.size()), n = T - 1;
     const Seq sq = run(s, true, fp32_storage);
     const std::vector<int32_t> tgt(s.begin() + 1, s.end());
     VecD c(n);
-    for (int t = 0; t < n; ++t) c(t) = ref::loss_coef(coef_seed, row++);
+    for (int t = 0; t < n; ++t) c(t) = c_of[si][static_cast<size_t>(t)];
     const VecD lp = logprob_fwd(sq.logits.topRows(n), tgt, temperature);
     res.logprob.emplace_back(lp.data(), lp.data() + n);
     res.coef.emplace_back(c.data(), c.data() + n);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "reference/model/config.h"
+#include "reference/model/loss.h"
 #include "reference/model/weights.h"
 #include "reference/truth/moe_experts.h"
 #include "reference/truth/tensor.h"
@@ -28,7 +29,7 @@ struct ForwardResult {
 
 struct BackwardResult {
   std::vector<std::vector<double>> logprob;          // the forward's
-  std::vector<std::vector<double>> coef;             // c_t = ref::loss_coef(seed, row), exact
+  std::vector<std::vector<double>> coef;             // c_t of ref::LossCoefficients, exact
   std::map<std::string, std::vector<double>> grads;  // HF names, row-major; tied: embed_tokens only
 };
 
@@ -56,7 +57,7 @@ class Model {
   // Gradient of L = Σ_r c_r·logprob_r, rows r numbered over the batch as in
   // ref::Model::backward (sequence by sequence, t increasing, t < len−1).
   // fp32_storage: the forward's activations as in ForwardOptions (the backward exact).
-  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, uint64_t coef_seed,
+  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                           double temperature = 1.0, bool fp32_storage = false) const;
 
   const ModelConfig& config() const { return cfg_; }

@@ -323,6 +323,57 @@ TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
   EXPECT_NE(err_.find("nothere"), std::string::npos) << err_;
 }
 
+// A model that cannot run some layouts is told which constraint excluded each axis
+// (sweep, list), and the field blamed is one the user set: the model when the
+// layouts are the defaults; `run` with no plan never mentions a plan.
+TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
+  const std::string fixture = std::string(std::getenv("BP_SOURCE_DIR")) + "/fixtures/models/qwen3-dense-tiny";
+  const json cfg = json::parse(read(fixture + "/config.json"));
+  auto model = [&](const std::string& name, const std::string& key, int value) {
+    std::filesystem::create_directories(path(name));
+    json c = cfg;
+    c[key] = value;
+    write(name + "/config.json", c.dump());
+    return path(name);
+  };
+  const std::string mqa = model("mqa", "num_key_value_heads", 1), odd = model("odd", "vocab_size", 300);
+  const std::string shortpos = model("short", "max_position_embeddings", 8);
+  EXPECT_EQ(run("sweep --model " + mqa + " --lengths 5 --tp 2,4 --ep 2,4"), 2);
+  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + mqa + " under bf16-sm90tc-v2: "
+                      "tp 2, 4: does not divide num_key_value_heads 1"),
+            std::string::npos)
+      << err_;
+  EXPECT_NE(err_.find("; ep 2, 4: needs a MoE model"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep --model " + odd + " --lengths 5"), 2);
+  EXPECT_NE(err_.find("command line: --model[0]: no layout of the grid can run model " + odd +
+                      " under bf16-sm90tc-v2: every layout: vocab_size 300 is not a multiple of tp_tree_width 8"),
+            std::string::npos)
+      << err_;
+  // Sizes that each run alone but not together.
+  EXPECT_EQ(run("sweep --model qwen3-moe-tiny --lengths 5 --tp 4 --ep 4 --cp 8"), 2);
+  EXPECT_NE(err_.find("tp4-ep4-cp8: layout tp4-ep4-cp8 has 128 ranks; at most 64 are emulated"), std::string::npos)
+      << err_;
+  for (const std::string& args : {"run --model " + odd + " --lengths 5", "run --model " + shortpos}) {
+    EXPECT_EQ(run(args + " --out " + path("x.safetensors")), 2) << args;
+    EXPECT_EQ(err_.find("plan"), std::string::npos) << args << ": " << err_;
+  }
+  EXPECT_EQ(run("run --model " + odd + " --lengths 5 --out " + path("x.safetensors")), 2);
+  EXPECT_NE(err_.find("command line: --model[0]: model " + odd + " cannot run layout tp1-ep1-cp1: vocab_size 300"),
+            std::string::npos)
+      << err_;
+  EXPECT_EQ(run("run --model " + shortpos + " --out " + path("x.safetensors")), 2);
+  EXPECT_NE(err_.find("defaults: --lengths[1]: 11 tokens exceed the model's max_position_embeddings 8"),
+            std::string::npos)
+      << err_;
+  ASSERT_EQ(run("list --model " + mqa + " --model " + odd), 0) << err_;
+  EXPECT_NE(out_.find("missing tp 2, 4: does not divide num_key_value_heads 1"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("missing ep 2, 4: needs a MoE model"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("(none)\n" + std::string(odd.size() + 4, ' ') +
+                      "missing every layout: vocab_size 300 is not a multiple of tp_tree_width 8"),
+            std::string::npos)
+      << out_;
+}
+
 // The README's main command: the default sweep (both fixtures, the v2 pair,
 // reference + emulated, every layout the fixtures allow, four paths, gradients).
 TEST_F(CliSweep, SlowDefaultSweepIsExact) {

@@ -31,6 +31,7 @@ using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
+const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kCoefSeed);
 
 // Every layout of the matrix the model allows.
 std::vector<Layout> matrix(const bp::ModelConfig& cfg, const bp::Knobs& kn) {
@@ -86,10 +87,10 @@ class LayoutsTest : public bp::test::FixtureTest {
       }
   }
 
-  void expect_backward_exact(const std::vector<Layout>& layouts) {
-    const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefSeed);
+  void expect_backward_exact(const std::vector<Layout>& layouts, const bp::ref::LossCoefficients& coefs = kCoefs) {
+    const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, coefs);
     for (const Layout& l : layouts) {
-      const auto got = bp::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefSeed);
+      const auto got = bp::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, coefs);
       EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
       EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
       ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
@@ -110,6 +111,18 @@ TEST_P(LayoutsTest, ForwardSubsetEveryPathExact) {
 
 TEST_P(LayoutsTest, BackwardSubsetExact) {
   expect_backward_exact(subset(cfg_, kn_, {"tp2-ep2-cp2z", "tp4-ep4-cp1", "tp1-ep1-cp2"}));
+}
+
+// Explicit coefficients (a trainer's advantages: not the generated ones) reach every
+// rank: the layouts' gradients equal the unsharded model's under them too.
+TEST_P(LayoutsTest, BackwardExplicitCoefficientsExact) {
+  std::vector<std::vector<float>> c;
+  for (const auto& s : grad_seqs_) {
+    c.emplace_back();
+    for (size_t t = 0; t + 1 < s.size(); ++t) c.back().push_back(static_cast<float>(t % 5) * 0.75f - 1.25f);
+  }
+  expect_backward_exact(subset(cfg_, kn_, {"tp2-ep2-cp2z", "tp4-ep1-cp1"}),
+                        bp::ref::LossCoefficients::explicit_values(c));
 }
 
 TEST_P(LayoutsTest, SlowWholeMatrixExact) {

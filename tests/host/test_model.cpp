@@ -33,6 +33,7 @@ using Rows = std::vector<std::vector<float>>;
 
 constexpr uint64_t kWeightSeed = 20261122;
 constexpr uint64_t kCoefSeed = 7;
+const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kCoefSeed);
 
 using Case = bp::test::FixtureCase;
 std::string case_name(const Case& c) { return c.fixture + "/" + c.contract; }
@@ -128,9 +129,9 @@ TEST_P(ModelTest, BackwardFiniteDeterministic) {
   const Model m(cfg_, w_, contract_->knobs);
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const auto g1 = m.backward(seqs_, kCoefSeed);
+  const auto g1 = m.backward(seqs_, kCoefs);
   omp_set_num_threads(2);
-  const auto g2 = m.backward(seqs_, kCoefSeed);
+  const auto g2 = m.backward(seqs_, kCoefs);
   omp_set_num_threads(threads);
   ASSERT_GE(omp_get_num_procs(), 1);
 
@@ -156,6 +157,32 @@ TEST_P(ModelTest, BackwardFiniteDeterministic) {
   }
 }
 
+// Explicit coefficients (SPEC.md §6.4) are used as given: the generated values
+// given explicitly give the same bits; one value changed changes the gradients
+// (negative control); a shape that is not the batch's is refused.
+TEST_P(ModelTest, ExplicitCoefficients) {
+  using bp::ref::LossCoefficients;
+  const Model m(cfg_, w_, contract_->knobs);
+  const auto gen = m.backward(seqs_, kCoefs);
+  Rows c = kCoefs.for_batch(seqs_);
+  const auto same = m.backward(seqs_, LossCoefficients::explicit_values(c));
+  EXPECT_TRUE(same_bits(flat(same.coef), flat(gen.coef)));
+  for (const auto& [name, g] : gen.grads) EXPECT_TRUE(same_bits(same.grads.at(name), g)) << name;
+
+  c[1][5] += 0.5f;
+  const auto other = m.backward(seqs_, LossCoefficients::explicit_values(c));
+  EXPECT_EQ(other.coef[1][5], c[1][5]);
+  EXPECT_TRUE(same_bits(flat(other.logprob), flat(gen.logprob)));  // the forward does not read c
+  EXPECT_FALSE(same_bits(other.grads.at("model.norm.weight"), gen.grads.at("model.norm.weight")));
+
+  Rows short_row = c;
+  short_row[2].pop_back();
+  EXPECT_THROW(m.backward(seqs_, LossCoefficients::explicit_values(short_row)), std::invalid_argument);
+  EXPECT_THROW(m.backward(seqs_, LossCoefficients::explicit_values({c[0], c[1]})), std::invalid_argument);
+  c[0][0] = std::nanf("");
+  EXPECT_THROW(LossCoefficients::explicit_values(c), std::invalid_argument);
+}
+
 TEST_P(ModelTest, RefusesMissingWeight) {
   bp::Weights w;
   for (const auto& [name, t] : w_.all())
@@ -170,7 +197,7 @@ TEST_P(ModelTest, RefusesMissingWeight) {
 // tensor by a small step along sign(dL/dw) raises L, against it lowers L, with the
 // first-order change Σ|g|·step predicting the difference within a factor of two.
 TEST_P(ModelTest, GradientPointsUphill) {
-  const auto g = Model(cfg_, w_, contract_->knobs).backward(seqs_, kCoefSeed);
+  const auto g = Model(cfg_, w_, contract_->knobs).backward(seqs_, kCoefs);
   auto loss = [&](const bp::Weights& w) {
     const auto lp = Model(cfg_, w, contract_->knobs).forward(seqs_, Path::ragged()).logprob;
     double L = 0;
@@ -222,7 +249,7 @@ TEST_P(ModelGolden, DigestsPinned) {
   const auto ext = m.forward(seqs_, Path::extend(), opt);
   bp::test::expect_golden("model.txt", case_name(GetParam()) + "/logprob", bp::test::digest(flat(ext.logprob)));
   bp::test::expect_golden("model.txt", case_name(GetParam()) + "/entropy", bp::test::digest(flat(ext.entropy)));
-  const auto g = m.backward(seqs_, kCoefSeed);
+  const auto g = m.backward(seqs_, kCoefs);
   const std::string base = case_name(GetParam()) + "/grad/";
   std::vector<std::string> pinned = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                                      "model.layers.0.input_layernorm.weight", "model.norm.weight"};
@@ -259,7 +286,7 @@ TEST(Model30B, SlowOneLayerForwardBackward) {
   const auto dec = m.forward(seqs, Path::decode());
   EXPECT_TRUE(same_bits(flat(dec.logprob), flat(ext.logprob)));
   const auto t3 = std::chrono::steady_clock::now();
-  const auto g = m.backward(seqs, kCoefSeed);
+  const auto g = m.backward(seqs, kCoefs);
   const auto t4 = std::chrono::steady_clock::now();
   EXPECT_TRUE(same_bits(flat(g.logprob), flat(ext.logprob)));
   for (const auto& [name, gr] : g.grads) {

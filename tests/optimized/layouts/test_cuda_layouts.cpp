@@ -26,6 +26,7 @@ using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
+const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kCoefSeed);
 
 using bp::test::same_captures;
 
@@ -87,9 +88,9 @@ TEST_P(CudaLayoutsTest, CapturesEqualReference) {
 }
 
 TEST_P(CudaLayoutsTest, BackwardEqualsReference) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefSeed);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefs);
   for (const Layout& l : layouts()) {
-    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefSeed);
+    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefs);
     EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
     EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
     ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();

@@ -18,6 +18,7 @@ using bp::test::Seqs;
 
 using Case = bp::test::FixtureCase;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
+const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kCoefSeed);
 
 class CudaModelTest : public bp::test::FixtureTest {
  protected:
@@ -50,8 +51,8 @@ TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
 }
 
 TEST_P(CudaModelTest, BackwardEqualsReference) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(seqs_, kCoefSeed);
-  const auto got = bp::cuda::Model(cfg_, w_, kn_).backward(seqs_, kCoefSeed);
+  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(seqs_, kCoefs);
+  const auto got = bp::cuda::Model(cfg_, w_, kn_).backward(seqs_, kCoefs);
   EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob)));
   EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef)));
   ASSERT_EQ(got.grads.size(), want.grads.size());
@@ -63,8 +64,8 @@ TEST_P(CudaModelTest, BackwardEqualsReference) {
 
 TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
   const bp::cuda::Model gpu(cfg_, w_, kn_);
-  const auto a = gpu.backward(seqs_, kCoefSeed);
-  const auto b = gpu.backward(seqs_, kCoefSeed);
+  const auto a = gpu.backward(seqs_, kCoefs);
+  const auto b = gpu.backward(seqs_, kCoefs);
   for (const auto& [name, g] : a.grads) EXPECT_TRUE(same_bits(b.grads.at(name), g)) << name;
   EXPECT_TRUE(same_bits(flat(gpu.forward(seqs_, Path::decode()).logprob),
                         flat(gpu.forward(seqs_, Path::decode()).logprob)));

@@ -14,7 +14,8 @@
 //     max_t |lp_hf32 − lp_truth| ≤ F·Δ_s,  F = 2·(1 + √K_max + 2),
 //   the leading 2 a margin for correlated errors. Gradients: per parameter tensor,
 //   ‖g_hf32 − g_truth‖₂ / ‖g_truth‖₂ ≤ F·ρ_s, ρ_s the largest such error of the
-//   storage model's gradients (its backward exact) over the config's tensors.
+//   storage model's gradients (its backward exact) over the config's tensors. The
+//   truth takes HF's coefficients (hf_outputs' coef.s) explicitly, as given.
 //   A semantic slip (a RoPE half, the norm order, the GQA map, a routing rule) moves
 //   logprobs by 1e-3 or more, far above these bounds (~1e-5).
 // Accuracy: per v1 contract, the bit-defined logprobs are no less accurate than HF
@@ -65,6 +66,14 @@ struct HfCase {
   std::map<std::string, std::vector<float>> out;
   std::map<std::string, std::vector<uint64_t>> shape;
 
+  // The loss coefficients HF's gradients were computed with (its coef.s tensors),
+  // given to the truth explicitly, as a trainer's would be.
+  bp::ref::LossCoefficients hf_coefs() const {
+    std::vector<std::vector<float>> c;
+    for (size_t s = 0; s < seqs.size(); ++s) c.push_back(out.at("coef." + std::to_string(s)));
+    return bp::ref::LossCoefficients::explicit_values(std::move(c), dir + "/hf_outputs.safetensors coef.*");
+  }
+
   RowsD rows(const std::string& prefix) const {
     RowsD r;
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -109,8 +118,8 @@ const TruthRun& truth_run(const std::string& name) {
   const bp::truth::Model m(c.cfg, c.w);
   bp::truth::ForwardOptions st;
   st.fp32_storage = true;
-  TruthRun r{m.forward(c.seqs), m.forward(c.seqs, st), m.backward(c.seqs, c.coef_seed),
-             m.backward(c.seqs, c.coef_seed, 1.0, true)};
+  const bp::ref::LossCoefficients coefs = c.hf_coefs();
+  TruthRun r{m.forward(c.seqs), m.forward(c.seqs, st), m.backward(c.seqs, coefs), m.backward(c.seqs, coefs, 1.0, true)};
   int64_t kmax = std::max({c.cfg.hidden_size, c.cfg.intermediate_size, c.cfg.moe_intermediate_size, c.cfg.q_dim(),
                            c.cfg.vocab_size});
   for (const auto& s : c.seqs) kmax = std::max<int64_t>(kmax, static_cast<int64_t>(s.size()));
@@ -167,6 +176,23 @@ TEST_P(HfCrossCheck, CoefficientsAreLossCoef) {
       ASSERT_EQ(std::memcmp(&x, &want, sizeof x), 0) << "row " << row - 1;
     }
   }
+}
+
+// The truth's gradients under HF's coefficients given explicitly (which the
+// gradient cross-check below uses) are the generated ones' bit for bit, the values
+// being the same; one coefficient changed changes them (negative control).
+TEST(Truth, ExplicitCoefficientsAreTheGeneratedOnesBits) {
+  const HfCase& c = hf_case("dense-gqa4-tied");
+  const TruthRun& tr = truth_run("dense-gqa4-tied");
+  const bp::truth::Model m(c.cfg, c.w);
+  const auto gen = m.backward(c.seqs, bp::ref::LossCoefficients::generated(c.coef_seed));
+  for (const auto& [name, g] : gen.grads)
+    EXPECT_EQ(std::memcmp(g.data(), tr.bwd.grads.at(name).data(), g.size() * sizeof(double)), 0) << name;
+  std::vector<std::vector<float>> v = c.hf_coefs().for_batch(c.seqs);
+  v[0][3] = -v[0][3];
+  const auto other = m.backward(c.seqs, bp::ref::LossCoefficients::explicit_values(v));
+  const auto& g = other.grads.at("model.norm.weight");
+  EXPECT_NE(std::memcmp(g.data(), gen.grads.at("model.norm.weight").data(), g.size() * sizeof(double)), 0);
 }
 
 TEST_P(HfCrossCheck, SemanticsLogprobWithinFp32Bound) {
@@ -289,7 +315,7 @@ TEST(Truth, FiniteDifferences) {
   for (const char* name : {"dense-gqa4-tied", "moe-gqa4-step2-nonorm-tied"}) {
     const HfCase& c = hf_case(name);
     const bp::truth::Model m(c.cfg, c.w);
-    const auto g = m.backward(c.seqs, c.coef_seed).grads;
+    const auto g = m.backward(c.seqs, bp::ref::LossCoefficients::generated(c.coef_seed)).grads;
     auto loss = [&](const bp::truth::Model& mm) {
       const auto lp = mm.forward(c.seqs).logprob;
       double L = 0;
