@@ -18,11 +18,20 @@
 //   truth takes HF's coefficients (hf_outputs' coef.s) explicitly, as given.
 //   A semantic slip (a RoPE half, the norm order, the GQA map, a routing rule) moves
 //   logprobs by 1e-3 or more, far above these bounds (~1e-5).
-// Accuracy: per v1 contract, the bit-defined logprobs are no less accurate than HF
+// Accuracy: per named contract (v1, v2), the bit-defined logprobs are no less accurate than HF
 //   bf16 eager against the truth: with d_t = |lp_c − lp_truth| − |lp_hf16 − lp_truth|,
 //   mean(d) ≤ 2 standard errors of it, and the worst token's error is within twice HF's. Both errors are dominated by the same bf16
 //   activation roundings, so "no worse" is a paired test (SPEC.md §8.3); the ratios
 //   of mean and max errors are printed.
+// Generations: each v2 contract's logprob error (max and mean over the tokens, against
+//   HF float32 and against the truth) is at most twice its v1 twin's (same dot model;
+//   issue 19, SPEC.md §8.3). v2 changes only the softmax exponential (exp2_poly,
+//   ≤ 1.232 ulp) and the log-softmax's order (one pass): a few fp32 ulp per op (the op
+//   suites' bounds). Through the network that is another draw of the bf16 activation
+//   roundings that set both generations' errors (a flipped rounding moves one token by
+//   up to 0.064 nats here), so no tighter relation is derived and the factor 2 is
+//   issue 19's margin. Negative controls: three times v1's error, and one token moved
+//   by twice v1's worst, fail it.
 // Loader: the sharded checkpoint reads through its index, equal to its shards read one
 //   by one; tied checkpoints hold no lm_head and use the embedding.
 // Truth: central finite differences of L in double agree with its backward.
@@ -36,7 +45,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/io/checkpoint.h"
@@ -150,6 +161,19 @@ RowsD widen_rows(const std::vector<std::vector<F>>& r) {
   return o;
 }
 
+// The bit-defined model's logprobs (extend path) under a named contract, widened.
+const RowsD& contract_logprob(const std::string& config, const std::string& contract) {
+  static std::map<std::pair<std::string, std::string>, RowsD> cache;
+  const auto key = std::make_pair(config, contract);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const HfCase& c = hf_case(config);
+  const bp::Contract* k = bp::find_contract(contract);
+  if (k == nullptr) throw std::invalid_argument("no contract " + contract);
+  const bp::ref::Model m(c.cfg, c.w, k->knobs);
+  return cache.emplace(key, widen_rows(m.forward(c.seqs, bp::ref::Path::extend()).logprob)).first->second;
+}
+
 // ‖a − b‖₂ / ‖b‖₂.
 template <class A>
 double rel_err(const A& a, const std::vector<double>& b) {
@@ -230,8 +254,8 @@ TEST_P(HfCrossCheck, SemanticsGradientsWithinFp32Bound) {
               GetParam().c_str(), n, worst, worst_name.c_str(), rho_s, tr.F * rho_s, worst / (tr.F * rho_s));
 }
 
-// Per contract: the bit-defined model's logprob error against the truth is no worse
-// than HF bf16 eager's (mean |error| ratio ≤ 1).
+// Per named contract: the bit-defined model's logprob error against the truth is no
+// worse than HF bf16 eager's (mean |error| ratio ≤ 1).
 TEST_P(HfCrossCheck, AccuracyNoWorseThanHfBf16Eager) {
   const HfCase& c = hf_case(GetParam());
   const TruthRun& tr = truth_run(GetParam());
@@ -239,11 +263,9 @@ TEST_P(HfCrossCheck, AccuracyNoWorseThanHfBf16Eager) {
   const ErrStats hfdef = err_stats(c.rows("logprob_bf16_default"), tr.fwd.logprob);
   std::printf("[hf] %-28s bf16 vs truth: HF eager max %.3g mean %.3g; HF default kernels max %.3g mean %.3g\n",
               GetParam().c_str(), hf16.max_abs, hf16.mean_abs, hfdef.max_abs, hfdef.mean_abs);
-  for (const char* name : {"bf16-sm90tc-v1", "bf16-fmaseq-v1"}) {
-    const bp::Contract* k = bp::find_contract(name);
-    ASSERT_NE(k, nullptr);
-    const bp::ref::Model m(c.cfg, c.w, k->knobs);
-    const RowsD lp = widen_rows(m.forward(c.seqs, bp::ref::Path::extend()).logprob);
+  for (const bp::Contract& k : bp::contracts()) {
+    const char* name = k.name.c_str();
+    const RowsD& lp = contract_logprob(GetParam(), k.name);
     const ErrStats e = err_stats(lp, tr.fwd.logprob);
     const RowsD hf = c.rows("logprob_bf16");
     double sum = 0, sum2 = 0, n = 0;  // paired differences of the absolute errors
@@ -261,6 +283,46 @@ TEST_P(HfCrossCheck, AccuracyNoWorseThanHfBf16Eager) {
                 e.mean_abs / hf16.mean_abs, mean, mean / se, vs_hf.max_abs, vs_hf.mean_abs);
     EXPECT_LE(mean, 2 * se) << name;
     EXPECT_LE(e.max_abs, 2 * hf16.max_abs) << name << ": worst token within twice HF eager's";
+  }
+}
+
+// Issue 19's criterion for a contract generation: its error against a reference is
+// at most twice its predecessor's, in the worst token and on average.
+bool within_twice(const ErrStats& newer, const ErrStats& older) {
+  return newer.max_abs <= 2 * older.max_abs && newer.mean_abs <= 2 * older.mean_abs;
+}
+
+const std::vector<std::pair<std::string, std::string>> kGenerations = {{"bf16-sm90tc-v1", "bf16-sm90tc-v2"},
+                                                                       {"bf16-fmaseq-v1", "bf16-fmaseq-v2"}};
+
+TEST_P(HfCrossCheck, AccuracyV2WithinTwiceV1) {
+  const HfCase& c = hf_case(GetParam());
+  const TruthRun& tr = truth_run(GetParam());
+  const RowsD hf32 = c.rows("logprob_fp32");
+  for (const auto& [older, newer] : kGenerations) {
+    const RowsD& lp1 = contract_logprob(GetParam(), older);
+    const RowsD& lp2 = contract_logprob(GetParam(), newer);
+    size_t moved_tokens = 0, tokens = 0;
+    for (size_t s = 0; s < lp1.size(); ++s)
+      for (size_t t = 0; t < lp1[s].size(); ++t, ++tokens) moved_tokens += lp1[s][t] != lp2[s][t];
+    std::printf("[hf] %-28s %-15s vs %s itself: max |d| %.3g, %zu of %zu tokens differ\n", GetParam().c_str(),
+                newer.c_str(), older.c_str(), err_stats(lp2, lp1).max_abs, moved_tokens, tokens);
+    for (const auto& [ref_name, ref] : {std::pair<const char*, const RowsD*>{"HF fp32", &hf32}, {"truth", &tr.fwd.logprob}}) {
+      const ErrStats e1 = err_stats(lp1, *ref), e2 = err_stats(lp2, *ref);
+      std::printf("[hf] %-28s %-15s vs %-7s: max %.4g mean %.4g; %s max %.4g mean %.4g; ratio max %.3f mean %.3f\n",
+                  GetParam().c_str(), newer.c_str(), ref_name, e2.max_abs, e2.mean_abs, older.c_str(), e1.max_abs,
+                  e1.mean_abs, e2.max_abs / e1.max_abs, e2.mean_abs / e1.mean_abs);
+      EXPECT_TRUE(within_twice(e2, e1)) << newer << " vs " << ref_name;
+    }
+    // Negative controls: v1's error tripled token by token, and v2 with one token
+    // moved away from HF by twice v1's worst error.
+    const ErrStats e1 = err_stats(lp1, hf32);
+    RowsD tripled = lp1, moved = lp2;
+    for (size_t s = 0; s < tripled.size(); ++s)
+      for (size_t t = 0; t < tripled[s].size(); ++t) tripled[s][t] = hf32[s][t] + 3 * (lp1[s][t] - hf32[s][t]);
+    moved[0][0] = hf32[0][0] - 2 * e1.max_abs - 1e-6;
+    EXPECT_FALSE(within_twice(err_stats(tripled, hf32), e1)) << "tripled " << older;
+    EXPECT_FALSE(within_twice(err_stats(moved, hf32), e1)) << "moved " << newer;
   }
 }
 
