@@ -23,10 +23,10 @@ demo: build
 	$(BUILD)/harness/bitparity selfcheck
 	OMP_WAIT_POLICY=passive $(BUILD)/harness/bitparity sweep
 
-# Every CPU test (CTest label cpu; gpu tests report skipped without a GPU), then the numerics core rebuilt with clang and
+# Every CPU test (CTest label cpu; gpu and multigpu tests report skipped without their GPUs), then the numerics core rebuilt with clang and
 # at -O0 against the same golden digests (scripts/check-variants).
 test: build
-	cd $(BUILD) && ctest -L 'cpu|gpu' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest -L 'cpu|gpu|multigpu' --output-on-failure -j $(JOBS)
 	JOBS=$(JOBS) ./scripts/check-variants $(BUILD)
 
 test-slow: build
