@@ -27,8 +27,7 @@ class NcclBackend : public cuda::CudaBackend {
   Gathered<T> all_to_all(Comm& comm, const T* send, const std::vector<size_t>& counts) const {
     NcclComm& c = nccl(comm);
     Gathered<T> g = with_counts<T>(c.exchange_counts(std::vector<uint64_t>(counts.begin(), counts.end())));
-    std::vector<size_t> send_offset{0};
-    for (size_t n : counts) send_offset.push_back(send_offset.back() + n);
+    const std::vector<size_t> send_offset = offsets_of(std::vector<uint64_t>(counts.begin(), counts.end()));
     c.all_to_all_device(send, byte_offsets<T>(send_offset), g.data.get(), byte_offsets<T>(g.offset));
     return g;
   }
@@ -47,8 +46,7 @@ class NcclBackend : public cuda::CudaBackend {
   template <class T>
   Gathered<T> with_counts(const std::vector<uint64_t>& counts) const {
     Gathered<T> g;
-    g.offset.push_back(0);
-    for (uint64_t n : counts) g.offset.push_back(g.offset.back() + n);
+    g.offset = offsets_of(counts);
     g.data = Buf<T>(g.offset.back(), stream());
     return g;
   }

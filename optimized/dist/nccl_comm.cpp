@@ -56,6 +56,14 @@ void abort_live_after_grace() {
   }).detach();
 }
 
+// The pieces of `all` that the offsets delimit.
+std::vector<Bytes> pieces(const Bytes& all, const std::vector<size_t>& offset) {
+  std::vector<Bytes> out;
+  for (size_t r = 0; r + 1 < offset.size(); ++r)
+    out.emplace_back(all.begin() + static_cast<int64_t>(offset[r]), all.begin() + static_cast<int64_t>(offset[r + 1]));
+  return out;
+}
+
 }  // namespace
 
 void request_abort(const std::string& why) {
@@ -79,6 +87,12 @@ std::chrono::milliseconds collective_timeout() {
     return std::chrono::milliseconds(static_cast<int64_t>(std::max(seconds, 0.001) * 1000));
   }();
   return t;
+}
+
+std::vector<size_t> offsets_of(const std::vector<uint64_t>& counts) {
+  std::vector<size_t> offset{0};
+  for (uint64_t c : counts) offset.push_back(offset.back() + c);
+  return offset;
 }
 
 std::string nccl_version_text() {
@@ -172,13 +186,16 @@ void* NcclComm::staging(size_t bytes) {
   return staging_;
 }
 
+void NcclComm::copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes) cuda_ok(cudaMemcpyAsync(dst, src, bytes, kind, stream_), "cudaMemcpyAsync");
+}
+
 std::vector<uint64_t> NcclComm::all_gather_count(uint64_t mine) {
   auto* dev = static_cast<uint64_t*>(staging(sizeof(uint64_t) * (static_cast<size_t>(size_) + 1)));
-  cuda_ok(cudaMemcpyAsync(dev, &mine, sizeof mine, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+  copy_async(dev, &mine, sizeof mine, cudaMemcpyHostToDevice);
   check(ncclAllGather(dev, dev + 1, 1, ncclUint64, comm_, stream_), "all-gather of counts");
   std::vector<uint64_t> all(static_cast<size_t>(size_));
-  cuda_ok(cudaMemcpyAsync(all.data(), dev + 1, sizeof(uint64_t) * all.size(), cudaMemcpyDeviceToHost, stream_),
-          "cudaMemcpyAsync");
+  copy_async(all.data(), dev + 1, sizeof(uint64_t) * all.size(), cudaMemcpyDeviceToHost);
   wait("all-gather of counts");
   count("all_gather", sizeof mine);
   return all;
@@ -196,7 +213,7 @@ void NcclComm::all_gather_device(const void* send, const std::vector<size_t>& of
     for (int r = 0; r < size_; ++r) {
       const size_t at = offset[static_cast<size_t>(r)], n = offset[static_cast<size_t>(r) + 1] - at;
       if (r == rank_) {
-        if (n) cuda_ok(cudaMemcpyAsync(out + at, send, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+        copy_async(out + at, send, n, cudaMemcpyDeviceToDevice);
         continue;
       }
       if (mine) check(ncclSend(send, mine, ncclUint8, r, comm_, stream_), "all-gather (send)");
@@ -219,7 +236,7 @@ void NcclComm::all_to_all_device(const void* send, const std::vector<size_t>& se
     const size_t r_at = recv_offset[static_cast<size_t>(r)], r_n = recv_offset[static_cast<size_t>(r) + 1] - r_at;
     if (r == rank_) {
       if (s_n != r_n) fail("all-to-all: this rank's piece for itself changed size");
-      if (s_n) cuda_ok(cudaMemcpyAsync(out + r_at, in + s_at, s_n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+      copy_async(out + r_at, in + s_at, s_n, cudaMemcpyDeviceToDevice);
       continue;
     }
     if (s_n) check(ncclSend(in + s_at, s_n, ncclUint8, r, comm_, stream_), "all-to-all (send)");
@@ -238,23 +255,15 @@ void NcclComm::all_reduce_bf16_sum(const bf16* send, bf16* recv, size_t n) {
 }
 
 std::vector<Bytes> NcclComm::all_gather(std::span<const std::byte> send) {
-  const std::vector<uint64_t> counts = all_gather_count(send.size());
-  std::vector<size_t> offset{0};
-  for (uint64_t c : counts) offset.push_back(offset.back() + c);
+  const std::vector<size_t> offset = offsets_of(all_gather_count(send.size()));
   // One buffer: my piece, then everyone's.
   auto* dev = static_cast<char*>(staging(send.size() + offset.back()));
-  if (!send.empty())
-    cuda_ok(cudaMemcpyAsync(dev, send.data(), send.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+  copy_async(dev, send.data(), send.size(), cudaMemcpyHostToDevice);
   all_gather_device(dev, offset, dev + send.size());
   Bytes all(offset.back());
-  if (!all.empty())
-    cuda_ok(cudaMemcpyAsync(all.data(), dev + send.size(), all.size(), cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync");
+  copy_async(all.data(), dev + send.size(), all.size(), cudaMemcpyDeviceToHost);
   wait("all-gather");
-  std::vector<Bytes> out;
-  for (size_t r = 0; r < counts.size(); ++r)
-    out.emplace_back(all.begin() + static_cast<int64_t>(offset[r]), all.begin() + static_cast<int64_t>(offset[r + 1]));
-  return out;
+  return pieces(all, offset);
 }
 
 std::vector<uint64_t> NcclComm::exchange_counts(const std::vector<uint64_t>& to_each) {
@@ -271,48 +280,32 @@ std::vector<Bytes> NcclComm::all_to_all(const std::vector<Bytes>& send) {
   if (send.size() != static_cast<size_t>(size_)) fail("all-to-all: one piece per rank expected");
   std::vector<uint64_t> mine;
   for (const Bytes& b : send) mine.push_back(b.size());
-  const std::vector<uint64_t> from = exchange_counts(mine);
-  std::vector<size_t> send_offset{0}, recv_offset{0};
-  for (size_t r = 0; r < from.size(); ++r) {
-    send_offset.push_back(send_offset.back() + mine[r]);
-    recv_offset.push_back(recv_offset.back() + from[r]);
-  }
+  const std::vector<size_t> send_offset = offsets_of(mine), recv_offset = offsets_of(exchange_counts(mine));
   auto* dev = static_cast<char*>(staging(send_offset.back() + recv_offset.back()));
-  for (int r = 0; r < size_; ++r) {
-    const Bytes& b = send[static_cast<size_t>(r)];
-    if (!b.empty())
-      cuda_ok(cudaMemcpyAsync(dev + send_offset[static_cast<size_t>(r)], b.data(), b.size(), cudaMemcpyHostToDevice,
-                              stream_),
-              "cudaMemcpyAsync");
-  }
+  for (size_t r = 0; r < send.size(); ++r)
+    copy_async(dev + send_offset[r], send[r].data(), send[r].size(), cudaMemcpyHostToDevice);
   char* recv = dev + send_offset.back();
   all_to_all_device(dev, send_offset, recv, recv_offset);
   Bytes all(recv_offset.back());
-  if (!all.empty())
-    cuda_ok(cudaMemcpyAsync(all.data(), recv, all.size(), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  copy_async(all.data(), recv, all.size(), cudaMemcpyDeviceToHost);
   wait("all-to-all");
-  std::vector<Bytes> out;
-  for (size_t r = 0; r < static_cast<size_t>(size_); ++r)
-    out.emplace_back(all.begin() + static_cast<int64_t>(recv_offset[r]),
-                     all.begin() + static_cast<int64_t>(recv_offset[r + 1]));
-  return out;
+  return pieces(all, recv_offset);
 }
 
 Bytes NcclComm::broadcast(const Bytes& from_root, int root, bool no_deadline) {
   // The size first (so that the others can make room), then the bytes.
   uint64_t n = from_root.size();
   auto* dev_n = static_cast<uint64_t*>(staging(sizeof n));
-  cuda_ok(cudaMemcpyAsync(dev_n, &n, sizeof n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+  copy_async(dev_n, &n, sizeof n, cudaMemcpyHostToDevice);
   check(ncclBroadcast(dev_n, dev_n, 1, ncclUint64, root, comm_, stream_), "broadcast");
-  cuda_ok(cudaMemcpyAsync(&n, dev_n, sizeof n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  copy_async(&n, dev_n, sizeof n, cudaMemcpyDeviceToHost);
   wait("broadcast", no_deadline);
   Bytes out = rank_ == root ? from_root : Bytes(n);
   if (n) {
     auto* dev = static_cast<char*>(staging(n));
-    if (rank_ == root)
-      cuda_ok(cudaMemcpyAsync(dev, out.data(), n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    if (rank_ == root) copy_async(dev, out.data(), n, cudaMemcpyHostToDevice);
     check(ncclBroadcast(dev, dev, n, ncclUint8, root, comm_, stream_), "broadcast");
-    cuda_ok(cudaMemcpyAsync(out.data(), dev, n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    copy_async(out.data(), dev, n, cudaMemcpyDeviceToHost);
     wait("broadcast");
   }
   if (rank_ == root) count("broadcast", sizeof(uint64_t) + n);
@@ -320,19 +313,16 @@ Bytes NcclComm::broadcast(const Bytes& from_root, int root, bool no_deadline) {
 }
 
 std::vector<Bytes> NcclComm::gather(std::span<const std::byte> send, int root) {
-  const std::vector<uint64_t> counts = all_gather_count(send.size());
-  std::vector<size_t> offset{0};
-  for (uint64_t c : counts) offset.push_back(offset.back() + c);
+  const std::vector<size_t> offset = offsets_of(all_gather_count(send.size()));
   auto* dev = static_cast<char*>(staging(send.size() + (rank_ == root ? offset.back() : 0)));
-  if (!send.empty())
-    cuda_ok(cudaMemcpyAsync(dev, send.data(), send.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+  copy_async(dev, send.data(), send.size(), cudaMemcpyHostToDevice);
   char* recv = dev + send.size();
   check(ncclGroupStart(), "gather (group start)");
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
-      const size_t at = offset[static_cast<size_t>(r)], n = counts[static_cast<size_t>(r)];
+      const size_t at = offset[static_cast<size_t>(r)], n = offset[static_cast<size_t>(r) + 1] - at;
       if (r == rank_) {
-        if (n) cuda_ok(cudaMemcpyAsync(recv + at, dev, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+        copy_async(recv + at, dev, n, cudaMemcpyDeviceToDevice);
       } else if (n) {
         check(ncclRecv(recv + at, n, ncclUint8, r, comm_, stream_), "gather (recv)");
       }
@@ -344,11 +334,9 @@ std::vector<Bytes> NcclComm::gather(std::span<const std::byte> send, int root) {
   std::vector<Bytes> out;
   if (rank_ == root) {
     Bytes all(offset.back());
-    if (!all.empty())
-      cuda_ok(cudaMemcpyAsync(all.data(), recv, all.size(), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    copy_async(all.data(), recv, all.size(), cudaMemcpyDeviceToHost);
     wait("gather");
-    for (size_t r = 0; r < counts.size(); ++r)
-      out.emplace_back(all.begin() + static_cast<int64_t>(offset[r]), all.begin() + static_cast<int64_t>(offset[r + 1]));
+    out = pieces(all, offset);
   } else {
     wait("gather");
   }

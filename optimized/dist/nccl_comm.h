@@ -114,6 +114,7 @@ class NcclComm final : public layouts::Comm {
   // Until the stream has run everything queued (the transfers just issued).
   void wait(const char* what, bool no_deadline = false);
   void* staging(size_t bytes);  // a device buffer of at least `bytes`, reused
+  void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);  // on the stream; 0 bytes: nothing
 
   ncclComm_t comm_;
   int rank_, size_;
@@ -123,6 +124,9 @@ class NcclComm final : public layouts::Comm {
   void* staging_ = nullptr;
   size_t staging_bytes_ = 0;
 };
+
+// {0, c0, c0+c1, ...}: where each of the pieces of these sizes starts, and the total.
+std::vector<size_t> offsets_of(const std::vector<uint64_t>& counts);
 
 // The NCCL library's version, "2.28.9" (for the report's environment).
 std::string nccl_version_text();
