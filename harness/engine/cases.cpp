@@ -482,6 +482,7 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
       out,
       [&] {
         if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
+        if (spec.implementation == Implementation::kNccl) l.gpu.release();
       },
       [&] { return run(spec); });
   out.peak_device_bytes = last_peak_device_bytes_;

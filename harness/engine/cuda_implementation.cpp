@@ -57,12 +57,12 @@ void GpuRunner::prepare(const GpuModelSource& m, const layouts::Layout& layout) 
   BP_CUDA_CHECK(cudaDeviceSynchronize());  // the upload ends here, not in the case's time
 }
 
+void GpuRunner::release() { kept_.reset(); }
+
 GpuCaseResult GpuRunner::run(const GpuCaseInput& in) {
   prepare(in.model, in.layout);
-  // A reset restarts the watermark at the memory in use (the kept weights), once
-  // the frees queued before it are done.
-  BP_CUDA_CHECK(cudaDeviceSynchronize());
-  cuda::reset_pool_peak();
+  // The watermark restarts at the memory in use (the kept weights).
+  cuda::start_case_memory();
   // prepare() keeps a model exactly when the layout is the unsharded one.
   GpuCaseResult r = kept_ ? run_model(kept_->gpu, in) : run_virtual_ranks(in);
   BP_CUDA_CHECK(cudaDeviceSynchronize());

@@ -79,6 +79,8 @@ class GpuRunner {
   // before it starts a case's clock (as it loads the host weights before); run()
   // calls it too. Throws CannotTest.
   void prepare(const GpuModelSource& m, const layouts::Layout& layout);
+  // Frees the kept model: a case on real ranks needs this device for its own shards.
+  void release();
   GpuCaseResult run(const GpuCaseInput& in);
 
  private:

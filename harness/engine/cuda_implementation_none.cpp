@@ -19,6 +19,7 @@ GpuRunner::GpuRunner() = default;
 GpuRunner::~GpuRunner() = default;
 
 void GpuRunner::prepare(const GpuModelSource&, const layouts::Layout&) { no_cuda(); }
+void GpuRunner::release() {}  // nothing was kept
 
 GpuCaseResult GpuRunner::run(const GpuCaseInput&) { no_cuda(); }
 

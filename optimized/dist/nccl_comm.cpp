@@ -178,12 +178,18 @@ void NcclComm::wait(const char* what, bool no_deadline) {
 
 void* NcclComm::staging(size_t bytes) {
   if (bytes > staging_bytes_) {
-    if (staging_) cuda_ok(cudaFree(staging_), "cudaFree");
-    staging_ = nullptr;
+    release_staging();
     cuda_ok(cudaMalloc(&staging_, bytes), "cudaMalloc (collective staging)");
     staging_bytes_ = bytes;
   }
   return staging_;
+}
+
+void NcclComm::release_staging() {
+  // Every collective has waited for its stream before returning: nothing uses it.
+  if (staging_) cuda_ok(cudaFree(staging_), "cudaFree");
+  staging_ = nullptr;
+  staging_bytes_ = 0;
 }
 
 void NcclComm::copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {

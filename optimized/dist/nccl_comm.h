@@ -103,6 +103,11 @@ class NcclComm final : public layouts::Comm {
   void abort();
   bool broken() const { return broken_; }
 
+  // Frees the device buffer the host collectives stage through: it grows to the
+  // largest transfer (a case's gathered results: gigabytes for a 30B-shaped model)
+  // and would otherwise stay with the communicator for the whole sweep.
+  void release_staging();
+
   const TrafficByKind& traffic() const { return traffic_; }
   void clear_traffic() { traffic_.clear(); }
 

@@ -29,6 +29,10 @@ struct RealRanks::Groups {
     for (auto* c : {&members, &tp, &cp, &plane})
       if (*c) (*c)->abort();
   }
+  void release_staging() {
+    for (auto* c : {&members, &tp, &cp, &plane})
+      if (*c) (*c)->release_staging();
+  }
 };
 
 // The ranks' results and cost, gathered on rank 0 (empty elsewhere).
@@ -193,7 +197,9 @@ RealRanks::Shares RealRanks::run(const Layout& layout, const ModelConfig& cfg, c
     if (!g.members) return out;
     inject_test_fault(me_.rank, ++cases_run_);
     for (NcclComm* c : {g.tp.get(), g.cp.get(), g.plane.get()}) c->clear_traffic();
-    cuda::reset_pool_peak();
+    // Earlier cases' memory goes back first (each layout's communicators live on).
+    for (auto& [name, other] : groups_) other->release_staging();
+    cuda::start_case_memory();
     RankComms comms{*g.tp, *g.cp, *g.plane};
     RankProgram program(cfg, weights, knobs, layout, me_.rank, comms, NcclBackend(stream_));
     const RankResult mine = body(program);
