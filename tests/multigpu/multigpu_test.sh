@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Real ranks over NCCL on two GPUs (CTest label multigpu; issue #23). Each scenario
-# runs the real binary and checks its exit code and report; below two GPUs, or
-# without NCCL in the build, it exits 125 (CTest: skipped).
+# Real ranks over NCCL (CTest label multigpu; issues #23, #24). Each scenario runs
+# the real binary and checks its exit code and report; below the GPUs it needs (two;
+# four for the *4 scenarios), or without NCCL in the build, it exits 125 (CTest: skipped).
 #
 #   multigpu_test.sh BITPARITY SCENARIO WORKDIR
 #
 # Scenarios: sweep_dense, sweep_moe, control, kill, throw, socket, torchrun,
-# mpirun, mismatch, interrupt.
+# mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4, control4 (four).
 set -uo pipefail
 BIN=$1
 SCENARIO=$2
 WORK=$3
 mkdir -p "$WORK" && cd "$WORK" || exit 3
 
+need=2
+if [[ $SCENARIO == *4 ]]; then need=4; fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-if (( gpus < 2 )); then
-  echo "multigpu: $gpus GPU(s) here; these tests need 2"
+if (( gpus < need )); then
+  echo "multigpu: $gpus GPU(s) here; $SCENARIO needs $need"
   exit 125
 fi
 if "$BIN" list | grep -q '^  nccl .*not available'; then
@@ -37,11 +39,20 @@ TINY_MOE=(--model qwen3-moe-tiny)
 ALL_CONTRACTS=$("$BIN" list | sed -n '/^contracts:/,/^implementations:/s/^  \(bf16-[a-z0-9-]*\) .*/\1/p' | paste -sd,)
 WORLD2_DENSE=tp2-ep1-cp1,tp1-ep1-cp2,tp1-ep1-cp2z
 WORLD2_MOE=tp2-ep1-cp1,tp1-ep2-cp1,tp1-ep1-cp2,tp1-ep1-cp2z
+# Every world-4 layout each fixture's heads and experts allow (cp 4 aside: the tiny
+# fixtures' sequences are too short for four context shards to mean much).
+WORLD4_DENSE=tp4-ep1-cp1,tp2-ep1-cp2,tp2-ep1-cp2z
+WORLD4_MOE=tp4-ep1-cp1,tp1-ep4-cp1,tp2-ep2-cp1,tp2-ep1-cp2,tp2-ep1-cp2z,tp1-ep2-cp2,tp1-ep2-cp2z
 
 case $SCENARIO in
-  # Every world-2 layout x every contract x every path, gradients and op captures.
-  sweep_dense | sweep_moe)
-    if [[ $SCENARIO == sweep_dense ]]; then m=("${TINY_DENSE[@]}") l=$WORLD2_DENSE; else m=("${TINY_MOE[@]}") l=$WORLD2_MOE; fi
+  # Every world-2 (world-4) layout x every contract x every path, gradients and op captures.
+  sweep_dense | sweep_moe | sweep_dense4 | sweep_moe4)
+    case $SCENARIO in
+      sweep_dense) m=("${TINY_DENSE[@]}") l=$WORLD2_DENSE ;;
+      sweep_moe) m=("${TINY_MOE[@]}") l=$WORLD2_MOE ;;
+      sweep_dense4) m=("${TINY_DENSE[@]}") l=$WORLD4_DENSE ;;
+      sweep_moe4) m=("${TINY_MOE[@]}") l=$WORLD4_MOE ;;
+    esac
     "$BIN" sweep --implementation nccl "${m[@]}" --layout "$l" --contract "$ALL_CONTRACTS" --capture ops \
       --json report.json --quiet
     expect_rc 0 $? "the sweep"
@@ -49,8 +60,10 @@ case $SCENARIO in
     ;;
 
   # NCCL's bf16 all-reduce of the row-parallel partials must be caught, at a row-parallel linear.
-  control)
-    "$BIN" sweep --implementation nccl "${TINY_DENSE[@]}" --layout tp2-ep1-cp1+nccl-bf16sum --path extend \
+  control | control4)
+    tp=2
+    if [[ $SCENARIO == control4 ]]; then tp=4; fi
+    "$BIN" sweep --implementation nccl "${TINY_DENSE[@]}" --layout tp$tp-ep1-cp1+nccl-bf16sum --path extend \
       --contract bf16-sm90tc-v1 --capture ops --json report.json --quiet
     expect_rc 1 $? "the control"
     grep -Eq '"first_divergent_op": "layers\.[0-9]+\.(attn_out|mlp_out)"' report.json ||
