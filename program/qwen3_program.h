@@ -222,8 +222,26 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     if (st.kv_len[p.seq] != p.start) throw std::logic_error("model: KV cache out of step");
   const auto tok_dev = be_.resident(tok);
   const auto pos_dev = be_.resident(pos);
+  auto captures_layer = [&](int64_t li) {
+    return opt.capture && (!opt.capture_layers || opt.capture_layers->count(li));
+  };
+  bool cap_on = opt.capture;  // the current stage's: the model-scope ops, then each layer's
   auto cap = [&](const std::string& name, const BBuf& b, int feat) {
-    if (opt.capture) capture(st, crow, name, b, feat);
+    if (cap_on) capture(st, crow, name, b, feat);
+  };
+  // A replayed stage starts from its given input rows instead of the previous one's output.
+  auto replays = [&](int64_t stage) { return !opt.replay || opt.replay->count(stage); };
+  auto load_input = [&](int64_t stage, BBuf& x) {
+    if (!opt.replay) return;
+    const std::vector<bf16>& in = opt.replay->at(stage);
+    if (in.size() != static_cast<size_t>(st.total * H))
+      throw std::invalid_argument("replay: stage " + std::to_string(stage) + "'s input has " +
+                                  std::to_string(in.size()) + " values, not tokens x hidden");
+    std::vector<bf16> rows(static_cast<size_t>(T) * H);
+    for (int t = 0; t < T; ++t)
+      std::memcpy(&rows[static_cast<size_t>(t) * H], &in[static_cast<size_t>(crow[t] * H)], sizeof(bf16) * H);
+    const auto dev = be_.resident(rows);
+    be_.copy(x.data(), dev.data(), rows.size());
   };
   auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
   auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
@@ -241,6 +259,9 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
     run_control::at_layer("forward", li, cfg_.num_hidden_layers);
+    if (!replays(li)) continue;
+    load_input(li, x);
+    cap_on = captures_layer(li);
     const size_t l = static_cast<size_t>(li);
     // Fresh buffers per layer: the backward keeps them (moved, not copied).
     BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD),
@@ -292,7 +313,7 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     // The MLP by its stages (bit-identical to mlp_fwd / moe_layer_fwd, which are
     // these chains), so that the intermediate outputs can be captured.
     if (cfg_.is_moe_layer(li)) {
-      moe_fwd(li, a2, mo, T, st, crow, opt.capture);
+      moe_fwd(li, a2, mo, T, st, crow, cap_on);
     } else {
       const int I = static_cast<int>(cfg_.intermediate_size);
       BBuf g = zeros(T, I), u = zeros(T, I), hm = zeros(T, I);
@@ -313,6 +334,9 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
                           std::move(ms),   std::move(ls),    std::move(rstd2)};
   }
   for (const Piece& p : pieces) st.kv_len[p.seq] = p.start + p.len;
+  if (!replays(cfg_.num_hidden_layers)) return;
+  load_input(cfg_.num_hidden_layers, x);
+  cap_on = opt.capture;
 
   BBuf hn = zeros(T, H);
   FBuf rstd_f = fzeros(T);
@@ -384,6 +408,8 @@ typename Qwen3Program<B>::State Qwen3Program<B>::start(const std::vector<std::ve
 template <class B>
 ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                                        const ForwardOptions& opt) const {
+  if (opt.replay && path.kind != Path::Kind::Extend)
+    throw std::invalid_argument("replay runs the extend path only (one step over every token)");
   const auto steps = path_steps(seqs, path, cfg_.max_position_embeddings);
   State st = start(seqs, opt.entropy);
   for (const auto& pieces : steps) step(seqs, pieces, st, opt, nullptr);

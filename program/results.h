@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,16 @@ struct ForwardOptions {
   float temperature = 1.0f;
   bool entropy = false;
   bool capture = false;
+  // With capture: only these layers' ops (and every model-scope op: embed,
+  // final_norm, logits); null: every layer's. Bounds a real-size model's captures.
+  const std::set<int64_t>* capture_layers = nullptr;
+  // Layer-sliced replay (extend path only): each layer's output bits depend only on
+  // its input bits and the weights, so a layer can be re-run alone from a captured
+  // input. Key: a layer index, or num_hidden_layers for the head (final norm,
+  // logits, logprobs); value: that stage's input rows [tokens × hidden] in canonical
+  // order (the embed or the previous layer's resid_mlp). Only those stages run (the
+  // embedding always does); without the head's key the logprobs stay 0.
+  const std::map<int64_t, std::vector<bf16>>* replay = nullptr;
 };
 
 struct ForwardResult {

@@ -82,6 +82,12 @@ void PlanFlags::add_to(CLI::App* app) {
                       "default) or cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
                       "too large for the CPU)"),
       [this](json& j) { j["canonical"] = canonical_; });
+  add(app->add_option("--verify-layers", verify_layers_,
+                      "layer-sliced verification of the canonical result: the CPU reference re-runs these layers and "
+                      "the head from the canonical run's captured inputs and compares every op: all, a number N "
+                      "(spread evenly, first and last included) or indices i,j,... (default under --canonical cuda: "
+                      "all for models of up to 4 layers, else 3)"),
+      [this](json& j) { j["verify_layers"] = verify_layers_; });
   add(app->add_flag("--allow-nonfinite-weights", allow_nonfinite_weights_,
                     "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
                     "them: for deliberate tests of NaN handling"),

@@ -57,7 +57,7 @@ class PlanFlags {
   std::vector<int> tp_, ep_, cp_, lengths_;
   uint64_t seed_ = 0, weight_seed_ = 0, coef_seed_ = 0;
   double temperature_ = 1;
-  std::string tokens_file_, capture_, canonical_;
+  std::string tokens_file_, capture_, canonical_, verify_layers_;
   bool no_grads_ = false, allow_nonfinite_weights_ = false, force_ = false;
   std::vector<std::pair<CLI::Option*, std::function<void(nlohmann::json&)>>> options_;
 };

@@ -166,10 +166,13 @@ std::string cost_text(const Case& c) {
   return s + ")";
 }
 
-// Rows model/contract/implementation/layout, one column per path; columns padded to
-// width. The rows come from the report's parameters, where the implementation is
-// still keyed "backend".
-void print_table(const Report& r, const std::vector<std::string>& paths, std::FILE* out) {
+// Rows model/contract/implementation/layout, one column per path (the plan's, then
+// any other a case has: verify-layers); columns padded to width. The rows come from
+// the report's parameters, where the implementation is still keyed "backend".
+void print_table(const Report& r, std::vector<std::string> paths, std::FILE* out) {
+  for (const Case& c : r.cases)
+    if (std::find(paths.begin(), paths.end(), c.parameters.at("path")) == paths.end())
+      paths.push_back(c.parameters.at("path"));
   const std::vector<std::string> keys = {"model", "contract", "backend", "layout"};
   std::vector<std::vector<std::string>> rows;  // the keys' values, then one cell per path
   std::map<std::vector<std::string>, size_t> row_of;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <new>
+#include <set>
 
 #include "harness/engine/cuda_implementation.h"
 #include "harness/engine/models.h"
@@ -141,8 +143,15 @@ struct CaseEngine::Loaded {
 struct CaseEngine::Canonical {
   const ModelEntry* model = nullptr;
   const Contract* contract = nullptr;
-  std::vector<NamedTensor> tensors;
-  std::map<std::string, size_t> index;  // name -> tensors[i]
+  std::vector<NamedTensor> tensors;  // what the cases compare with
+  // The op captures layer-sliced verification reads, where the cases compare none.
+  std::vector<NamedTensor> layer_captures;
+  const NamedTensor* find(const std::string& name) const {
+    for (const auto* list : {&tensors, &layer_captures})
+      for (const NamedTensor& t : *list)
+        if (t.name == name) return &t;
+    return nullptr;
+  }
 };
 
 namespace {
@@ -211,6 +220,34 @@ TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
   return rec;
 }
 
+// Each expected tensor against the output of its name (none: only in the canonical
+// result), then what the run produced that the canonical result has not (an
+// implementation's bug); the first divergent op; the verdict.
+void compare_outputs(const std::vector<const NamedTensor*>& expected, const std::vector<NamedTensor>& got, Case& out) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
+  for (const NamedTensor* r : expected) {
+    const auto it = by_name.find(r->name);
+    out.tensors.push_back(compare_tensors(*r, it == by_name.end() ? nullptr : it->second));
+    if (it != by_name.end()) by_name.erase(it);
+  }
+  for (const NamedTensor& t : got)
+    if (by_name.count(t.name)) {
+      TensorRecord rec;
+      rec.name = t.name;
+      rec.status = TensorStatus::kOnlyInB;
+      rec.dtype_b = cmp_type_name(t.type);
+      rec.shape_b = t.shape;
+      out.tensors.push_back(std::move(rec));
+    }
+  for (const TensorRecord& t : out.tensors)
+    if (!t.matches() && t.name.rfind("ops.", 0) == 0) {
+      out.first_divergent_op = t.name.substr(4);
+      break;
+    }
+  out.settle();
+}
+
 }  // namespace
 
 CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
@@ -226,8 +263,11 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
     const std::string field = plan_field("models", o.flags) + "[" + std::to_string(m) + "]";
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
     TokenBatch batch = plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings);
-    const ModelEntry& model =
-        models_.emplace_back(ModelEntry{plan_.models[m], cfg, std::move(batch.seqs), std::move(batch.coefs)});
+    std::string why;
+    const auto verify = verify_layer_list(plan_.verify_layers, cfg.num_hidden_layers, plan_.canonical, &why);
+    if (!verify) plan_.bad("verify_layers", "", "model " + plan_.models[m] + ": " + why);
+    const ModelEntry& model = models_.emplace_back(
+        ModelEntry{plan_.models[m], cfg, std::move(batch.seqs), std::move(batch.coefs), *verify});
     // A layout the model cannot run names the field that chose it, or the model
     // when no source did (the defaults, which the user never wrote).
     auto refuse = [&](const std::string& key, const std::string& suffix, const std::string& message) {
@@ -276,6 +316,8 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
           for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
         }
       }
+      if (!model.verify_layers.empty())
+        cases_.push_back({model, *contract, Implementation::kReference, layouts::Layout{}, ref::Path::extend(), true});
     }
   }
   work_ = estimate_work();
@@ -295,8 +337,12 @@ WorkEstimate CaseEngine::estimate_work() const {
       if (plan_.canonical == Implementation::kReference)
         w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
     }
-    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
+    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend && !c.verify;
     WorkEstimate run = estimate_run(c.model.config, c.model.tokens, backward);
+    // A verification runs its layers and the head: roughly that share of a forward.
+    if (c.verify)
+      run.flops *= static_cast<double>(c.model.verify_layers.size() + 1) /
+                   static_cast<double>(c.model.config.num_hidden_layers + 1);
     // The limit is on CPU time: a GPU case's arithmetic is not (its host memory is).
     if (c.implementation == Implementation::kCuda || c.implementation == Implementation::kNccl) run.flops = 0;
     w = combined(w, run);
@@ -305,6 +351,7 @@ WorkEstimate CaseEngine::estimate_work() const {
 }
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
+  if (c.verify) return c.model.name + "/" + c.contract.name + "/verify-layers";
   return c.model.name + "/" + c.contract.name + "/" + implementation_name(c.implementation) + "/" + c.layout.name() + "/" +
          path_name(c.path);
 }
@@ -323,19 +370,23 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
   return *loaded_;
 }
 
-std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
-  return within_memory(work_, [&] { return run_case(c); });
-}
-
-std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c) {
-  const ModelConfig& cfg = c.model.config;
-  const auto& seqs = c.model.tokens;
-  Loaded& l = loaded(c.model);
-  const Knobs& kn = c.contract.knobs;
+ref::ForwardOptions CaseEngine::case_options() const {
   ref::ForwardOptions opt;
   opt.temperature = plan_.temperature;
   opt.entropy = true;
   opt.capture = plan_.capture_ops;
+  return opt;
+}
+
+std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+  return within_memory(work_, [&] { return run_case(c, case_options()); });
+}
+
+std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::ForwardOptions& opt) {
+  const ModelConfig& cfg = c.model.config;
+  const auto& seqs = c.model.tokens;
+  Loaded& l = loaded(c.model);
+  const Knobs& kn = c.contract.knobs;
   const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
   ref::ForwardResult fwd;
   std::optional<ref::BackwardResult> bwd;
@@ -409,10 +460,69 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
     Loaded& l = loaded(model);
     l.gpu.prepare(l.gpu_source(contract), spec.layout);
   }
-  c->tensors = run(spec);
-  for (size_t i = 0; i < c->tensors.size(); ++i) c->index.emplace(c->tensors[i].name, i);
+  // Layer-sliced verification reads each verified stage's input and output: the
+  // captures of those layers and of the layers before them (whose resid_mlp is
+  // the next one's input), the last layer's for the head.
+  ref::ForwardOptions opt = case_options();
+  std::set<int64_t> layers;
+  for (int64_t li : model.verify_layers) layers.insert({li, std::max<int64_t>(li - 1, 0)});
+  if (!model.verify_layers.empty()) layers.insert(model.config.num_hidden_layers - 1);
+  if (!layers.empty() && !opt.capture) {
+    opt.capture = true;
+    opt.capture_layers = &layers;
+  }
+  c->tensors = within_memory(work_, [&] { return run_case(spec, opt); });
+  if (!plan_.capture_ops) {  // the cases compare no ops: keep them apart
+    auto ops = std::stable_partition(c->tensors.begin(), c->tensors.end(),
+                                     [](const NamedTensor& t) { return t.name.rfind("ops.", 0) != 0; });
+    std::move(ops, c->tensors.end(), std::back_inserter(c->layer_captures));
+    c->tensors.erase(ops, c->tensors.end());
+  }
   canonical_ = std::move(c);
   return *canonical_;
+}
+
+std::vector<NamedTensor> CaseEngine::replay_layers(const CaseSpec& spec, const Canonical& canonical) {
+  const ModelConfig& cfg = spec.model.config;
+  const int64_t L = cfg.num_hidden_layers;
+  std::map<int64_t, std::vector<bf16>> inputs;
+  std::vector<int64_t> stages = spec.model.verify_layers;
+  stages.push_back(L);  // the head
+  for (int64_t li : stages) {
+    const std::string name =
+        "ops." + (li == 0 ? graph::capture_name(graph::Op::Embed) : graph::capture_name(li - 1, graph::Op::ResidMlp));
+    const NamedTensor* in = canonical.find(name);
+    if (!in) throw std::logic_error("the canonical run did not capture " + name);
+    inputs[li] = in->bf16_values;
+  }
+  const std::set<int64_t> layers(spec.model.verify_layers.begin(), spec.model.verify_layers.end());
+  ref::ForwardOptions opt = case_options();
+  opt.capture = true;
+  opt.capture_layers = &layers;
+  opt.replay = &inputs;
+  ref::ForwardResult fwd = loaded(spec.model).model_for(spec.contract).forward(spec.model.tokens, ref::Path::extend(), opt);
+  return to_tensors(cfg, std::move(fwd), nullptr);
+}
+
+Case CaseEngine::verify_case(const CaseSpec& spec) {
+  Case out = case_header(spec);
+  std::string layers;
+  for (int64_t li : spec.model.verify_layers) layers += (layers.empty() ? "" : ",") + std::to_string(li);
+  out.parameters["path"] = "verify-layers";  // a replay of the extend path's layers: its own column
+  out.parameters["verified_layers"] = layers + " and the head";
+  out.parameters["verified"] = std::string(implementation_name(plan_.canonical)) + " canonical result";
+  const Canonical* canonical = nullptr;
+  // Untimed: the canonical run (on the GPU under canonical cuda; CannotTest skips
+  // the verification where there is none). Timed: the CPU's replay.
+  const auto outputs = case_outputs(
+      out, [&] { canonical = &this->canonical(spec.model, spec.contract); },
+      [&] { return within_memory(work_, [&] { return replay_layers(spec, *canonical); }); });
+  if (!outputs) return out;
+  std::vector<const NamedTensor*> expected;
+  for (const NamedTensor& t : *outputs)
+    if (const NamedTensor* c = canonical->find(t.name)) expected.push_back(c);
+  compare_outputs(expected, *outputs, out);
+  return out;
 }
 
 Case CaseEngine::case_header(const CaseSpec& spec) const {
@@ -430,7 +540,7 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
   if (plan_.canonical != Implementation::kReference)
     out.parameters["canonical"] = implementation_name(plan_.canonical);
   // The loss whose gradients the case compares, so that it can be reproduced.
-  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
+  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend && !spec.verify)
     out.parameters["coefficients"] = spec.model.coefs.describe();
   return out;
 }
@@ -470,6 +580,7 @@ Case CaseEngine::compare(const CaseSpec& spec) {
 }
 
 Case CaseEngine::compare_case(const CaseSpec& spec) {
+  if (spec.verify) return verify_case(spec);
   Case out = case_header(spec);
   // The time is the case's own model work: its weights are loaded (once per model),
   // copied to the device (cuda, unsharded: once per model and contract) and the
@@ -489,33 +600,12 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   out.ranks = last_ranks_;
   out.communication = std::move(last_communication_);
   if (!outputs) return out;  // skipped or failed: nothing to compare
-  const std::vector<NamedTensor>& got = *outputs;
-  std::map<std::string, const NamedTensor*> by_name;
-  for (const NamedTensor& t : got) by_name.emplace(t.name, &t);
   const Canonical& ref = canonical(spec.model, spec.contract);
   const bool grads = plan_.grads && spec.path.kind == ref::Path::Kind::Extend;
-  for (const NamedTensor& r : ref.tensors) {
-    if (r.name.rfind("grads.", 0) == 0 && !grads) continue;
-    const auto it = by_name.find(r.name);
-    out.tensors.push_back(compare_tensors(r, it == by_name.end() ? nullptr : it->second));
-    if (it != by_name.end()) by_name.erase(it);
-  }
-  // Anything the case produced that the reference has not (an implementation's bug).
-  for (const NamedTensor& t : got)
-    if (by_name.count(t.name)) {
-      TensorRecord rec;
-      rec.name = t.name;
-      rec.status = TensorStatus::kOnlyInB;
-      rec.dtype_b = cmp_type_name(t.type);
-      rec.shape_b = t.shape;
-      out.tensors.push_back(std::move(rec));
-    }
-  for (const TensorRecord& t : out.tensors)
-    if (!t.matches() && t.name.rfind("ops.", 0) == 0) {
-      out.first_divergent_op = t.name.substr(4);
-      break;
-    }
-  out.settle();
+  std::vector<const NamedTensor*> expected;
+  for (const NamedTensor& r : ref.tensors)
+    if (grads || r.name.rfind("grads.", 0) != 0) expected.push_back(&r);
+  compare_outputs(expected, *outputs, out);
   return out;
 }
 

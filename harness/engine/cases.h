@@ -65,6 +65,7 @@ struct ModelEntry {
   ModelConfig config;
   std::vector<std::vector<int32_t>> tokens;
   ref::LossCoefficients coefs;
+  std::vector<int64_t> verify_layers;  // the plan's verify_layers for this model, resolved (plan.h)
 };
 
 // One case: its model (the engine's entry) and contract (one of bp::contracts()),
@@ -75,6 +76,10 @@ struct CaseSpec {
   Implementation implementation = Implementation::kReference;
   layouts::Layout layout;
   ref::Path path;
+  // The layer-sliced verification of the (model, contract)'s canonical result
+  // (plan.h, verify_layers): the reference re-runs model.verify_layers and the head
+  // from the canonical run's captured inputs. Its id ends in "verify-layers".
+  bool verify = false;
 };
 
 // One case's run as a report case sees it: `prepare()` (untimed: uploads), then
@@ -152,8 +157,11 @@ class CaseEngine {
   struct Canonical;
   Loaded& loaded(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
-  std::vector<NamedTensor> run_case(const CaseSpec& c);
+  ref::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
+  std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt);
   Case compare_case(const CaseSpec& c);
+  Case verify_case(const CaseSpec& c);
+  std::vector<NamedTensor> replay_layers(const CaseSpec& c, const Canonical& canonical);
   Case case_header(const CaseSpec& c) const;  // id and parameters
   WorkEstimate estimate_work() const;
 

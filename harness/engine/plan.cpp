@@ -76,6 +76,50 @@ std::optional<ref::Path> parse_path(std::string_view s, std::string* why) {
   return ref::Path::chunked(std::move(chunks));
 }
 
+std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, int64_t num_layers,
+                                                      Implementation canonical, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<std::vector<int64_t>> {
+    if (why) *why = w;
+    return std::nullopt;
+  };
+  auto number = [](std::string_view s, int64_t& n) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    return !s.empty() && ec == std::errc() && end == s.data() + s.size() && n >= 0;
+  };
+  // N layers spread evenly: round(k·(L−1)/(N−1)) for k < N, the first and the last among them.
+  auto spread = [&](int64_t n) {
+    std::set<int64_t> layers;
+    for (int64_t k = 0; k < n; ++k) layers.insert(n == 1 ? 0 : (2 * k * (num_layers - 1) + (n - 1)) / (2 * (n - 1)));
+    return std::vector<int64_t>(layers.begin(), layers.end());
+  };
+  const bool format_only = num_layers == kAnyNumberOfLayers;
+  if (spec.empty() || (format_only && spec == "all")) {
+    if (canonical != Implementation::kCuda || format_only) return std::vector<int64_t>{};
+    return spread(num_layers <= 4 ? num_layers : 3);
+  }
+  if (spec == "all") return spread(num_layers);
+  constexpr const char* kForms = "\"all\", a number of layers N, or layer indices \"i,j,...\" (one layer: \"i,i\")";
+  if (spec.find(',') == std::string::npos) {
+    int64_t n = 0;
+    if (!number(spec, n) || n < 1) return fail("expected " + std::string(kForms));
+    return format_only ? std::vector<int64_t>{} : spread(std::min(n, num_layers));
+  }
+  std::set<int64_t> layers;
+  std::string_view rest = spec;
+  for (;;) {
+    const size_t comma = rest.find(',');
+    int64_t i = 0;
+    if (!number(rest.substr(0, comma), i)) return fail("expected " + std::string(kForms));
+    if (!format_only && i >= num_layers)
+      return fail("layer " + std::to_string(i) + " does not exist: the model has " + std::to_string(num_layers) +
+                  " layers (0 .. " + std::to_string(num_layers - 1) + ")");
+    layers.insert(i);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return std::vector<int64_t>(layers.begin(), layers.end());
+}
+
 std::vector<std::string> contract_names() {
   std::vector<std::string> r;
   for (const Contract& c : contracts()) r.push_back(c.name);
@@ -219,7 +263,7 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   static const std::set<std::string> known = {"models", "contracts", "implementations", "layouts", "tp", "ep", "cp",
                                               "cp_split", "paths", "tokens", "weight_seed", "coef_seed",
                                               "temperature", "grads", "capture", "allow_nonfinite_weights",
-                                              "canonical"};
+                                              "canonical", "verify_layers"};
   // "backends" is the old name of "implementations": plans written before the
   // rename still read, but a plan may not give both.
   constexpr const char* kOldImplementations = "backends";
@@ -345,6 +389,13 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     if (s != "reference" && s != "cuda")
       rd.bad(rd.name("canonical"), "unknown canonical " + io::quoted_input(s) + "; it is reference or cuda");
     plan.canonical = s == "cuda" ? Implementation::kCuda : Implementation::kReference;
+  }
+  if (const json* v = field("verify_layers")) {
+    const std::string& s = rd.string(rd.name("verify_layers"), *v);
+    std::string why;
+    if (!verify_layer_list(s, kAnyNumberOfLayers, plan.canonical, &why))
+      rd.bad(rd.name("verify_layers"), why);
+    plan.verify_layers = s;
   }
   if (const json* v = field("capture")) {
     const std::string& s = rd.string(rd.name("capture"), *v);

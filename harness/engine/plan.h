@@ -15,6 +15,7 @@
 //     "weight_seed": 20261122, "coef_seed": 7, "temperature": 1.0,
 //     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false,
 //     "canonical":   "reference" | "cuda"   what every case is compared with (below)
+//     "verify_layers": "all" | "N" | "i,j,…"  layers the CPU reference re-runs (below)
 //   }
 // A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens),
 // optionally with "coefficients": [[c0, c1, ...], ...], the loss's coefficients,
@@ -31,6 +32,14 @@
 // backward of the reference model (CPU), or with "canonical": "cuda" of the GPU
 // model — bit-identical to the reference wherever both run (the gpu suites prove it
 // on the tiny fixtures), and the only one that fits a real-size model's time.
+// Layer-sliced verification (verify_layers) checks that GPU canonical with the CPU
+// reference where the whole CPU model would take days: after each (model,
+// contract)'s cases, one more case re-runs the chosen layers and the head (final
+// norm, logits, logprobs, entropy) on the CPU from the canonical run's own captured
+// input of each, and compares every op's output bit for bit. "all" every layer, "N"
+// N layers spread evenly (the first and the last among them), "i,j,…" those
+// (one layer: "i,i"). Under canonical cuda the default is all layers for models of
+// at most 4, else 3; under canonical reference only when asked (a self-check).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -64,6 +73,14 @@ std::optional<Implementation> parse_implementation(std::string_view s);
 inline constexpr Implementation kAllImplementations[] = {Implementation::kReference, Implementation::kEmulated,
                                                          Implementation::kCuda, Implementation::kNccl,
                                                          Implementation::kFloat64};
+
+// The layers a verify_layers spec names for a model of `num_layers` layers, sorted;
+// nullopt with `why` for a malformed spec or a layer the model does not have.
+// "" resolves to the default for `canonical` (an empty list: no verification).
+// kAnyNumberOfLayers checks the spec's form only (and returns an empty list).
+inline constexpr int64_t kAnyNumberOfLayers = -1;
+std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, int64_t num_layers,
+                                                      Implementation canonical, std::string* why);
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
 std::string path_name(const ref::Path& s);
@@ -100,6 +117,7 @@ struct SweepPlan {
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
   Implementation canonical = Implementation::kReference;  // or kCuda: what the cases are compared with
+  std::string verify_layers;  // "" = the default above; else "all", "N" or "i,j,…" (checked when read)
   bool allow_nonfinite_weights = false;  // load a checkpoint's NaN/Inf weights instead of refusing them
   bool allow_float64 = false;  // implementations may name float64 (`run` only)
   bool force = false;          // run beyond the work limits (engine/work.h; --force, not a plan key)

@@ -2,7 +2,8 @@
 // its outputs, timed; skipped when the implementation cannot run here (CannotTest);
 // the verdict "error" with the message and the seconds until it failed when the run
 // failed (CaseFailed); any other exception still ends the sweep. Implementations
-// throw these from inside CaseEngine::compare; here the test throws them.
+// throw these from inside CaseEngine::compare; here the test throws them. And which
+// layers a --verify-layers spec names (plan.h, verify_layer_list).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -84,6 +85,44 @@ TEST(CaseOutputs, OtherExceptionsPropagate) {
   EXPECT_THROW(case_outputs(c, [] { throw std::logic_error("bug"); }, [] { return Outputs{}; }), std::logic_error);
   EXPECT_EQ(c.verdict, Verdict::kExact);
   EXPECT_EQ(c.error, "");
+}
+
+}  // namespace
+}  // namespace bp::harness
+
+namespace bp::harness {
+namespace {
+
+std::vector<int64_t> layers_of(const std::string& spec, int64_t num_layers,
+                               Implementation canonical = Implementation::kCuda) {
+  std::string why;
+  const auto l = verify_layer_list(spec, num_layers, canonical, &why);
+  EXPECT_TRUE(l.has_value()) << spec << ": " << why;
+  return l.value_or(std::vector<int64_t>{});
+}
+
+// --verify-layers: the forms, the defaults by canonical and model size, the refusals.
+TEST(VerifyLayerList, FormsDefaultsAndRefusals) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(layers_of("", 3), (V{0, 1, 2}));  // under the GPU canonical: every layer of a small model
+  EXPECT_EQ(layers_of("", 4), (V{0, 1, 2, 3}));
+  EXPECT_EQ(layers_of("", 48), (V{0, 24, 47}));  // else 3, first and last among them
+  EXPECT_EQ(layers_of("", 48, Implementation::kReference), V{});  // the CPU canonical: only when asked
+  EXPECT_EQ(layers_of("all", 5), (V{0, 1, 2, 3, 4}));
+  EXPECT_EQ(layers_of("5", 48), (V{0, 12, 24, 35, 47}));
+  EXPECT_EQ(layers_of("100", 3), (V{0, 1, 2}));  // more than there are: all
+  EXPECT_EQ(layers_of("1", 48), V{0});
+  EXPECT_EQ(layers_of("47,0,23,23", 48), (V{0, 23, 47}));
+  EXPECT_EQ(layers_of("7,7", 48), V{7});
+  EXPECT_EQ(layers_of("999999999", kAnyNumberOfLayers), V{});  // the plan reader checks the form only
+  for (const char* bad : {"first", "0", "-1", "1,", ",1", "1,,2", "1.5", "all,1"}) {
+    std::string why;
+    EXPECT_FALSE(verify_layer_list(bad, 48, Implementation::kCuda, &why)) << bad;
+    EXPECT_NE(why.find("expected \"all\""), std::string::npos) << bad << ": " << why;
+  }
+  std::string why;
+  EXPECT_FALSE(verify_layer_list("3,48", 48, Implementation::kCuda, &why));
+  EXPECT_EQ(why, "layer 48 does not exist: the model has 48 layers (0 .. 47)");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,6 +228,38 @@ TEST_F(CliSweep, NcclAndCanonicalCudaCannotTestHere) {
   EXPECT_EQ(run("sweep " + kSmall + "--canonical cpu"), 2);
   EXPECT_NE(err_.find("--canonical: unknown canonical 'cpu'"), std::string::npos) << err_;
   EXPECT_EQ(run("run --implementation nccl --out " + path("n.safetensors")), 2);
+}
+
+// --verify-layers: after the cases, the CPU reference re-runs the chosen layers and
+// the head from the canonical run's captured inputs (here the CPU canonical: a
+// self-check; under --canonical cuda the GPU's, which needs a GPU: scripts/device).
+TEST_F(CliSweep, VerifyLayers) {
+  ASSERT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1 --path extend --verify-layers 0,2 "
+                "--json " + path("r.json")),
+            0)
+      << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  ASSERT_EQ(j["cases"].size(), 2u);
+  const json& v = j["cases"][1];
+  EXPECT_EQ(v["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/verify-layers");
+  EXPECT_EQ(v["verdict"], "exact");
+  EXPECT_EQ(v["parameters"]["verified_layers"], "0,2 and the head");
+  EXPECT_EQ(v["parameters"]["path"], "verify-layers");
+  EXPECT_NE(out_.find("verify-layers"), std::string::npos) << out_;  // its own column
+  std::set<std::string> names;
+  for (const json& t : v["tensors"]) names.insert(t["name"].get<std::string>());
+  for (const char* n : {"logprobs.0", "entropy.1", "ops.embed", "ops.layers.0.input_norm", "ops.layers.2.resid_mlp",
+                        "ops.final_norm", "ops.logits"})
+    EXPECT_TRUE(names.count(n)) << n;
+  for (const std::string& n : names) EXPECT_EQ(n.find("layers.1."), std::string::npos) << n;
+  // The first case compares no ops (no --capture): the captures stay the verification's.
+  for (const json& t : j["cases"][0]["tensors"]) EXPECT_NE(t["name"].get<std::string>().rfind("ops.", 0), 0u);
+
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1 --path extend --verify-layers 0,9"),
+            2);
+  EXPECT_NE(err_.find("layer 9 does not exist: the model has 3 layers"), std::string::npos) << err_;
+  EXPECT_EQ(run("sweep " + kSmall + "--verify-layers first"), 2);
+  EXPECT_NE(err_.find("--verify-layers: expected \"all\""), std::string::npos) << err_;
 }
 
 // --backend and a plan's "backends" are the old names of --implementation and

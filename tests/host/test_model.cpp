@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <ostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -112,6 +114,55 @@ TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
     EXPECT_TRUE(a.captures[i].bf16_data == b.captures[i].bf16_data) << a.captures[i].name;
   }
   EXPECT_EQ(a.captures.back().shape, (std::vector<int64_t>{93, cfg_.vocab_size}));
+}
+
+// Layer-sliced verification's premise: a layer's output bits depend only on its
+// input bits and the weights. Each layer and the head, replayed alone from the whole
+// run's captured input, gives that run's captures, logprobs and entropies; an input
+// one bit off changes them (the negative control).
+TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
+  const Model m(cfg_, w_, contract_->knobs);
+  bp::ref::ForwardOptions opt;
+  opt.capture = true;
+  opt.entropy = true;
+  const auto whole = m.forward(seqs_, Path::extend(), opt);
+  auto captured = [&](const std::string& name) -> const std::vector<bp::bf16>& {
+    for (const auto& c : whole.captures)
+      if (c.name == name) return c.bf16_data;
+    throw std::runtime_error("no capture " + name);
+  };
+  const int64_t L = cfg_.num_hidden_layers;
+  for (int64_t stage = 0; stage <= L; ++stage) {
+    std::map<int64_t, std::vector<bp::bf16>> inputs;
+    inputs[stage] = captured(stage == 0 ? "embed" : "layers." + std::to_string(stage - 1) + ".resid_mlp");
+    const std::set<int64_t> layers{stage};
+    bp::ref::ForwardOptions ro = opt;
+    ro.capture_layers = &layers;
+    ro.replay = &inputs;
+    const auto replayed = m.forward(seqs_, Path::extend(), ro);
+    const std::string prefix = stage == L ? "" : "layers." + std::to_string(stage) + ".";
+    size_t compared = 0;
+    for (const auto& c : replayed.captures) {
+      if (c.name == "embed" || (stage < L && c.name.rfind(prefix, 0) != 0)) continue;
+      EXPECT_TRUE(c.bf16_data == captured(c.name)) << "stage " << stage << ": " << c.name;
+      ++compared;
+    }
+    EXPECT_GE(compared, stage == L ? 2u : 13u) << "stage " << stage;  // final_norm + logits; a layer's ops
+    if (stage == L) {
+      EXPECT_TRUE(same_bits(flat(replayed.logprob), flat(whole.logprob)));
+      EXPECT_TRUE(same_bits(flat(replayed.entropy), flat(whole.entropy)));
+    }
+    // One bit of one input element off: the stage's first op differs.
+    inputs[stage][5].bits ^= 0x0100;
+    const auto off = m.forward(seqs_, Path::extend(), ro);
+    const std::string first = stage == L ? "final_norm" : prefix + "input_norm";
+    for (const auto& c : off.captures)
+      if (c.name == first) EXPECT_FALSE(c.bf16_data == captured(c.name)) << "negative control, stage " << stage;
+  }
+  bp::ref::ForwardOptions wrong_path = opt;
+  std::map<int64_t, std::vector<bp::bf16>> none;
+  wrong_path.replay = &none;
+  EXPECT_THROW(m.forward(seqs_, Path::decode(), wrong_path), std::invalid_argument);
 }
 
 TEST_P(ModelTest, NegativeControls) {
