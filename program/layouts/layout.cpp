@@ -43,9 +43,11 @@ std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn
   // whole chunks, so tp divides C (C a power of two: every aligned subtree is a tree).
   if (C % l.tp != 0) return not_dividing("tp", l.tp, "the contract's tp_tree_width", C);
   if (cfg.num_attention_heads % l.tp) return not_dividing("tp", l.tp, "num_attention_heads", cfg.num_attention_heads);
-  if (cfg.num_key_value_heads % l.tp)
-    return not_dividing("tp", l.tp, "num_key_value_heads", cfg.num_key_value_heads) +
-           " (replicated kv heads are not supported: dk/dv reduce over a whole GQA group)";
+  // kv heads are sharded whole (tp divides them) or replicated whole (tp a multiple of them).
+  if (cfg.num_key_value_heads % l.tp && l.tp % cfg.num_key_value_heads)
+    return "tp " + std::to_string(l.tp) + " neither divides num_key_value_heads " +
+           std::to_string(cfg.num_key_value_heads) +
+           " nor is a multiple of it (kv heads are sharded whole or replicated whole)";
   for (auto [field, value] : {std::pair{"q dim (heads x head_dim)", cfg.q_dim()},
                               std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()},
                               std::pair{"intermediate_size", cfg.intermediate_size},

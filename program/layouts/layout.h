@@ -43,7 +43,7 @@ struct Layout {
 std::optional<Layout> parse_layout(const std::string& s, std::string* why = nullptr);
 
 // Empty if the model can run under the layout with these knobs, else why not
-// (e.g. "tp 4 does not divide num_key_value_heads 2").
+// (e.g. "tp 4 does not divide num_attention_heads 6").
 std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn);
 
 }  // namespace bp::layouts

@@ -8,7 +8,8 @@
 namespace bp::layouts {
 
 // Gradient blocks: every plane rank holds the reduced gradient; plane rank 0
-// reports it — its TP slice, or (replicated over TP) rank t = 0 the whole.
+// reports it — its TP slice, or (replicated over TP) rank t = 0 the whole; a kv
+// slice is reported by whoever computes it (its first replica, backward_layer).
 template <class B>
 void RankProgram<B>::emit(Run& run, const std::string& name, FBuf g, Block block) const {
   if (comms_.plane.rank() != 0) return;
@@ -19,6 +20,10 @@ void RankProgram<B>::emit(Run& run, const std::string& name, FBuf g, Block block
       break;
     case Block::RowSlice:
       run.result.grads.push_back({name, t * block.rows, block.rows, 0, block.cols, block.cols, be_.take(std::move(g))});
+      break;
+    case Block::KvRowSlice:
+      run.result.grads.push_back(
+          {name, kv_slice() * block.rows, block.rows, 0, block.cols, block.cols, be_.take(std::move(g))});
       break;
     case Block::ColumnSlice:
       run.result.grads.push_back(
@@ -57,20 +62,23 @@ typename RankProgram<B>::FBuf RankProgram<B>::split_norm_dw(const TokenSplit& sp
 }
 
 // An RMSNorm's backward: dx for my rows, dw reduced over the plane and reported.
+// `slices`: the TP ranks whose head slices make up all heads, in head order (the
+// q/k norms), or empty when every rank holds the whole rows.
 template <class B>
 typename RankProgram<B>::Buf RankProgram<B>::norm_bwd(Run& run, const TokenSplit& split, const std::string& name,
                                                   const Buf& x, const FBuf& rstd, const Buf& dy, int heads, int n,
-                                                  bool heads_sliced) const {
+                                                  const std::vector<int>& slices) const {
   const int T = static_cast<int>(rstd.size()) / heads;
   Buf dx = zeros(static_cast<int64_t>(x.size()));
   FBuf dw_unused = fzeros(n);
   be_.rmsnorm_bwd(kn_, x.data(), w(name), rstd.data(), dy.data(), dx.data(), dw_unused.data(), T, heads, n);
-  if (heads_sliced) {
+  if (!slices.empty()) {
     // q/k norms: a token chunk's rows interleave all heads, so gather the TP slices first.
-    const Buf xs = gather_heads(x.data(), T, int64_t{heads} * n);
-    const Buf dys = gather_heads(dy.data(), T, int64_t{heads} * n);
-    const FBuf rs = gather_heads(rstd.data(), T, heads);
-    emit(run, name, split_norm_dw(split, name, xs, rs, dys, heads * layout_.tp, n), {Block::Whole, 1, n});
+    const Buf xs = gather_heads(x.data(), T, int64_t{heads} * n, slices);
+    const Buf dys = gather_heads(dy.data(), T, int64_t{heads} * n, slices);
+    const FBuf rs = gather_heads(rstd.data(), T, heads, slices);
+    const int all_heads = heads * static_cast<int>(slices.size());
+    emit(run, name, split_norm_dw(split, name, xs, rs, dys, all_heads, n), {Block::Whole, 1, n});
   } else {
     emit(run, name, split_norm_dw(split, name, x, rstd, dy, heads, n), {Block::Whole, 1, n});
   }
@@ -88,7 +96,7 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const Buf da =
       cfg_.is_moe_layer(li) ? moe_bwd(run, split, tk, li, s.a2, dx) : dense_mlp_bwd(run, split, li, s.a2, dx);
   const Buf db =
-      norm_bwd(run, split, lname(li, Param::PostNorm), s.x_mid, s.rstd2, da, 1, d.H, false);
+      norm_bwd(run, split, lname(li, Param::PostNorm), s.x_mid, s.rstd2, da, 1, d.H, {});
   be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
 
   const std::string wo = lname(li, Param::OProj);
@@ -106,22 +114,25 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const auto pos_dev = be_.resident(tk.pos);
   be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, d.Hql);
   be_.rope_bwd(kn_, rt, pos_dev.data(), dk.data(), dkn.data(), T, d.Hkvl);
-  const Buf dqp = norm_bwd(run, split, lname(li, Param::QNorm), s.q_pre, s.rstd_q, dqn, d.Hql, d.D, true);
-  const Buf dkp = norm_bwd(run, split, lname(li, Param::KNorm), s.k_pre, s.rstd_k, dkn, d.Hkvl, d.D, true);
+  const Buf dqp = norm_bwd(run, split, lname(li, Param::QNorm), s.q_pre, s.rstd_q, dqn, d.Hql, d.D, all_tp_ranks());
+  const Buf dkp =
+      norm_bwd(run, split, lname(li, Param::KNorm), s.k_pre, s.rstd_k, dkn, d.Hkvl, d.D, kv_head_ranks());
 
   // a1 feeds q, k and v: three column-parallel input gradients, rounded once.
   const std::string wq = lname(li, Param::QProj), wk = lname(li, Param::KProj),
                     wv = lname(li, Param::VProj);
   const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.QDl);
-  const FBuf from_k = column_dgrad(dkp.data(), w(wk), T, d.H, d.KDl);
-  const FBuf from_v = column_dgrad(dv.data(), w(wv), T, d.H, d.KDl);
+  const FBuf from_k = kv_dgrad(dkp, wk, T);
+  const FBuf from_v = kv_dgrad(dv, wv, T);
   const float* parts[3] = {from_q.data(), from_k.data(), from_v.data()};
   Buf da1 = zeros(static_cast<int64_t>(from_q.size()));
   be_.sum_round(parts, 3, da1.data(), da1.size());
   emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), {Block::RowSlice, d.QDl, d.H});
-  emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), {Block::RowSlice, d.KDl, d.H});
-  emit(run, wv, split_wgrad(split, dv, d.KDl, s.a1, d.H), {Block::RowSlice, d.KDl, d.H});
-  const Buf dbi = norm_bwd(run, split, lname(li, Param::InputNorm), s.x_in, s.rstd1, da1, 1, d.H, false);
+  if (kv_leader()) {  // replicas hold the same dk, dv: one computes the weight gradients (a whole plane: same t)
+    emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), {Block::KvRowSlice, d.KDl, d.H});
+    emit(run, wv, split_wgrad(split, dv, d.KDl, s.a1, d.H), {Block::KvRowSlice, d.KDl, d.H});
+  }
+  const Buf dbi = norm_bwd(run, split, lname(li, Param::InputNorm), s.x_in, s.rstd1, da1, 1, d.H, {});
   be_.residual_fwd(kn_, dx.data(), dbi.data(), dx.data(), dx.size());
 }
 
@@ -162,7 +173,7 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   // lm_head: vocabulary-parallel (its input gradient reduces over V in C chunks).
   const Buf dh = round_all(column_dgrad(dl.data(), lm_head_, T, d.H, d.Vl));
   FBuf dlm = split_wgrad(split, dl, d.Vl, sv.hn, d.H);
-  Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, false);
+  Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, {});
 
   for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
     run_control::at_layer("backward", li, cfg_.num_hidden_layers);

@@ -67,21 +67,39 @@ void RankProgram<B>::share_kv(Run& run, const Tokens& tk, int64_t layer, const B
   }
 }
 
-// dk, dv of my tokens under CP: the CP ranks gather each sequence's query side;
-// query chunk c's partials are computed by CP rank c mod cp, all-gathered, and
-// every rank combines the chunks in order (attention's own tree).
+// dk, dv of my tokens: with replicated kv heads the replicas first gather their
+// query side, so that each holds its kv head's whole GQA group (a chunk's chain runs
+// over all the group's heads, SPEC.md §5.6); under CP the CP ranks gather each
+// sequence's query side; query chunk c's partials are computed by CP rank c mod cp,
+// all-gathered, and every rank combines the chunks in order (attention's own tree).
 template <class B>
 void RankProgram<B>::attention_kv_bwd(const Run& run, const Tokens& tk, const LayerSaved& s,
                                     const std::map<int, int>& kv_begin, const Buf& dO, Buf& dk, Buf& dv) const {
   const Dims& d = d_;
-  const ref::AttnDims ad{d.Hql, d.Hkvl, d.D};
+  const int Hg = d.Hkvl * (d.Hq / d.Hkv), QDg = Hg * d.D;  // my kv heads' query heads (Hql unless replicated)
+  const ref::AttnDims ad{Hg, d.Hkvl, d.D};
+  Buf group_q, group_o, group_do;
+  FBuf group_m, group_l;
+  if (d.R > 1) {
+    const std::vector<int> group = kv_group_ranks();
+    group_q = gather_heads(s.q.data(), tk.size(), d.QDl, group);
+    group_o = gather_heads(s.o.data(), tk.size(), d.QDl, group);
+    group_do = gather_heads(dO.data(), tk.size(), d.QDl, group);
+    group_m = gather_heads(s.m.data(), tk.size(), d.Hql, group);
+    group_l = gather_heads(s.l.data(), tk.size(), d.Hql, group);
+  }
+  const Buf& my_q = d.R > 1 ? group_q : s.q;
+  const Buf& my_o = d.R > 1 ? group_o : s.o;
+  const Buf& my_do = d.R > 1 ? group_do : dO;
+  const FBuf& my_m = d.R > 1 ? group_m : s.m;
+  const FBuf& my_l = d.R > 1 ? group_l : s.l;
   const int CP = layout_.cp, chunk = kn_.grad_token_chunk;
   const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(tk.seq_pos()));
-  const auto all_q = be_.all_gather(comms_.cp, s.q.data(), s.q.size());
-  const auto all_o = be_.all_gather(comms_.cp, s.o.data(), s.o.size());
-  const auto all_do = be_.all_gather(comms_.cp, dO.data(), dO.size());
-  const auto all_m = be_.all_gather(comms_.cp, s.m.data(), s.m.size());
-  const auto all_l = be_.all_gather(comms_.cp, s.l.data(), s.l.size());
+  const auto all_q = be_.all_gather(comms_.cp, my_q.data(), my_q.size());
+  const auto all_o = be_.all_gather(comms_.cp, my_o.data(), my_o.size());
+  const auto all_do = be_.all_gather(comms_.cp, my_do.data(), my_do.size());
+  const auto all_m = be_.all_gather(comms_.cp, my_m.data(), my_m.size());
+  const auto all_l = be_.all_gather(comms_.cp, my_l.data(), my_l.size());
   for (const auto& [seq, kv0] : kv_begin) {
     const int S = run.len(seq), n_chunks = (S + chunk - 1) / chunk;
     // The gathered row (over all CP ranks' rows, in rank order) of each position.
@@ -92,13 +110,13 @@ void RankProgram<B>::attention_kv_bwd(const Run& run, const Tokens& tk, const La
         if (where[2 * i] == seq) at_pos[sz(where[2 * i + 1])] = gathered;
     if (std::find(at_pos.begin(), at_pos.end(), -1) != at_pos.end())
       throw std::logic_error("layouts: a sequence's positions are not all on its CP ranks");
-    Buf q = zeros(int64_t{S} * d.QDl), o = zeros(int64_t{S} * d.QDl), dout = zeros(int64_t{S} * d.QDl);
-    FBuf m = fzeros(int64_t{S} * d.Hql), l = fzeros(int64_t{S} * d.Hql);
-    be_.gather_rows(all_q.data.data(), sz(d.QDl), at_pos, q.data());
-    be_.gather_rows(all_o.data.data(), sz(d.QDl), at_pos, o.data());
-    be_.gather_rows(all_do.data.data(), sz(d.QDl), at_pos, dout.data());
-    be_.gather_rows(all_m.data.data(), sz(d.Hql), at_pos, m.data());
-    be_.gather_rows(all_l.data.data(), sz(d.Hql), at_pos, l.data());
+    Buf q = zeros(int64_t{S} * QDg), o = zeros(int64_t{S} * QDg), dout = zeros(int64_t{S} * QDg);
+    FBuf m = fzeros(int64_t{S} * Hg), l = fzeros(int64_t{S} * Hg);
+    be_.gather_rows(all_q.data.data(), sz(QDg), at_pos, q.data());
+    be_.gather_rows(all_o.data.data(), sz(QDg), at_pos, o.data());
+    be_.gather_rows(all_do.data.data(), sz(QDg), at_pos, dout.data());
+    be_.gather_rows(all_m.data.data(), sz(Hg), at_pos, m.data());
+    be_.gather_rows(all_l.data.data(), sz(Hg), at_pos, l.data());
     const size_t part = sz(int64_t{S} * d.KDl);
     const bf16* k = s.kp.data() + int64_t{kv0} * d.KDl;
     const bf16* v = s.vp.data() + int64_t{kv0} * d.KDl;

@@ -20,7 +20,11 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   const Tokens tk = my_tokens(run, pieces);
   const int T = tk.size();
   const ref::RopeTable rt = rope_table();
-  const int64_t t0 = at_.t;
+  const int64_t t0 = at_.t, kv0 = kv_slice();
+  // k and v columns: my kv heads', reported by their first replica.
+  auto capture_kv = [&](const std::string& name, const Buf& b) {
+    if (kv_leader()) capture(run, tk, name, b, d.KDl, kv0 * d.KDl, int64_t{d.Hkv} * d.D);
+  };
   const auto tok_dev = be_.resident(tk.tok);
   const auto pos_dev = be_.resident(tk.pos);
 
@@ -46,8 +50,8 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::KProj)), s.k_pre.data(), T, d.H, d.KDl, 1);
     be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::VProj)), v.data(), T, d.H, d.KDl, 1);
     capture(run, tk, cname(li, Op::QProj), s.q_pre, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, Op::KProj), s.k_pre, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
-    capture(run, tk, cname(li, Op::VProj), v, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture_kv(cname(li, Op::KProj), s.k_pre);
+    capture_kv(cname(li, Op::VProj), v);
     s.qn = zeros(int64_t{T} * d.QDl);
     s.kn = zeros(int64_t{T} * d.KDl);
     s.rstd_q = fzeros(int64_t{T} * d.Hql);
@@ -57,13 +61,13 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     be_.rmsnorm_fwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), d.eps, s.kn.data(), s.rstd_k.data(),
                     T, d.Hkvl, d.D);
     capture(run, tk, cname(li, Op::QNorm), s.qn, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, Op::KNorm), s.kn, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture_kv(cname(li, Op::KNorm), s.kn);
     s.q = zeros(int64_t{T} * d.QDl);
     Buf kr = zeros(int64_t{T} * d.KDl);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.qn.data(), s.q.data(), T, d.Hql);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.kn.data(), kr.data(), T, d.Hkvl);
     capture(run, tk, cname(li, Op::QRope), s.q, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    capture(run, tk, cname(li, Op::KRope), kr, d.KDl, t0 * d.KDl, int64_t{d.Hkv} * d.D);
+    capture_kv(cname(li, Op::KRope), kr);
 
     std::map<int, int> kv_begin;
     share_kv(run, tk, li, kr, v, pieces, s.kp, s.vp, kv_begin);

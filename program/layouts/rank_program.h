@@ -72,7 +72,8 @@ class RankProgram {
     std::vector<int> ids_host;  // the exchange plans on the host
   };
   struct Block {  // where a rank's gradient sits in the parameter
-    enum Kind { Whole, RowSlice, ColumnSlice } kind;
+    // KvRowSlice: the rows of the kv head(s) this rank holds (kv_slice(); only replica 0 computes them).
+    enum Kind { Whole, RowSlice, ColumnSlice, KvRowSlice } kind;
     int64_t rows, cols;  // of this rank's block
   };
 
@@ -90,6 +91,10 @@ class RankProgram {
   ref::RopeTable rope_table() const {
     return {rope_cos_.data(), rope_sin_.data(), static_cast<int>(cfg_.max_position_embeddings), d_.D};
   }
+  // Replicated kv heads (SPEC.md §7): my slice of the kv heads, and whether I am
+  // its first replica (the one that reports what the replicas compute alike).
+  int kv_slice() const { return at_.t / d_.R; }
+  bool kv_leader() const { return at_.t % d_.R == 0; }
   PartialSum tp_sum() const { return layout_.reduction == Reduction::Tree ? PartialSum::Tree : PartialSum::Ring; }
 
   void keep_weights(const Weights& weights);
@@ -102,9 +107,13 @@ class RankProgram {
   FBuf tp_reduce(const FBuf& mine, PartialSum how) const;
   Buf round_all(const FBuf& a) const;
   template <class T>
-  BufOf<T> gather_heads(const T* mine, int tokens, int64_t slice) const;
+  BufOf<T> gather_heads(const T* mine, int tokens, int64_t slice, const std::vector<int>& ranks) const;
+  std::vector<int> all_tp_ranks() const;
+  std::vector<int> kv_head_ranks() const;
+  std::vector<int> kv_group_ranks() const;
   Buf row_parallel(const bf16* x, const std::string& name, int T, int k_local, int n) const;
   FBuf column_dgrad(const bf16* dy, const bf16* w_slice, int T, int k, int n_local) const;
+  FBuf kv_dgrad(const Buf& dy, const std::string& name, int T) const;
   void share_kv(Run& run, const Tokens& tk, int64_t layer, const Buf& k, const Buf& v,
                 const std::vector<ref::PathPiece>& pieces, Buf& kp, Buf& vp, std::map<int, int>& kv_begin) const;
   Buf dense_mlp(Run& run, const Tokens& tk, int64_t li, const Buf& a2) const;
@@ -127,7 +136,7 @@ class RankProgram {
   FBuf split_norm_dw(const TokenSplit& split, const std::string& name, const Buf& x, const FBuf& rstd, const Buf& dy,
                      int heads, int n) const;
   Buf norm_bwd(Run& run, const TokenSplit& split, const std::string& name, const Buf& x, const FBuf& rstd,
-               const Buf& dy, int heads, int n, bool heads_sliced) const;
+               const Buf& dy, int heads, int n, const std::vector<int>& slices) const;
   Buf dense_mlp_bwd(Run& run, const TokenSplit& split, int64_t li, const Buf& a2, const Buf& dout) const;
   Buf moe_bwd(Run& run, const TokenSplit& split, const Tokens& tk, int64_t li, const Buf& a2, const Buf& dout) const;
   void attention_kv_bwd(const Run& run, const Tokens& tk, const LayerSaved& s, const std::map<int, int>& kv_begin,
@@ -138,6 +147,7 @@ class RankProgram {
   struct Dims {
     int H, D, Hq, Hkv, V, C, E, K, Ie, I;
     int tp, Hql, Hkvl, QDl, KDl, Il, Vl;
+    int R;  // replicas of each kv head: tp / Hkv when tp > Hkv, else 1 (then Hkvl = Hkv / tp)
     int local_chunks;  // chunks of a C-chunk reduction one rank holds (1 under Ring: one local chain)
     float eps;
   };
@@ -227,7 +237,8 @@ RankProgram<B>::RankProgram(const ModelConfig& cfg, const Weights& w, const Knob
   d.I = static_cast<int>(cfg.intermediate_size);
   d.tp = layout.tp;
   d.Hql = d.Hq / d.tp;
-  d.Hkvl = d.Hkv / d.tp;
+  d.R = d.tp > d.Hkv ? d.tp / d.Hkv : 1;
+  d.Hkvl = d.Hkv * d.R / d.tp;
   d.QDl = d.Hql * d.D;
   d.KDl = d.Hkvl * d.D;
   d.Il = d.I / d.tp;
@@ -245,17 +256,18 @@ RankProgram<B>::RankProgram(const ModelConfig& cfg, const Weights& w, const Knob
 }
 
 // This rank's share of every weight it uses: replicated ones whole; column-
-// parallel ones (q, k, v, gate, up, the untied lm_head) their t-th block of rows;
+// parallel ones (q, gate, up, the untied lm_head) their t-th block of rows, k
+// and v their kv_slice()-th (t's unless kv heads are replicated);
 // row-parallel ones (o_proj, dense down_proj) their t-th block of K columns,
 // made contiguous; experts only where they live.
 template <class B>
 void RankProgram<B>::keep_weights(const Weights& weights) {
   const Dims& d = d_;
   auto whole = [&](const std::string& name) { w_.emplace(name, be_.resident(weights.at(name).data)); };
-  auto rows = [&](const std::string& name, int64_t rows_each) {
+  auto rows = [&](const std::string& name, int64_t rows_each, int64_t block) {
     const Tensor& t = weights.at(name);
     const int64_t n = rows_each * t.shape[1];
-    w_.emplace(name, be_.resident(std::span<const bf16>(t.data.data() + int64_t{at_.t} * n, sz(n))));
+    w_.emplace(name, be_.resident(std::span<const bf16>(t.data.data() + block * n, sz(n))));
   };
   auto columns = [&](const std::string& name, int k_full, int k_local) {
     const Tensor& t = weights.at(name);
@@ -268,21 +280,21 @@ void RankProgram<B>::keep_weights(const Weights& weights) {
   };
   whole(graph::param_name(Param::Embed));
   whole(graph::param_name(Param::FinalNorm));
-  if (!cfg_.tie_word_embeddings) rows(graph::param_name(Param::LmHead), d.Vl);
+  if (!cfg_.tie_word_embeddings) rows(graph::param_name(Param::LmHead), d.Vl, at_.t);
   const auto [e_begin, e_end] = ExpertExchange::held_experts(layout_, d.E, at_.plane_rank(layout_));
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
     for (const Param norm : {Param::InputNorm, Param::PostNorm, Param::QNorm, Param::KNorm}) whole(lname(i, norm));
-    rows(lname(i, Param::QProj), d.QDl);
-    rows(lname(i, Param::KProj), d.KDl);
-    rows(lname(i, Param::VProj), d.KDl);
+    rows(lname(i, Param::QProj), d.QDl, at_.t);
+    rows(lname(i, Param::KProj), d.KDl, kv_slice());
+    rows(lname(i, Param::VProj), d.KDl, kv_slice());
     columns(lname(i, Param::OProj), d.Hq * d.D, d.QDl);
     if (cfg_.is_moe_layer(i)) {
       whole(lname(i, Param::Router));
       for (int e = e_begin; e < e_end; ++e)
         for (const Param p : kExpertParams) whole(graph::param_name(i, e, p));
     } else {
-      rows(lname(i, Param::MlpGate), d.Il);
-      rows(lname(i, Param::MlpUp), d.Il);
+      rows(lname(i, Param::MlpGate), d.Il, at_.t);
+      rows(lname(i, Param::MlpUp), d.Il, at_.t);
       columns(lname(i, Param::MlpDown), d.I, d.Il);
     }
   }

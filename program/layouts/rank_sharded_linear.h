@@ -27,19 +27,42 @@ typename RankProgram<B>::Buf RankProgram<B>::round_all(const FBuf& a) const {
   return out;
 }
 
-// [T][n_l·TP][w] from every TP rank's [T][n_l][w] head slice (heads in rank
-// order), `slice` = n_l·w elements per token.
+// [T][n_l·|ranks|][w] from the head slices [T][n_l][w] of the TP ranks `ranks`,
+// heads in that order; `slice` = n_l·w elements per token. Every TP rank takes
+// part in the all-gather, whichever ranks it keeps.
 template <class B>
 template <class T>
-typename RankProgram<B>::template BufOf<T> RankProgram<B>::gather_heads(const T* mine, int tokens, int64_t slice) const {
+typename RankProgram<B>::template BufOf<T> RankProgram<B>::gather_heads(const T* mine, int tokens, int64_t slice,
+                                                                    const std::vector<int>& ranks) const {
   const auto all = be_.all_gather(comms_.tp, mine, sz(tokens * slice));
-  const int P = comms_.tp.size();
-  std::vector<int> rows;  // output row t·P + r is rank r's row t
+  std::vector<int> rows;  // output row t·|ranks| + i is rank ranks[i]'s row t
   for (int t = 0; t < tokens; ++t)
-    for (int r = 0; r < P; ++r) rows.push_back(static_cast<int>(all.offset[sz(r)] / sz(slice)) + t);
+    for (const int r : ranks) rows.push_back(static_cast<int>(all.offset[sz(r)] / sz(slice)) + t);
   BufOf<T> out = be_.template zeros<T>(rows.size() * sz(slice));
   be_.gather_rows(all.data.data(), sz(slice), rows, out.data());
   return out;
+}
+
+// Whose head slices make up a whole: every TP rank's query heads; one replica
+// (the first) of each kv head; the replicas of my kv head, whose query heads
+// together are its GQA group.
+template <class B>
+std::vector<int> RankProgram<B>::all_tp_ranks() const {
+  std::vector<int> r(sz(d_.tp));
+  for (int t = 0; t < d_.tp; ++t) r[sz(t)] = t;
+  return r;
+}
+template <class B>
+std::vector<int> RankProgram<B>::kv_head_ranks() const {
+  std::vector<int> r;
+  for (int t = 0; t < d_.tp; t += d_.R) r.push_back(t);
+  return r;
+}
+template <class B>
+std::vector<int> RankProgram<B>::kv_group_ranks() const {
+  std::vector<int> r;
+  for (int i = 0; i < d_.R; ++i) r.push_back(kv_slice() * d_.R + i);
+  return r;
 }
 
 // R(x · W) for a row-parallel W whose K this rank holds a slice of: the local
@@ -71,6 +94,22 @@ typename RankProgram<B>::FBuf RankProgram<B>::column_dgrad(const bf16* dy, const
   FBuf acc = fzeros(int64_t{T} * k);
   be_.linear_dgrad_acc(kn_, dy, w_slice, acc.data(), T, k, n_local, d_.local_chunks);
   return tp_reduce(acc, tp_sum());
+}
+
+// The fp32 input gradient through k_proj or v_proj (`name`) from dy [T][KDl], my
+// kv heads' output gradient. Replicas hold the same head, but the C-chunk tree over
+// kv dim must see each chunk once: rank t contributes its 1/tp feature slice, at
+// offset (t mod R)·D/R in its head — the chunks an unreplicated rank t holds.
+template <class B>
+typename RankProgram<B>::FBuf RankProgram<B>::kv_dgrad(const Buf& dy, const std::string& name, int T) const {
+  const Dims& d = d_;
+  if (d.R == 1) return column_dgrad(dy.data(), w(name), T, d.H, d.KDl);
+  const int n = d.KDl / d.R, part = at_.t % d.R;
+  std::vector<int> rows;  // dy as [T·R][n]: token i's part is row i·R + part
+  for (int i = 0; i < T; ++i) rows.push_back(i * d.R + part);
+  Buf mine = zeros(int64_t{T} * n);
+  be_.gather_rows(dy.data(), sz(n), rows, mine.data());
+  return column_dgrad(mine.data(), w(name) + int64_t{part} * n * d.H, T, d.H, n);
 }
 
 }  // namespace bp::layouts

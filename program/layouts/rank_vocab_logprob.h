@@ -15,7 +15,7 @@ namespace bp::layouts {
 template <class B>
 typename RankProgram<B>::FBuf RankProgram<B>::gather_chunks(const FBuf& mine, int R) const {
   const int n_local = d_.C / d_.tp;
-  if (layout_.reduction == Reduction::Tree) return gather_heads(mine.data(), R, n_local);
+  if (layout_.reduction == Reduction::Tree) return gather_heads(mine.data(), R, n_local, all_tp_ranks());
   std::vector<int> by_chunk;  // [R][n_local] → [n_local][R]
   std::vector<size_t> chunk_at;
   for (int j = 0; j < n_local; ++j) {
@@ -43,7 +43,7 @@ typename RankProgram<B>::RowStats RankProgram<B>::two_pass_logprobs(const Buf& l
   RowStats st{fzeros(R), fzeros(R), fzeros(R), fzeros(R)};
   FBuf part = fzeros(int64_t{R} * n_local), tpart = fzeros(int64_t{R} * n_local);
   be_.logprob_chunk_max(kn_, lg.data(), d_.Vl, R, chunk_len, n_local, temp, part.data(), n_local);
-  be_.logprob_row_max(kn_, gather_heads(part.data(), R, n_local).data(), R, st.row_max.data());
+  be_.logprob_row_max(kn_, gather_heads(part.data(), R, n_local, all_tp_ranks()).data(), R, st.row_max.data());
   be_.logprob_chunk_sums(kn_, lg.data(), d_.Vl, R, chunk_len, n_local, temp, st.row_max.data(), part.data(),
                          entropy ? tpart.data() : nullptr, n_local);
   const FBuf sums = gather_chunks(part, R), tsums = entropy ? gather_chunks(tpart, R) : FBuf{};

@@ -136,7 +136,7 @@ TEST_F(CliSweep, BadPlansExitTwoNamingFileAndFieldAndKeepTheReport) {
       {"{\"backends\": [\"tpu\"]}", "backends[0]"},
       {"{\"paths\": [\"chunked:0\"]}", "paths[0]"},
       {"{\"layouts\": [\"tp2-ep1\"]}", "layouts[0]"},
-      {"{\"models\": [\"qwen3-dense-tiny\"], \"layouts\": [\"tp8-ep1-cp1\"]}", "layouts[0]"},  // 4 kv heads
+      {"{\"models\": [\"qwen3-dense-tiny\"], \"layouts\": [\"tp16-ep1-cp1\"]}", "layouts[0]"},  // tp > C
       {"{\"models\": [\"qwen3-dense-tiny\"], \"layouts\": [\"tp1-ep2-cp1\"]}", "layouts[0]"},  // dense: no ep
       {"{\"models\": [\"no-such-fixture\"]}", "models[0]"},
       {"{\"models\": [\"./no/such/dir\"]}", "models[0]"},
@@ -362,18 +362,21 @@ TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
 TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   const std::string fixture = std::string(std::getenv("BP_SOURCE_DIR")) + "/fixtures/models/qwen3-dense-tiny";
   const json cfg = json::parse(read(fixture + "/config.json"));
-  auto model = [&](const std::string& name, const std::string& key, int value) {
+  auto model = [&](const std::string& name, const json& changes) {
     std::filesystem::create_directories(path(name));
     json c = cfg;
-    c[key] = value;
+    c.update(changes);
     write(name + "/config.json", c.dump());
     return path(name);
   };
-  const std::string mqa = model("mqa", "num_key_value_heads", 1), odd = model("odd", "vocab_size", 300);
-  const std::string shortpos = model("short", "max_position_embeddings", 8);
-  EXPECT_EQ(run("sweep --model " + mqa + " --lengths 5 --tp 2,4 --ep 2,4"), 2);
-  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + mqa + " under bf16-sm90tc-v2: "
-                      "tp 2, 4: does not divide num_key_value_heads 1"),
+  // 12 query heads on 6 kv heads: tp 4 neither shards nor replicates them (tp 2 does).
+  const std::string gqa6 = model("gqa6", {{"num_attention_heads", 12}, {"num_key_value_heads", 6}});
+  const std::string odd = model("odd", {{"vocab_size", 300}});
+  const std::string shortpos = model("short", {{"max_position_embeddings", 8}});
+  const std::string mqa = model("mqa", {{"num_key_value_heads", 1}});  // tp 2, 4 replicate its kv head
+  EXPECT_EQ(run("sweep --model " + gqa6 + " --lengths 5 --tp 4 --ep 2,4"), 2);
+  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + gqa6 + " under bf16-sm90tc-v2: "
+                      "tp 4: neither divides num_key_value_heads 6 nor is a multiple of it"),
             std::string::npos)
       << err_;
   EXPECT_NE(err_.find("; ep 2, 4: needs a MoE model"), std::string::npos) << err_;
@@ -398,13 +401,21 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   EXPECT_NE(err_.find("defaults: --lengths[1]: 11 tokens exceed the model's max_position_embeddings 8"),
             std::string::npos)
       << err_;
-  ASSERT_EQ(run("list --model " + mqa + " --model " + odd), 0) << err_;
-  EXPECT_NE(out_.find("missing tp 2, 4: does not divide num_key_value_heads 1"), std::string::npos) << out_;
+  ASSERT_EQ(run("list --model " + gqa6 + " --model " + odd + " --model " + mqa), 0) << err_;
+  EXPECT_NE(out_.find("missing tp 4: neither divides num_key_value_heads 6"), std::string::npos) << out_;
+  const size_t mqa_at = out_.find("  " + mqa + " ", out_.find("\nlayouts"));  // its line of layouts
+  ASSERT_NE(mqa_at, std::string::npos) << out_;
+  const std::string mqa_line = out_.substr(mqa_at, out_.find('\n', mqa_at) - mqa_at);
+  EXPECT_NE(mqa_line.find(" tp2-ep1-cp1 "), std::string::npos) << mqa_line;
+  EXPECT_NE(mqa_line.find(" tp4-ep1-cp2z"), std::string::npos) << mqa_line;
   EXPECT_NE(out_.find("missing ep 2, 4: needs a MoE model"), std::string::npos) << out_;
-  EXPECT_NE(out_.find("(none)\n" + std::string(odd.size() + 4, ' ') +
+  EXPECT_NE(out_.find("(none)\n" + std::string(std::max({gqa6.size(), odd.size(), mqa.size()}) + 4, ' ') +
                       "missing every layout: vocab_size 300 is not a multiple of tp_tree_width 8"),
             std::string::npos)
       << out_;
+  // And its replicated layouts run, exact against the unsharded reference.
+  EXPECT_EQ(run("sweep --model " + mqa + " --lengths 5,9 --layout tp4-ep1-cp1,tp2-ep1-cp2z --path extend"), 0)
+      << out_ << err_;
 }
 
 // The README's main command: the default sweep (both fixtures, the v2 pair,

@@ -9,18 +9,26 @@
 // (fixture, contract) cases (model_cases.h); the `slow` twin runs the other half
 // and the whole matrix for all. Negative control: the ring reduction (a local chain
 // per rank, then NCCL's ring order) makes TP = 2 differ.
+// Replicated kv heads (tp a multiple of num_key_value_heads, up to tp 8): MQA, GQA and
+// a Qwen3-30B-A3B-shaped MoE under all four contracts, every path and the backward,
+// exact likewise (larger layouts in the slow twin); their negative control cuts a
+// GQA group's dk/dv chain between replicas.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
+#include <type_traits>
 
 #include "host/layouts.h"
+#include "reference/common/rng.h"
+#include "reference/ops/attention.h"
 #include "program/layouts/sharding.h"
 #include "support/model_cases.h"
 
 namespace {
 
+using bp::bf16;
 using bp::layouts::CpSplit;
 using bp::layouts::Layout;
 using bp::layouts::Reduction;
@@ -64,6 +72,54 @@ const std::vector<std::pair<std::string, Path>>& paths() {
                                                                   {"decode", Path::decode()}};
   return p;
 }
+const std::vector<std::string> kEveryPath = {"extend", "ragged", "chunked:5,3", "decode"};
+
+// Each layout on each named path: logprobs and entropies equal the unsharded extend's.
+void expect_forward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
+                          const std::vector<Layout>& layouts, const std::vector<std::string>& path_names) {
+  const bp::ref::Model ref(cfg, w, kn);
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  const auto want = ref.forward(seqs, Path::extend(), opt);
+  for (const Layout& l : layouts)
+    for (const auto& [name, path] : paths()) {
+      if (std::find(path_names.begin(), path_names.end(), name) == path_names.end()) continue;
+      const auto got = bp::layouts::forward(cfg, w, kn, l, seqs, path, opt);
+      EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
+      EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
+    }
+}
+
+// Each layout's backward: logprobs, coefficients and every gradient equal the unsharded backward's.
+void expect_backward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
+                           const std::vector<Layout>& layouts, const bp::ref::LossCoefficients& coefs = kCoefs) {
+  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, coefs);
+  for (const Layout& l : layouts) {
+    const auto got = bp::layouts::backward(cfg, w, kn, l, seqs, coefs);
+    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
+    EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
+    ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
+    for (const auto& [name, g] : want.grads) {
+      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
+      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
+    }
+  }
+}
+
+// Every op's captured output under the layout and path is the unsharded extend's, row for row.
+void expect_captures_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
+                           const Layout& l, const Path& path) {
+  bp::ref::ForwardOptions opt;
+  opt.capture = true;
+  const auto want = bp::ref::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
+  const auto got = bp::layouts::forward(cfg, w, kn, l, seqs, path, opt);
+  ASSERT_EQ(got.captures.size(), want.captures.size()) << l.name();
+  for (size_t i = 0; i < want.captures.size(); ++i) {
+    EXPECT_EQ(got.captures[i].name, want.captures[i].name) << l.name();
+    EXPECT_EQ(got.captures[i].shape, want.captures[i].shape) << l.name() << " " << want.captures[i].name;
+    EXPECT_TRUE(got.captures[i].bf16_data == want.captures[i].bf16_data) << l.name() << " " << want.captures[i].name;
+  }
+}
 
 class LayoutsTest : public bp::test::FixtureTest {
  protected:
@@ -74,31 +130,10 @@ class LayoutsTest : public bp::test::FixtureTest {
   }
 
   void expect_forward_exact(const std::vector<Layout>& layouts, const std::vector<std::string>& path_names) {
-    const bp::ref::Model ref(cfg_, w_, kn_);
-    bp::ref::ForwardOptions opt;
-    opt.entropy = true;
-    const auto want = ref.forward(path_seqs_, Path::extend(), opt);
-    for (const Layout& l : layouts)
-      for (const auto& [name, path] : paths()) {
-        if (std::find(path_names.begin(), path_names.end(), name) == path_names.end()) continue;
-        const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, path, opt);
-        EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
-        EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
-      }
+    ::expect_forward_exact(cfg_, w_, kn_, path_seqs_, layouts, path_names);
   }
-
   void expect_backward_exact(const std::vector<Layout>& layouts, const bp::ref::LossCoefficients& coefs = kCoefs) {
-    const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, coefs);
-    for (const Layout& l : layouts) {
-      const auto got = bp::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, coefs);
-      EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
-      EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
-      ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
-      for (const auto& [name, g] : want.grads) {
-        ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
-        EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
-      }
-    }
+    ::expect_backward_exact(cfg_, w_, kn_, grad_seqs_, layouts, coefs);
   }
 
   Seqs grad_seqs_, path_seqs_;
@@ -136,17 +171,8 @@ TEST_P(LayoutsTest, SlowWholeMatrixExact) {
 
 // Every op's captured output is the unsharded model's, row for row.
 TEST_P(LayoutsTest, CapturesExact) {
-  bp::ref::ForwardOptions opt;
-  opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
-  Layout l = *bp::layouts::parse_layout(cfg_.is_moe_model() ? "tp2-ep2-cp2z" : "tp2-ep1-cp2z");
-  const auto got = bp::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Path::chunked({4}), opt);
-  ASSERT_EQ(got.captures.size(), want.captures.size());
-  for (size_t i = 0; i < want.captures.size(); ++i) {
-    EXPECT_EQ(got.captures[i].name, want.captures[i].name);
-    EXPECT_EQ(got.captures[i].shape, want.captures[i].shape) << want.captures[i].name;
-    EXPECT_TRUE(got.captures[i].bf16_data == want.captures[i].bf16_data) << want.captures[i].name;
-  }
+  const Layout l = *bp::layouts::parse_layout(cfg_.is_moe_model() ? "tp2-ep2-cp2z" : "tp2-ep1-cp2z");
+  expect_captures_exact(cfg_, w_, kn_, path_seqs_, l, Path::chunked({4}));
 }
 
 // The comparison bites: a framework's TP (a local GEMM chain per rank, then NCCL's
@@ -186,6 +212,132 @@ TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsTest, bp::test::ci_fixture_cases(), bp::test::fixture_case_name);
 INSTANTIATE_TEST_SUITE_P(SlowFixtures, LayoutsTest, bp::test::slow_fixture_cases(), bp::test::fixture_case_name);
 
+// ---- Replicated kv heads (SPEC.md §7): tp a multiple of num_key_value_heads ---------
+
+using bp::test::replica_model;
+using bp::test::ReplicaCase;
+
+class ReplicatedKvTest : public ::testing::TestWithParam<ReplicaCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = replica_model(GetParam().model);
+    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
+    kn_ = bp::find_contract(GetParam().contract)->knobs;
+    for (const std::string& name : GetParam().layouts) {
+      layouts_.push_back(*bp::layouts::parse_layout(name));
+      ASSERT_EQ(bp::layouts::shard_check(layouts_.back(), cfg_, kn_), "") << name;
+      ASSERT_GT(layouts_.back().tp, cfg_.num_key_value_heads) << name << " replicates no kv head";
+    }
+  }
+  bp::ModelConfig cfg_;
+  bp::Weights w_;
+  bp::Knobs kn_;
+  std::vector<Layout> layouts_;
+};
+
+TEST_P(ReplicatedKvTest, ForwardEveryPathExact) {
+  expect_forward_exact(cfg_, w_, kn_, bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths), layouts_,
+                       kEveryPath);
+}
+
+TEST_P(ReplicatedKvTest, BackwardExact) {
+  expect_backward_exact(cfg_, w_, kn_, bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths), layouts_);
+}
+
+// k and v captures come from one replica per kv head, at its head's columns.
+TEST_P(ReplicatedKvTest, CapturesExact) {
+  expect_captures_exact(cfg_, w_, kn_, bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths),
+                        layouts_.back(), Path::chunked({4}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ReplicatedKvTest, ::testing::ValuesIn(bp::test::replica_cases(true)),
+                         bp::test::replica_case_name);
+INSTANTIATE_TEST_SUITE_P(SlowModels, ReplicatedKvTest, ::testing::ValuesIn(bp::test::replica_cases(false)),
+                         bp::test::replica_case_name);
+
+// The negative control of the replicated layouts' dk/dv: the chain over a group's
+// (query, head) slots cut between replicas — each replica's partials over its own
+// query heads, summed — is not the group's chain (SPEC.md §5.6), so a layout that
+// did so would fail BackwardExact; the whole group's chain on the gathered query
+// side (what the replicas compute) is.
+TEST(ReplicatedKv, GroupChainCutBetweenReplicasDiffers) {
+  constexpr int G = 8, D = 64, S = 600, R = 2;  // one kv head, two replicas of four query heads; 5 chunks
+  for (const bp::Contract& contract : bp::contracts()) {
+    SCOPED_TRACE(contract.name);
+    const bp::Knobs& kn = contract.knobs;
+    const auto q = bp::random_bf16(size_t{S} * G * D, 1, 1.0f), k = bp::random_bf16(size_t{S} * D, 2, 1.0f),
+               v = bp::random_bf16(size_t{S} * D, 3, 1.0f), dout = bp::random_bf16(size_t{S} * G * D, 4, 1.0f);
+    std::vector<bf16> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> m(size_t{S} * G), l(m.size());
+    const bp::ref::AttnSeq seq{0, S, 0, 0};
+    bp::ref::attention_fwd(kn, {G, 1, D}, &seq, 1, q.data(), k.data(), v.data(), o.data(), m.data(), l.data());
+    bp::ref::attention_bwd(kn, {G, 1, D}, &seq, 1, q.data(), k.data(), v.data(), o.data(), m.data(), l.data(),
+                           dout.data(), dq.data(), dk.data(), dv.data());
+
+    const int chunks = (S + kn.grad_token_chunk - 1) / kn.grad_token_chunk;
+    auto kv_from = [&](int heads, const std::vector<bf16>& q_, const std::vector<bf16>& o_,
+                       const std::vector<float>& m_, const std::vector<float>& l_, const std::vector<bf16>& do_,
+                       std::vector<float>& pk, std::vector<float>& pv) {
+      pk.assign(static_cast<size_t>(chunks) * S * D, 0.0f);
+      pv.assign(pk.size(), 0.0f);
+      bp::ref::attention_bwd_kv_partials(kn, {heads, 1, D}, seq, q_.data(), k.data(), v.data(), o_.data(), m_.data(),
+                                         l_.data(), do_.data(), pk.data(), pv.data());
+    };
+    auto combine = [&](const std::vector<float>& pk, const std::vector<float>& pv) {
+      std::pair<std::vector<bf16>, std::vector<bf16>> out{std::vector<bf16>(k.size()), std::vector<bf16>(v.size())};
+      bp::ref::attention_bwd_kv_combine(kn, {1, 1, D}, S, chunks, pk.data(), pv.data(), out.first.data(),
+                                        out.second.data());
+      return out;
+    };
+    // The gathered group: the layout's replicas' computation.
+    std::vector<float> pk, pv;
+    kv_from(G, q, o, m, l, dout, pk, pv);
+    const auto whole = combine(pk, pv);
+    EXPECT_TRUE(whole.first == dk && whole.second == dv);
+
+    // Cut: replica r's query heads [r·G/R, (r+1)·G/R) alone, partials summed over replicas.
+    std::vector<float> sum_k(static_cast<size_t>(chunks) * S * D, 0.0f), sum_v(sum_k.size(), 0.0f);
+    for (int r = 0; r < R; ++r) {
+      const int Hr = G / R;
+      auto heads_of = [&](const auto& full, int width) {
+        std::decay_t<decltype(full)> part;
+        for (int t = 0; t < S; ++t)
+          part.insert(part.end(), full.begin() + (int64_t{t} * G + r * Hr) * width,
+                      full.begin() + (int64_t{t} * G + (r + 1) * Hr) * width);
+        return part;
+      };
+      kv_from(Hr, heads_of(q, D), heads_of(o, D), heads_of(m, 1), heads_of(l, 1), heads_of(dout, D), pk, pv);
+      for (size_t i = 0; i < sum_k.size(); ++i) {
+        sum_k[i] += pk[i];
+        sum_v[i] += pv[i];
+      }
+    }
+    const auto cut = combine(sum_k, sum_v);
+    auto differing = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
+      int n = 0;
+      for (size_t i = 0; i < a.size(); ++i) n += a[i].bits != b[i].bits;
+      return n;
+    };
+    // A few dozen of the 38,400 elements: the fp32 orders differ by far less than a bf16 ulp.
+    EXPECT_GT(differing(cut.first, dk), 0);
+    EXPECT_GT(differing(cut.second, dv), 0);
+  }
+}
+
+// The comparison bites on a replicated layout too: the ring reduction at tp 8
+// changes gradients that the tree keeps.
+TEST(ReplicatedKv, RingReductionDiffers) {
+  const bp::ModelConfig cfg = replica_model("mqa");
+  const bp::Knobs kn = bp::find_contract("bf16-sm90tc-v2")->knobs;
+  const auto w = bp::generate_weights(cfg, bp::test::kFixtureWeightSeed);
+  const Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {23, 41});
+  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs);
+  const auto ring = bp::layouts::backward(cfg, w, kn, *bp::layouts::parse_layout("tp8-ep1-cp1+ring"), seqs, kCoefs);
+  int differ = 0;
+  for (const auto& [name, g] : want.grads) differ += !same_bits(ring.grads.at(name), g);
+  EXPECT_GT(differ, 0);
+}
+
 // ---- Layout names, sharding rules, refusals ---------------------------------------
 
 TEST(Layout, NamesRoundTrip) {
@@ -223,7 +375,14 @@ TEST(Layout, RefusesWhatTheModelCannotShard) {
   EXPECT_NE(why("tp3-ep1-cp1", dense).find("tp 3 does not divide"), std::string::npos);
   EXPECT_NE(why("tp1-ep2-cp1", dense).find("needs a MoE model"), std::string::npos);
   EXPECT_NE(why("tp1-ep3-cp1", moe).find("ep 3 does not divide num_experts 8"), std::string::npos);
-  EXPECT_NE(why("tp8-ep1-cp1", moe).find("num_key_value_heads 4"), std::string::npos);
+  EXPECT_EQ(why("tp8-ep1-cp1", moe), "");  // kv heads replicated twice
+  bp::ModelConfig six = dense;              // 12 query heads on 6 kv heads: tp 4 neither shards nor replicates them
+  six.num_attention_heads = 12;
+  six.num_key_value_heads = 6;
+  EXPECT_NE(why("tp4-ep1-cp1", six).find("tp 4 neither divides num_key_value_heads 6 nor is a multiple of it"),
+            std::string::npos)
+      << why("tp4-ep1-cp1", six);
+  EXPECT_EQ(why("tp2-ep1-cp1", six), "");
   const auto w = bp::generate_weights(dense, bp::test::kFixtureWeightSeed);
   EXPECT_THROW(bp::layouts::forward(dense, w, kn, *bp::layouts::parse_layout("tp1-ep2-cp1"), {{1, 2}},
                                     Path::extend()),

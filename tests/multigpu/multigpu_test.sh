@@ -5,12 +5,14 @@
 #
 #   multigpu_test.sh BITPARITY SCENARIO WORKDIR
 #
-# Scenarios: sweep_dense, sweep_moe, control, kill, throw, socket, torchrun,
-# mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4, control4 (four).
+# Scenarios: sweep_dense, sweep_moe, sweep_mqa, control, kill, throw, socket,
+# torchrun, mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4,
+# control4 (four).
 set -uo pipefail
 BIN=$1
 SCENARIO=$2
 WORK=$3
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$WORK" && cd "$WORK" || exit 3
 
 need=2
@@ -57,6 +59,17 @@ case $SCENARIO in
       --json report.json --quiet
     expect_rc 0 $? "the sweep"
     grep -q '"communication"' report.json || fail "the report has no communication traffic"
+    ;;
+
+  # Replicated kv heads on real ranks: the dense fixture with one kv head (MQA) at tp 2,
+  # each rank holding the whole kv head; every contract and path, gradients and captures.
+  sweep_mqa)
+    mkdir -p mqa
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_key_value_heads"] = 1; json.dump(c, open(sys.argv[2], "w"))' \
+      "$SRC/fixtures/models/qwen3-dense-tiny/config.json" mqa/config.json || fail "cannot write the MQA config"
+    "$BIN" sweep --implementation nccl --model ./mqa --layout tp2-ep1-cp1 --contract "$ALL_CONTRACTS" --capture ops \
+      --json report.json --quiet
+    expect_rc 0 $? "the sweep"
     ;;
 
   # NCCL's bf16 all-reduce of the row-parallel partials must be caught, at a row-parallel linear.

@@ -119,4 +119,53 @@ inline bool same_captures(const ref::ForwardResult& a, const ref::ForwardResult&
   return true;
 }
 
+// Models whose kv heads tp 2..8 replicate, derived from the tiny fixtures:
+// mqa — 8 query heads on one kv head (tp 2, 4, 8 make 2, 4, 8 replicas);
+// gqa2 — 8 query heads on 2 kv heads (tp 4 = 2·Hkv, tp 8 = 4·Hkv);
+// a3b — Qwen3-30B-A3B's heads (32 query, 4 kv: tp 8 = 2·Hkv) and an all-MoE
+// stack at the MoE fixture's small sizes (head_dim 16, 8 experts top 2).
+inline ModelConfig replica_model(const std::string& name) {
+  ModelConfig c = load_fixture(name == "a3b" ? "qwen3-moe-tiny" : "qwen3-dense-tiny");
+  if (name == "mqa") c.num_key_value_heads = 1;
+  if (name == "gqa2") c.num_key_value_heads = 2;
+  if (name == "a3b") {
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 16;
+    c.num_hidden_layers = 2;
+    c.mlp_only_layers.clear();
+  }
+  return c;
+}
+
+struct ReplicaCase {
+  std::string model, contract;
+  std::vector<std::string> layouts;
+};
+inline void PrintTo(const ReplicaCase& c, std::ostream* os) { *os << c.model << "/" << c.contract; }
+inline std::string replica_case_name(const ::testing::TestParamInfo<ReplicaCase>& info) {
+  std::string n = info.param.model + "_" + info.param.contract;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+// Every model under every contract; CI runs each model's small layouts, the slow
+// twin larger ones (CP with replicas at tp 8, a3b on 32 ranks). The layout suites of
+// the CPU (emulated ranks) and the GPU (virtual ranks) share them.
+inline std::vector<ReplicaCase> replica_cases(bool ci) {
+  struct Layouts {
+    std::string model;
+    std::vector<std::string> ci, slow;
+  };
+  const std::vector<Layouts> all = {
+      {"mqa", {"tp2-ep1-cp1", "tp4-ep1-cp2z", "tp8-ep1-cp1"}, {"tp2-ep1-cp2", "tp8-ep1-cp2z"}},
+      {"gqa2", {"tp4-ep1-cp1", "tp8-ep1-cp2"}, {"tp4-ep1-cp2z", "tp8-ep1-cp2z"}},
+      {"a3b", {"tp8-ep1-cp1", "tp8-ep2-cp1"}, {"tp8-ep4-cp1", "tp8-ep2-cp2z"}}};
+  std::vector<ReplicaCase> out;
+  for (const Layouts& m : all)
+    for (const Contract& c : contracts()) out.push_back({m.model, c.name, ci ? m.ci : m.slow});
+  return out;
+}
+
 }  // namespace bp::test

@@ -2,7 +2,9 @@
 // one GPU, every rank a thread with its own stream, collectives as device copies,
 // against the CPU reference model: both tiny fixtures, all four contracts; TP, EP,
 // CP (zigzag) and a mix of all three, every path's logprobs and entropies, the
-// captured op outputs, and the backward's every parameter gradient, bit for bit.
+// captured op outputs, and the backward's every parameter gradient, bit for bit;
+// tp 8 replicates the fixtures' 4 kv heads, and the replicated-kv models of the CPU
+// suite (MQA, GQA 2, a Qwen3-30B-A3B-shaped MoE; model_cases.h) run their layouts too.
 // Negative control: the Ring reduction (a local chain per rank, NCCL's ring order)
 // differs from the reference at TP 2 — with the very bits of the CPU's emulated
 // Ring ranks, so the GPU's control is the same control.
@@ -38,10 +40,10 @@ class CudaLayoutsTest : public bp::test::FixtureTest {
     path_seqs_ = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
   }
 
-  // TP, EP (MoE only), CP zigzag and a mix; the dense fixture drops EP.
+  // TP, EP (MoE only), CP zigzag, a mix, and tp 8 (replicated kv heads); the dense fixture drops EP.
   std::vector<Layout> layouts() const {
     std::vector<Layout> out;
-    for (const char* name : {"tp2-ep1-cp1", "tp1-ep2-cp1", "tp1-ep1-cp2z", "tp2-ep2-cp2"}) {
+    for (const char* name : {"tp2-ep1-cp1", "tp1-ep2-cp1", "tp1-ep1-cp2z", "tp2-ep2-cp2", "tp8-ep2-cp1"}) {
       Layout l = *bp::layouts::parse_layout(name);
       if (!cfg_.is_moe_model()) l.ep = 1;
       if (std::find(out.begin(), out.end(), l) == out.end() && bp::layouts::shard_check(l, cfg_, kn_).empty())
@@ -123,5 +125,54 @@ TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
+
+// Replicated kv heads on virtual ranks: every path, the captures and the backward of
+// the CPU suite's models and CI layouts, against the CPU reference model.
+class CudaReplicatedKvTest : public ::testing::TestWithParam<bp::test::ReplicaCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = bp::test::replica_model(GetParam().model);
+    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
+    kn_ = bp::find_contract(GetParam().contract)->knobs;
+    for (const std::string& name : GetParam().layouts) layouts_.push_back(*bp::layouts::parse_layout(name));
+  }
+  bp::ModelConfig cfg_;
+  bp::Weights w_;
+  bp::Knobs kn_;
+  std::vector<Layout> layouts_;
+};
+
+TEST_P(CudaReplicatedKvTest, EveryPathCapturesAndBackwardEqualReference) {
+  const Seqs path_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
+  const Seqs grad_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths);
+  const bp::ref::Model ref(cfg_, w_, kn_);
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  opt.capture = true;
+  const auto want = ref.forward(path_seqs, Path::extend(), opt);
+  const auto want_bwd = ref.backward(grad_seqs, kCoefs);
+  const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
+                                                    {"ragged", Path::ragged()},
+                                                    {"chunked:5,3", Path::chunked({5, 3})},
+                                                    {"decode", Path::decode()}};
+  for (const Layout& l : layouts_) {
+    for (const auto& [name, path] : paths) {
+      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs, path, opt);
+      EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
+      EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
+      EXPECT_TRUE(same_captures(got, want)) << l.name() << " " << name;
+    }
+    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs, kCoefs);
+    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want_bwd.logprob))) << l.name();
+    ASSERT_EQ(got.grads.size(), want_bwd.grads.size()) << l.name();
+    for (const auto& [name, g] : want_bwd.grads) {
+      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
+      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaReplicatedKvTest, ::testing::ValuesIn(bp::test::replica_cases(true)),
+                         bp::test::replica_case_name);
 
 }  // namespace
