@@ -16,8 +16,8 @@ ForwardResult Model::forward(const std::vector<std::vector<int32_t>>& seqs, cons
 }
 
 BackwardResult Model::backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
-                               float temperature) const {
-  return program_->backward(seqs, coefs, temperature);
+                               float temperature, const BackwardOptions& bo) const {
+  return program_->backward(seqs, coefs, temperature, bo);
 }
 
 const ModelConfig& Model::config() const { return program_->config(); }

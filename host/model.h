@@ -39,7 +39,7 @@ class Model {
   // ragged/extend forward), c from `coefs` (generated or
   // explicit; std::invalid_argument when explicit ones miss the batch's shape).
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
-                          float temperature = 1.0f) const;
+                          float temperature = 1.0f, const BackwardOptions& bo = {}) const;
 
   const ModelConfig& config() const;
 

@@ -36,7 +36,7 @@ class Qwen3Program {
                         const ForwardOptions& opt = {}) const;
   // Backward of L = Σ c_t·logprob_t (qwen3.h, Model::backward).
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
-                          float temperature = 1.0f) const;
+                          float temperature = 1.0f, const BackwardOptions& bo = {}) const;
 
   // The same backward with every gradient left in the backend's buffers (result's
   // grads stay empty): a GPU caller that keeps them on the device, or times the
@@ -48,7 +48,7 @@ class Qwen3Program {
     std::map<std::string, Buf<float>> grads;
   };
   ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
-                                     float temperature = 1.0f) const;
+                                     float temperature = 1.0f, const BackwardOptions& bo = {}) const;
 
   const ModelConfig& config() const { return cfg_; }
   const B& backend() const { return be_; }
@@ -422,15 +422,17 @@ ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& 
 
 template <class B>
 BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs,
-                                         const LossCoefficients& coefs, float temperature) const {
-  ResidentBackward r = backward_resident(seqs, coefs, temperature);
+                                         const LossCoefficients& coefs, float temperature,
+                                         const BackwardOptions& bo) const {
+  ResidentBackward r = backward_resident(seqs, coefs, temperature, bo);
   for (auto& [name, g] : r.grads) r.result.grads[name] = be_.take(std::move(g));
   return std::move(r.result);
 }
 
 template <class B>
 typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
-    const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs, float temperature) const {
+    const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs, float temperature,
+    const BackwardOptions& bo) const {
   const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
   const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
@@ -443,6 +445,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   Saved sv;
   ForwardOptions fo;
   fo.temperature = temperature;
+  fo.replay = bo.replay_inputs;
   step(seqs, ps, st, fo, &sv);
   st.kc.clear();  // the backward reads the packed keys, not the caches
   st.vc.clear();
@@ -500,6 +503,12 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const std::string final_norm = graph::param_name(Param::FinalNorm);
   be_.rmsnorm_bwd(kn_, sv.x_final.data(), w(final_norm), sv.rstd_f.data(), dh.data(), dx.data(), grad(final_norm), T, 1,
                   H);
+  // The packed rows of this forward (one ragged step) are the canonical rows.
+  auto capture_grad = [&](int64_t stage) {
+    if (bo.capture_resid_grads)
+      res.captures.push_back({graph::resid_grad_name(stage), {T, H}, be_.to_host(dx.data(), dx.size())});
+  };
+  capture_grad(cfg_.num_hidden_layers);
 
   BBuf dq = zeros(T, QD), dk = zeros(T, KD), dv = zeros(T, KD), dqn = zeros(T, QD), dkn = zeros(T, KD),
        dqp = zeros(T, QD), dkp = zeros(T, KD), da = zeros(T, H), dO = zeros(T, QD);
@@ -511,6 +520,15 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const auto tok_dev = be_.resident(sv.tokens);
   for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
     run_control::at_layer("backward", li, cfg_.num_hidden_layers);
+    if (bo.replay_inputs && !bo.replay_inputs->count(li)) continue;
+    if (bo.replay_output_grads) {
+      const std::vector<bf16>& dy = bo.replay_output_grads->at(li);
+      if (dy.size() != dx.size())
+        throw std::invalid_argument("replay: layer " + std::to_string(li) + "'s output gradient has " +
+                                    std::to_string(dy.size()) + " values, not tokens x hidden");
+      const auto dev = be_.resident(dy);
+      be_.copy(dx.data(), dev.data(), dy.size());
+    }
     typename Saved::Layer& s = sv.layers[static_cast<size_t>(li)];
     // dx is the gradient of the layer's output x_out = R(x_mid + mlp_out).
     // MLP branch: its output gradient is dx.
@@ -566,9 +584,15 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, Param::InputNorm)), s.rstd1.data(), da.data(), db.data(),
                     grad(lname(li, Param::InputNorm)), T, 1, H);
     be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
+    capture_grad(li);
     s = typename Saved::Layer{};  // this layer's activations are spent
   }
 
+  // A replay without layer 0 has no embedding gradient (tied: nor the lm_head's alone).
+  if (bo.replay_inputs && !bo.replay_inputs->count(0)) {
+    if (!cfg_.tie_word_embeddings) G[graph::param_name(Param::LmHead)] = std::move(dlm);
+    return {std::move(res), std::move(G)};
+  }
   // Embedding; tied: dE = embedding_bwd + lm_head wgrad, one fp32 addition per element.
   float* demb = grad(graph::param_name(Param::Embed));
   be_.embedding_bwd(kn_, tok_dev.data(), dx.data(), demb, T, V, H);

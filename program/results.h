@@ -45,10 +45,24 @@ struct ForwardResult {
   std::vector<Capture> captures;            // in execution order of first appearance
 };
 
+// What a backward does beyond the gradients, for layer-sliced verification.
+struct BackwardOptions {
+  // Capture each layer's input gradient and the final norm's (graph::resid_grad_name).
+  bool capture_resid_grads = false;
+  // Replay: the forward's stage inputs (as ForwardOptions::replay, the head's
+  // included) and, per replayed layer i, the gradient of its output (resid_grad
+  // i + 1), canonical rows. Only those layers and the head run their backward: the
+  // other layers' parameter gradients are absent, and the embedding's unless layer 0
+  // is replayed.
+  const std::map<int64_t, std::vector<bf16>>* replay_inputs = nullptr;
+  const std::map<int64_t, std::vector<bf16>>* replay_output_grads = nullptr;
+};
+
 struct BackwardResult {
   std::vector<std::vector<float>> logprob;     // the forward's (== extend's)
   std::vector<std::vector<float>> coef;        // c_t, same shape
   std::map<std::string, std::vector<float>> grads;  // HF names, fp32, row-major
+  std::vector<Capture> captures;  // with BackwardOptions::capture_resid_grads, from the head down
 };
 
 }  // namespace bp::ref

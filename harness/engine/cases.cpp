@@ -185,6 +185,15 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&&
     out.push_back(std::move(t));
   }
   if (bwd)
+    for (ref::Capture& c : bwd->captures) {
+      NamedTensor t;
+      t.name = c.name;  // resid_grad.<i>: not an op of the forward
+      for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
+      t.type = CmpType::BF16;
+      t.bf16_values = std::move(c.bf16_data);
+      out.push_back(std::move(t));
+    }
+  if (bwd)
     for (const WeightSpec& spec : weight_specs(cfg)) {
       auto it = bwd->grads.find(spec.name);
       if (it == bwd->grads.end()) continue;  // lm_head when tied
@@ -337,7 +346,7 @@ WorkEstimate CaseEngine::estimate_work() const {
       if (plan_.canonical == Implementation::kReference)
         w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
     }
-    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend && !c.verify;
+    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
     WorkEstimate run = estimate_run(c.model.config, c.model.tokens, backward);
     // A verification runs its layers and the head: roughly that share of a forward.
     if (c.verify)
@@ -382,7 +391,8 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   return within_memory(work_, [&] { return run_case(c, case_options()); });
 }
 
-std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::ForwardOptions& opt) {
+std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
+                                              const ref::BackwardOptions& bo) {
   const ModelConfig& cfg = c.model.config;
   const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
@@ -392,7 +402,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::Forw
   std::optional<ref::BackwardResult> bwd;
   switch (c.implementation) {
     case Implementation::kCuda: {
-      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
+      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs, bo});
       last_peak_device_bytes_ = r.peak_device_bytes;
       fwd = std::move(r.forward);
       bwd = std::move(r.backward);
@@ -417,7 +427,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::Forw
     case Implementation::kReference: {
       const ref::Model& m = l.model_for(c.contract);
       fwd = m.forward(seqs, c.path, opt);
-      if (grads) bwd = m.backward(seqs, c.model.coefs, plan_.temperature);
+      if (grads) bwd = m.backward(seqs, c.model.coefs, plan_.temperature, bo);
       break;
     }
     case Implementation::kEmulated:
@@ -463,21 +473,28 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   // Layer-sliced verification reads each verified stage's input and output: the
   // captures of those layers and of the layers before them (whose resid_mlp is
   // the next one's input), the last layer's for the head.
+  // The backward's, each layer's input gradient (the replayed layers' output gradients).
   ref::ForwardOptions opt = case_options();
+  ref::BackwardOptions bo;
   std::set<int64_t> layers;
   for (int64_t li : model.verify_layers) layers.insert({li, std::max<int64_t>(li - 1, 0)});
-  if (!model.verify_layers.empty()) layers.insert(model.config.num_hidden_layers - 1);
-  if (!layers.empty() && !opt.capture) {
-    opt.capture = true;
-    opt.capture_layers = &layers;
+  if (!model.verify_layers.empty()) {
+    layers.insert(model.config.num_hidden_layers - 1);
+    bo.capture_resid_grads = true;
+    if (!opt.capture) {
+      opt.capture = true;
+      opt.capture_layers = &layers;
+    }
   }
-  c->tensors = within_memory(work_, [&] { return run_case(spec, opt); });
-  if (!plan_.capture_ops) {  // the cases compare no ops: keep them apart
-    auto ops = std::stable_partition(c->tensors.begin(), c->tensors.end(),
-                                     [](const NamedTensor& t) { return t.name.rfind("ops.", 0) != 0; });
-    std::move(ops, c->tensors.end(), std::back_inserter(c->layer_captures));
-    c->tensors.erase(ops, c->tensors.end());
-  }
+  c->tensors = within_memory(work_, [&] { return run_case(spec, opt, bo); });
+  // What the cases do not compare stays apart: ops without --capture ops, and the
+  // input gradients always.
+  const bool keep_ops = plan_.capture_ops;
+  auto compared = std::stable_partition(c->tensors.begin(), c->tensors.end(), [&](const NamedTensor& t) {
+    return t.name.rfind("resid_grad.", 0) != 0 && (keep_ops || t.name.rfind("ops.", 0) != 0);
+  });
+  std::move(compared, c->tensors.end(), std::back_inserter(c->layer_captures));
+  c->tensors.erase(compared, c->tensors.end());
   canonical_ = std::move(c);
   return *canonical_;
 }
@@ -485,23 +502,31 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
 std::vector<NamedTensor> CaseEngine::replay_layers(const CaseSpec& spec, const Canonical& canonical) {
   const ModelConfig& cfg = spec.model.config;
   const int64_t L = cfg.num_hidden_layers;
-  std::map<int64_t, std::vector<bf16>> inputs;
-  std::vector<int64_t> stages = spec.model.verify_layers;
-  stages.push_back(L);  // the head
-  for (int64_t li : stages) {
-    const std::string name =
-        "ops." + (li == 0 ? graph::capture_name(graph::Op::Embed) : graph::capture_name(li - 1, graph::Op::ResidMlp));
-    const NamedTensor* in = canonical.find(name);
-    if (!in) throw std::logic_error("the canonical run did not capture " + name);
-    inputs[li] = in->bf16_values;
+  auto captured = [&](const std::string& name) -> const std::vector<bf16>& {
+    const NamedTensor* t = canonical.find(name);
+    if (!t) throw std::logic_error("the canonical run did not capture " + name);
+    return t->bf16_values;
+  };
+  std::map<int64_t, std::vector<bf16>> inputs, output_grads;
+  for (int64_t li : spec.model.verify_layers) {
+    inputs[li] = captured("ops." + graph::layer_input_name(li));
+    if (plan_.grads) output_grads[li] = captured(graph::resid_grad_name(li + 1));
   }
+  inputs[L] = captured("ops." + graph::layer_input_name(L));  // the head
   const std::set<int64_t> layers(spec.model.verify_layers.begin(), spec.model.verify_layers.end());
   ref::ForwardOptions opt = case_options();
   opt.capture = true;
   opt.capture_layers = &layers;
   opt.replay = &inputs;
-  ref::ForwardResult fwd = loaded(spec.model).model_for(spec.contract).forward(spec.model.tokens, ref::Path::extend(), opt);
-  return to_tensors(cfg, std::move(fwd), nullptr);
+  const ref::Model& model = loaded(spec.model).model_for(spec.contract);
+  ref::ForwardResult fwd = model.forward(spec.model.tokens, ref::Path::extend(), opt);
+  if (!plan_.grads) return to_tensors(cfg, std::move(fwd), nullptr);
+  ref::BackwardOptions bo;
+  bo.capture_resid_grads = true;
+  bo.replay_inputs = &inputs;
+  bo.replay_output_grads = &output_grads;
+  ref::BackwardResult bwd = model.backward(spec.model.tokens, spec.model.coefs, plan_.temperature, bo);
+  return to_tensors(cfg, std::move(fwd), &bwd);
 }
 
 Case CaseEngine::verify_case(const CaseSpec& spec) {
@@ -509,7 +534,7 @@ Case CaseEngine::verify_case(const CaseSpec& spec) {
   std::string layers;
   for (int64_t li : spec.model.verify_layers) layers += (layers.empty() ? "" : ",") + std::to_string(li);
   out.parameters["path"] = "verify-layers";  // a replay of the extend path's layers: its own column
-  out.parameters["verified_layers"] = layers + " and the head";
+  out.parameters["verified_layers"] = layers + " and the head, " + (plan_.grads ? "forward and backward" : "forward");
   out.parameters["verified"] = std::string(implementation_name(plan_.canonical)) + " canonical result";
   const Canonical* canonical = nullptr;
   // Untimed: the canonical run (on the GPU under canonical cuda; CannotTest skips
@@ -540,7 +565,7 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
   if (plan_.canonical != Implementation::kReference)
     out.parameters["canonical"] = implementation_name(plan_.canonical);
   // The loss whose gradients the case compares, so that it can be reproduced.
-  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend && !spec.verify)
+  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
     out.parameters["coefficients"] = spec.model.coefs.describe();
   return out;
 }

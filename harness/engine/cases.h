@@ -158,7 +158,8 @@ class CaseEngine {
   Loaded& loaded(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
   ref::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
-  std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt);
+  std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
+                                    const ref::BackwardOptions& bo = {});
   Case compare_case(const CaseSpec& c);
   Case verify_case(const CaseSpec& c);
   std::vector<NamedTensor> replay_layers(const CaseSpec& c, const Canonical& canonical);

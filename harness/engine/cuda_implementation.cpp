@@ -22,7 +22,7 @@ namespace {
 GpuCaseResult run_model(const cuda::Model& model, const GpuCaseInput& in) {
   GpuCaseResult r;
   r.forward = model.forward(in.seqs, in.path, in.options);
-  if (in.grads) r.backward = model.backward(in.seqs, in.coefs, in.options.temperature);
+  if (in.grads) r.backward = model.backward(in.seqs, in.coefs, in.options.temperature, in.backward_options);
   return r;
 }
 

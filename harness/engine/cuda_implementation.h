@@ -57,6 +57,7 @@ struct GpuCaseInput {
   const ref::ForwardOptions& options;
   bool grads;  // also the backward (L = Σ c_t·logprob_t)
   const ref::LossCoefficients& coefs;
+  ref::BackwardOptions backward_options = {};  // the unsharded GPU model's (a canonical run's captures)
 };
 
 // What `bitparity list` says of the cuda implementation in this build.

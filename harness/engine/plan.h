@@ -36,7 +36,9 @@
 // reference where the whole CPU model would take days: after each (model,
 // contract)'s cases, one more case re-runs the chosen layers and the head (final
 // norm, logits, logprobs, entropy) on the CPU from the canonical run's own captured
-// input of each, and compares every op's output bit for bit. "all" every layer, "N"
+// input of each, and compares every op's output bit for bit; with grads also their
+// backward, from the canonical backward's gradient of each layer's output, comparing
+// each layer's input gradient and parameter gradients. "all" every layer, "N"
 // N layers spread evenly (the first and the last among them), "i,j,…" those
 // (one layer: "i,i"). Under canonical cuda the default is all layers for models of
 // at most 4, else 3; under canonical reference only when asked (a self-check).

@@ -43,7 +43,7 @@ const OpRow* find_op(std::string_view name, bool in_layer) {
 // first layer and the previous layer's resid_mlp after it (final_norm reads "layer"
 // num_layers' input: the last layer's output).
 std::string input_name(int layer, Op input) {
-  if (input == Op::LayerInput) return layer == 0 ? capture_name(Op::Embed) : capture_name(layer - 1, Op::ResidMlp);
+  if (input == Op::LayerInput) return layer_input_name(layer);
   return row(input).scope == Scope::Model ? capture_name(input) : capture_name(layer, input);
 }
 
@@ -78,6 +78,12 @@ std::string experts_prefix(int64_t layer) { return layer_prefix(layer) + "mlp.ex
 std::string fused_experts_name(int64_t layer, FusedExperts f) {
   return experts_prefix(layer) + (f == FusedExperts::GateUp ? "gate_up_proj" : "down_proj");
 }
+
+std::string layer_input_name(int64_t layer) {
+  return layer == 0 ? capture_name(Op::Embed) : capture_name(layer - 1, Op::ResidMlp);
+}
+
+std::string resid_grad_name(int64_t layer) { return "resid_grad." + std::to_string(layer); }
 
 std::string capture_name(Op op) {
   const OpRow& r = row(op);

@@ -129,6 +129,12 @@ const OpRow& row(Op op);
 // Capture names: "embed", "final_norm", "logits"; "layers.{i}.<op>".
 std::string capture_name(Op op);
 std::string capture_name(int64_t layer, Op op);
+// What layer i reads: "embed" for the first, "layers.{i−1}.resid_mlp" after it;
+// i = num_layers: what the final norm reads (the last layer's output).
+std::string layer_input_name(int64_t layer);
+// The backward's gradient of layer i's input, dL/d(layer_input_name(i)), bf16
+// [tokens, hidden] (i = num_layers: of the final norm's input): "resid_grad.{i}".
+std::string resid_grad_name(int64_t layer);
 
 // Where a capture stands in execution order: (layer, index in kOps) with layer −1
 // for embed and num_layers for final_norm and logits; nullopt for a name that is

@@ -243,15 +243,22 @@ TEST_F(CliSweep, VerifyLayers) {
   const json& v = j["cases"][1];
   EXPECT_EQ(v["id"], "qwen3-dense-tiny/bf16-fmaseq-v1/verify-layers");
   EXPECT_EQ(v["verdict"], "exact");
-  EXPECT_EQ(v["parameters"]["verified_layers"], "0,2 and the head");
+  EXPECT_EQ(v["parameters"]["verified_layers"], "0,2 and the head, forward and backward");
   EXPECT_EQ(v["parameters"]["path"], "verify-layers");
   EXPECT_NE(out_.find("verify-layers"), std::string::npos) << out_;  // its own column
   std::set<std::string> names;
   for (const json& t : v["tensors"]) names.insert(t["name"].get<std::string>());
+  // Forward: the layers' ops and the head; backward: their input gradients and parameters'
+  // gradients (the embedding's, tied here, with layer 0's).
   for (const char* n : {"logprobs.0", "entropy.1", "ops.embed", "ops.layers.0.input_norm", "ops.layers.2.resid_mlp",
-                        "ops.final_norm", "ops.logits"})
+                        "ops.final_norm", "ops.logits", "resid_grad.3", "resid_grad.2", "resid_grad.0",
+                        "grads.model.layers.0.self_attn.q_proj.weight", "grads.model.layers.2.mlp.down_proj.weight",
+                        "grads.model.norm.weight", "grads.model.embed_tokens.weight"})
     EXPECT_TRUE(names.count(n)) << n;
-  for (const std::string& n : names) EXPECT_EQ(n.find("layers.1."), std::string::npos) << n;
+  for (const std::string& n : names) {
+    EXPECT_EQ(n.find("layers.1."), std::string::npos) << n;
+    EXPECT_NE(n, "resid_grad.1");
+  }
   // The first case compares no ops (no --capture): the captures stay the verification's.
   for (const json& t : j["cases"][0]["tensors"]) EXPECT_NE(t["name"].get<std::string>().rfind("ops.", 0), 0u);
 

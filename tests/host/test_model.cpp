@@ -22,6 +22,7 @@
 
 #include "harness/io/hf_config.h"
 #include "host/model.h"
+#include "reference/model/model_graph.h"
 #include "reference/common/rng.h"
 #include "support/golden.h"
 #include "support/model_cases.h"
@@ -134,7 +135,7 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
   const int64_t L = cfg_.num_hidden_layers;
   for (int64_t stage = 0; stage <= L; ++stage) {
     std::map<int64_t, std::vector<bp::bf16>> inputs;
-    inputs[stage] = captured(stage == 0 ? "embed" : "layers." + std::to_string(stage - 1) + ".resid_mlp");
+    inputs[stage] = captured(bp::graph::layer_input_name(stage));
     const std::set<int64_t> layers{stage};
     bp::ref::ForwardOptions ro = opt;
     ro.capture_layers = &layers;
@@ -163,6 +164,55 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
   std::map<int64_t, std::vector<bp::bf16>> none;
   wrong_path.replay = &none;
   EXPECT_THROW(m.forward(seqs_, Path::decode(), wrong_path), std::invalid_argument);
+}
+
+// The same for the backward: a layer replayed from its captured input and its output's
+// gradient gives the whole backward's input gradient and parameter gradients of that
+// layer; the head gives its own; an output gradient one bit off changes them.
+TEST_P(ModelTest, LayerReplayBackwardEqualsWholeRun) {
+  const Model m(cfg_, w_, contract_->knobs);
+  bp::ref::ForwardOptions fo;
+  fo.capture = true;
+  const auto fwd = m.forward(seqs_, Path::extend(), fo);
+  bp::ref::BackwardOptions capture;
+  capture.capture_resid_grads = true;
+  const auto whole = m.backward(seqs_, kCoefs, 1.0f, capture);
+  const int64_t L = cfg_.num_hidden_layers;
+  ASSERT_EQ(whole.captures.size(), static_cast<size_t>(L + 1));
+  auto find = [](const auto& caps, const std::string& name) -> const std::vector<bp::bf16>& {
+    for (const auto& c : caps)
+      if (c.name == name) return c.bf16_data;
+    throw std::runtime_error("no capture " + name);
+  };
+  const std::string layer_prefix = "model.layers.";
+  for (int64_t li = 0; li < L; ++li) {
+    std::map<int64_t, std::vector<bp::bf16>> inputs, dy;
+    inputs[li] = find(fwd.captures, bp::graph::layer_input_name(li));
+    inputs[L] = find(fwd.captures, bp::graph::layer_input_name(L));
+    dy[li] = find(whole.captures, bp::graph::resid_grad_name(li + 1));
+    bp::ref::BackwardOptions bo = capture;
+    bo.replay_inputs = &inputs;
+    bo.replay_output_grads = &dy;
+    const auto r = m.backward(seqs_, kCoefs, 1.0f, bo);
+    EXPECT_TRUE(find(r.captures, bp::graph::resid_grad_name(li)) == find(whole.captures, bp::graph::resid_grad_name(li)))
+        << "layer " << li;
+    const std::string mine = layer_prefix + std::to_string(li) + ".";
+    size_t layer_grads = 0;
+    for (const auto& [name, g] : r.grads) {
+      EXPECT_TRUE(same_bits(g, whole.grads.at(name))) << "layer " << li << ": " << name;
+      if (name.rfind(layer_prefix, 0) == 0) {
+        EXPECT_EQ(name.rfind(mine, 0), 0u) << name;  // only the replayed layer's
+        ++layer_grads;
+      }
+    }
+    EXPECT_GE(layer_grads, 9u) << "layer " << li;
+    EXPECT_EQ(r.grads.count("model.embed_tokens.weight"), li == 0 ? 1u : 0u) << "layer " << li;
+    dy[li][3].bits ^= 0x0100;  // negative control
+    const auto off = m.backward(seqs_, kCoefs, 1.0f, bo);
+    EXPECT_FALSE(same_bits(off.grads.at(mine + "input_layernorm.weight"),
+                           whole.grads.at(mine + "input_layernorm.weight")))
+        << "negative control, layer " << li;
+  }
 }
 
 TEST_P(ModelTest, NegativeControls) {
