@@ -83,6 +83,14 @@ class Progress {
   void finish() const {
     if (enabled_) std::fprintf(stderr, "\r\033[K");
   }
+  // A long step of the case in flight (a layer, a checkpoint's loading), after its
+  // name; at most every kLayerInterval, so only a long case shows them.
+  void status(const std::string& text) {
+    if (!enabled_) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (elapsed() - printed_at_ < kLayerInterval) return;
+    print("  " + text);
+  }
   double elapsed() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
@@ -91,11 +99,8 @@ class Progress {
   static constexpr double kLayerInterval = 0.2;  // seconds
 
   static void on_layer(const char* pass, int64_t layer, int64_t layers) {
-    Progress* p = active_;
-    if (!p) return;
-    const std::lock_guard<std::mutex> lock(p->mutex_);
-    if (p->elapsed() - p->printed_at_ < kLayerInterval) return;
-    p->print(std::string("  ") + pass + " layer " + std::to_string(layer + 1) + "/" + std::to_string(layers));
+    if (Progress* p = active_)
+      p->status(std::string(pass) + " layer " + std::to_string(layer + 1) + "/" + std::to_string(layers));
   }
   void print(const std::string& layer) {
     const double el = elapsed();
@@ -299,6 +304,12 @@ int sweep(const SweepOptions& o) {
   install_stop_handlers();
   const auto& cases = engine.cases();
   Progress progress(cases.size(), !o.quiet);
+  engine.on_load_progress([&progress](const io::LoadProgress& p) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%s weights %.1f/%.1f GB", p.stage, static_cast<double>(p.done_bytes) * 1e-9,
+                  static_cast<double>(p.total_bytes) * 1e-9);
+    progress.status(text);
+  });
   if (progress.enabled())
     std::fprintf(stderr, "sweep: %zu cases: %s\n", cases.size(), work_text(engine.work()).c_str());
   bool cancelled = false;

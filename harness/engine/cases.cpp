@@ -372,7 +372,7 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
     l->model = &model;
     WeightsOrigin origin;
     l->weights = model_weights(model.name, plan_.base_dir, model.config, plan_.weight_seed,
-                               io::LoadOptions{plan_.allow_nonfinite_weights}, origin);
+                               io::LoadOptions{plan_.allow_nonfinite_weights, load_progress_}, origin);
     if (on_weights_) on_weights_(origin);
     loaded_ = std::move(l);
   }

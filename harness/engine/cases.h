@@ -145,6 +145,9 @@ class CaseEngine {
   // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
 
+  // Hears a checkpoint's loading as it goes (a progress line; io::LoadOptions::progress).
+  void on_load_progress(std::function<void(const io::LoadProgress&)> f) { load_progress_ = std::move(f); }
+
   // This process is a rank of real ranks (engine/nccl_implementation.h): its nccl
   // cases run on them. Without one, nccl cases skip (cannot test here).
   void use_rank_session(RankSession* ranks) { ranks_ = ranks; }
@@ -174,6 +177,7 @@ class CaseEngine {
   std::vector<CaseSpec> cases_;
   std::vector<std::string> dropped_;
   WeightsListener on_weights_;
+  std::function<void(const io::LoadProgress&)> load_progress_;
   WorkEstimate work_;
   // The device memory the last run() peaked at, set by a run on a device; compare()
   // clears it before each run and reports it as the case's peak_device_bytes.

@@ -47,13 +47,20 @@ const Checkpoint::Entry* Checkpoint::find(const std::string& name) const {
   return it == entries_.end() ? nullptr : &it->second;
 }
 
-std::vector<FileDigest> Checkpoint::digests() const {
+std::vector<FileDigest> Checkpoint::digests(const std::function<void(const LoadProgress&)>& progress) const {
   std::vector<FileDigest> shards(files_.size());
+  uint64_t total = 0, done = 0;
+  for (const auto& f : files_) total += f->file_bytes().size();
   // One pass over each mapped file; big checkpoints hash their shards in parallel.
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < files_.size(); ++i) {
     const std::span<const uint8_t> bytes = files_[i]->file_bytes();
     shards[i] = FileDigest{files_[i]->path(), Sha256().update(bytes.data(), bytes.size()).hex()};
+#pragma omp critical(bp_digest_progress)
+    {
+      done += bytes.size();
+      if (progress) progress({"hashing", done, total});
+    }
   }
   std::vector<FileDigest> out;
   if (!index_sha256_.empty()) out.push_back(FileDigest{path_, index_sha256_});
@@ -194,6 +201,7 @@ struct Slice {
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
     return n;
   }
+  uint64_t stored_bytes() const { return count() * dtype_size(entry->info->dtype); }
 };
 
 // Every parameter of `cfg` found in `ck`, with the checks of checkpoint.h (all but
@@ -362,15 +370,30 @@ std::vector<bf16> read_checked_bf16(const Slice& s, const LoadOptions& opt, Roun
   return out;
 }
 
+// Every parameter's slice to `read`, once every check that needs no values has passed
+// for all of them (a wrong shape is told before minutes of reading), with progress.
+template <class Read>
+void for_each_parameter(const Checkpoint& ck, const ModelConfig& cfg, const LoadOptions& opt, Read&& read) {
+  const std::map<std::string, Slice> slices = locate_weights(ck, cfg);
+  uint64_t total = 0, done = 0;
+  for (const auto& [name, s] : slices) total += s.stored_bytes();
+  for (const auto& [name, s] : slices) {
+    read(name, s);
+    done += s.stored_bytes();
+    if (opt.progress) opt.progress({"reading", done, total});
+  }
+}
+
 }  // namespace
 
 Weights load_weights(const std::string& path, const ModelConfig& cfg, const LoadOptions& opt, LoadNotes* notes) {
   const Checkpoint ck = Checkpoint::open(path);
   RoundingTally tally;
   Weights w;
-  for (const auto& [name, s] : locate_weights(ck, cfg))
+  for_each_parameter(ck, cfg, opt, [&](const std::string& name, const Slice& s) {
     w.insert(name, Tensor{s.shape, read_checked_bf16(s, opt, tally)});
-  if (notes) *notes = LoadNotes{ck.digests(), tally.text()};
+  });
+  if (notes) *notes = LoadNotes{ck.digests(opt.progress), tally.text()};
   return w;
 }
 
@@ -378,13 +401,13 @@ std::map<std::string, Fp32Tensor> load_weights_fp32(const std::string& path, con
                                                     const LoadOptions& opt, LoadNotes* notes) {
   const Checkpoint ck = Checkpoint::open(path);
   std::map<std::string, Fp32Tensor> w;
-  for (const auto& [name, s] : locate_weights(ck, cfg)) {
+  for_each_parameter(ck, cfg, opt, [&](const std::string& name, const Slice& s) {
     std::vector<float> v = s.entry->file->read_f32(*s.entry->info, s.first, s.count());
     const uint64_t i = first_nonfinite(v.size(), [&](uint64_t k) { return v[k]; });
     if (i < v.size() && !opt.allow_nonfinite) refuse_nonfinite(s, i, value_text(v[i]));
     w.emplace(name, Fp32Tensor{s.shape, std::move(v)});
-  }
-  if (notes) *notes = LoadNotes{ck.digests(), ""};  // widened exactly: nothing to say
+  });
+  if (notes) *notes = LoadNotes{ck.digests(opt.progress), ""};  // widened exactly: nothing to say
   return w;
 }
 

@@ -27,6 +27,7 @@
 //     (torch.cat([gate, up], dim=1); forward does .chunk(2, dim=-1) -> gate, up), and
 //     mlp.experts.down_proj [E][H][Im]. Both layouts in one layer is refused.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +40,14 @@
 #include "reference/model/weights.h"
 
 namespace bp::io {
+
+// How far a load has come, for a progress line: the stored bytes of the parameters
+// read so far ("reading", tensor by tensor, after every check that needs no values
+// has passed), then of the files hashed for the report ("hashing", file by file).
+struct LoadProgress {
+  const char* stage;
+  uint64_t done_bytes, total_bytes;
+};
 
 class Checkpoint {
  public:
@@ -57,8 +66,8 @@ class Checkpoint {
   size_t num_files() const { return files_.size(); }
 
   // Every file the checkpoint was read from: the index (when there is one), then the
-  // safetensors files in name order.
-  std::vector<FileDigest> digests() const;
+  // safetensors files in name order. `progress` hears each file as it is hashed.
+  std::vector<FileDigest> digests(const std::function<void(const LoadProgress&)>& progress = {}) const;
 
  private:
   std::string path_;
@@ -69,6 +78,8 @@ class Checkpoint {
 
 struct LoadOptions {
   bool allow_nonfinite = false;  // load NaN/Inf weights on purpose (tests of NaN handling)
+  // Called on the loading thread as the load goes (tens of GB take minutes); may be empty.
+  std::function<void(const LoadProgress&)> progress;
 };
 
 // What a load did besides copying: the files it read, and how the stored values

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -896,6 +897,55 @@ TEST(Checkpoint, OwnWriterRoundTrips) {
         expect_same_weights(w, io::load_weights(d.str(), cfg));
       }
   }
+}
+
+// A load tells its progress: the parameters' stored bytes as they are read (all of
+// them at the end), then the files' as they are hashed; and it reads no value before
+// every shape has been checked (a wrong shape in the last tensor reports no progress).
+TEST(Checkpoint, LoadProgressAndChecksBeforeReading) {
+  const ModelConfig cfg = fixture("qwen3-moe-tiny");
+  const Weights w = generate_weights(cfg, 5);
+  TempDir d;
+  io::save_weights(d.str(), w, cfg, {3, false});
+  std::vector<io::LoadProgress> seen;
+  io::LoadOptions opt;
+  opt.progress = [&](const io::LoadProgress& p) { seen.push_back(p); };
+  io::LoadNotes notes;  // asks for the files' digests
+  expect_same_weights(w, io::load_weights(d.str(), cfg, opt, &notes));
+  EXPECT_EQ(notes.files.size(), 4u);  // the index and 3 shards
+  uint64_t param_bytes = 0, file_bytes = 0;
+  for (const WeightSpec& s : weight_specs(cfg)) param_bytes += 2 * static_cast<uint64_t>(s.numel());
+  for (const auto& e : fs::directory_iterator(d.str()))
+    if (e.path().extension() == ".safetensors") file_bytes += fs::file_size(e.path());
+  size_t reading = 0, hashing = 0;
+  uint64_t last = 0;
+  for (const io::LoadProgress& p : seen) {
+    const bool read = std::string(p.stage) == "reading";
+    EXPECT_TRUE(read || std::string(p.stage) == "hashing") << p.stage;
+    EXPECT_EQ(p.total_bytes, read ? param_bytes : file_bytes);
+    if (read) EXPECT_EQ(hashing, 0u) << "hashing comes after reading";
+    EXPECT_GT(p.done_bytes, (read ? reading : hashing) ? last : 0u) << "progress only grows";
+    last = p.done_bytes;
+    ++(read ? reading : hashing);
+  }
+  EXPECT_EQ(reading, weight_specs(cfg).size());
+  EXPECT_EQ(hashing, 3u);
+  EXPECT_EQ(seen.back().done_bytes, file_bytes);
+
+  seen.clear();
+  TempDir bad;
+  // The parameter read last (in name order): without the checks first, all others would be read before it.
+  const std::vector<WeightSpec> specs = weight_specs(cfg);
+  const WeightSpec last_spec = *std::max_element(specs.begin(), specs.end(),
+                                                 [](const WeightSpec& a, const WeightSpec& b) { return a.name < b.name; });
+  const std::string last_name = last_spec.name;
+  write_sharded_independently(bad, cfg, w, 2, false, [&](std::vector<std::vector<RawTensor>>& f) {
+    for (auto& s : f)
+      for (auto& r : s)
+        if (r.name == last_name) r.shape = "[1," + std::to_string(last_spec.numel()) + "]";  // same size, wrong shape
+  });
+  EXPECT_EQ(expect_bad([&] { (void)io::load_weights(bad.str(), cfg, opt); }).field(), last_name);
+  EXPECT_TRUE(seen.empty()) << seen.size() << " progress reports before the shape was refused";
 }
 
 TEST(Checkpoint, BadCheckpointsNameTheTensor) {
