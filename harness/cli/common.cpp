@@ -79,8 +79,9 @@ void PlanFlags::add_to(CLI::App* app) {
       [this](json& j) { j["capture"] = capture_; });
   add(app->add_option("--canonical", canonical_,
                       "what every case is compared with: reference (the unsharded CPU reference model, the "
-                      "default) or cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
-                      "too large for the CPU)"),
+                      "default), cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
+                      "too large for the CPU), or <implementation>:<layout> (cuda, emulated or nccl; e.g. "
+                      "nccl:tp2-ep4-cp1, for models too large for one GPU)"),
       [this](json& j) { j["canonical"] = canonical_; });
   add(app->add_option("--verify-layers", verify_layers_,
                       "layer-sliced verification of the canonical result: the CPU reference re-runs these layers and "

@@ -209,14 +209,14 @@ void print_table(const Report& r, std::vector<std::string> paths, std::FILE* out
   for (const auto& row : rows) print(row);
 }
 
-// The most ranks a case of the plan may need: its largest layout.
+// The most ranks a case of the plan may need: its largest layout (the canonical's included).
 int largest_world(const SweepPlan& plan) {
-  int world = 1;
+  int world = plan.canonical == Implementation::kNccl ? plan.canonical_layout.world() : 1;
   for (const layouts::Layout& l : plan.layouts) world = std::max(world, l.world());
   if (plan.layouts.empty())
-    world = *std::max_element(plan.grid.tp.begin(), plan.grid.tp.end()) *
-            *std::max_element(plan.grid.ep.begin(), plan.grid.ep.end()) *
-            *std::max_element(plan.grid.cp.begin(), plan.grid.cp.end());
+    world = std::max(world, *std::max_element(plan.grid.tp.begin(), plan.grid.tp.end()) *
+                                *std::max_element(plan.grid.ep.begin(), plan.grid.ep.end()) *
+                                *std::max_element(plan.grid.cp.begin(), plan.grid.cp.end()));
   return world;
 }
 
@@ -234,7 +234,7 @@ std::vector<std::pair<std::string, std::string>> rank_setup(const CaseEngine& en
   plan.update("seeds " + std::to_string(p.weight_seed) + " " + std::to_string(p.coef_seed) + " " +
               std::to_string(p.tokens.seed) + " temperature " + std::to_string(p.temperature) + " grads " +
               std::to_string(p.grads) + " capture " + std::to_string(p.capture_ops) + " canonical " +
-              implementation_name(p.canonical) + " tokens " + p.tokens.file);
+              canonical_name(p) + " tokens " + p.tokens.file);
   for (int n : p.tokens.lengths) plan.update(" " + std::to_string(n));
   for (const Contract* c : engine.contracts()) contracts.update(c->name + " " + c->canonical_knobs() + "\n");
   return {{"binary", sha256_hex(binary)}, {"plan", plan.hex()}, {"contracts", contracts.hex()}};
@@ -261,7 +261,8 @@ class FollowersReleased {
 int sweep(const SweepOptions& o) {
   const SweepPlan plan = o.plan.plan();
   std::unique_ptr<RankSession> ranks;
-  if (std::count(plan.implementations.begin(), plan.implementations.end(), Implementation::kNccl)) {
+  if (std::count(plan.implementations.begin(), plan.implementations.end(), Implementation::kNccl) ||
+      plan.canonical == Implementation::kNccl) {
     ranks = RankSession::join();
     // Not started as a rank: start the ranks on this node's GPUs (rank 0 does the rest).
     if (!ranks && !nccl_unavailable_reason())

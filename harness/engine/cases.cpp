@@ -273,7 +273,14 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
     TokenBatch batch = plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings);
     std::string why;
-    const auto verify = verify_layer_list(plan_.verify_layers, cfg.num_hidden_layers, plan_.canonical, &why);
+    const bool unsharded_canonical = plan_.canonical_layout == layouts::Layout{};
+    if (!unsharded_canonical && !plan_.verify_layers.empty())
+      plan_.bad("verify_layers", "",
+                "layer-sliced verification replays the unsharded model's layers: it needs an unsharded canonical "
+                "(reference or cuda), not " + canonical_name(plan_));
+    const auto verify = unsharded_canonical
+                            ? verify_layer_list(plan_.verify_layers, cfg.num_hidden_layers, plan_.canonical, &why)
+                            : std::optional<std::vector<int64_t>>(std::vector<int64_t>{});
     if (!verify) plan_.bad("verify_layers", "", "model " + plan_.models[m] + ": " + why);
     const ModelEntry& model = models_.emplace_back(
         ModelEntry{plan_.models[m], cfg, std::move(batch.seqs), std::move(batch.coefs), *verify});
@@ -286,6 +293,11 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
 
     for (const Contract* contract : contracts_) {
       const Knobs& kn = contract->knobs;
+      // (The unsharded canonical's limits are the model's own, told where it is refused.)
+      if (const std::string w = layouts::shard_check(plan_.canonical_layout, cfg, kn);
+          !w.empty() && !(plan_.canonical_layout == layouts::Layout{}))
+        plan_.bad("canonical", "",
+                  "model " + model.name + " cannot run the canonical layout " + plan_.canonical_layout.name() + ": " + w);
       // The sharded implementations' layouts for this model and contract.
       std::vector<layouts::Layout> sharded;
       std::vector<std::string> dropped;  // the grid's layouts the model cannot run, with the reason
@@ -343,7 +355,7 @@ WorkEstimate CaseEngine::estimate_work() const {
     if (&c.model != model || &c.contract != contract) {  // its canonical reference: extend, with the backward
       model = &c.model;
       contract = &c.contract;
-      if (plan_.canonical == Implementation::kReference)
+      if (plan_.canonical == Implementation::kReference || plan_.canonical == Implementation::kEmulated)
         w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
     }
     const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
@@ -357,6 +369,10 @@ WorkEstimate CaseEngine::estimate_work() const {
     w = combined(w, run);
   }
   return w;
+}
+
+CaseSpec CaseEngine::canonical_spec(const ModelEntry& model, const Contract& contract) const {
+  return {model, contract, plan_.canonical, plan_.canonical_layout, ref::Path::extend()};
 }
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
@@ -444,12 +460,19 @@ int CaseEngine::follow_rank_zero() {
   for (;;) {
     const std::string id = ranks_->next_case();
     if (id.empty()) return 0;
-    const auto it = std::find_if(cases_.begin(), cases_.end(), [&](const CaseSpec& c) { return case_id(c) == id; });
-    if (it == cases_.end())
+    // A case of the plan, or a (model, contract)'s canonical run on real ranks.
+    std::optional<CaseSpec> spec;
+    if (const auto it = std::find_if(cases_.begin(), cases_.end(), [&](const CaseSpec& c) { return case_id(c) == id; });
+        it != cases_.end())
+      spec.emplace(*it);
+    for (const ModelEntry& m : models_)
+      for (const Contract* c : contracts_)
+        if (!spec && case_id(canonical_spec(m, *c)) == id) spec.emplace(canonical_spec(m, *c));
+    if (!spec)
       throw io::BadInput("ranks", "", "rank 0 runs case " + id + ", which rank " + std::to_string(ranks_->rank()) +
                                           "'s plan does not have: every rank must run the same plan");
     try {
-      run(*it);
+      run(*spec);
     } catch (const CaseFailed& e) {
       std::fprintf(stderr, "bitparity sweep: rank %d: case %s failed: %s\n", ranks_->rank(), id.c_str(), e.what());
       return kExitInternal;
@@ -465,11 +488,10 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   c->contract = &contract;
   // The reference is the unsharded model's extend path (with its backward), on the
   // CPU reference model or the GPU model.
-  const CaseSpec spec{model, contract, plan_.canonical, layouts::Layout{}, ref::Path::extend()};
-  if (spec.implementation == Implementation::kCuda) {
-    Loaded& l = loaded(model);
-    l.gpu.prepare(l.gpu_source(contract), spec.layout);
-  }
+  const CaseSpec spec = canonical_spec(model, contract);
+  Loaded& l = loaded(model);
+  if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(contract), spec.layout);
+  if (spec.implementation == Implementation::kNccl) l.gpu.release();
   // Layer-sliced verification reads each verified stage's input and output: the
   // captures of those layers and of the layers before them (whose resid_mlp is
   // the next one's input), the last layer's for the head.
@@ -535,7 +557,7 @@ Case CaseEngine::verify_case(const CaseSpec& spec) {
   for (int64_t li : spec.model.verify_layers) layers += (layers.empty() ? "" : ",") + std::to_string(li);
   out.parameters["path"] = "verify-layers";  // a replay of the extend path's layers: its own column
   out.parameters["verified_layers"] = layers + " and the head, " + (plan_.grads ? "forward and backward" : "forward");
-  out.parameters["verified"] = std::string(implementation_name(plan_.canonical)) + " canonical result";
+  out.parameters["verified"] = canonical_name(plan_) + " canonical result";
   const Canonical* canonical = nullptr;
   // Untimed: the canonical run (on the GPU under canonical cuda; CannotTest skips
   // the verification where there is none). Timed: the CPU's replay.
@@ -562,8 +584,7 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
                     {"layout", spec.layout.name()},
                     {"path", path_name(spec.path)}};
   // Said only where it is not the reference (the reports before it had no such key).
-  if (plan_.canonical != Implementation::kReference)
-    out.parameters["canonical"] = implementation_name(plan_.canonical);
+  if (canonical_name(plan_) != "reference") out.parameters["canonical"] = canonical_name(plan_);
   // The loss whose gradients the case compares, so that it can be reproduced.
   if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
     out.parameters["coefficients"] = spec.model.coefs.describe();

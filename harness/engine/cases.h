@@ -160,6 +160,7 @@ class CaseEngine {
   struct Canonical;
   Loaded& loaded(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
+  CaseSpec canonical_spec(const ModelEntry& model, const Contract& contract) const;  // extend, the plan's canonical
   ref::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
   std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
                                     const ref::BackwardOptions& bo = {});

@@ -120,6 +120,11 @@ std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, i
   return std::vector<int64_t>(layers.begin(), layers.end());
 }
 
+std::string canonical_name(const SweepPlan& plan) {
+  const std::string impl = implementation_name(plan.canonical);
+  return plan.canonical_layout == layouts::Layout{} ? impl : impl + ":" + plan.canonical_layout.name();
+}
+
 std::vector<std::string> contract_names() {
   std::vector<std::string> r;
   for (const Contract& c : contracts()) r.push_back(c.name);
@@ -386,9 +391,27 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
     plan.allow_nonfinite_weights = rd.boolean(rd.name("allow_nonfinite_weights"), *v);
   if (const json* v = field("canonical")) {
     const std::string& s = rd.string(rd.name("canonical"), *v);
-    if (s != "reference" && s != "cuda")
-      rd.bad(rd.name("canonical"), "unknown canonical " + io::quoted_input(s) + "; it is reference or cuda");
-    plan.canonical = s == "cuda" ? Implementation::kCuda : Implementation::kReference;
+    const size_t colon = s.find(':');
+    const std::string impl = s.substr(0, colon), layout = colon == std::string::npos ? "" : s.substr(colon + 1);
+    const std::optional<Implementation> i = parse_implementation(impl);
+    constexpr const char* kForms =
+        "; it is reference, cuda, or a layout on an implementation that runs layouts: cuda:<layout>, "
+        "emulated:<layout>, nccl:<layout> (e.g. nccl:tp2-ep4-cp1)";
+    if (!i || *i == Implementation::kFloat64) rd.bad(rd.name("canonical"), "unknown canonical " + io::quoted_input(s) + kForms);
+    plan.canonical = *i;
+    plan.canonical_layout = layouts::Layout{};
+    if (colon != std::string::npos) {
+      std::string why;
+      const auto l = layouts::parse_layout(layout, &why);
+      if (!l) rd.bad(rd.name("canonical"), "layout " + io::quoted_input(layout) + " is " + why);
+      if (l->reduction != layouts::Reduction::Tree)
+        rd.bad(rd.name("canonical"), "a negative control's layout (" + l->name() + ") cannot be the canonical result");
+      if (*i == Implementation::kReference && !(*l == layouts::Layout{}))
+        rd.bad(rd.name("canonical"), "the reference runs unsharded: its layout is tp1-ep1-cp1" + std::string(kForms));
+      plan.canonical_layout = *l;
+    } else if (*i == Implementation::kEmulated || *i == Implementation::kNccl) {
+      rd.bad(rd.name("canonical"), impl + " runs layouts: name the canonical one" + std::string(kForms));
+    }
   }
   if (const json* v = field("verify_layers")) {
     const std::string& s = rd.string(rd.name("verify_layers"), *v);

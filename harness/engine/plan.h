@@ -14,7 +14,7 @@
 //     "tokens":      {"seed": 1, "lengths": [9, 17, 24]}  or  {"file": "tokens.json"},
 //     "weight_seed": 20261122, "coef_seed": 7, "temperature": 1.0,
 //     "grads": true, "capture": "none" | "ops", "allow_nonfinite_weights": false,
-//     "canonical":   "reference" | "cuda"   what every case is compared with (below)
+//     "canonical":   "reference" | "cuda" | "<implementation>:<layout>"   what every case is compared with (below)
 //     "verify_layers": "all" | "N" | "i,j,…"  layers the CPU reference re-runs (below)
 //   }
 // A tokens file is {"sequences": [[t0, t1, ...], ...]} (each at least 2 tokens),
@@ -31,7 +31,9 @@
 // The canonical result of a (model, contract) is the unsharded extend forward and
 // backward of the reference model (CPU), or with "canonical": "cuda" of the GPU
 // model — bit-identical to the reference wherever both run (the gpu suites prove it
-// on the tiny fixtures), and the only one that fits a real-size model's time.
+// on the tiny fixtures), and the only one that fits a real-size model's time — or
+// with "<implementation>:<layout>" (cuda, emulated, nccl) of that layout, for a model
+// too large for one GPU: "nccl:tp2-ep4-cp1" compares the other layouts with it.
 // Layer-sliced verification (verify_layers) checks that GPU canonical with the CPU
 // reference where the whole CPU model would take days: after each (model,
 // contract)'s cases, one more case re-runs the chosen layers and the head (final
@@ -118,7 +120,8 @@ struct SweepPlan {
   float temperature = 1.0f;
   bool grads = true;        // compare every parameter gradient on the extend path
   bool capture_ops = false;  // compare every op's output
-  Implementation canonical = Implementation::kReference;  // or kCuda: what the cases are compared with
+  Implementation canonical = Implementation::kReference;  // what the cases are compared with, on
+  layouts::Layout canonical_layout;                        // this layout (unsharded by default)
   std::string verify_layers;  // "" = the default above; else "all", "N" or "i,j,…" (checked when read)
   bool allow_nonfinite_weights = false;  // load a checkpoint's NaN/Inf weights instead of refusing them
   bool allow_float64 = false;  // implementations may name float64 (`run` only)
@@ -141,6 +144,9 @@ struct SweepPlan {
   // io::BadInput naming the source that set `key` and the field key + suffix.
   [[noreturn]] void bad(const std::string& key, const std::string& suffix, const std::string& message) const;
 };
+
+// "reference", "cuda", "nccl:tp2-ep4-cp1": the plan's canonical as it is written.
+std::string canonical_name(const SweepPlan& plan);
 
 // Applies the fields of one plan object to `plan` (later sources override earlier
 // ones). `source` names the origin in messages; with `flags` a field is named as

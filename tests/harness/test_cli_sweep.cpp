@@ -269,6 +269,44 @@ TEST_F(CliSweep, VerifyLayers) {
   EXPECT_NE(err_.find("--verify-layers: expected \"all\""), std::string::npos) << err_;
 }
 
+// --canonical <implementation>:<layout>: a layout's result is what the other cases are
+// compared with (for models too large for one GPU); its refusals.
+TEST_F(CliSweep, LayoutCanonical) {
+  ASSERT_EQ(run("sweep " + kSmall + "--implementation reference,emulated --layout tp1-ep1-cp2z --path extend "
+                "--path decode --canonical emulated:tp2-ep1-cp1 --json " + path("r.json")),
+            0)
+      << out_ << err_;
+  const json j = valid_report(path("r.json"));
+  ASSERT_EQ(j["cases"].size(), 4u);
+  for (const json& c : j["cases"]) {
+    EXPECT_EQ(c["verdict"], "exact") << c["id"];
+    EXPECT_EQ(c["parameters"]["canonical"], "emulated:tp2-ep1-cp1") << c["id"];
+  }
+  // The control's ring reduction differs from the canonical layout's tree: caught.
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1+ring --path extend "
+                "--canonical emulated:tp2-ep1-cp1"),
+            1)
+      << out_ << err_;
+  for (const auto& [canonical, message] : std::vector<std::pair<std::string, std::string>>{
+           {"emulated", "emulated runs layouts: name the canonical one"},
+           {"reference:tp2-ep1-cp1", "the reference runs unsharded"},
+           {"emulated:tp3-ep1-cp1", "cannot run the canonical layout tp3-ep1-cp1"},
+           {"emulated:tp2-ep1-cp1+ring", "a negative control's layout"},
+           {"float64", "unknown canonical 'float64'"},
+           {"emulated:tp2", "layout 'tp2' is not of the form"}}) {
+    EXPECT_EQ(run("sweep " + kSmall + "--path extend --canonical " + canonical), 2) << canonical;
+    EXPECT_NE(err_.find(message), std::string::npos) << canonical << ": " << err_;
+  }
+  EXPECT_EQ(run("sweep " + kSmall + "--path extend --canonical emulated:tp2-ep1-cp1 --verify-layers 1,1"), 2);
+  EXPECT_NE(err_.find("needs an unsharded canonical (reference or cuda), not emulated:tp2-ep1-cp1"), std::string::npos)
+      << err_;
+  // On real ranks without GPUs: nothing can be tested.
+  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp1-ep1-cp2 --path extend "
+                "--canonical nccl:tp2-ep1-cp1"),
+            125)
+      << err_;
+}
+
 // --backend and a plan's "backends" are the old names of --implementation and
 // "implementations": the same case, the same dump. A plan giving both is refused.
 TEST_F(CliSweep, BackendIsTheOldNameOfImplementation) {
