@@ -176,7 +176,7 @@ TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
 
 INSTANTIATE_TEST_SUITE_P(ReplicatedKv, CudaDerivedModelTest, ::testing::ValuesIn(bp::test::replica_cases(true)),
                          bp::test::replica_case_name);
-INSTANTIATE_TEST_SUITE_P(OddSize, CudaDerivedModelTest, ::testing::ValuesIn(bp::test::odd_size_cases()),
+INSTANTIATE_TEST_SUITE_P(OddSize, CudaDerivedModelTest, ::testing::ValuesIn(bp::test::odd_size_cases(true)),
                          bp::test::replica_case_name);
 
 }  // namespace
