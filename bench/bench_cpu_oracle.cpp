@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
       const auto a = random_bf16(size_t(M) * K, 6, 1.0f), b = random_bf16(size_t(N) * K, 7, 0.05f);
       std::vector<float> out(size_t(M) * N);
       row("scalar defn", model, std::to_string(M) + "x1024x1024",
-          2.0 * M * K * N, best_seconds([&] { ref::dot_rows_scalar(kn.dot, a.data(), M, b.data(), N, K, K, out.data()); }, min_s));
+          2.0 * M * K * N, best_seconds([&] { ref::dot_rows_scalar(kn.dot, a.data(), M, b.data(), N, K, K, 1, out.data()); }, min_s));
     }
     {  // attention, one causal sequence: QK^T and PV over T(T+1)/2 pairs per head forward;
        // the backward's products of the definition (scores, dP, dq, dk, dv) likewise

@@ -98,9 +98,8 @@ std::pair<std::pair<int, int>, std::string> execution_order_key(const std::strin
 
 // The grid's layouts that a model can run under the knobs, in grid order (cp_split
 // only for cp > 1); the others, with the reason, appended to `dropped` if given.
-// Why the others are missing, cause by cause: a constraint that refuses the
-// unsharded layout too, once as "every layout: <why>"; then per axis the sizes the
-// model refuses alone (the other axes 1), grouped by constraint ("tp 2, 4: does not
+// Why the others are missing, cause by cause: per axis the sizes the model
+// refuses alone (the other axes 1), grouped by constraint ("tp 2, 4: does not
 // divide num_key_value_heads 1 ...", "ep 2, 4: needs a MoE model ..."); then the
 // layouts refused only in combination ("tp4-ep4-cp8: <why>"). Empty when the model
 // runs every layout of the grid.

@@ -16,6 +16,7 @@
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/linear_gemm.cuh"
+#include "reference/numerics/chunked.h"
 
 namespace bp::cuda {
 namespace {
@@ -69,10 +70,12 @@ Operand row_major(const bf16* p, int ld, int rows) {
   return Operand{p, ld, rows, aligned16(p) && ld % 8 == 0 && rows % 8 == 0};
 }
 
-void check_chunks(int k, int chunks, const char* what) {
-  if (chunks < 1 || k % chunks != 0)
-    throw std::invalid_argument(std::string("linear: ") + what + " = " + std::to_string(k) +
-                                " is not divisible into " + std::to_string(chunks) + " chunks");
+// Any size has `chunks` fixed chunks of ⌈k/chunks⌉ (SPEC.md §2.4.1): the kernels'
+// stage_valid already ends the last chunks early or leaves them empty (+0).
+void check_chunks(int chunks, const char* what) {
+  if (chunks < 1)
+    throw std::invalid_argument(std::string("linear: ") + what + " needs at least one chunk, got " +
+                                std::to_string(chunks));
 }
 
 void check_sizes(int T, int K, int N) {
@@ -85,8 +88,8 @@ void check_sizes(int T, int K, int N) {
 Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
                         int k_chunks) {
   check_sizes(T, K, N);
-  check_chunks(K, k_chunks, "K");
-  const int chunk = K / k_chunks;
+  check_chunks(k_chunks, "K");
+  const int chunk = fixed_chunk_len(K, k_chunks);
   return Problem{red_major(x, K, T, K, chunk), red_major(w, K, N, K, chunk), T, N, K, chunk,
                  K == 0 ? 0 : k_chunks, out_f32, out_bf16, nullptr};
 }
@@ -96,8 +99,8 @@ Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_
 Problem dgrad_problem(const bf16* dy, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
                       int n_chunks) {
   check_sizes(T, K, N);
-  check_chunks(N, n_chunks, "N");
-  const int chunk = N / n_chunks;
+  check_chunks(n_chunks, "N");
+  const int chunk = fixed_chunk_len(N, n_chunks);
   return Problem{red_major(dy, N, T, N, chunk), row_major(w, K, K), T, K, N, chunk,
                  N == 0 ? 0 : n_chunks, out_f32, out_bf16, nullptr};
 }

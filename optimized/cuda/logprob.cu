@@ -14,6 +14,7 @@
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/logprob.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/logprob.h"
 
 namespace bp::cuda {
@@ -45,12 +46,16 @@ struct MaxNan {
   __device__ float operator()(float a, float b) const { return ref::max_nan(a, b); }
 };
 
-// Team k is (row t, slice chunk j) = (k / n_chunks, k % n_chunks).
+// Team k is (row t, slice chunk j) = (k / n_chunks, k % n_chunks); the chunk holds
+// the slice's logits [j·chunk_len, min((j+1)·chunk_len, vocab_len)), len of them
+// (SPEC.md §2.4.1: a short or empty last chunk where the vocabulary is not a
+// multiple of C; an empty one reads nothing and gives max −Inf, sums +0).
 struct ChunkOfTeam {
-  int t, j;
-  __device__ ChunkOfTeam(int team_row, int n_chunks) : t(team_row / n_chunks), j(team_row % n_chunks) {}
+  int t, j, len;
+  __device__ ChunkOfTeam(int team_row, int n_chunks, int vocab_len, int chunk_len)
+      : t(team_row / n_chunks), j(team_row % n_chunks), len(chunk_extent(vocab_len, chunk_len, j)) {}
   __device__ const bf16* start(const bf16* logits, int64_t ld, int chunk_len) const {
-    return logits + t * ld + static_cast<int64_t>(j) * chunk_len;
+    return logits + t * ld + (len ? static_cast<int64_t>(j) * chunk_len : 0);
   }
 };
 
@@ -76,16 +81,15 @@ struct Temp {
 // max_nan is commutative and associative: any lane order and tree give its bits.
 template <bool kWarpPerRow, bool kPacked, bool kUnitTemp>
 __global__ void __launch_bounds__(kMaxTeamThreads)
-    chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks,
+    chunk_max_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_len, int chunk_len, int n_chunks,
                      Temp<kUnitTemp> temp, LaneShape shape, float* __restrict__ chunk_max, int out_ld) {
   __shared__ float warp_totals[kWarp];
   const auto team = RowTeam<kWarpPerRow>::here();
   if (team.row >= T * n_chunks) return;
-  const ChunkOfTeam at(team.row, n_chunks);
+  const ChunkOfTeam at(team.row, n_chunks, vocab_len, chunk_len);
   const bf16* c = at.start(logits, ld, chunk_len);
   float m = kNegInf;
-  for_lane_values<kPacked>(c, team.lane, chunk_len, shape,
-                           [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
+  for_lane_values<kPacked>(c, team.lane, at.len, shape, [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
   m = team.reduce(m, warp_totals, MaxNan{});
   if (team.lane == 0) chunk_max[static_cast<int64_t>(at.t) * out_ld + at.j] = m;
 }
@@ -104,20 +108,20 @@ __global__ void row_max_kernel(const float* __restrict__ chunk_max, int T, int C
 // first (written to chunk_max), then d = fma(x, c, −m_c) and e = exp2_poly(d).
 template <bool kWarpPerRow, bool kPacked, bool kUnitTemp, bool kOnePass>
 __global__ void __launch_bounds__(kMaxTeamThreads)
-    chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int chunk_len, int n_chunks,
+    chunk_sums_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_len, int chunk_len, int n_chunks,
                       Temp<kUnitTemp> temp, LaneShape shape, const float* __restrict__ row_max,
                       float* __restrict__ chunk_max, float* __restrict__ chunk_sum, float* __restrict__ chunk_tsum,
                       int out_ld) {
   __shared__ float warp_totals[kWarp];
   const auto team = RowTeam<kWarpPerRow>::here();
   if (team.row >= T * n_chunks) return;
-  const ChunkOfTeam at(team.row, n_chunks);
+  const ChunkOfTeam at(team.row, n_chunks, vocab_len, chunk_len);
   const bf16* c = at.start(logits, ld, chunk_len);
   const int64_t out = static_cast<int64_t>(at.t) * out_ld + at.j;
   float M;  // what the exponents subtract: v1 the row's maximum, v2 the chunk's scaled one
   if constexpr (kOnePass) {
     float m = kNegInf;
-    for_lane_values<kPacked>(c, team.lane, chunk_len, shape, [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
+    for_lane_values<kPacked>(c, team.lane, at.len, shape, [&](bf16 l) { m = ref::max_nan(m, temp.logit(l)); });
     m = team.reduce(m, warp_totals, MaxNan{});
     if (team.lane == 0) chunk_max[out] = m;
     M = ref::scaled_max_base2(m);
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
     if (chunk_tsum) w = add_rn(w, ref::entropy_term(e, d));
   };
   if constexpr (kPacked) {  // a pack's 8 exps at once (exp_in_place), then added in order
-    LanePacks{team.lane, chunk_len, shape}.for_each([&](int i) {
+    LanePacks{team.lane, at.len, shape}.for_each([&](int i) {
       const Bf16x8 pack = load8(c + i);
       float d[kPack], e[kPack];
 #pragma unroll
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
       for (int j = 0; j < kPack; ++j) add_terms(e[j], d[j]);
     });
   } else {
-    for_lane_indices(team.lane, chunk_len, shape, [&](int i) {
+    for_lane_indices(team.lane, at.len, shape, [&](int i) {
       const float d = exponent(temp.logit(c[i]));
       add_terms(kOnePass ? math::exp2_poly(d) : math::exp(d), d);
     });
@@ -245,13 +249,18 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
 // Launches kernel<kWarpPerRow, kPacked, kUnitTemp> with one team per (row, slice
 // chunk): launch(warp_per_row, packed, Temp<τ == 1>, grid, block, stream).
 template <class Launch>
-void per_chunk_teams(const Knobs& kn, bool one_pass, const bf16* logits, int64_t ld, int T, int chunk_len,
-                     int n_chunks, float temp, cudaStream_t stream, Launch launch) {
+void per_chunk_teams(const Knobs& kn, bool one_pass, const bf16* logits, int64_t ld, int T, int vocab_len,
+                     int chunk_len, int n_chunks, float temp, cudaStream_t stream, Launch launch) {
   ref::logprob_check_softmax_knobs(kn, one_pass);
+  if (vocab_len < 0 || chunk_len < 1 || n_chunks < 1 || vocab_len > static_cast<int64_t>(chunk_len) * n_chunks)
+    refuse("a slice of " + std::to_string(vocab_len) + " logits is not covered by " + std::to_string(n_chunks) +
+           " chunks of " + std::to_string(chunk_len));
   check_lane_shape(kn.row_reduce, "logprob");
   const int teams = T * n_chunks;
   if (teams == 0) return;
-  const bool packed = row_packed(chunk_len, kn.row_reduce) && ld % kPack == 0 && aligned16(logits);
+  // Packs need every chunk, the short last one too, to be whole packs.
+  const bool packed = row_packed(chunk_len, kn.row_reduce) && vocab_len % kPack == 0 && ld % kPack == 0 &&
+                      aligned16(logits);
   with_row_team(chunk_len, kn.row_reduce, [&](auto warp_per_row) {
     with_flag(packed, [&](auto packed_flag) {
       with_flag(temp == 1.0f, [&](auto unit) {
@@ -266,13 +275,14 @@ void per_chunk_teams(const Knobs& kn, bool one_pass, const bf16* logits, int64_t
 
 }  // namespace
 
-void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks, float temp,
                        float* chunk_max, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, false, logits, ld, T, chunk_len, n_chunks, temp, stream,
+  per_chunk_teams(kn, false, logits, ld, T, vocab_len, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_max_kernel<decltype(warp_per_row)::value, decltype(packed)::value>
-        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, chunk_max, out_ld);
+        <<<grid, block, 0, s>>>(logits, ld, T, vocab_len, chunk_len, n_chunks, scale, kn.row_reduce, chunk_max, out_ld);
   });
 }
 
@@ -282,25 +292,27 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
   BP_CUDA_CHECK_LAUNCH();
 }
 
-void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks, float temp,
                         const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, false, logits, ld, T, chunk_len, n_chunks, temp, stream,
+  per_chunk_teams(kn, false, logits, ld, T, vocab_len, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value, decltype(scale)::kUnit, false>
-        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, row_max, nullptr, chunk_sum,
+        <<<grid, block, 0, s>>>(logits, ld, T, vocab_len, chunk_len, n_chunks, scale, kn.row_reduce, row_max, nullptr, chunk_sum,
                                 chunk_tsum, out_ld);
   });
 }
 
-void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks,
                           float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld,
                           cudaStream_t stream) {
   check_temperature(temp);
-  per_chunk_teams(kn, true, logits, ld, T, chunk_len, n_chunks, temp, stream,
+  per_chunk_teams(kn, true, logits, ld, T, vocab_len, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value, decltype(scale)::kUnit, true>
-        <<<grid, block, 0, s>>>(logits, ld, T, chunk_len, n_chunks, scale, kn.row_reduce, nullptr, chunk_max,
+        <<<grid, block, 0, s>>>(logits, ld, T, vocab_len, chunk_len, n_chunks, scale, kn.row_reduce, nullptr, chunk_max,
                                 chunk_sum, chunk_tsum, out_ld);
   });
 }
@@ -346,15 +358,15 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
       chunk_tsum(entropy ? partials : 0, stream), x_target(T, stream);
   float* tsum = entropy ? chunk_tsum.get() : nullptr;
   if (kn.log_softmax == LogSoftmax::kOnePass) {
-    logprob_chunk_states(kn, logits, V, T, V / C, C, temp, chunk_max.get(), chunk_sum.get(), tsum, C, stream);
+    logprob_chunk_states(kn, logits, V, T, V, fixed_chunk_len(V, C), C, temp, chunk_max.get(), chunk_sum.get(), tsum, C, stream);
     logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.get(), stream);
     logprob_merge_states(kn, chunk_max.get(), chunk_sum.get(), tsum, x_target.get(), T, row_max, row_sum, logprob,
                          entropy, stream);
     return;
   }
-  logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.get(), C, stream);
+  logprob_chunk_max(kn, logits, V, T, V, fixed_chunk_len(V, C), C, temp, chunk_max.get(), C, stream);
   logprob_row_max(kn, chunk_max.get(), T, row_max, stream);
-  logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.get(), tsum, C, stream);
+  logprob_chunk_sums(kn, logits, V, T, V, fixed_chunk_len(V, C), C, temp, row_max, chunk_sum.get(), tsum, C, stream);
   logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.get(), stream);
   logprob_combine(kn, chunk_sum.get(), tsum, x_target.get(), row_max, T, row_sum, logprob, entropy, stream);
 }

@@ -15,12 +15,14 @@ namespace bp::cuda {
 // Largest tp_tree_width logprob_combine takes (its tree lives in registers).
 constexpr int kMaxLogprobChunks = 64;
 
-void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks, float temp,
                        float* chunk_max, int out_ld, cudaStream_t stream = 0);
 
 void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_max, cudaStream_t stream = 0);
 
-void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks, float temp,
                         const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld, cudaStream_t stream = 0);
 
 void logprob_target_logit(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
@@ -30,7 +32,8 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
                      const float* row_max, int T, float* row_sum, float* logprob, float* entropy,
                      cudaStream_t stream = 0);
 // Contract v2's one-pass stages (ref::logprob_chunk_states, ref::logprob_merge_states).
-void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks,
                           float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld,
                           cudaStream_t stream = 0);
 void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_sum, const float* chunk_tsum,

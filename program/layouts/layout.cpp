@@ -48,12 +48,19 @@ std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn
     return "tp " + std::to_string(l.tp) + " neither divides num_key_value_heads " +
            std::to_string(cfg.num_key_value_heads) +
            " nor is a multiple of it (kv heads are sharded whole or replicated whole)";
-  for (auto [field, value] : {std::pair{"q dim (heads x head_dim)", cfg.q_dim()},
-                              std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()},
-                              std::pair{"intermediate_size", cfg.intermediate_size},
-                              std::pair{"vocab_size", cfg.vocab_size}})
-    if (value % C) return std::string(field) + " " + std::to_string(value) + " is not a multiple of tp_tree_width " +
-                          std::to_string(C);
+  // Any size has C fixed chunks of ⌈size/C⌉ (the last ones shorter or empty, SPEC.md
+  // §2.4.1), so the unsharded model runs every size. A tp shard holds C/tp whole
+  // chunks; for a size that is not a multiple of C they would be uneven (the last
+  // rank's short or empty), which the rank program does not lay out yet.
+  if (l.tp > 1)
+    for (auto [field, value] : {std::pair{"q dim (heads x head_dim)", cfg.q_dim()},
+                                std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()},
+                                std::pair{"intermediate_size", cfg.intermediate_size},
+                                std::pair{"vocab_size", cfg.vocab_size}})
+      if (value % C)
+        return "tp " + std::to_string(l.tp) + " needs " + field + " " + std::to_string(value) +
+               " to be a multiple of tp_tree_width " + std::to_string(C) +
+               " (tp shards hold whole chunks of equal size; odd sizes run at tp 1)";
   if (l.ep > 1 && !cfg.is_moe_model()) return "ep " + std::to_string(l.ep) + " needs a MoE model (model_type qwen3_moe)";
   if (cfg.is_moe_model() && cfg.num_experts % l.ep) return not_dividing("ep", l.ep, "num_experts", cfg.num_experts);
   return "";

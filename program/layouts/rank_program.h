@@ -35,6 +35,7 @@
 #include "program/path.h"
 #include "reference/model/loss.h"
 #include "reference/model/model_graph.h"
+#include "reference/numerics/chunked.h"
 #include "reference/numerics/reduce.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"

@@ -39,12 +39,13 @@ template <class B>
 typename RankProgram<B>::RowStats RankProgram<B>::two_pass_logprobs(const Buf& lg, const std::vector<int32_t>& targets,
                                                                     const int32_t* targets_dev, float temp,
                                                                     bool entropy) const {
-  const int R = static_cast<int>(targets.size()), n_local = d_.C / d_.tp, chunk_len = d_.V / d_.C;
+  const int R = static_cast<int>(targets.size()), n_local = d_.C / d_.tp,
+            chunk_len = fixed_chunk_len(d_.V, d_.C);
   RowStats st{fzeros(R), fzeros(R), fzeros(R), fzeros(R)};
   FBuf part = fzeros(int64_t{R} * n_local), tpart = fzeros(int64_t{R} * n_local);
-  be_.logprob_chunk_max(kn_, lg.data(), d_.Vl, R, chunk_len, n_local, temp, part.data(), n_local);
+  be_.logprob_chunk_max(kn_, lg.data(), d_.Vl, R, d_.Vl, chunk_len, n_local, temp, part.data(), n_local);
   be_.logprob_row_max(kn_, gather_heads(part.data(), R, n_local, all_tp_ranks()).data(), R, st.row_max.data());
-  be_.logprob_chunk_sums(kn_, lg.data(), d_.Vl, R, chunk_len, n_local, temp, st.row_max.data(), part.data(),
+  be_.logprob_chunk_sums(kn_, lg.data(), d_.Vl, R, d_.Vl, chunk_len, n_local, temp, st.row_max.data(), part.data(),
                          entropy ? tpart.data() : nullptr, n_local);
   const FBuf sums = gather_chunks(part, R), tsums = entropy ? gather_chunks(tpart, R) : FBuf{};
   FBuf x_target = fzeros(R);
@@ -65,11 +66,12 @@ template <class B>
 typename RankProgram<B>::RowStats RankProgram<B>::one_pass_logprobs(const Buf& lg, const std::vector<int32_t>& targets,
                                                                     const int32_t* targets_dev, float temp,
                                                                     bool entropy) const {
-  const int R = static_cast<int>(targets.size()), n_local = d_.C / d_.tp, chunk_len = d_.V / d_.C;
+  const int R = static_cast<int>(targets.size()), n_local = d_.C / d_.tp,
+            chunk_len = fixed_chunk_len(d_.V, d_.C);
   const int width = 3 * n_local + 1, x_col = 3 * n_local;
   FBuf mine = fzeros(int64_t{R} * width), x_mine = fzeros(R);
   float* m = mine.data();
-  be_.logprob_chunk_states(kn_, lg.data(), d_.Vl, R, chunk_len, n_local, temp, m, m + n_local,
+  be_.logprob_chunk_states(kn_, lg.data(), d_.Vl, R, d_.Vl, chunk_len, n_local, temp, m, m + n_local,
                            entropy ? m + 2 * n_local : nullptr, width);
   be_.logprob_target_logit(kn_, lg.data(), d_.Vl, R, at_.t * d_.Vl, d_.Vl, targets_dev, temp, x_mine.data());
   std::vector<int> x_at;

@@ -6,17 +6,37 @@
 
 namespace bp {
 
-// K cut into `chunks` equal contiguous chunks (k % chunks == 0, checked by the
-// caller); each chunk's dot starts at +0; partials go through pairwise_tree.
-// `partials` holds `chunks` floats. chunks == 1 is the plain chain from +0.
+// The C fixed chunks of a reduction of length k (SPEC.md §2.4.1): each ⌈k/C⌉ long,
+// chunk c covering [c·len, min((c+1)·len, k)), so the last ones may be shorter or
+// empty. For k a multiple of C these are the C equal chunks.
+BP_HD inline int fixed_chunk_len(int k, int chunks) { return (k + chunks - 1) / chunks; }
+
+// The length of chunk c of chunks `len` long over k elements: 0 for a chunk past k.
+BP_HD inline int chunk_extent(int k, int len, int c) {
+  const int rest = k - c * len;
+  return rest <= 0 ? 0 : rest < len ? rest : len;
+}
+
+// `chunks` chunks of `len` elements over k (chunks·len >= k; chunks past k empty),
+// each chunk's dot from +0 (an empty chunk's partial is that +0), the `chunks`
+// partials through pairwise_tree. `partials` holds `chunks` floats.
+template <class Model>
+BP_HD float split_dot(const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb, int k, int len, int chunks,
+                      float* partials) {
+  for (int c = 0; c < chunks; ++c) {
+    const int k0 = c * len < k ? c * len : k;  // an empty chunk reads nothing
+    partials[c] = Model::chain(0.0f, a + k0 * sa, sa, b + k0 * sb, sb, chunk_extent(k, len, c));
+  }
+  return pairwise_tree(partials, chunks);
+}
+
+// K cut into the `chunks` fixed chunks (fixed_chunk_len). chunks == 1 is the plain
+// chain from +0.
 template <class Model>
 BP_HD float chunked_dot(const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb, int k, int chunks,
                         float* partials) {
   if (chunks == 1) return Model::chain(0.0f, a, sa, b, sb, k);
-  const int len = k / chunks;
-  for (int c = 0; c < chunks; ++c)
-    partials[c] = Model::chain(0.0f, a + c * len * sa, sa, b + c * len * sb, sb, len);
-  return pairwise_tree(partials, chunks);
+  return split_dot<Model>(a, sa, b, sb, k, fixed_chunk_len(k, chunks), chunks, partials);
 }
 
 // A reduction over tokens in chunks of `chunk` tokens (the last may be shorter),
@@ -25,12 +45,7 @@ BP_HD float chunked_dot(const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb
 template <class Model>
 BP_HD float token_chunked_dot(const bf16* a, ptrdiff_t sa, const bf16* b, ptrdiff_t sb, int k, int chunk,
                               float* partials) {
-  const int n = (k + chunk - 1) / chunk;
-  for (int c = 0; c < n; ++c) {
-    const int len = (c + 1) * chunk <= k ? chunk : k - c * chunk;
-    partials[c] = Model::chain(0.0f, a + c * chunk * sa, sa, b + c * chunk * sb, sb, len);
-  }
-  return pairwise_tree(partials, n);
+  return split_dot<Model>(a, sa, b, sb, k, chunk, (k + chunk - 1) / chunk, partials);
 }
 
 }  // namespace bp

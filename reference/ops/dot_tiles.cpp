@@ -14,8 +14,6 @@
 namespace bp::ref {
 namespace {
 
-int chunk_count(int k, int chunk_len) { return (k + chunk_len - 1) / chunk_len; }
-
 void fill_zero(float* out, int rows_a, int rows_b) {
   std::fill(out, out + static_cast<size_t>(rows_a) * rows_b, 0.0f);
 }
@@ -49,19 +47,19 @@ void framed_chains_scalar(DotModel model, int rows, int cols, int k, int first, 
 }
 
 void dot_rows_scalar(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
-                     float* out) {
+                     int chunks, float* out) {
   if (k == 0) return fill_zero(out, rows_a, rows_b);
   with_dot_model(model, [&](auto m) {
     using Model = decltype(m);
 #pragma omp parallel
     {
-      std::vector<float> partials(chunk_count(k, chunk_len));
+      std::vector<float> partials(chunks);
 #pragma omp for collapse(2) schedule(static)
       for (int i = 0; i < rows_a; ++i)
         for (int j = 0; j < rows_b; ++j)
           out[static_cast<size_t>(i) * rows_b + j] =
-              token_chunked_dot<Model>(a + static_cast<size_t>(i) * k, 1, b + static_cast<size_t>(j) * k, 1, k,
-                                       chunk_len, partials.data());
+              split_dot<Model>(a + static_cast<size_t>(i) * k, 1, b + static_cast<size_t>(j) * k, 1, k, chunk_len,
+                               chunks, partials.data());
     }
   });
 }
@@ -302,7 +300,7 @@ struct TileRun {
     const int rows = std::min(kMB, rows_a - i0), cols = std::min(kNB, rows_b - j0);
     const int rows_p = round_up(rows, Tiles::kMR), panels = (cols + kNR - 1) / kNR;
     for (int c = 0; c < chunks; ++c) {
-      const int k0 = c * chunk_len, len = std::min(chunk_len, k - k0);
+      const int k0 = std::min(c * chunk_len, k), len = chunk_extent(k, chunk_len, c);
       float* cacc = acc + static_cast<size_t>(c) * kMB * kNB;
       std::fill(cacc, cacc + static_cast<size_t>(rows_p) * kNB, 0.0f);
       for (int kb = k0; kb < k0 + len; kb += kKC) {
@@ -325,7 +323,7 @@ struct TileRun {
 };
 
 template <class Tiles>
-void run_tiles(const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, float* out) {
+void run_tiles(const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, int chunks, float* out) {
   const int mp = round_up(rows_a, Tiles::kMR);
   const size_t a_plane = static_cast<size_t>(mp) * k;
   std::vector<int32_t> ap(Tiles::kPlanes * a_plane, 0);
@@ -335,7 +333,6 @@ void run_tiles(const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int 
       const size_t at = static_cast<size_t>(i) * k + kk;
       Tiles::put_a(a[at], ap.data() + at, a_plane);
     }
-  const int chunks = chunk_count(k, chunk_len);
   const TileRun<Tiles> run{a, b, rows_a, rows_b, k, chunk_len, chunks, ap.data(), a_plane, out};
   const int tiles_i = (rows_a + kMB - 1) / kMB, tiles_j = (rows_b + kNB - 1) / kNB;
 #pragma omp parallel
@@ -442,12 +439,12 @@ bool dot_rows_simd_available() {
 }
 
 void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
-                   float* out) {
+                   int chunks, float* out) {
   if (k == 0) return fill_zero(out, rows_a, rows_b);
-  if (model == DotModel::FmaSeq) return run_tiles<FmaSeqTiles>(a, rows_a, b, rows_b, k, chunk_len, out);
+  if (model == DotModel::FmaSeq) return run_tiles<FmaSeqTiles>(a, rows_a, b, rows_b, k, chunk_len, chunks, out);
   if (all_finite(a, static_cast<size_t>(rows_a) * k) && all_finite(b, static_cast<size_t>(rows_b) * k))
-    return run_tiles<Sm90TcTiles>(a, rows_a, b, rows_b, k, chunk_len, out);
-  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, out);
+    return run_tiles<Sm90TcTiles>(a, rows_a, b, rows_b, k, chunk_len, chunks, out);
+  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, chunks, out);
 }
 
 #else
@@ -461,8 +458,8 @@ bool framed_chains_simd(DotModel, int, int, int, int, FrameOperand, FrameOperand
 }  // namespace
 
 void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
-                   float* out) {
-  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, out);
+                   int chunks, float* out) {
+  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, chunks, out);
 }
 
 #endif
@@ -470,9 +467,10 @@ void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int
 bool dot_simd_enabled() { return dot_rows_simd_available() && g_simd_enabled.load(std::memory_order_relaxed); }
 void set_dot_simd_enabled(bool on) { g_simd_enabled.store(on, std::memory_order_relaxed); }
 
-void dot_rows(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, float* out) {
-  if (dot_simd_enabled()) return dot_rows_simd(model, a, rows_a, b, rows_b, k, chunk_len, out);
-  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, out);
+void dot_rows(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, int chunks,
+              float* out) {
+  if (dot_simd_enabled()) return dot_rows_simd(model, a, rows_a, b, rows_b, k, chunk_len, chunks, out);
+  dot_rows_scalar(model, a, rows_a, b, rows_b, k, chunk_len, chunks, out);
 }
 
 void framed_chains(DotModel model, int rows, int cols, int k, int first, FrameOperand a, FrameOperand b,

@@ -9,23 +9,25 @@
 
 namespace bp::ref {
 
-// out[i * rows_b + j] = token_chunked_dot of a's row i and b's row j (both rows of
-// length k, row-major): K cut into chunks of chunk_len (the last may be shorter),
-// each chunk's chain from +0, the partials by pairwise_tree. chunk_len = k / C is
-// chunked_dot's C equal chunks; k = 0 gives +0.
-void dot_rows(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, float* out);
+// out[i * rows_b + j] = split_dot of a's row i and b's row j (both rows of length k,
+// row-major): `chunks` chunks of chunk_len (chunks·chunk_len >= k; the last ones
+// shorter or empty), each chunk's chain from +0, the `chunks` partials by
+// pairwise_tree. chunk_len = fixed_chunk_len(k, C), chunks = C is chunked_dot's C
+// fixed chunks, ⌈k/chunk_len⌉ chunks the token chunks; k = 0 gives +0.
+void dot_rows(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len, int chunks,
+              float* out);
 
 // The definition, one output after another; dot_rows takes it where the host lacks
 // AVX2 and FMA.
 void dot_rows_scalar(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
-                     float* out);
+                     int chunks, float* out);
 
 // Whether this host runs dot_rows_simd: x86-64 with AVX2 and FMA.
 bool dot_rows_simd_available();
 
 // Cache-blocked tiles of outputs in AVX2 lanes; requires dot_rows_simd_available().
 void dot_rows_simd(DotModel model, const bf16* a, int rows_a, const bf16* b, int rows_b, int k, int chunk_len,
-                   float* out);
+                   int chunks, float* out);
 
 // Host code compiled a second time for AVX2 + FMA, every call inlined into it: the
 // same IEEE operations (same bits), but fma_rn one instruction instead of a libm call

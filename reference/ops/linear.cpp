@@ -5,14 +5,17 @@
 #include <vector>
 
 #include "dot_tiles.h"
+#include "reference/numerics/chunked.h"
 
 namespace bp::ref {
 namespace {
 
-void check_chunks(int k, int chunks, const char* what) {
-  if (chunks < 1 || k % chunks != 0)
-    throw std::invalid_argument(std::string("linear: ") + what + " = " + std::to_string(k) +
-                                " is not divisible into " + std::to_string(chunks) + " chunks");
+// The fixed chunks of K (or N) exist for any size (SPEC.md §2.4.1): only the count
+// must be positive.
+void check_chunks(int chunks, const char* what) {
+  if (chunks < 1)
+    throw std::invalid_argument(std::string("linear: ") + what + " needs at least one chunk, got " +
+                                std::to_string(chunks));
 }
 
 // Row-major [rows][cols] -> [cols][rows]; moves bits only, so reads along the
@@ -35,8 +38,8 @@ void round_all(const std::vector<float>& acc, bf16* y) {
 }  // namespace
 
 void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks) {
-  check_chunks(K, k_chunks, "K");
-  dot_rows(kn.dot, x, T, w, N, K, K / k_chunks, acc);
+  check_chunks(k_chunks, "K");
+  dot_rows(kn.dot, x, T, w, N, K, fixed_chunk_len(K, k_chunks), k_chunks, acc);
 }
 
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks) {
@@ -46,9 +49,9 @@ void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, i
 }
 
 void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks) {
-  check_chunks(N, n_chunks, "N");
+  check_chunks(n_chunks, "N");
   const std::vector<bf16> wt = transpose(w, N, K);  // [K][N]
-  dot_rows(kn.dot, dy, T, wt.data(), K, N, N / n_chunks, acc);
+  dot_rows(kn.dot, dy, T, wt.data(), K, N, fixed_chunk_len(N, n_chunks), n_chunks, acc);
 }
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks) {
@@ -59,7 +62,8 @@ void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int 
 
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N) {
   const std::vector<bf16> dyt = transpose(dy, T, N), xt = transpose(x, T, K);  // [N][T], [K][T]
-  dot_rows(kn.dot, dyt.data(), N, xt.data(), K, T, kn.grad_token_chunk, dw);
+  const int chunk = kn.grad_token_chunk;
+  dot_rows(kn.dot, dyt.data(), N, xt.data(), K, T, chunk, (T + chunk - 1) / chunk, dw);
 }
 
 }  // namespace bp::ref

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/numerics/chunked.h"
 #include "reference/numerics/reduce.h"
 
 namespace bp::ref {
@@ -28,10 +29,18 @@ void check_temperature(float temp) {
   if (!(temp > 0.0f) || is_inf(temp)) refuse("temperature must be finite and > 0, got " + std::to_string(temp));
 }
 
+// Any V >= 1 has C fixed chunks (SPEC.md §2.4.1); the trailing ones may be empty.
 void check_vocab(int V, int chunks) {
-  if (V < 1 || chunks < 1 || V % chunks != 0)
-    refuse("V = " + std::to_string(V) + " is not divisible into tp_tree_width = " + std::to_string(chunks) +
-           " chunks");
+  if (V < 1 || chunks < 1)
+    refuse("V = " + std::to_string(V) + " and tp_tree_width = " + std::to_string(chunks) + " must both be >= 1");
+}
+
+// A slice's chunks must cover its logits (those past vocab_len are empty).
+void check_slice(int vocab_len, int chunk_len, int n_chunks) {
+  const int64_t span = static_cast<int64_t>(chunk_len) * n_chunks;
+  if (vocab_len < 0 || chunk_len < 1 || n_chunks < 1 || vocab_len > span)
+    refuse("a slice of " + std::to_string(vocab_len) + " logits is not covered by " + std::to_string(n_chunks) +
+           " chunks of " + std::to_string(chunk_len));
 }
 
 void check_targets(const int32_t* targets, int T, int V) {
@@ -62,8 +71,14 @@ float canonical(float x) { return float_of(canonical_bits(x)); }
 // The identity of max_nan: a fold over a chunk starts here.
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-const bf16* chunk_start(const bf16* logits, int64_t ld, int t, int j, int chunk_len) {
-  return logits + t * ld + static_cast<int64_t>(j) * chunk_len;
+// Chunk j of row t: its first logit and its length (0 past the slice's vocab_len).
+struct Chunk {
+  const bf16* p;
+  int len;
+};
+Chunk chunk_at(const bf16* logits, int64_t ld, int t, int j, int vocab_len, int chunk_len) {
+  const int len = chunk_extent(vocab_len, chunk_len, j);
+  return {logits + t * ld + (len ? static_cast<int64_t>(j) * chunk_len : 0), len};
 }
 
 // body(t, j, scratch) for every row t and slice chunk j, in parallel over these
@@ -103,12 +118,14 @@ void chunk_lane_sums(const Knobs& kn, const bf16* c, int chunk_len, float temp, 
 
 }  // namespace
 
-void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks, float temp,
-                       float* chunk_max, int out_ld) {
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                       int n_chunks, float temp, float* chunk_max, int out_ld) {
   check_softmax_knobs(kn, false);
   check_temperature(temp);
+  check_slice(vocab_len, chunk_len, n_chunks);
   for_each_chunk(T, n_chunks, 0, [&](int t, int j, float*) {
-    chunk_max[static_cast<int64_t>(t) * out_ld + j] = chunk_maximum(chunk_start(logits, ld, t, j, chunk_len), chunk_len, temp);
+    const Chunk c = chunk_at(logits, ld, t, j, vocab_len, chunk_len);
+    chunk_max[static_cast<int64_t>(t) * out_ld + j] = chunk_maximum(c.p, c.len, temp);
   });
 }
 
@@ -122,15 +139,17 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
   }
 }
 
-void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
-                        float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                        int n_chunks, float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
   check_softmax_knobs(kn, false);
   check_temperature(temp);
+  check_slice(vocab_len, chunk_len, n_chunks);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
     const float M = row_max[t];
     const int64_t out = static_cast<int64_t>(t) * out_ld + j;
+    const Chunk c = chunk_at(logits, ld, t, j, vocab_len, chunk_len);
     chunk_lane_sums(
-        kn, chunk_start(logits, ld, t, j, chunk_len), chunk_len, temp, scratch,
+        kn, c.p, c.len, temp, scratch,
         [M](float x) { return shifted_diff(x, M); }, [](float d) { return math::exp(d); }, chunk_sum + out,
         chunk_tsum ? chunk_tsum + out : nullptr);
   });
@@ -169,17 +188,18 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
   }
 }
 
-void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
-                          float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                          int n_chunks, float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld) {
   check_softmax_knobs(kn, true);
   check_temperature(temp);
+  check_slice(vocab_len, chunk_len, n_chunks);
   for_each_chunk(T, n_chunks, kn.row_reduce.lanes, [&](int t, int j, float* scratch) {
-    const bf16* c = chunk_start(logits, ld, t, j, chunk_len);
-    const float m = chunk_maximum(c, chunk_len, temp), mc = scaled_max_base2(m);
+    const Chunk c = chunk_at(logits, ld, t, j, vocab_len, chunk_len);
+    const float m = chunk_maximum(c.p, c.len, temp), mc = scaled_max_base2(m);
     const int64_t out = static_cast<int64_t>(t) * out_ld + j;
     chunk_max[out] = m;
     chunk_lane_sums(
-        kn, c, chunk_len, temp, scratch, [mc](float x) { return exponent_base2(x, mc); },
+        kn, c.p, c.len, temp, scratch, [mc](float x) { return exponent_base2(x, mc); },
         [](float d) { return math::exp2_poly(d); }, chunk_sum + out, chunk_tsum ? chunk_tsum + out : nullptr);
   });
 }
@@ -210,20 +230,20 @@ void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* 
 void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, int T, int V, float temp,
                  float* logprob, float* row_max, float* row_sum, float* entropy) {
   logprob_check_whole_op(kn, targets, T, V, temp);
-  const int C = kn.tp_tree_width;
+  const int C = kn.tp_tree_width, n = fixed_chunk_len(V, C);
   const size_t partials = static_cast<size_t>(T) * C;
   std::vector<float> chunk_max(partials), chunk_sum(partials), chunk_tsum(entropy ? partials : 0), x_target(T);
   float* tsum = entropy ? chunk_tsum.data() : nullptr;
   if (kn.log_softmax == LogSoftmax::kOnePass) {
-    logprob_chunk_states(kn, logits, V, T, V / C, C, temp, chunk_max.data(), chunk_sum.data(), tsum, C);
+    logprob_chunk_states(kn, logits, V, T, V, n, C, temp, chunk_max.data(), chunk_sum.data(), tsum, C);
     logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.data());
     logprob_merge_states(kn, chunk_max.data(), chunk_sum.data(), tsum, x_target.data(), T, row_max, row_sum, logprob,
                          entropy);
     return;
   }
-  logprob_chunk_max(kn, logits, V, T, V / C, C, temp, chunk_max.data(), C);
+  logprob_chunk_max(kn, logits, V, T, V, n, C, temp, chunk_max.data(), C);
   logprob_row_max(kn, chunk_max.data(), T, row_max);
-  logprob_chunk_sums(kn, logits, V, T, V / C, C, temp, row_max, chunk_sum.data(), tsum, C);
+  logprob_chunk_sums(kn, logits, V, T, V, n, C, temp, row_max, chunk_sum.data(), tsum, C);
   logprob_target_logit(kn, logits, V, T, 0, V, targets, temp, x_target.data());
   logprob_combine(kn, chunk_sum.data(), tsum, x_target.data(), row_max, T, row_sum, logprob, entropy);
 }

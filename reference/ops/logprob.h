@@ -2,7 +2,8 @@
 // entropy, and the gradient of L = sum_t c_t·logprob_t (SPEC.md §5.10).
 // Logits [T][V] bf16 row-major; every per-token result is fp32.
 //
-// The vocabulary is cut into C = tp_tree_width equal chunks. The forward runs in
+// The vocabulary is cut into C = tp_tree_width fixed chunks of ⌈V/C⌉ logits, the
+// last ones shorter or empty (SPEC.md §2.4.1). The forward runs in
 // stages so that a vocab-parallel rank holding chunks [a, b) computes its partials
 // alone and the combines run after a gather. v1 (two-pass):
 //   1. logprob_chunk_max    (per rank)  -> gather -> logprob_row_max
@@ -91,7 +92,8 @@ BP_HD inline RowOutputs merge_row_states(ChunkState* states, int C, float x_targ
 
 // v2 stage (one pass over the logits): every chunk's state, written as chunk_max,
 // chunk_sum and (nullable) chunk_tsum at out[t·out_ld + j]. v1 knobs are refused.
-void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void logprob_chunk_states(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                          int n_chunks,
                           float temp, float* chunk_max, float* chunk_sum, float* chunk_tsum, int out_ld);
 
 // v2 combine over gathered [T][C] states: the merge tree's root (M, S, W) gives
@@ -101,13 +103,16 @@ void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* 
                           const float* x_target, int T, float* row_max, float* row_sum, float* logprob, float* entropy);
 
 // ---- Stages (vocab-parallel layouts call these directly) ----------------------
-// A rank's slice is n_chunks whole chunks of chunk_len logits: `logits` points at
-// its first logit in row 0, rows are `ld` elements apart. Partials are written to
+// A rank's slice is n_chunks whole chunks of chunk_len logits of which the first
+// vocab_len exist (the rest, the padded tail past V, is absent: a chunk past it is
+// empty, with max −Inf and sums +0): `logits` points at its first logit in row 0,
+// rows are `ld` elements apart. Partials are written to
 // out[t·out_ld + j] for the slice's j-th chunk (pass out + first_chunk and
 // out_ld = C to write straight into the gathered [T][C] layout).
 
 // Stage 1: chunk_max = max over the chunk of x (max_nan).
-void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                          int n_chunks,
                        float temp, float* chunk_max, int out_ld);
 
 // Combine 1: row_max[t] = max_nan over the C gathered chunk maxima chunk_max[t][0..C).
@@ -115,7 +120,8 @@ void logprob_row_max(const Knobs& kn, const float* chunk_max, int T, float* row_
 
 // Stage 2: chunk_sum = lane_sum over the chunk of exp(x − M) (row_reduce shape,
 // chunk-local indices); chunk_tsum (nullable) = lane_sum of entropy_term.
-void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int chunk_len, int n_chunks,
+void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
+                          int n_chunks,
                         float temp, const float* row_max, float* chunk_sum, float* chunk_tsum, int out_ld);
 
 // x_target[t] = scaled_logit(target) for every row whose target lies in this

@@ -425,24 +425,25 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
             std::string::npos)
       << err_;
   EXPECT_NE(err_.find("; ep 2, 4: needs a MoE model"), std::string::npos) << err_;
-  EXPECT_EQ(run("sweep --model " + odd + " --lengths 5"), 2);
-  EXPECT_NE(err_.find("command line: --model[0]: no layout of the grid can run model " + odd +
-                      " under bf16-sm90tc-v2: every layout: vocab_size 300 is not a multiple of tp_tree_width 8"),
+  // A vocabulary that is not a multiple of tp_tree_width runs unsharded; tp shards refuse it.
+  EXPECT_EQ(run("sweep --model " + odd + " --lengths 5 --tp 2,4"), 2);
+  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + odd +
+                      " under bf16-sm90tc-v2: tp 2, 4: needs vocab_size 300 to be a multiple of tp_tree_width 8"),
             std::string::npos)
       << err_;
   // Sizes that each run alone but not together.
   EXPECT_EQ(run("sweep --model qwen3-moe-tiny --lengths 5 --tp 4 --ep 4 --cp 8"), 2);
   EXPECT_NE(err_.find("tp4-ep4-cp8: layout tp4-ep4-cp8 has 128 ranks; at most 64 are emulated"), std::string::npos)
       << err_;
-  for (const std::string& args : {"run --model " + odd + " --lengths 5", "run --model " + shortpos}) {
-    EXPECT_EQ(run(args + " --out " + path("x.safetensors")), 2) << args;
-    EXPECT_EQ(err_.find("plan"), std::string::npos) << args << ": " << err_;
-  }
-  EXPECT_EQ(run("run --model " + odd + " --lengths 5 --out " + path("x.safetensors")), 2);
-  EXPECT_NE(err_.find("command line: --model[0]: model " + odd + " cannot run layout tp1-ep1-cp1: vocab_size 300"),
+  EXPECT_EQ(run("run --model " + odd + " --lengths 5 --implementation emulated --layout tp2-ep1-cp1 --out " +
+                path("x.safetensors")),
+            2);
+  EXPECT_EQ(err_.find("plan"), std::string::npos) << err_;
+  EXPECT_NE(err_.find("model " + odd + " cannot run layout tp2-ep1-cp1: tp 2 needs vocab_size 300 to be a multiple"),
             std::string::npos)
       << err_;
   EXPECT_EQ(run("run --model " + shortpos + " --out " + path("x.safetensors")), 2);
+  EXPECT_EQ(err_.find("plan"), std::string::npos) << err_;
   EXPECT_NE(err_.find("defaults: --lengths[1]: 11 tokens exceed the model's max_position_embeddings 8"),
             std::string::npos)
       << err_;
@@ -454,13 +455,20 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   EXPECT_NE(mqa_line.find(" tp2-ep1-cp1 "), std::string::npos) << mqa_line;
   EXPECT_NE(mqa_line.find(" tp4-ep1-cp2z"), std::string::npos) << mqa_line;
   EXPECT_NE(out_.find("missing ep 2, 4: needs a MoE model"), std::string::npos) << out_;
-  EXPECT_NE(out_.find("(none)\n" + std::string(std::max({gqa6.size(), odd.size(), mqa.size()}) + 4, ' ') +
-                      "missing every layout: vocab_size 300 is not a multiple of tp_tree_width 8"),
-            std::string::npos)
+  const size_t odd_at = out_.find("  " + odd + " ", out_.find("\nlayouts"));
+  ASSERT_NE(odd_at, std::string::npos) << out_;
+  const std::string odd_line = out_.substr(odd_at, out_.find('\n', odd_at) - odd_at);
+  EXPECT_NE(odd_line.find(" tp1-ep1-cp2z"), std::string::npos) << odd_line;
+  EXPECT_EQ(odd_line.find("tp2"), std::string::npos) << odd_line;
+  EXPECT_NE(out_.find("missing tp 2, 4: needs vocab_size 300 to be a multiple of tp_tree_width 8"), std::string::npos)
       << out_;
   // And its replicated layouts run, exact against the unsharded reference.
   EXPECT_EQ(run("sweep --model " + mqa + " --lengths 5,9 --layout tp4-ep1-cp1,tp2-ep1-cp2z --path extend"), 0)
       << out_ << err_;
+  // The odd vocabulary (config only: generated weights) sweeps every layout it runs,
+  // forward and backward, exact; and `run` dumps it.
+  EXPECT_EQ(run("sweep --model " + odd + " --lengths 5,9 --path extend --path decode"), 0) << out_ << err_;
+  EXPECT_EQ(run("run --model " + odd + " --lengths 5 --out " + path("odd.safetensors")), 0) << err_;
 }
 
 // The README's main command: the default sweep (both fixtures, the v2 pair,

@@ -338,6 +338,87 @@ TEST(ReplicatedKv, RingReductionDiffers) {
   EXPECT_GT(differ, 0);
 }
 
+// ---- Sizes that are not multiples of tp_tree_width (SPEC.md §2.4.1, §7) -----------
+// The unsharded model runs them (fixed chunks, the last short or empty); every path
+// of the reference model gives its extend's bits, and emulated ranks at tp 1 with ep
+// and cp give the reference's forward and backward bits.
+
+class OddSizeTest : public ::testing::TestWithParam<ReplicaCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = bp::test::odd_size_model(GetParam().model);
+    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
+    kn_ = bp::find_contract(GetParam().contract)->knobs;
+    for (const std::string& name : GetParam().layouts) {
+      layouts_.push_back(*bp::layouts::parse_layout(name));
+      ASSERT_EQ(bp::layouts::shard_check(layouts_.back(), cfg_, kn_), "") << name;
+    }
+  }
+  bp::ModelConfig cfg_;
+  bp::Weights w_;
+  bp::Knobs kn_;
+  std::vector<Layout> layouts_;
+};
+
+TEST_P(OddSizeTest, ReferenceEveryPathEqualsExtend) {
+  const Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
+  const bp::ref::Model ref(cfg_, w_, kn_);
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  const auto want = ref.forward(seqs, Path::extend(), opt);
+  for (const auto& [name, path] : paths()) {
+    const auto got = ref.forward(seqs, path, opt);
+    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << name;
+    EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << name;
+  }
+}
+
+TEST_P(OddSizeTest, LayoutsForwardEveryPathExact) {
+  expect_forward_exact(cfg_, w_, kn_, bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths), layouts_,
+                       kEveryPath);
+}
+
+TEST_P(OddSizeTest, LayoutsBackwardExact) {
+  expect_backward_exact(cfg_, w_, kn_, bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths), layouts_);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, OddSizeTest, ::testing::ValuesIn(bp::test::odd_size_cases(false)),
+                         bp::test::replica_case_name);
+
+// tp > 1 still needs whole chunks of equal size per rank: refused, naming the size.
+TEST(OddSize, ShardedTpRefusedNamingTheSize) {
+  const bp::Knobs kn = bp::find_contract("bf16-sm90tc-v1")->knobs;
+  const bp::ModelConfig moe = bp::test::odd_size_model("odd-moe");
+  const std::string why = bp::layouts::shard_check(*bp::layouts::parse_layout("tp2-ep1-cp1"), moe, kn);
+  EXPECT_NE(why.find("tp 2 needs intermediate_size 100 to be a multiple of tp_tree_width 8"), std::string::npos)
+      << why;
+  bp::ModelConfig vocab = bp::test::load_fixture("qwen3-dense-tiny");
+  vocab.vocab_size = 300;
+  EXPECT_NE(bp::layouts::shard_check(*bp::layouts::parse_layout("tp4-ep1-cp2"), vocab, kn)
+                .find("vocab_size 300 to be a multiple of tp_tree_width 8"),
+            std::string::npos);
+  EXPECT_EQ(bp::layouts::shard_check(*bp::layouts::parse_layout("tp1-ep1-cp2z"), vocab, kn), "");
+}
+
+// Negative control: the model's bits depend on the chunking of its odd sizes — a
+// tp_tree_width of 4 (chunks of 75 instead of 38 over the vocabulary of 300, of 25
+// instead of 13 over the intermediate 100) changes entropies (W/S sees the
+// log-softmax's chunk sums, which logprob's log S and the bf16 roundings of the
+// layers' outputs mostly absorb at these sizes).
+TEST(OddSize, OtherChunkingChangesBits) {
+  const bp::ModelConfig cfg = bp::test::odd_size_model("odd-dense");
+  const auto w = bp::generate_weights(cfg, bp::test::kFixtureWeightSeed);
+  const Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {23, 41, 60});
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  bp::Knobs kn = bp::find_contract("bf16-fmaseq-v1")->knobs;
+  const bp::ref::Model eight(cfg, w, kn);
+  kn.tp_tree_width = 4;
+  const bp::ref::Model four(cfg, w, kn);
+  EXPECT_FALSE(same_bits(flat(four.forward(seqs, Path::extend(), opt).entropy),
+                         flat(eight.forward(seqs, Path::extend(), opt).entropy)));
+}
+
 // ---- Layout names, sharding rules, refusals ---------------------------------------
 
 TEST(Layout, NamesRoundTrip) {

@@ -168,4 +168,46 @@ inline std::vector<ReplicaCase> replica_cases(bool ci) {
   return out;
 }
 
+// Models whose sizes are not multiples of tp_tree_width C = 8 (SPEC.md §2.4.1: fixed
+// chunks of ⌈size/C⌉, the last short or empty), derived from the tiny fixtures:
+// odd-dense — vocab 300, intermediate 100, 8 query heads on 1 kv head, tied
+// embeddings; odd-heads — vocab 257, 5 query heads on 1 kv head of head_dim 20
+// (q dim 100, kv dim 20; the CUDA attention takes head_dim 32, 64, 128 only);
+// odd-moe — vocab 211, intermediate 100 (its dense layer 0), moe_intermediate 36,
+// untied. They run at tp 1 with any ep and cp.
+inline ModelConfig odd_size_model(const std::string& name) {
+  ModelConfig c = load_fixture(name == "odd-moe" ? "qwen3-moe-tiny" : "qwen3-dense-tiny");
+  c.intermediate_size = 100;
+  if (name == "odd-dense") {
+    c.vocab_size = 300;
+    c.num_key_value_heads = 1;
+  } else if (name == "odd-heads") {
+    c.vocab_size = 257;
+    c.num_attention_heads = 5;
+    c.num_key_value_heads = 1;
+    c.head_dim = 20;
+  } else {
+    c.vocab_size = 211;
+    c.moe_intermediate_size = 36;
+  }
+  return c;
+}
+
+// A derived model by name: the odd-size ones (odd-*) or the replicated-kv ones.
+inline ModelConfig derived_model(const std::string& name) {
+  return name.rfind("odd-", 0) == 0 ? odd_size_model(name) : replica_model(name);
+}
+
+// Every odd-size model under every contract, with the layouts it runs; the GPU
+// suites (gpu) leave out odd-heads, whose head_dim the CUDA attention does not take.
+inline std::vector<ReplicaCase> odd_size_cases(bool gpu) {
+  std::vector<ReplicaCase> out;
+  for (const Contract& c : contracts()) {
+    out.push_back({"odd-dense", c.name, {"tp1-ep1-cp1", "tp1-ep1-cp2", "tp1-ep1-cp2z"}});
+    if (!gpu) out.push_back({"odd-heads", c.name, {"tp1-ep1-cp1", "tp1-ep1-cp2z"}});
+    out.push_back({"odd-moe", c.name, {"tp1-ep1-cp1", "tp1-ep2-cp1", "tp1-ep4-cp2z"}});
+  }
+  return out;
+}
+
 }  // namespace bp::test

@@ -237,6 +237,20 @@ TEST_P(LinearGpu, SmallShapesEveryFunction) {
     for (Fill fill : {Fill::Uniform, Fill::Spread}) check_problem(contract(), contract().knobs, pb, fill, seed += 7, 1 << 30, {});
 }
 
+// Sizes that are not multiples of the chunk count (SPEC.md §2.4.1: chunks of
+// ⌈K/C⌉, the last short or empty): K = 300 and N = 36 in 8 chunks (38 and 5 long,
+// the last 34 and 1), K = N = 9 (chunk 4 one element, 5-7 empty), K = 3 (chunks
+// 3-7 empty), a resized vocabulary's dgrad (N = 1001) and M past the small tiles.
+TEST_P(LinearGpu, OddSizesFixedChunks) {
+  const Problem problems[] = {
+      {5, 300, 36, 8}, {3, 9, 9, 8}, {7, 3, 3, 8}, {40, 100, 1001, 8}, {300, 1021, 260, 8}, {17, 50, 70, 4},
+  };
+  uint64_t seed = 700;
+  for (const Problem& pb : problems)
+    for (Fill fill : {Fill::Uniform, Fill::Spread, Fill::Edge})
+      check_problem(contract(), contract().knobs, pb, fill, seed += 7, 1 << 30, {});
+}
+
 // Small token chunks: many chunk partials, so the tree spills past the levels
 // kept in registers (and the last chunk is short).
 TEST_P(LinearGpu, WgradManyTokenChunks) {

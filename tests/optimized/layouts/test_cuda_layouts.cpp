@@ -4,7 +4,8 @@
 // CP (zigzag) and a mix of all three, every path's logprobs and entropies, the
 // captured op outputs, and the backward's every parameter gradient, bit for bit;
 // tp 8 replicates the fixtures' 4 kv heads, and the replicated-kv models of the CPU
-// suite (MQA, GQA 2, a Qwen3-30B-A3B-shaped MoE; model_cases.h) run their layouts too.
+// suite (MQA, GQA 2, a Qwen3-30B-A3B-shaped MoE; model_cases.h) run their layouts too,
+// and so do the odd-size models (vocabularies and dimensions not multiples of 8).
 // Negative control: the Ring reduction (a local chain per rank, NCCL's ring order)
 // differs from the reference at TP 2 — with the very bits of the CPU's emulated
 // Ring ranks, so the GPU's control is the same control.
@@ -126,12 +127,13 @@ TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
 
-// Replicated kv heads on virtual ranks: every path, the captures and the backward of
-// the CPU suite's models and CI layouts, against the CPU reference model.
-class CudaReplicatedKvTest : public ::testing::TestWithParam<bp::test::ReplicaCase> {
+// Replicated kv heads and sizes that are not multiples of tp_tree_width on virtual
+// ranks: every path, the captures and the backward of the CPU suites' derived models
+// and CI layouts, against the CPU reference model.
+class CudaDerivedModelTest : public ::testing::TestWithParam<bp::test::ReplicaCase> {
  protected:
   void SetUp() override {
-    cfg_ = bp::test::replica_model(GetParam().model);
+    cfg_ = bp::test::derived_model(GetParam().model);
     w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
     kn_ = bp::find_contract(GetParam().contract)->knobs;
     for (const std::string& name : GetParam().layouts) layouts_.push_back(*bp::layouts::parse_layout(name));
@@ -142,7 +144,7 @@ class CudaReplicatedKvTest : public ::testing::TestWithParam<bp::test::ReplicaCa
   std::vector<Layout> layouts_;
 };
 
-TEST_P(CudaReplicatedKvTest, EveryPathCapturesAndBackwardEqualReference) {
+TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
   const Seqs path_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
   const Seqs grad_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths);
   const bp::ref::Model ref(cfg_, w_, kn_);
@@ -172,7 +174,9 @@ TEST_P(CudaReplicatedKvTest, EveryPathCapturesAndBackwardEqualReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaReplicatedKvTest, ::testing::ValuesIn(bp::test::replica_cases(true)),
+INSTANTIATE_TEST_SUITE_P(ReplicatedKv, CudaDerivedModelTest, ::testing::ValuesIn(bp::test::replica_cases(true)),
+                         bp::test::replica_case_name);
+INSTANTIATE_TEST_SUITE_P(OddSize, CudaDerivedModelTest, ::testing::ValuesIn(bp::test::odd_size_cases(true)),
                          bp::test::replica_case_name);
 
 }  // namespace

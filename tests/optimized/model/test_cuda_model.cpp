@@ -20,39 +20,30 @@ using Case = bp::test::FixtureCase;
 constexpr uint64_t kCoefSeed = bp::test::kFixtureCoefSeed;
 const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kCoefSeed);
 
-class CudaModelTest : public bp::test::FixtureTest {
- protected:
-  void SetUp() override {
-    FixtureTest::SetUp();
-    // 150 tokens: more than one attention KV split and two weight-gradient chunks.
-    seqs_ = bp::test::make_seqs(cfg_.vocab_size, {13, 150, 7, 21});
-    opt_.entropy = true;
-    opt_.capture = true;
-  }
+// 150 tokens: more than one attention KV split and two weight-gradient chunks.
+Seqs model_seqs(const bp::ModelConfig& cfg) { return bp::test::make_seqs(cfg.vocab_size, {13, 150, 7, 21}); }
 
-  Seqs seqs_;
-  bp::ref::ForwardOptions opt_;
-};
-
-TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Path::extend(), opt_);
-  const bp::cuda::Model gpu(cfg_, w_, kn_);
+void expect_every_path_equals_reference_extend(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn,
+                                               const Seqs& seqs, const bp::ref::ForwardOptions& opt) {
+  const auto want = bp::ref::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
+  const bp::cuda::Model gpu(cfg, w, kn);
   const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
                                                     {"ragged", Path::ragged()},
                                                     {"chunked:5,3", Path::chunked({5, 3})},
                                                     {"chunked:64", Path::chunked({64})},
                                                     {"decode", Path::decode()}};
   for (const auto& [name, path] : paths) {
-    const auto got = gpu.forward(seqs_, path, opt_);
+    const auto got = gpu.forward(seqs, path, opt);
     EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << name;
     EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << name;
     EXPECT_TRUE(bp::test::same_captures(got, want)) << name;
   }
 }
 
-TEST_P(CudaModelTest, BackwardEqualsReference) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(seqs_, kCoefs);
-  const auto got = bp::cuda::Model(cfg_, w_, kn_).backward(seqs_, kCoefs);
+void expect_backward_equals_reference(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn,
+                                      const Seqs& seqs) {
+  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs);
+  const auto got = bp::cuda::Model(cfg, w, kn).backward(seqs, kCoefs);
   EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob)));
   EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef)));
   ASSERT_EQ(got.grads.size(), want.grads.size());
@@ -61,6 +52,31 @@ TEST_P(CudaModelTest, BackwardEqualsReference) {
     EXPECT_TRUE(same_bits(got.grads.at(name), g)) << name;
   }
 }
+
+bp::ref::ForwardOptions entropy_and_captures() {
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  opt.capture = true;
+  return opt;
+}
+
+class CudaModelTest : public bp::test::FixtureTest {
+ protected:
+  void SetUp() override {
+    FixtureTest::SetUp();
+    seqs_ = model_seqs(cfg_);
+    opt_ = entropy_and_captures();
+  }
+
+  Seqs seqs_;
+  bp::ref::ForwardOptions opt_;
+};
+
+TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
+  expect_every_path_equals_reference_extend(cfg_, w_, kn_, seqs_, opt_);
+}
+
+TEST_P(CudaModelTest, BackwardEqualsReference) { expect_backward_equals_reference(cfg_, w_, kn_, seqs_); }
 
 TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
   const bp::cuda::Model gpu(cfg_, w_, kn_);
@@ -80,5 +96,28 @@ TEST_P(CudaModelTest, FlippedWeightBitDiffers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest, bp::test::every_fixture_case(), bp::test::fixture_case_name);
+
+// Sizes that are not multiples of tp_tree_width (model_cases.h: vocab 300 and 211,
+// intermediate 100, moe_intermediate 36): the GPU model's fixed chunks (SPEC.md
+// §2.4.1) against the CPU reference, every path and the backward.
+class CudaOddSizeModelTest : public ::testing::TestWithParam<bp::test::ReplicaCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = bp::test::odd_size_model(GetParam().model);
+    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
+    kn_ = bp::find_contract(GetParam().contract)->knobs;
+  }
+  bp::ModelConfig cfg_;
+  bp::Weights w_;
+  bp::Knobs kn_;
+};
+
+TEST_P(CudaOddSizeModelTest, EveryPathAndBackwardEqualReference) {
+  expect_every_path_equals_reference_extend(cfg_, w_, kn_, model_seqs(cfg_), entropy_and_captures());
+  expect_backward_equals_reference(cfg_, w_, kn_, model_seqs(cfg_));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaOddSizeModelTest, ::testing::ValuesIn(bp::test::odd_size_cases(true)),
+                         bp::test::replica_case_name);
 
 }  // namespace

@@ -18,14 +18,19 @@ namespace {
 
 struct Case {
   int rows_a, rows_b, k, chunk_len;
+  int chunks = 0;  // 0: ⌈k/chunk_len⌉ (token chunks); more: fixed chunks, the trailing ones empty
+  int count() const { return chunks ? chunks : (k + chunk_len - 1) / chunk_len; }
 };
 
 // Tails in every direction: rows not a multiple of the register block (6 or 2) or
 // the tile (48), columns not a multiple of the panel (16) or the tile (64), K not a
-// multiple of the sm90 group or spanning several K blocks (256), short last chunks.
+// multiple of the sm90 group or spanning several K blocks (256), short last chunks,
+// and the fixed chunks of sizes that are not multiples of C = 8 (SPEC.md §2.4.1:
+// ⌈k/8⌉ long, the last ones short or empty).
 const Case kCases[] = {
     {1, 1, 1, 1},      {5, 3, 17, 17},     {7, 19, 40, 16},    {13, 70, 100, 100}, {50, 65, 300, 300},
     {49, 17, 512, 64}, {6, 16, 1024, 128}, {3, 130, 600, 256}, {37, 40, 37, 16},   {2, 9, 33, 5},
+    {5, 19, 9, 2, 8},  {7, 70, 300, 38, 8}, {3, 17, 3, 1, 8},  {13, 20, 0, 1, 8},
 };
 
 // bf16 bits with a random sign, an exponent field in [lo, hi] and a random
@@ -43,7 +48,7 @@ std::vector<bf16> spread_bf16(size_t n, uint64_t seed, int lo, int hi) {
 std::vector<float> run(bool simd, DotModel m, const std::vector<bf16>& a, const std::vector<bf16>& b, const Case& c) {
   std::vector<float> out(static_cast<size_t>(c.rows_a) * c.rows_b);
   (simd ? ref::dot_rows_simd : ref::dot_rows_scalar)(m, a.data(), c.rows_a, b.data(), c.rows_b, c.k, c.chunk_len,
-                                                     out.data());
+                                                     c.count(), out.data());
   return out;
 }
 

@@ -2,9 +2,12 @@
 // chunked-K semantics with negative controls, golden digests, edge inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "reference/common/rng.h"
+#include "reference/numerics/reduce.h"
 #include "reference/ops/linear.h"
 #include "reference/truth/linear.h"
 #include "support/bounds.h"
@@ -42,7 +45,8 @@ void expect_within_dot_bound(const std::vector<bf16>& y, const MatD& truth, cons
 }
 
 TEST_P(LinearTest, ForwardWithinDerivedBound) {
-  for (const Shape s : {Shape{5, 64, 24, 1}, Shape{3, 2048, 16, 1}, Shape{2, 4096, 8, 8}, Shape{4, 768, 12, 8}}) {
+  for (const Shape s : {Shape{5, 64, 24, 1}, Shape{3, 2048, 16, 1}, Shape{2, 4096, 8, 8}, Shape{4, 768, 12, 8},
+                        Shape{3, 300, 12, 8}, Shape{4, 9, 10, 8}, Shape{2, 1001, 8, 8}}) {  // odd K: fixed chunks
     const auto x = random_bf16(size_t(s.T) * s.K, 1, 1.0f), w = random_bf16(size_t(s.N) * s.K, 2, 0.05f);
     std::vector<bf16> y(size_t(s.T) * s.N);
     ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), s.T, s.K, s.N, s.chunks);
@@ -127,9 +131,98 @@ TEST_P(LinearTest, NegativeControlSplitKAndModelChangeBits) {
   EXPECT_NE(test::digest(one), test::digest(other));
 }
 
-TEST_P(LinearTest, RejectsIndivisibleChunks) {
+// ---- Fixed chunks of any K (SPEC.md §2.4.1) ---------------------------------------
+
+// Columns [k0, k1) of a [rows][k] matrix, as its own [rows][k1 - k0] matrix.
+std::vector<bf16> columns(const std::vector<bf16>& m, int rows, int k, int k0, int k1) {
+  std::vector<bf16> out;
+  for (int r = 0; r < rows; ++r) out.insert(out.end(), m.begin() + size_t(r) * k + k0, m.begin() + size_t(r) * k + k1);
+  return out;
+}
+
+// The C-chunk dot built from its definition: chunk c's chain over [begin(c), begin(c+1))
+// from +0 (one-chunk linear_acc on the columns; an empty chunk gives +0), the C
+// partials by pairwise_tree.
+template <class Begin>
+std::vector<float> chunk_tree(const Knobs& kn, const std::vector<bf16>& x, const std::vector<bf16>& w, int T, int K,
+                              int N, int C, Begin begin) {
+  std::vector<std::vector<float>> part(C, std::vector<float>(size_t(T) * N, 0.0f));
+  for (int c = 0; c < C; ++c) {
+    const int k0 = begin(c), k1 = begin(c + 1);
+    if (k1 > k0)
+      ref::linear_acc(kn, columns(x, T, K, k0, k1).data(), columns(w, N, K, k0, k1).data(), part[c].data(), T, k1 - k0,
+                      N, 1);
+  }
+  std::vector<float> out(size_t(T) * N), leaves(C);
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (int c = 0; c < C; ++c) leaves[c] = part[c][i];
+    out[i] = pairwise_tree(leaves.data(), C);
+  }
+  return out;
+}
+
+// K = 300, 9 and 3 in C = 8 chunks are the chunks of ⌈K/8⌉ (38: seven of 38 and one
+// of 34; 2: chunk 4 one element, 5-7 empty; 1: chunks 3-7 empty), each from +0,
+// combined by the tree of all 8 partials. Negative control: the balanced split of
+// the same K (chunks ⌊cK/8⌋) gives other bits.
+TEST_P(LinearTest, OddKIsTheFixedChunks) {
+  constexpr int T = 6, N = 40, C = 8;
+  for (const int K : {300, 9, 3}) {
+    SCOPED_TRACE(K);
+    const auto x = random_bf16(size_t(T) * K, 31 + K, 1.0f), w = random_bf16(size_t(N) * K, 32 + K, 1.0f);
+    std::vector<float> acc(size_t(T) * N);
+    ref::linear_acc(knobs(), x.data(), w.data(), acc.data(), T, K, N, C);
+    const int n = (K + C - 1) / C;
+    const auto fixed = chunk_tree(knobs(), x, w, T, K, N, C, [&](int c) { return std::min(c * n, K); });
+    EXPECT_EQ(test::digest(acc), test::digest(fixed));
+    if (K == 300) {
+      const auto balanced = chunk_tree(knobs(), x, w, T, K, N, C, [&](int c) { return c * K / C; });
+      EXPECT_NE(test::digest(acc), test::digest(balanced));
+    }
+  }
   std::vector<bf16> x(10), w(10), y(1);
-  EXPECT_THROW(ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, 10, 1, 8), std::invalid_argument);
+  EXPECT_THROW(ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, 10, 1, 0), std::invalid_argument);
+}
+
+// The input gradient's fixed chunks over an odd N are the forward's over K = N:
+// dgrad(dy, w) is linear_acc(dy, wᵀ) bit for bit.
+TEST_P(LinearTest, OddNInputGradientIsTheFixedChunks) {
+  constexpr int T = 5, K = 24, N = 300, C = 8;
+  const auto dy = random_bf16(size_t(T) * N, 41, 1.0f), w = random_bf16(size_t(N) * K, 42, 0.1f);
+  std::vector<bf16> wt(w.size());
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) wt[size_t(k) * N + n] = w[size_t(n) * K + k];
+  std::vector<float> dx(size_t(T) * K), want(size_t(T) * K);
+  ref::linear_dgrad_acc(knobs(), dy.data(), w.data(), dx.data(), T, K, N, C);
+  ref::linear_acc(knobs(), dy.data(), wt.data(), want.data(), T, N, K, C);
+  EXPECT_EQ(test::digest(dx), test::digest(want));
+}
+
+// Zero padding to the next multiple of C (SPEC.md §2.4.1): under sm90-tc zero
+// products take no part, so it always gives the fixed chunks' bits; under fma-seq
+// it differs exactly where a short chunk's chain is −0 (an underflowed negative
+// product): fma(+0, +0, −0) = +0. Here every product is −2^-266, which underflows
+// to −0: the fixed chunks keep −0, the padded K = 16 gives +0.
+TEST_P(LinearTest, ZeroPaddingCoincidesExceptFmaSeqNegativeZero) {
+  constexpr int T = 4, N = 12, K = 15, C = 8, Kp = 16;
+  auto padded = [&](const std::vector<bf16>& m, int rows) {
+    std::vector<bf16> out(size_t(rows) * Kp, bf16{0});
+    for (int r = 0; r < rows; ++r) std::copy_n(m.begin() + size_t(r) * K, K, out.begin() + size_t(r) * Kp);
+    return out;
+  };
+  auto both = [&](const std::vector<bf16>& x, const std::vector<bf16>& w) {
+    std::vector<float> fixed(size_t(T) * N), pad(size_t(T) * N);
+    ref::linear_acc(knobs(), x.data(), w.data(), fixed.data(), T, K, N, C);
+    ref::linear_acc(knobs(), padded(x, T).data(), padded(w, N).data(), pad.data(), T, Kp, N, C);
+    return std::pair{fixed, pad};
+  };
+  const auto [fixed, pad] = both(random_bf16(size_t(T) * K, 51, 1.0f), random_bf16(size_t(N) * K, 52, 1.0f));
+  EXPECT_EQ(test::digest(fixed), test::digest(pad)) << "ordinary inputs: no chunk ends at −0";
+  const auto [tiny_fixed, tiny_pad] =
+      both(std::vector<bf16>(size_t(T) * K, bf16{0x0001}), std::vector<bf16>(size_t(N) * K, bf16{0x8001}));
+  const bool sm90 = knobs().dot == DotModel::Sm90Tc;
+  EXPECT_EQ(bits_of(tiny_fixed[0]), sm90 ? 0x00000000u : 0x80000000u) << "sm90-tc: a zero result is +0";
+  EXPECT_EQ(bits_of(tiny_pad[0]), 0x00000000u);
 }
 
 TEST_P(LinearTest, EdgeInputs) {

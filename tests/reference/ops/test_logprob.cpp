@@ -41,6 +41,7 @@
 //    2^-30·|c|/temp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "reference/numerics/math.h"
@@ -127,15 +128,16 @@ void finish_sums(RowSums& r, double A, double B, double W_abs, double gamma) {
 // 2^-125 and products may round in the subnormal range: 2^-124 per level. w's term
 // e·t carries t's error E_v, and its products and fma per level one rounding each.
 void analyse_row_base2(const Knobs& kn, const Inputs& in, int t, RowSums& r, double gamma) {
-  const int V = in.V, C = kn.tp_tree_width, n = V / C;
+  const int V = in.V, C = kn.tp_tree_width, n = (V + C - 1) / C;  // fixed chunks (SPEC.md §2.4.1)
   int k = 0;
   while ((1 << k) < C) ++k;
   r.Mc = ref::scaled_max_base2(static_cast<float>(r.M));
   double A = 0, B = 0, W_abs = 0, range = 0;
   for (int j = 0; j < C; ++j) {
     double mj = -INFINITY;
-    for (int v = j * n; v < (j + 1) * n; ++v) mj = std::max(mj, r.x_hat[v]);
-    for (int v = j * n; v < (j + 1) * n; ++v) {
+    const int end = std::min((j + 1) * n, V);
+    for (int v = j * n; v < end; ++v) mj = std::max(mj, r.x_hat[v]);
+    for (int v = j * n; v < end; ++v) {
       if (std::isinf(r.x_hat[v])) continue;
       const double tv = r.x_hat[v] * kC2 - r.Mc;  // exact: a 24×24-bit product, then one double rounding
       const double E = kU * kC2 * ((mj - r.x_hat[v]) + k * (r.M - mj)) * (1 + 4 * kU) + 4 * (k + 1) * kU * kU * std::fabs(r.M) * kC2;
@@ -170,7 +172,7 @@ void analyse_row_base2(const Knobs& kn, const Inputs& in, int t, RowSums& r, dou
 
 RowSums analyse_row(const Knobs& kn, const Inputs& in, int t) {
   const int V = in.V, C = kn.tp_tree_width;
-  const double h = sum_depth(V / C, kn.row_reduce, C), gamma = h * kU / (1 - h * kU);
+  const double h = sum_depth((V + C - 1) / C, kn.row_reduce, C), gamma = h * kU / (1 - h * kU);
   RowSums r{};
   r.base2 = kn.softmax_exp == SoftmaxExp::kExp2Poly;
   r.x_hat.assign(V, 0.0), r.dx.assign(V, 0.0), r.e.assign(V, 0.0), r.a.assign(V, 0.0), r.a_bwd.assign(V, 0.0);
@@ -285,7 +287,10 @@ TEST_P(LogprobTest, WithinDerivedBound) {
     int T, V;
   };
   Ratios ratios;
-  for (const Shape s : {Shape{6, 64}, Shape{6, 1000}, Shape{3, kQwenVocab}})
+  // 300, 211, 9: vocabularies that are not multiples of C (fixed chunks, the last short or empty);
+  // 151669: Qwen3's resized to its tokenizer.
+  for (const Shape s : {Shape{6, 64}, Shape{6, 1000}, Shape{3, kQwenVocab}, Shape{6, 300}, Shape{6, 211}, Shape{6, 9},
+                        Shape{3, 151669}})
     for (float temp : {1.0f, 0.7f}) expect_within_bounds(knobs(), make_inputs(s.T, s.V, temp, 1000 + s.V), ratios);
   ratios.print(GetParam());
 }
@@ -360,35 +365,40 @@ TEST_P(LogprobTest, EntropyIsOptional) {
   expect_same_bits(s, with.row_sum, "row sum");
 }
 
-// R vocab-parallel ranks, each holding C/R whole chunks in its own [T][V/R] slab,
+// R vocab-parallel ranks, each holding C/R whole chunks in its own [T][width] slab,
 // compute their partials alone; the combines run on the gathered [T][C] partials.
+// For V not a multiple of C the slabs are those of the padded vocabulary C·⌈V/C⌉
+// (as Megatron pads it): rank r holds [r·width, min((r+1)·width, V)), the tail absent.
 Outputs run_vocab_parallel(const Knobs& kn, const Inputs& in, int ranks) {
-  const int T = in.T, C = kn.tp_tree_width, chunk = in.V / C, per_rank = C / ranks, width = per_rank * chunk;
+  const int T = in.T, C = kn.tp_tree_width, chunk = (in.V + C - 1) / C, per_rank = C / ranks, width = per_rank * chunk;
   std::vector<std::vector<bf16>> slab(ranks, std::vector<bf16>(size_t(T) * width));
-  for (int r = 0; r < ranks; ++r)
+  std::vector<int> len(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    len[r] = std::clamp(in.V - r * width, 0, width);
     for (int t = 0; t < T; ++t)
-      std::copy_n(in.logits.begin() + size_t(t) * in.V + size_t(r) * width, width, slab[r].begin() + size_t(t) * width);
+      std::copy_n(in.logits.begin() + size_t(t) * in.V + size_t(r) * width, len[r], slab[r].begin() + size_t(t) * width);
+  }
   std::vector<float> chunk_max(size_t(T) * C), chunk_sum(size_t(T) * C), chunk_tsum(size_t(T) * C), x_target(T);
   Outputs o{std::vector<float>(T), std::vector<float>(T), std::vector<float>(T), std::vector<float>(T),
             std::vector<bf16>(size_t(T) * in.V)};
   if (kn.log_softmax == LogSoftmax::kOnePass) {  // v2: one stage, one gather of states
     for (int r = 0; r < ranks; ++r) {
-      ref::logprob_chunk_states(kn, slab[r].data(), width, T, chunk, per_rank, in.temp, chunk_max.data() + r * per_rank,
+      ref::logprob_chunk_states(kn, slab[r].data(), width, T, len[r], chunk, per_rank, in.temp, chunk_max.data() + r * per_rank,
                                 chunk_sum.data() + r * per_rank, chunk_tsum.data() + r * per_rank, C);
-      ref::logprob_target_logit(kn, slab[r].data(), width, T, r * width, width, in.targets.data(), in.temp,
+      ref::logprob_target_logit(kn, slab[r].data(), width, T, r * width, len[r], in.targets.data(), in.temp,
                                 x_target.data());
     }
     ref::logprob_merge_states(kn, chunk_max.data(), chunk_sum.data(), chunk_tsum.data(), x_target.data(), T,
                               o.row_max.data(), o.row_sum.data(), o.logprob.data(), o.entropy.data());
   } else {
     for (int r = 0; r < ranks; ++r)
-      ref::logprob_chunk_max(kn, slab[r].data(), width, T, chunk, per_rank, in.temp, chunk_max.data() + r * per_rank,
+      ref::logprob_chunk_max(kn, slab[r].data(), width, T, len[r], chunk, per_rank, in.temp, chunk_max.data() + r * per_rank,
                              C);
     ref::logprob_row_max(kn, chunk_max.data(), T, o.row_max.data());
     for (int r = 0; r < ranks; ++r) {
-      ref::logprob_chunk_sums(kn, slab[r].data(), width, T, chunk, per_rank, in.temp, o.row_max.data(),
+      ref::logprob_chunk_sums(kn, slab[r].data(), width, T, len[r], chunk, per_rank, in.temp, o.row_max.data(),
                               chunk_sum.data() + r * per_rank, chunk_tsum.data() + r * per_rank, C);
-      ref::logprob_target_logit(kn, slab[r].data(), width, T, r * width, width, in.targets.data(), in.temp,
+      ref::logprob_target_logit(kn, slab[r].data(), width, T, r * width, len[r], in.targets.data(), in.temp,
                                 x_target.data());
     }
     ref::logprob_combine(kn, chunk_sum.data(), chunk_tsum.data(), x_target.data(), o.row_max.data(), T,
@@ -396,16 +406,18 @@ Outputs run_vocab_parallel(const Knobs& kn, const Inputs& in, int ranks) {
   }
   for (int r = 0; r < ranks; ++r) {
     std::vector<bf16> dslab(size_t(T) * width);
-    ref::logprob_bwd_slice(kn, slab[r].data(), width, T, r * width, width, in.targets.data(), in.coef.data(),
+    ref::logprob_bwd_slice(kn, slab[r].data(), width, T, r * width, len[r], in.targets.data(), in.coef.data(),
                            o.row_max.data(), o.row_sum.data(), in.temp, dslab.data());
     for (int t = 0; t < T; ++t)
-      std::copy_n(dslab.begin() + size_t(t) * width, width, o.dlogits.begin() + size_t(t) * in.V + size_t(r) * width);
+      std::copy_n(dslab.begin() + size_t(t) * width, len[r], o.dlogits.begin() + size_t(t) * in.V + size_t(r) * width);
   }
   return o;
 }
 
 TEST_P(LogprobTest, VocabParallelSplitGivesSameBits) {
-  const Inputs in = make_inputs(4, kQwenVocab, 0.7f, 31);
+  for (const int V : {kQwenVocab, 151669, 300, 9}) {  // the odd ones: a padded tail, empty chunks at V = 9
+  SCOPED_TRACE(V);
+  const Inputs in = make_inputs(4, V, 0.7f, 31);
   const Outputs whole = run(knobs(), in);
   for (int ranks : {1, 2, 4, 8}) {
     const Outputs split = run_vocab_parallel(knobs(), in, ranks);
@@ -415,6 +427,63 @@ TEST_P(LogprobTest, VocabParallelSplitGivesSameBits) {
     expect_same_bits(split.row_sum, whole.row_sum, "row sum");
     EXPECT_EQ(test::digest(split.dlogits), test::digest(whole.dlogits)) << ranks << " ranks";
   }
+  }
+}
+
+// ---- Vocabularies that are not multiples of C (SPEC.md §2.4.1, §5.10) -----------
+
+// The inputs with each row padded by −Inf logits to C·⌈V/C⌉.
+Inputs minus_inf_padded(const Inputs& in, int C) {
+  const int Vp = (in.V + C - 1) / C * C;
+  Inputs p{in.T, Vp, in.temp, std::vector<bf16>(size_t(in.T) * Vp, round_bf16(-INFINITY)), in.targets, in.coef};
+  for (int t = 0; t < in.T; ++t) std::copy_n(in.logits.begin() + size_t(t) * in.V, in.V, p.logits.begin() + size_t(t) * Vp);
+  return p;
+}
+
+// An odd vocabulary's fixed chunks (the last short or empty) give the −Inf-padded
+// computation's bits: every forward output, and the gradient on the real columns.
+TEST_P(LogprobTest, OddVocabularyIsMinusInfPadded) {
+  const int C = knobs().tp_tree_width;
+  for (const int V : {300, 211, 9, 3, 1}) {
+    SCOPED_TRACE(V);
+    for (float temp : {1.0f, 0.7f}) {
+      const Inputs in = make_inputs(7, V, temp, 500 + V), padded = minus_inf_padded(in, C);
+      const Outputs o = run(knobs(), in), p = run(knobs(), padded);
+      expect_same_bits(o.logprob, p.logprob, "logprob");
+      expect_same_bits(o.entropy, p.entropy, "entropy");
+      expect_same_bits(o.row_max, p.row_max, "row max");
+      expect_same_bits(o.row_sum, p.row_sum, "row sum");
+      std::vector<bf16> real;
+      for (int t = 0; t < in.T; ++t)
+        real.insert(real.end(), p.dlogits.begin() + size_t(t) * padded.V, p.dlogits.begin() + size_t(t) * padded.V + V);
+      EXPECT_EQ(test::digest(o.dlogits), test::digest(real));
+    }
+  }
+}
+
+// Negative control: another split of the same odd vocabulary (C chunks of
+// ⌈V/C⌉ + 1 = 39 instead of 38 at V = 300) changes the row sums.
+TEST_P(LogprobTest, OddVocabularyOtherSplitChangesBits) {
+  const Knobs kn = knobs();
+  const int C = kn.tp_tree_width, V = 300, T = 16, other = (V + C - 1) / C + 1;
+  const Inputs in = make_inputs(T, V, 1.0f, 61);
+  const Outputs o = run(kn, in);
+  std::vector<float> chunk_max(size_t(T) * C), chunk_sum(size_t(T) * C), row_max(T), row_sum(T), lp(T), x_target(T);
+  ref::logprob_target_logit(kn, in.logits.data(), V, T, 0, V, in.targets.data(), in.temp, x_target.data());
+  if (kn.log_softmax == LogSoftmax::kOnePass) {
+    ref::logprob_chunk_states(kn, in.logits.data(), V, T, V, other, C, in.temp, chunk_max.data(), chunk_sum.data(),
+                              nullptr, C);
+    ref::logprob_merge_states(kn, chunk_max.data(), chunk_sum.data(), nullptr, x_target.data(), T, row_max.data(),
+                              row_sum.data(), lp.data(), nullptr);
+  } else {
+    ref::logprob_chunk_max(kn, in.logits.data(), V, T, V, other, C, in.temp, chunk_max.data(), C);
+    ref::logprob_row_max(kn, chunk_max.data(), T, row_max.data());
+    ref::logprob_chunk_sums(kn, in.logits.data(), V, T, V, other, C, in.temp, row_max.data(), chunk_sum.data(),
+                            nullptr, C);
+    ref::logprob_combine(kn, chunk_sum.data(), nullptr, x_target.data(), row_max.data(), T, row_sum.data(), lp.data(),
+                         nullptr);
+  }
+  EXPECT_NE(test::digest(row_sum), test::digest(o.row_sum));
 }
 
 // Row sums by other orders over the same exp terms: each must differ somewhere,
@@ -430,7 +499,7 @@ TEST_P(LogprobTest, NegativeControlsOtherOrdersChangeBits) {
     // v2: the chunk states merged left to right instead of by the tree, and every
     // exponent taken against the row's maximum (v1's schedule) with exp2_poly.
     std::vector<float> chunk_max(size_t(T) * C);
-    ref::logprob_chunk_states(kn, in.logits.data(), V, T, V / C, C, in.temp, chunk_max.data(), chunk_sum.data(),
+    ref::logprob_chunk_states(kn, in.logits.data(), V, T, V, V / C, C, in.temp, chunk_max.data(), chunk_sum.data(),
                               tsum.data(), C);
     for (int t = 0; t < T; ++t) {
       ref::ChunkState acc{chunk_max[size_t(t) * C], chunk_sum[size_t(t) * C], 0.0f};
@@ -450,7 +519,7 @@ TEST_P(LogprobTest, NegativeControlsOtherOrdersChangeBits) {
     EXPECT_NE(test::digest(run(narrow, in).row_sum), test::digest(o.row_sum)) << "lane shape 128 x 4";
     return;
   }
-  ref::logprob_chunk_sums(kn, in.logits.data(), V, T, V / C, C, in.temp, o.row_max.data(), chunk_sum.data(),
+  ref::logprob_chunk_sums(kn, in.logits.data(), V, T, V, V / C, C, in.temp, o.row_max.data(), chunk_sum.data(),
                           tsum.data(), C);
   for (int t = 0; t < T; ++t) {
     float s = 0.0f, r = 0.0f;
@@ -484,8 +553,15 @@ TEST_P(LogprobTest, RefusesBadArguments) {
   };
   in.targets = {3, 5};
   EXPECT_NO_THROW(fwd(1000, 1.0f));
-  EXPECT_THROW(fwd(999, 1.0f), std::invalid_argument) << "V not divisible by tp_tree_width";
-  EXPECT_THROW(bwd(999, 1.0f), std::invalid_argument);
+  EXPECT_NO_THROW(fwd(999, 1.0f)) << "any V: fixed chunks, the last shorter";
+  EXPECT_NO_THROW(bwd(999, 1.0f));
+  EXPECT_THROW(fwd(0, 1.0f), std::invalid_argument) << "V = 0";
+  std::vector<float> part(16);
+  EXPECT_THROW(ref::logprob_chunk_max(knobs().log_softmax == LogSoftmax::kOnePass ? find_contract("bf16-sm90tc-v1")->knobs
+                                                                                   : knobs(),
+                                      in.logits.data(), 1000, 2, 1000, 124, 8, 1.0f, part.data(), 8),
+               std::invalid_argument)
+      << "8 chunks of 124 do not cover 1000 logits";
   for (float temp : {0.0f, -1.0f, NAN, INFINITY}) {
     EXPECT_THROW(fwd(1000, temp), std::invalid_argument) << temp;
     EXPECT_THROW(bwd(1000, temp), std::invalid_argument) << temp;
@@ -503,14 +579,14 @@ TEST(LogprobKnobs, StagesServeTheirScheduleOnly) {
   Inputs in = make_inputs(2, 1000, 1.0f, 52);
   std::vector<float> lp(2), m(2), s(2), part(2 * 8), part2(2 * 8);
   const Knobs v1 = find_contract("bf16-sm90tc-v1")->knobs, v2 = find_contract("bf16-sm90tc-v2")->knobs;
-  EXPECT_THROW(ref::logprob_chunk_max(v2, in.logits.data(), 1000, 2, 125, 8, 1.0f, part.data(), 8),
+  EXPECT_THROW(ref::logprob_chunk_max(v2, in.logits.data(), 1000, 2, 1000, 125, 8, 1.0f, part.data(), 8),
                std::invalid_argument);
-  EXPECT_THROW(ref::logprob_chunk_sums(v2, in.logits.data(), 1000, 2, 125, 8, 1.0f, m.data(), part.data(), nullptr, 8),
+  EXPECT_THROW(ref::logprob_chunk_sums(v2, in.logits.data(), 1000, 2, 1000, 125, 8, 1.0f, m.data(), part.data(), nullptr, 8),
                std::invalid_argument);
-  EXPECT_THROW(ref::logprob_chunk_states(v1, in.logits.data(), 1000, 2, 125, 8, 1.0f, part.data(), part2.data(),
+  EXPECT_THROW(ref::logprob_chunk_states(v1, in.logits.data(), 1000, 2, 1000, 125, 8, 1.0f, part.data(), part2.data(),
                                          nullptr, 8),
                std::invalid_argument);
-  EXPECT_NO_THROW(ref::logprob_chunk_states(v2, in.logits.data(), 1000, 2, 125, 8, 1.0f, part.data(), part2.data(),
+  EXPECT_NO_THROW(ref::logprob_chunk_states(v2, in.logits.data(), 1000, 2, 1000, 125, 8, 1.0f, part.data(), part2.data(),
                                             nullptr, 8));
   Knobs mixed = v1;
   mixed.log_softmax = LogSoftmax::kOnePass;
@@ -592,10 +668,10 @@ TEST_P(LogprobTest, GoldenDigests) {
   const int C = kn.tp_tree_width;
   std::vector<float> chunk_max(size_t(in.T) * C), chunk_sum(size_t(in.T) * C), chunk_tsum(size_t(in.T) * C);
   if (kn.log_softmax == LogSoftmax::kOnePass)
-    ref::logprob_chunk_states(kn, in.logits.data(), in.V, in.T, in.V / C, C, in.temp, chunk_max.data(),
+    ref::logprob_chunk_states(kn, in.logits.data(), in.V, in.T, in.V, in.V / C, C, in.temp, chunk_max.data(),
                               chunk_sum.data(), chunk_tsum.data(), C);
   else
-    ref::logprob_chunk_sums(kn, in.logits.data(), in.V, in.T, in.V / C, C, in.temp, o.row_max.data(),
+    ref::logprob_chunk_sums(kn, in.logits.data(), in.V, in.T, in.V, in.V / C, C, in.temp, o.row_max.data(),
                             chunk_sum.data(), chunk_tsum.data(), C);
   const std::string c = contract().name;
   test::expect_golden("ops/logprob.txt", c + ".logprob", test::digest(o.logprob));
