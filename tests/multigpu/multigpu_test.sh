@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Real ranks over NCCL (CTest label multigpu; issues #23, #24). Each scenario runs
 # the real binary and checks its exit code and report; below the GPUs it needs (two;
-# four for the *4 scenarios), or without NCCL in the build, it exits 125 (CTest: skipped).
+# four or eight for the *4 and *8 scenarios), or without NCCL in the build, it exits
+# 125 (CTest: skipped).
 #
 #   multigpu_test.sh BITPARITY SCENARIO WORKDIR
 #
 # Scenarios: sweep_dense, sweep_moe, sweep_mqa, control, kill, throw, socket,
 # torchrun, mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4,
-# control4 (four).
+# control4 (four); sweep_dense8, sweep_moe8, control8 (eight).
 set -uo pipefail
 BIN=$1
 SCENARIO=$2
@@ -16,7 +17,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$WORK" && cd "$WORK" || exit 3
 
 need=2
-if [[ $SCENARIO == *4 ]]; then need=4; fi
+if [[ $SCENARIO == *[48] ]]; then need=${SCENARIO: -1}; fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if (( gpus < need )); then
   echo "multigpu: $gpus GPU(s) here; $SCENARIO needs $need"
@@ -45,15 +46,21 @@ WORLD2_MOE=tp2-ep1-cp1,tp1-ep2-cp1,tp1-ep1-cp2,tp1-ep1-cp2z
 # fixtures' sequences are too short for four context shards to mean much).
 WORLD4_DENSE=tp4-ep1-cp1,tp2-ep1-cp2,tp2-ep1-cp2z
 WORLD4_MOE=tp4-ep1-cp1,tp1-ep4-cp1,tp2-ep2-cp1,tp2-ep1-cp2,tp2-ep1-cp2z,tp1-ep2-cp2,tp1-ep2-cp2z
+# World 8: the whole TP tree (tp 8; the fixtures' 4 kv heads replicated), one expert per
+# rank (ep 8), and the mixed layouts of eight ranks (tp·ep·cp = 8).
+WORLD8_DENSE=tp8-ep1-cp1,tp4-ep1-cp2,tp4-ep1-cp2z,tp2-ep1-cp4
+WORLD8_MOE=tp8-ep1-cp1,tp1-ep8-cp1,tp2-ep4-cp1,tp4-ep2-cp1,tp2-ep2-cp2,tp2-ep2-cp2z,tp1-ep4-cp2
 
 case $SCENARIO in
   # Every world-2 (world-4) layout x every contract x every path, gradients and op captures.
-  sweep_dense | sweep_moe | sweep_dense4 | sweep_moe4)
+  sweep_dense | sweep_moe | sweep_dense4 | sweep_moe4 | sweep_dense8 | sweep_moe8)
     case $SCENARIO in
       sweep_dense) m=("${TINY_DENSE[@]}") l=$WORLD2_DENSE ;;
       sweep_moe) m=("${TINY_MOE[@]}") l=$WORLD2_MOE ;;
       sweep_dense4) m=("${TINY_DENSE[@]}") l=$WORLD4_DENSE ;;
       sweep_moe4) m=("${TINY_MOE[@]}") l=$WORLD4_MOE ;;
+      sweep_dense8) m=("${TINY_DENSE[@]}") l=$WORLD8_DENSE ;;
+      sweep_moe8) m=("${TINY_MOE[@]}") l=$WORLD8_MOE ;;
     esac
     "$BIN" sweep --implementation nccl "${m[@]}" --layout "$l" --contract "$ALL_CONTRACTS" --capture ops \
       --json report.json --quiet
@@ -73,9 +80,9 @@ case $SCENARIO in
     ;;
 
   # NCCL's bf16 all-reduce of the row-parallel partials must be caught, at a row-parallel linear.
-  control | control4)
+  control | control4 | control8)
     tp=2
-    if [[ $SCENARIO == control4 ]]; then tp=4; fi
+    if [[ $SCENARIO == control[48] ]]; then tp=${SCENARIO: -1}; fi
     "$BIN" sweep --implementation nccl "${TINY_DENSE[@]}" --layout tp$tp-ep1-cp1+nccl-bf16sum --path extend \
       --contract bf16-sm90tc-v1 --capture ops --json report.json --quiet
     expect_rc 1 $? "the control"
