@@ -486,20 +486,20 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   auto c = std::make_unique<Canonical>();
   c->model = &model;
   c->contract = &contract;
-  // The reference is the unsharded model's extend path (with its backward), on the
-  // CPU reference model or the GPU model.
+  // The extend path (with its backward) of the plan's canonical: the unsharded CPU
+  // reference or GPU model, or a layout.
   const CaseSpec spec = canonical_spec(model, contract);
   Loaded& l = loaded(model);
   if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(contract), spec.layout);
   if (spec.implementation == Implementation::kNccl) l.gpu.release();
-  // Layer-sliced verification reads each verified stage's input and output: the
-  // captures of those layers and of the layers before them (whose resid_mlp is
-  // the next one's input), the last layer's for the head.
-  // The backward's, each layer's input gradient (the replayed layers' output gradients).
+  // Layer-sliced verification reads each verified stage's input and outputs: the
+  // captures of those layers and of the layers before them (whose resid_mlp is the
+  // next one's input; the last layer's for the head), and every layer's input
+  // gradient from the backward (a verified layer's output gradient is the next one's).
   ref::ForwardOptions opt = case_options();
   ref::BackwardOptions bo;
   std::set<int64_t> layers;
-  for (int64_t li : model.verify_layers) layers.insert({li, std::max<int64_t>(li - 1, 0)});
+  for (int64_t li : model.verify_layers) layers.insert({li, li - 1});  // (layer −1 captures nothing)
   if (!model.verify_layers.empty()) {
     layers.insert(model.config.num_hidden_layers - 1);
     bo.capture_resid_grads = true;
