@@ -146,11 +146,10 @@ struct CaseEngine::Canonical {
   std::vector<NamedTensor> tensors;  // what the cases compare with
   // The op captures layer-sliced verification reads, where the cases compare none.
   std::vector<NamedTensor> layer_captures;
+  std::map<std::string, const NamedTensor*> by_name;  // both lists, made once they are final
   const NamedTensor* find(const std::string& name) const {
-    for (const auto* list : {&tensors, &layer_captures})
-      for (const NamedTensor& t : *list)
-        if (t.name == name) return &t;
-    return nullptr;
+    const auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
   }
 };
 
@@ -174,32 +173,27 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&&
       out.push_back(f32_tensor(prefix + std::to_string(s), std::move(rows[s]), {n}));
     }
   };
-  per_sequence("logprobs.", fwd.logprob);
-  per_sequence("entropy.", fwd.entropy);
-  for (ref::Capture& c : fwd.captures) {
-    NamedTensor t;
-    t.name = "ops." + c.name;
-    for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
-    t.type = CmpType::BF16;
-    t.bf16_values = std::move(c.bf16_data);
-    out.push_back(std::move(t));
-  }
-  if (bwd)
-    for (ref::Capture& c : bwd->captures) {
+  auto captured = [&](const std::string& prefix, std::vector<ref::Capture>& caps) {
+    for (ref::Capture& c : caps) {
       NamedTensor t;
-      t.name = c.name;  // resid_grad.<i>: not an op of the forward
+      t.name = prefix + c.name;
       for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
       t.type = CmpType::BF16;
       t.bf16_values = std::move(c.bf16_data);
       out.push_back(std::move(t));
     }
-  if (bwd)
-    for (const WeightSpec& spec : weight_specs(cfg)) {
-      auto it = bwd->grads.find(spec.name);
-      if (it == bwd->grads.end()) continue;  // lm_head when tied
-      std::vector<uint64_t> shape(spec.shape.begin(), spec.shape.end());
-      out.push_back(f32_tensor("grads." + spec.name, std::move(it->second), std::move(shape)));
-    }
+  };
+  per_sequence("logprobs.", fwd.logprob);
+  per_sequence("entropy.", fwd.entropy);
+  captured("ops.", fwd.captures);
+  if (!bwd) return out;
+  captured("", bwd->captures);  // resid_grad.<i>: not ops of the forward
+  for (const WeightSpec& spec : weight_specs(cfg)) {
+    auto it = bwd->grads.find(spec.name);
+    if (it == bwd->grads.end()) continue;  // lm_head when tied; a replay's layers not replayed
+    std::vector<uint64_t> shape(spec.shape.begin(), spec.shape.end());
+    out.push_back(f32_tensor("grads." + spec.name, std::move(it->second), std::move(shape)));
+  }
   return out;
 }
 
@@ -517,6 +511,8 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   });
   std::move(compared, c->tensors.end(), std::back_inserter(c->layer_captures));
   c->tensors.erase(compared, c->tensors.end());
+  for (const auto* list : {&c->tensors, &c->layer_captures})
+    for (const NamedTensor& t : *list) c->by_name.emplace(t.name, &t);
   canonical_ = std::move(c);
   return *canonical_;
 }

@@ -215,24 +215,13 @@ INSTANTIATE_TEST_SUITE_P(SlowFixtures, LayoutsTest, bp::test::slow_fixture_cases
 // ---- Replicated kv heads (SPEC.md §7): tp a multiple of num_key_value_heads ---------
 
 using bp::test::replica_model;
-using bp::test::ReplicaCase;
 
-class ReplicatedKvTest : public ::testing::TestWithParam<ReplicaCase> {
+class ReplicatedKvTest : public bp::test::DerivedModelTest {
  protected:
   void SetUp() override {
-    cfg_ = replica_model(GetParam().model);
-    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
-    for (const std::string& name : GetParam().layouts) {
-      layouts_.push_back(*bp::layouts::parse_layout(name));
-      ASSERT_EQ(bp::layouts::shard_check(layouts_.back(), cfg_, kn_), "") << name;
-      ASSERT_GT(layouts_.back().tp, cfg_.num_key_value_heads) << name << " replicates no kv head";
-    }
+    DerivedModelTest::SetUp();
+    for (const Layout& l : layouts_) ASSERT_GT(l.tp, cfg_.num_key_value_heads) << l.name() << " replicates no kv head";
   }
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
-  std::vector<Layout> layouts_;
 };
 
 TEST_P(ReplicatedKvTest, ForwardEveryPathExact) {
@@ -343,22 +332,7 @@ TEST(ReplicatedKv, RingReductionDiffers) {
 // of the reference model gives its extend's bits, and emulated ranks at tp 1 with ep
 // and cp give the reference's forward and backward bits.
 
-class OddSizeTest : public ::testing::TestWithParam<ReplicaCase> {
- protected:
-  void SetUp() override {
-    cfg_ = bp::test::odd_size_model(GetParam().model);
-    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
-    for (const std::string& name : GetParam().layouts) {
-      layouts_.push_back(*bp::layouts::parse_layout(name));
-      ASSERT_EQ(bp::layouts::shard_check(layouts_.back(), cfg_, kn_), "") << name;
-    }
-  }
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
-  std::vector<Layout> layouts_;
-};
+class OddSizeTest : public bp::test::DerivedModelTest {};
 
 TEST_P(OddSizeTest, ReferenceEveryPathEqualsExtend) {
   const Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);

@@ -12,6 +12,7 @@
 
 #include "harness/io/hf_config.h"
 #include "host/model.h"
+#include "program/layouts/layout.h"
 #include "reference/common/rng.h"
 #include "reference/contract/contract.h"
 #include "support/golden.h"
@@ -209,5 +210,25 @@ inline std::vector<ReplicaCase> odd_size_cases(bool gpu) {
   }
   return out;
 }
+
+// The layout suites' fixture (CPU emulated ranks, GPU virtual ranks): a derived
+// model's config and generated weights, the contract's knobs, and the case's
+// layouts, each one the model can shard.
+class DerivedModelTest : public ::testing::TestWithParam<ReplicaCase> {
+ protected:
+  void SetUp() override {
+    cfg_ = derived_model(GetParam().model);
+    w_ = generate_weights(cfg_, kFixtureWeightSeed);
+    kn_ = find_contract(GetParam().contract)->knobs;
+    for (const std::string& name : GetParam().layouts) {
+      layouts_.push_back(*layouts::parse_layout(name));
+      ASSERT_EQ(layouts::shard_check(layouts_.back(), cfg_, kn_), "") << name;
+    }
+  }
+  ModelConfig cfg_;
+  Weights w_;
+  Knobs kn_;
+  std::vector<layouts::Layout> layouts_;
+};
 
 }  // namespace bp::test

@@ -130,19 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaLayoutsTest, bp::test::every_fixture_case
 // Replicated kv heads and sizes that are not multiples of tp_tree_width on virtual
 // ranks: every path, the captures and the backward of the CPU suites' derived models
 // and CI layouts, against the CPU reference model.
-class CudaDerivedModelTest : public ::testing::TestWithParam<bp::test::ReplicaCase> {
- protected:
-  void SetUp() override {
-    cfg_ = bp::test::derived_model(GetParam().model);
-    w_ = bp::generate_weights(cfg_, bp::test::kFixtureWeightSeed);
-    kn_ = bp::find_contract(GetParam().contract)->knobs;
-    for (const std::string& name : GetParam().layouts) layouts_.push_back(*bp::layouts::parse_layout(name));
-  }
-  bp::ModelConfig cfg_;
-  bp::Weights w_;
-  bp::Knobs kn_;
-  std::vector<Layout> layouts_;
-};
+class CudaDerivedModelTest : public bp::test::DerivedModelTest {};
 
 TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
   const Seqs path_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
