@@ -124,7 +124,8 @@ inline bool same_captures(const ref::ForwardResult& a, const ref::ForwardResult&
 // mqa — 8 query heads on one kv head (tp 2, 4, 8 make 2, 4, 8 replicas);
 // gqa2 — 8 query heads on 2 kv heads (tp 4 = 2·Hkv, tp 8 = 4·Hkv);
 // a3b — Qwen3-30B-A3B's heads (32 query, 4 kv: tp 8 = 2·Hkv) and an all-MoE
-// stack at the MoE fixture's small sizes (head_dim 16, 8 experts top 2).
+// stack at the MoE fixture's small sizes (8 experts top 2), head_dim 32: the
+// smallest the CUDA attention takes, so the GPU twin runs the same model.
 inline ModelConfig replica_model(const std::string& name) {
   ModelConfig c = load_fixture(name == "a3b" ? "qwen3-moe-tiny" : "qwen3-dense-tiny");
   if (name == "mqa") c.num_key_value_heads = 1;
@@ -132,7 +133,7 @@ inline ModelConfig replica_model(const std::string& name) {
   if (name == "a3b") {
     c.num_attention_heads = 32;
     c.num_key_value_heads = 4;
-    c.head_dim = 16;
+    c.head_dim = 32;
     c.num_hidden_layers = 2;
     c.mlp_only_layers.clear();
   }
