@@ -2,15 +2,22 @@
 // bf16 (cublasGemmEx, fp32 compute, bf16 out) on the Qwen3-0.6B and Qwen3-30B-A3B
 // projection shapes at M = 1, 16, 128, 1024, 4096. Row-parallel projections run
 // with k_chunks = tp_tree_width, as the model does (cuBLAS has no such knob).
-// Each time is the median of --reps event-timed launches after --warmup launches,
-// inputs random (never zeros). CSV on stdout:
-//   model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes
+// Each time is bench::median_graph_us's (a graph of back-to-back launches replayed:
+// the median of --reps replays after --warmup launches; "launches" in the timing
+// columns where a call could not be captured), inputs random (never zeros), the
+// weight cycled over copies that exceed the L2 (weight_copies). CSV on stdout:
+//   model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes,
+//   bytes_floor_us,ours_of_bytes_floor,ours_timing,cublas_timing
 // speed_vs_cublas = cublas_us / ours_us (1.0 = as fast as cuBLAS).
+// bytes_floor_us: x, w and y moved once at the copy bandwidth measured in the same
+// run (the weight-read floor of decode sizes); ours_of_bytes_floor = floor / ours.
 // ours_peak_bytes: the peak of DeviceBuffer's pool over our calls (bench::measure):
-// x, w and y, (M·K + N·K + M·N)·2 bytes allocated before and live throughout, plus
+// x, y and the weight's copies, (M·K + copies·N·K + M·N)·2 bytes allocated before and
+// live throughout, plus
 // whatever linear_fwd allocates from the pool per call (its scratch), each rounded up
 // to the pool's granularity. cuBLAS's calls come after, outside it (its workspace is
 // not from the pool anyway).
+// --only MODEL/PROJ/M (a substring of it): those rows alone, e.g. for a profiler.
 // Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
@@ -30,23 +37,43 @@
 namespace bp {
 namespace {
 
-using bench::Measured;
-using bench::median_us;
 using bench::Options;
 
-void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, const test::LinearShape& s, int M) {
+// Enough copies of a weight that cycling through them streams from device memory,
+// not from the 50 MB L2: in a model every layer's weight is read once per step.
+int weight_copies(size_t weight_bytes) {
+  constexpr size_t kStreamedBytes = size_t{256} << 20;
+  return static_cast<int>(std::clamp<size_t>((kStreamedBytes + weight_bytes - 1) / weight_bytes, 1, 64));
+}
+
+void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, cudaStream_t stream,
+                 double copy_gbps, const test::LinearShape& s, int M) {
   const int chunks = s.row_parallel ? kn.tp_tree_width : 1;
-  cuda::DeviceBuffer<bf16> x(size_t(M) * s.K), w(size_t(s.N) * s.K), y(size_t(M) * s.N);
+  const size_t weight_elems = size_t(s.N) * s.K;
+  cuda::DeviceBuffer<bf16> x(size_t(M) * s.K), y(size_t(M) * s.N);
+  std::vector<cuda::DeviceBuffer<bf16>> w;
+  for (int c = 0; c < weight_copies(weight_elems * sizeof(bf16)); ++c) {
+    w.emplace_back(weight_elems);
+    bench::fill(w.back(), 2 + c);
+  }
   bench::fill(x, 1);
-  bench::fill(w, 2);
-  const Measured ours =
-      bench::measure(opt, [&] { cuda::linear_fwd(kn, x.get(), w.get(), y.get(), M, s.K, s.N, chunks); });
-  const double peer = median_us(opt, [&] { cublas.forward(x.get(), w.get(), y.get(), CUDA_R_16BF, M, s.K, s.N); });
+  size_t next = 0;
+  const auto weight = [&] { return w[next++ % w.size()].get(); };
+  const auto [ours, ours_graphed] = bench::measure_graph(opt, stream, [&](cudaStream_t st) {
+    cuda::linear_fwd(kn, x.get(), weight(), y.get(), M, s.K, s.N, chunks, st);
+  });
+  const bench::GraphTime peer = bench::median_graph_us(opt, stream, [&](cudaStream_t) {
+    cublas.forward(x.get(), weight(), y.get(), CUDA_R_16BF, M, s.K, s.N);  // the handle's stream is `stream`
+  });
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   const double flop = 2.0 * M * s.K * s.N;
-  std::printf("%s,%s,%d,%d,%d,%d,%.2f,%.2f,%.1f,%.1f,%.3f,%llu\n", s.model, s.proj, M, s.K, s.N, chunks, ours.us,
-              peer, flop / ours.us * 1e-6, flop / peer * 1e-6, peer / ours.us,
-              static_cast<unsigned long long>(ours.peak_bytes));
+  const double bytes = 2.0 * (double(M) * s.K + double(weight_elems) + double(M) * s.N);
+  const double floor_us = bytes / copy_gbps * 1e-3;
+  const auto timing = [](bool graphed) { return graphed ? "graph" : "launches"; };
+  std::printf("%s,%s,%d,%d,%d,%d,%.2f,%.2f,%.1f,%.1f,%.3f,%llu,%.2f,%.3f,%s,%s\n", s.model, s.proj, M, s.K, s.N, chunks,
+              ours.us, peer.us, flop / ours.us * 1e-6, flop / peer.us * 1e-6, peer.us / ours.us,
+              static_cast<unsigned long long>(ours.peak_bytes), floor_us, floor_us / ours.us, timing(ours_graphed),
+              timing(peer.graphed));
   std::fflush(stdout);
 }
 
@@ -54,12 +81,19 @@ int run(const Options& opt) {
   bench::require_hopper("bench_linear", opt);
   const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
   test::CublasPeer cublas;
+  cudaStream_t stream = nullptr;
+  BP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublas.set_stream(stream);
+  const double copy_gbps = bench::copy_gbps(opt);
   std::printf(
-      "model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes\n");
+      "model,proj,M,K,N,k_chunks,ours_us,cublas_us,ours_tflops,cublas_tflops,speed_vs_cublas,ours_peak_bytes,"
+      "bytes_floor_us,ours_of_bytes_floor,ours_timing,cublas_timing\n");
   std::vector<test::LinearShape> shapes = test::qwen3_linear_shapes();
   for (const test::LinearShape& s : test::qwen3_lm_heads()) shapes.push_back(s);
   for (const test::LinearShape& s : shapes)
-    for (int M : {1, 16, 128, 1024, 4096}) bench_shape(opt, kn, cublas, s, M);
+    for (int M : {1, 16, 128, 1024, 4096})
+      if (opt.selected(std::string(s.model) + "/" + s.proj + "/" + std::to_string(M)))
+        bench_shape(opt, kn, cublas, stream, copy_gbps, s, M);
   return kExitExact;
 }
 
@@ -67,6 +101,6 @@ int run(const Options& opt) {
 }  // namespace bp
 
 int main(int argc, char** argv) {
-  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv);
+  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true);
   return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt); });
 }

@@ -31,14 +31,6 @@ using bench::measure;
 using bench::Measured;
 using bench::Options;
 
-// Device-to-device copy bandwidth of a 1 GiB buffer (read + write counted).
-double copy_gbps(const Options& opt) {
-  const size_t n = size_t{1} << 30;
-  cuda::DeviceBuffer<char> a(n), b(n);
-  const double us = bench::median_us(opt, [&] { BP_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice)); });
-  return 2.0 * n / us * 1e-3;
-}
-
 void row(const char* op, const char* shape, const Measured& m, double bytes, double copy) {
   const double gbps = bytes / m.us * 1e-3;
   std::printf("%s,%s,%.2f,%.0f,%.1f,%.1f,%.3f,%llu\n", op, shape, m.us, bytes, gbps, copy, gbps / copy,
@@ -111,7 +103,7 @@ void logprob_rows(const Options& opt, const Knobs& kn, const std::string& tag, d
 int run(const Options& opt) {
   bench::require_hopper("bench_rowops", opt);
   const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
-  const double copy = copy_gbps(opt);
+  const double copy = bench::copy_gbps(opt);
   std::printf("op,shape,us,bytes,GBps,copy_GBps,fraction_of_copy,peak_bytes\n");
   rmsnorm_row(opt, kn, copy);
   residual_row(opt, kn, copy);

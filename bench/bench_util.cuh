@@ -1,6 +1,6 @@
 // What every benchmark binary shares: random device inputs, event-timed medians
-// (with the peak device memory meanwhile), the Hopper check (exit 125 without one)
-// and the --warmup/--reps options.
+// (with the peak device memory meanwhile), the copy-bandwidth ceiling, the Hopper check (exit 125 without one)
+// and the --warmup/--reps/--only options.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/exit_codes.h"
@@ -37,17 +38,21 @@ inline void fill(cuda::DeviceBuffer<bf16>& b, uint32_t seed) {
 
 struct Options {
   int warmup = 5, reps = 30;
+  std::string only;  // --only: the rows whose label contains it (benchmarks that label rows)
+  bool selected(const std::string& label) const { return only.empty() || label.find(only) != std::string::npos; }
 };
 
-// --warmup N --reps N; anything else: usage on stderr, exit 2.
-inline Options parse_options(const char* name, int argc, char** argv) {
+// --warmup N --reps N, and --only TEXT where the benchmark labels its rows
+// (labeled); anything else: usage on stderr, exit 2.
+inline Options parse_options(const char* name, int argc, char** argv, bool labeled = false) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--warmup" && i + 1 < argc) o.warmup = std::atoi(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) o.reps = std::atoi(argv[++i]);
+    else if (labeled && a == "--only" && i + 1 < argc) o.only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--warmup N] [--reps N]\n", name);
+      std::fprintf(stderr, "usage: %s [--warmup N] [--reps N]%s\n", name, labeled ? " [--only TEXT]" : "");
       std::exit(kExitBadInput);
     }
   }
@@ -72,27 +77,97 @@ inline cudaDeviceProp require_hopper(const char* name, const Options& opt) {
   return prop;
 }
 
-// Median time of `launch` in microseconds.
+// Median time of one `launch` in microseconds. Each sample times a batch of
+// back-to-back launches (about 100 µs of them, at most 50) and divides: a decode-
+// sized kernel runs in a few µs, less than the host takes to launch it, and in a
+// model the next kernel is already queued (METHOD.md: many small launches). The
+// batch size comes from one timed launch after the warmup.
 template <class F>
 double median_us(const Options& opt, F&& launch) {
   for (int i = 0; i < opt.warmup; ++i) launch();
   cudaEvent_t start, stop;
   BP_CUDA_CHECK(cudaEventCreate(&start));
   BP_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int i = 0; i < opt.reps; ++i) {
+  auto time_batch = [&](int batch) {
     BP_CUDA_CHECK(cudaEventRecord(start));
-    launch();
+    for (int b = 0; b < batch; ++b) launch();
     BP_CUDA_CHECK(cudaEventRecord(stop));
     BP_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    us.push_back(1000.0 * ms);
-  }
+    return 1000.0 * ms / batch;
+  };
+  const double single = time_batch(1);
+  const int batch = std::clamp(static_cast<int>(100.0 / std::max(single, 1e-3)), 1, 50);
+  std::vector<double> us;
+  for (int i = 0; i < opt.reps; ++i) us.push_back(time_batch(batch));
   BP_CUDA_CHECK(cudaEventDestroy(start));
   BP_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+// Median time of one `launch(stream)` replayed from a CUDA graph: `batch` launches
+// (as median_us picks it) captured once, the graph replayed --reps times. Host
+// launch overhead stays out, as in an engine that replays its decode step from a
+// graph; back-to-back launches (median_us) would time the host for kernels of a
+// few µs. `graphed` says whether the capture worked; where it did not (a call that
+// cannot be captured), the time is median_us's.
+struct GraphTime {
+  double us;
+  bool graphed;
+};
+template <class F>
+GraphTime median_graph_us(const Options& opt, cudaStream_t stream, F&& launch) {
+  for (int i = 0; i < opt.warmup; ++i) launch(stream);
+  BP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  BP_CUDA_CHECK(cudaEventCreate(&start));
+  BP_CUDA_CHECK(cudaEventCreate(&stop));
+  auto elapsed_us = [&] {
+    BP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return 1000.0 * ms;
+  };
+  BP_CUDA_CHECK(cudaEventRecord(start, stream));
+  launch(stream);
+  BP_CUDA_CHECK(cudaEventRecord(stop, stream));
+  const int batch = std::clamp(static_cast<int>(100.0 / std::max(elapsed_us(), 1e-3)), 1, 50);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int b = 0; b < batch; ++b) launch(stream);
+  const bool captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
+                        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  std::vector<double> us;
+  if (captured) {
+    BP_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // the first replay uploads the graph
+    for (int i = 0; i < opt.reps; ++i) {
+      BP_CUDA_CHECK(cudaEventRecord(start, stream));
+      BP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      BP_CUDA_CHECK(cudaEventRecord(stop, stream));
+      us.push_back(elapsed_us() / batch);
+    }
+  }
+  if (exec) BP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  if (graph) BP_CUDA_CHECK(cudaGraphDestroy(graph));
+  (void)cudaGetLastError();  // a failed capture's error is answered by the fallback
+  BP_CUDA_CHECK(cudaEventDestroy(start));
+  BP_CUDA_CHECK(cudaEventDestroy(stop));
+  if (!captured) return {median_us(opt, [&] { launch(stream); }), false};
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], true};
+}
+
+// Device-to-device copy bandwidth of a 1 GiB buffer (read + write counted): the
+// bandwidth ceiling of the memory-bound rows, measured in the same run.
+inline double copy_gbps(const Options& opt) {
+  const size_t n = size_t{1} << 30;
+  cuda::DeviceBuffer<char> a(n), b(n);
+  const double us =
+      median_us(opt, [&] { BP_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice)); });
+  return 2.0 * n / us * 1e-3;
 }
 
 struct Measured {
@@ -113,6 +188,16 @@ Measured measure(const Options& opt, F&& launch) {
   const double us = median_us(opt, launch);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   return {us, cuda::pool_peak_bytes()};
+}
+
+// measure with median_graph_us's time.
+template <class F>
+std::pair<Measured, bool> measure_graph(const Options& opt, cudaStream_t stream, F&& launch) {
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::reset_pool_peak();
+  const GraphTime t = median_graph_us(opt, stream, launch);
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  return {{t.us, cuda::pool_peak_bytes()}, t.graphed};
 }
 
 // Runs body() and maps exceptions to exit 3 with the binary's name.

@@ -63,7 +63,7 @@ struct GroupTile {
   int problem, row0, col0;
 };
 
-// M up to this is decode-sized: the mma engine's 16-row tile (SmallTile) takes it,
+// M up to this is decode-sized: the mma engine's decode tile (DecodeTile) takes it,
 // with more weight bytes in flight than the warpgroup kernel's 128 rows.
 constexpr int kDecodeRows = 16;
 

@@ -1,8 +1,10 @@
 // The mma.sync / SIMT engine of linear (linear_gemm.cuh says what every GEMM
 // computes): one CTA per output tile over the whole reduction, where
-//   - tiles of kBK = 32 reduction elements stream through a cp.async pipeline
-//     into padded shared memory; a tile never straddles two chunks, and the part
-//     of a tile past its chunk's end is zero-filled on both operands;
+//   - tiles of kBK reduction elements (32; 256 for the narrow decode tile) stream
+//     through a cp.async pipeline into padded shared memory; a tile never straddles two chunks, and the part
+//     of a tile past its chunk's end is zero-filled on both operands. Operand
+//     rows past the problem's edge are never copied: their stale shared memory
+//     reaches only outputs that are not stored;
 //   - sm90-tc: per warp, mma.sync.m16n8k16 on ldmatrix fragments, one mma per
 //     16-element group in increasing order. A group is one G step of the model;
 //     zero products (the padding) take no part, and a step with no non-zero
@@ -29,36 +31,45 @@
 namespace bp::cuda::gemm {
 namespace {
 
-constexpr int kBK = 32;  // reduction elements per pipeline stage: two mma k16 groups
 constexpr int kPad = 8;  // bf16 padding per shared-memory row: ldmatrix rows land in distinct banks
 
 // A CTA of kWarpsM × kWarpsN warps, each owning kMTiles × kNTiles mma tiles
-// (16 × 8 outputs each); kStages shared-memory stages; kRegSlots levels of the
-// chunk tree kept in registers (deeper levels go to a global scratch).
-template <int WarpsM, int WarpsN, int MTiles, int NTiles, int Stages, int RegSlots>
+// (16 × 8 outputs each); kStages shared-memory stages of kBK reduction elements;
+// kRegSlots levels of the chunk tree kept in registers (deeper levels go to a
+// global scratch).
+template <int WarpsM, int WarpsN, int MTiles, int NTiles, int Stages, int RegSlots, int BK = 32>
 struct TileConfig {
   static constexpr int kWarpsN = WarpsN, kMTiles = MTiles, kNTiles = NTiles;
-  static constexpr int kStages = Stages, kRegSlots = RegSlots;
+  static constexpr int kStages = Stages, kRegSlots = RegSlots, kBK = BK;
   static constexpr int kThreads = 32 * WarpsM * WarpsN;
   static constexpr int kBM = WarpsM * MTiles * 16, kBN = WarpsN * NTiles * 8;
   static constexpr int kAcc = MTiles * NTiles * 4;  // accumulators per thread
   static_assert(NTiles % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+  static_assert(BK % 32 == 0, "a stage is whole k16 groups and whole 16-byte runs");
 };
 // Large outputs with a single chunk: 128 × 128, 64 accumulators per thread.
 using WideTile = TileConfig<2, 4, 4, 4, 4, 0>;
 // Chunked reductions (the tree's first three levels in registers), or fewer CTAs.
 using NarrowTile = TileConfig<4, 2, 2, 4, 4, 3>;
 using MidTile = TileConfig<2, 2, 2, 4, 4, 3>;
-// Decode-sized M (<= 16): 16 × 64 per CTA, a deep pipeline to keep weight bytes in flight.
-using SmallTile = TileConfig<1, 4, 1, 2, 8, 5>;
-static_assert(SmallTile::kBM == kDecodeRows, "decode-sized M is what the 16-row tile takes");
+// Decode-sized M (<= 16): the GEMM streams the weight, and K is never split, so
+// the grid is parallel over N only. Where N gives two waves of 16 × 64 tiles
+// (lm_head), 16 × 64 per CTA with a deep pipeline; below that (N < 16896 on 132
+// SMs), one warp per 16 × 16 tile for 4× the CTAs, over stages of 256 reduction
+// elements that keep 5 × 8 KB of weight in flight per CTA (two CTAs per SM). On
+// lm_head the narrow tile was 2.4× slower (bench/NOTES.md: one warp's serial
+// ldmatrix → mma chain and a pipeline fill per short-lived CTA).
+using DecodeTile = TileConfig<1, 4, 1, 2, 8, 5>;
+using DecodeNarrowTile = TileConfig<1, 1, 1, 2, 6, 5, 256>;
+static_assert(DecodeTile::kBM == kDecodeRows && DecodeNarrowTile::kBM == kDecodeRows,
+              "decode-sized M is what the 16-row tiles take");
 
-// Shared-memory layout of one operand's stage: kRows rows × kBK reduction
+// Shared-memory layout of one operand's stage: Rows rows × BK reduction
 // elements, stored along the operand's contiguous index, rows padded.
-template <Major M, int Rows>
+template <Major M, int Rows, int BK>
 struct SmemTile {
-  static constexpr int kLd = M == Major::Red ? kBK + kPad : Rows + kPad;
-  static constexpr int kElems = M == Major::Red ? Rows * kLd : kBK * kLd;
+  static constexpr int kLd = M == Major::Red ? BK + kPad : Rows + kPad;
+  static constexpr int kElems = M == Major::Red ? Rows * kLd : BK * kLd;
   __device__ static int offset(int row, int j) { return M == Major::Red ? row * kLd + j : j * kLd + row; }
 };
 
@@ -81,24 +92,27 @@ __device__ inline void copy8(bf16* dst, const bf16* src, int valid, bool vec) {
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 
-// One stage of one operand: rows [row0, row0 + Rows) × reduction [j0, j0 + kBK),
+// One stage of one operand: rows [row0, row0 + Rows) × reduction [j0, j0 + BK),
 // of which the first `jvalid` reduction elements belong to the current chunk.
-template <Major M, int Rows, int Threads>
+// Rows at or past op.rows are not copied (a decode tile of one token copies one
+// row of 16): each reaches only its own output row or column, which is not stored.
+template <Major M, int Rows, int BK, int Threads>
 __device__ void load_stage(const Operand op, int row0, int j0, int jvalid, bf16* tile) {
-  using T = SmemTile<M, Rows>;
+  using T = SmemTile<M, Rows, BK>;
+  const int live_rows = min(Rows, op.rows - row0);
   if constexpr (M == Major::Red) {
-    constexpr int kRuns = Rows * (kBK / 8);
-    for (int v = threadIdx.x; v < kRuns; v += Threads) {
-      const int r = v / (kBK / 8), j = (v % (kBK / 8)) * 8, gr = row0 + r;
-      const int valid = gr < op.rows ? max(0, min(8, jvalid - j)) : 0;
-      const bf16* src = valid > 0 ? op.p + static_cast<size_t>(gr) * op.ld + j0 + j : op.p;
+    const int runs = live_rows * (BK / 8);
+    for (int v = threadIdx.x; v < runs; v += Threads) {
+      const int r = v / (BK / 8), j = (v % (BK / 8)) * 8;
+      const int valid = max(0, min(8, jvalid - j));
+      const bf16* src = valid > 0 ? op.p + static_cast<size_t>(row0 + r) * op.ld + j0 + j : op.p;
       copy8(tile + T::offset(r, j), src, valid, op.vec);
     }
   } else {
-    constexpr int kRuns = kBK * (Rows / 8);
-    for (int v = threadIdx.x; v < kRuns; v += Threads) {
-      const int j = v / (Rows / 8), r = (v % (Rows / 8)) * 8, gr = row0 + r;
-      const int valid = j < jvalid ? max(0, min(8, op.rows - gr)) : 0;
+    const int row_runs = (live_rows + 7) / 8, runs = BK * row_runs;
+    for (int v = threadIdx.x; v < runs; v += Threads) {
+      const int j = v / row_runs, r = (v % row_runs) * 8, gr = row0 + r;
+      const int valid = j < jvalid ? min(8, op.rows - gr) : 0;
       const bf16* src = valid > 0 ? op.p + static_cast<size_t>(j0 + j) * op.ld + gr : op.p;
       copy8(tile + T::offset(r, j), src, valid, op.vec);
     }
@@ -117,8 +131,8 @@ __device__ void load_stage(const Operand op, int row0, int j0, int jvalid, bf16*
 template <class Cfg, Major MA, Major MB>
 struct TensorCoreDot {
   using PairedColumns = void;  // accumulators 2i and 2i + 1 are adjacent columns
-  using TA = SmemTile<MA, Cfg::kBM>;
-  using TB = SmemTile<MB, Cfg::kBN>;
+  using TA = SmemTile<MA, Cfg::kBM, Cfg::kBK>;
+  using TB = SmemTile<MB, Cfg::kBN, Cfg::kBK>;
   float acc[Cfg::kAcc];
   int warp_row, warp_col, lane;
 
@@ -159,7 +173,7 @@ struct TensorCoreDot {
   // would only add G steps without terms, which leave the accumulator unchanged.
   __device__ void step(const bf16* ta, const bf16* tb, int jvalid) {
 #pragma unroll
-    for (int k0 = 0; k0 < kBK; k0 += 16) {
+    for (int k0 = 0; k0 < Cfg::kBK; k0 += 16) {
       if (k0 >= jvalid) break;
       uint32_t a[Cfg::kMTiles][4], b[Cfg::kNTiles / 2][4];
 #pragma unroll
@@ -181,8 +195,8 @@ struct TensorCoreDot {
 // shared-memory reads spread over the banks.
 template <class Cfg, Major MA, Major MB>
 struct SimtFmaDot {
-  using TA = SmemTile<MA, Cfg::kBM>;
-  using TB = SmemTile<MB, Cfg::kBN>;
+  using TA = SmemTile<MA, Cfg::kBM, Cfg::kBK>;
+  using TB = SmemTile<MB, Cfg::kBN, Cfg::kBK>;
   static constexpr int kColThreads = Cfg::kBN / 4;
   static constexpr int kRowThreads = Cfg::kThreads / kColThreads;
   static constexpr int kTM = Cfg::kAcc / 4;
@@ -200,7 +214,7 @@ struct SimtFmaDot {
 
   // acc = fma(a_j, b_j, acc) for the stage's valid elements, j increasing.
   __device__ void step(const bf16* ta, const bf16* tb, int jvalid) {
-    const int end = min(jvalid, kBK);
+    const int end = min(jvalid, Cfg::kBK);
     for (int j = 0; j < end; ++j) {
       float a[kTM], b[4];
 #pragma unroll
@@ -220,12 +234,13 @@ struct SimtFmaDot {
 template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
 __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
   using Dot = DotT<Cfg, MA, MB>;
-  using TA = SmemTile<MA, Cfg::kBM>;
-  using TB = SmemTile<MB, Cfg::kBN>;
+  using TA = SmemTile<MA, Cfg::kBM, Cfg::kBK>;
+  using TB = SmemTile<MB, Cfg::kBN, Cfg::kBK>;
   constexpr int kStageElems = TA::kElems + TB::kElems;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
 
+  constexpr int kBK = Cfg::kBK;
   const int stages_per_chunk = (p.chunk + kBK - 1) / kBK;
   const int stages = p.chunks * stages_per_chunk;
   auto valid_of = [&](int s) { return stage_valid(p, s, stages_per_chunk, kBK); };
@@ -233,8 +248,8 @@ __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
     if (s < stages) {
       const int j0 = (s / stages_per_chunk) * p.chunk + (s % stages_per_chunk) * kBK;
       bf16* tile = smem + (s % Cfg::kStages) * kStageElems;
-      load_stage<MA, Cfg::kBM, Cfg::kThreads>(p.a, row0, j0, valid_of(s), tile);
-      load_stage<MB, Cfg::kBN, Cfg::kThreads>(p.b, col0, j0, valid_of(s), tile + TA::kElems);
+      load_stage<MA, Cfg::kBM, kBK, Cfg::kThreads>(p.a, row0, j0, valid_of(s), tile);
+      load_stage<MB, Cfg::kBN, kBK, Cfg::kThreads>(p.b, col0, j0, valid_of(s), tile + TA::kElems);
     }
     cp_async_commit();  // one group per stage, empty or not, so the wait count is fixed
   };
@@ -271,7 +286,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // --- host side ------------------------------------------------------------------
 template <class Cfg, Major MA, Major MB>
 constexpr size_t kSmemBytes =
-    sizeof(bf16) * Cfg::kStages * (SmemTile<MA, Cfg::kBM>::kElems + SmemTile<MB, Cfg::kBN>::kElems);
+    sizeof(bf16) * Cfg::kStages *
+    (SmemTile<MA, Cfg::kBM, Cfg::kBK>::kElems + SmemTile<MB, Cfg::kBN, Cfg::kBK>::kElems);
 
 // One launch over all tiles of p (its tree scratch freed in stream order after it).
 template <class Cfg, template <class, Major, Major> class DotT, Major MA, Major MB>
@@ -288,12 +304,15 @@ void launch(Problem p, cudaStream_t stream) {
 }
 
 // Runs the GEMM with the mma.sync tile that fills the GPU best: decode-sized M
-// gets the 16-row tile, a single chunk the 128 × 128 tile if it alone gives a
+// gets a decode tile, a single chunk the 128 × 128 tile if it alone gives a
 // wave, else the narrower tiles (which keep three tree levels in registers).
 template <template <class, Major, Major> class DotT, Major MA, Major MB>
 void run_with_dot(const Problem& p, cudaStream_t stream) {
   const int sms = multiprocessors();
-  if (p.m <= SmallTile::kBM) return launch<SmallTile, DotT, MA, MB>(p, stream);
+  if (p.m <= DecodeTile::kBM) {
+    if (tile_count<DecodeTile>(p) >= 2 * sms) return launch<DecodeTile, DotT, MA, MB>(p, stream);
+    return launch<DecodeNarrowTile, DotT, MA, MB>(p, stream);
+  }
   if (p.chunks == 1 && tile_count<WideTile>(p) >= sms) return launch<WideTile, DotT, MA, MB>(p, stream);
   if (tile_count<NarrowTile>(p) >= sms) return launch<NarrowTile, DotT, MA, MB>(p, stream);
   launch<MidTile, DotT, MA, MB>(p, stream);
@@ -312,14 +331,14 @@ void launch_grouped(std::vector<Problem> problems, cudaStream_t stream) {
   BP_CUDA_CHECK_LAUNCH();
 }
 
-// Problems of one grouped launch on the mma.sync/SIMT tiles: the 16-row tile when
+// Problems of one grouped launch on the mma.sync/SIMT tiles: the decode tile when
 // every problem is decode-sized, else the 64 × 64 tile, whose many CTAs fill the
 // GPU over small groups.
 template <template <class, Major, Major> class DotT, Major MA, Major MB>
 void run_grouped_with_dot(std::vector<Problem> problems, cudaStream_t stream) {
   int max_m = 0;
   for (const Problem& p : problems) max_m = std::max(max_m, p.m);
-  if (max_m <= SmallTile::kBM) launch_grouped<SmallTile, DotT, MA, MB>(std::move(problems), stream);
+  if (max_m <= DecodeTile::kBM) launch_grouped<DecodeTile, DotT, MA, MB>(std::move(problems), stream);
   else launch_grouped<MidTile, DotT, MA, MB>(std::move(problems), stream);
 }
 

@@ -158,14 +158,54 @@ __device__ void warpgroup_producer(const Problem& p, const void* map_a, const vo
   }
 }
 
+// Consumer loops release a stage once the wgmma reading it is done: one stage's
+// wgmma stays in flight while the next is issued.
+template <class Cfg>
+struct StageRelease {
+  const WarpgroupSmem<Cfg>& sm;
+  int unreleased = -1;  // the slot whose wgmma may still read it
+  __device__ void release(int slot) const { sm90::mbarrier_arrive(&sm.empty[slot]); }
+  // After wait<1>: every slot but `slot` is free.
+  __device__ void keep_only(int slot) {
+    if (unreleased >= 0) release(unreleased);
+    unreleased = slot;
+  }
+  // After wait<0>: all free.
+  __device__ void all() {
+    if (unreleased >= 0) release(unreleased);
+    unreleased = -1;
+  }
+};
+
+// One chunk (the tiles without tree slots take no more; spill_elems checks): the
+// loop only issues and releases, so the accumulators are touched by nothing but
+// wgmma until the end (with the tree's merges and clears in the loop, ptxas
+// injects a wgmma wait where the loop's paths join: C7517).
 template <class Cfg, Major MA, Major MB>
-__device__ void warpgroup_consumer(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
-                                   int stages_per_chunk, int stages, int consumer) {
+__device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int stages,
+                                  int consumer) {
+  WarpgroupDot<Cfg, MA, MB> dot(consumer);
+  StageRelease<Cfg> stage{sm};
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % Cfg::kStages;
+    sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages, kWgBK));
+    dot.template wait<1>();
+    stage.keep_only(slot);
+  }
+  dot.template wait<0>();
+  stage.all();
+  store_outputs<Cfg>(p, dot, row0, col0);
+}
+
+// Chunked: each chunk's partial drains (wait<0>) and folds into the tree.
+template <class Cfg, Major MA, Major MB>
+__device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
+                               int stages_per_chunk, int stages, int consumer) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
   Dot dot(consumer);
   ChunkTree<Cfg, Dot> tree(p, row0, col0);
-  int unreleased = -1;  // the slot whose wgmma may still read it
-  auto release = [&](int slot) { sm90::mbarrier_arrive(&sm.empty[slot]); };
+  StageRelease<Cfg> stage{sm};
   for (int s = 0; s < stages; ++s) {
     const int slot = s % Cfg::kStages;
     sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
@@ -173,15 +213,13 @@ __device__ void warpgroup_consumer(const Problem& p, const WarpgroupSmem<Cfg>& s
     dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages_per_chunk, kWgBK));
     if (s % stages_per_chunk == stages_per_chunk - 1) {  // the chunk's partial is complete
       dot.template wait<0>();
-      if (unreleased >= 0) release(unreleased);
-      release(slot);
-      unreleased = -1;
+      stage.keep_only(slot);
+      stage.all();
       if (tree.finish_chunk(dot, c)) store_outputs<Cfg>(p, dot, row0, col0);
       else dot.clear();
-    } else {  // keep one stage's wgmma in flight
+    } else {
       dot.template wait<1>();
-      if (unreleased >= 0) release(unreleased);
-      unreleased = slot;
+      stage.keep_only(slot);
     }
   }
 }
@@ -206,16 +244,19 @@ __device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* 
     if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(p, map_a, map_b, sm, row0, col0, stages_per_chunk, stages);
   } else {
     sm90::claim_registers<232>();
-    warpgroup_consumer<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, stages, group - 1);
+    if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, row0, col0, stages, group - 1);
+    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, stages, group - 1);
   }
 }
 
-// One CTA per tile: x over column tiles, y over row tiles.
+// One CTA per tile: x over column tiles and y over row tiles, or the other way
+// round where rows_fastest (rows_first).
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const Problem p) {
-  warpgroup_tile<Cfg, MA, MB>(p, &map_a, &map_b, blockIdx.y * Cfg::kBM, blockIdx.x * Cfg::kBN);
+                     const Problem p, const bool rows_fastest) {
+  const int row_tile = rows_fastest ? blockIdx.x : blockIdx.y, col_tile = rows_fastest ? blockIdx.y : blockIdx.x;
+  warpgroup_tile<Cfg, MA, MB>(p, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN);
 }
 
 // maps: problem g's A and B maps at 2g and 2g + 1 (device memory).
@@ -237,6 +278,26 @@ CUtensorMap operand_map(const Operand& op, int red) {
   else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
 }
 
+constexpr unsigned kMaxGridY = 65535;
+
+// The order of the tiles in the grid. CTAs run roughly in grid order, so the ones
+// in flight share the operand whose tiles vary slowest, and that operand is read
+// from device memory about once only if the other one (cycled through) stays in
+// L2. Column tiles vary fastest by default (each row panel of A is read once, B
+// must stay in L2); where B is too large for the L2 and A is not (lm_head: a 622 MB
+// weight against 16 MB of activations), row tiles vary fastest instead, so B
+// streams from memory once instead of once per row panel.
+bool rows_first(const Problem& p) {
+  static const size_t budget = [] {
+    int dev = 0, l2 = 0;
+    BP_CUDA_CHECK(cudaGetDevice(&dev));
+    BP_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    return static_cast<size_t>(l2) / 2;
+  }();
+  const size_t a_bytes = size_t(p.m) * p.red * sizeof(bf16), b_bytes = size_t(p.n) * p.red * sizeof(bf16);
+  return b_bytes > budget && a_bytes <= budget;
+}
+
 template <class Cfg, Major MA, Major MB>
 void launch_warpgroup(Problem p, cudaStream_t stream) {
   const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
@@ -244,8 +305,11 @@ void launch_warpgroup(Problem p, cudaStream_t stream) {
   BP_CUDA_CHECK(opt_in);
   DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
   p.spill = spill.get();
-  const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p);
+  const unsigned row_tiles = (p.m + Cfg::kBM - 1) / Cfg::kBM, col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
+  const bool rows_fastest = rows_first(p) && col_tiles <= kMaxGridY;
+  const dim3 grid = rows_fastest ? dim3(row_tiles, col_tiles) : dim3(col_tiles, row_tiles);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p,
+                                                          rows_fastest);
   BP_CUDA_CHECK_LAUNCH();
 }
 
