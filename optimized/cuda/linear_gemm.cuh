@@ -67,81 +67,15 @@ struct GroupTile {
 // with more weight bytes in flight than the warpgroup kernel's 128 rows.
 constexpr int kDecodeRows = 16;
 
-// --- the chunk tree -------------------------------------------------------------
-// reduce.h's pairwise_tree over the chunk partials, folded in as each chunk ends:
-// node l of the tree over chunks [i·2^l, (i+1)·2^l) is complete when chunk
-// (i+1)·2^l − 1 ends, so a binary counter holds at most one pending node per
-// level (slot l, set iff bit l of the number of finished chunks is set). Chunk c
-// merges with the pending nodes of c's trailing one bits (left operand = the
-// earlier node, as v[2i] + v[2i+1]); the last chunk then folds the remaining
-// pending nodes from the lowest level up, which is how pairwise_tree moves an odd
-// last node up and adds it later. Slots 0..kRegSlots-1 live in registers, deeper
-// ones in the global scratch (each thread reads back only what it wrote).
-template <class Cfg, class Dot>
-struct ChunkTree {
-  static constexpr int kSlots = Cfg::kRegSlots;
-  float slot[kSlots > 0 ? kSlots : 1][Cfg::kAcc];
-  float* spill;  // [level - kSlots][m][n]
-  int m, n, chunks, row0, col0;
-
-  __device__ ChunkTree(const Problem& p, int r0, int c0)
-      : spill(p.spill), m(p.m), n(p.n), chunks(p.chunks), row0(r0), col0(c0) {}
-
-  __device__ float* spilled(const Dot& d, int level, int i) const {
-    const int r = row0 + d.row(i), c = col0 + d.col(i);
-    if (r >= m || c >= n) return nullptr;
-    return spill + (static_cast<size_t>(level - kSlots) * m + r) * n + c;
-  }
-  __device__ void merge_spilled(Dot& d, int level) const {
-#pragma unroll
-    for (int i = 0; i < Cfg::kAcc; ++i)
-      if (const float* s = spilled(d, level, i)) d.acc[i] = add_rn(*s, d.acc[i]);
-  }
-  __device__ void merge_slot(Dot& d, int s) const {
-#pragma unroll
-    for (int i = 0; i < Cfg::kAcc; ++i) d.acc[i] = add_rn(slot[s][i], d.acc[i]);
-  }
-
-  // Chunk c's partial is in d.acc; true when d.acc now holds the root.
-  __device__ bool finish_chunk(Dot& d, int c) {
-    int l = 0;  // level of the node d.acc holds
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (l == s && ((c >> s) & 1)) {
-        merge_slot(d, s);
-        l = s + 1;
-      }
-    if (l == kSlots)
-      for (; (c >> l) & 1; ++l) merge_spilled(d, l);
-    if (c == chunks - 1) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s)
-        if (s > l && ((c >> s) & 1)) merge_slot(d, s);
-      for (int h = max(l + 1, kSlots); (c >> h) != 0; ++h)
-        if ((c >> h) & 1) merge_spilled(d, h);
-      return true;
-    }
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (s == l)
-#pragma unroll
-        for (int i = 0; i < Cfg::kAcc; ++i) slot[s][i] = d.acc[i];
-    if (l >= kSlots)
-#pragma unroll
-      for (int i = 0; i < Cfg::kAcc; ++i)
-        if (float* s = spilled(d, l, i)) *s = d.acc[i];
-    return false;
-  }
-};
-
 // --- storing the outputs --------------------------------------------------------
 // Dots whose accumulators i and i + 1 (i even) are adjacent columns of one row
 // store them with one access where the row length and the pointer allow.
 template <class Dot>
 concept PairedColumns = requires { typename Dot::PairedColumns; };
 
+// Outputs v (laid out as the dot's accumulators) of the tile at (row0, col0).
 template <class Cfg, class Dot>
-__device__ void store_outputs(const Problem& p, const Dot& d, int row0, int col0) {
+__device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[Cfg::kAcc], int row0, int col0) {
   constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
   const void* out = p.out_f32 ? static_cast<const void*>(p.out_f32) : static_cast<const void*>(p.out_bf16);
   const bool paired = kStep == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
@@ -151,19 +85,142 @@ __device__ void store_outputs(const Problem& p, const Dot& d, int row0, int col0
     if (r >= p.m || c >= p.n) continue;
     const size_t at = static_cast<size_t>(r) * p.n + c;
     if (paired) {
-      if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(d.acc[i], d.acc[i + 1]);
-      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(d.acc[i]).bits |
-                                                           (static_cast<uint32_t>(round_bf16(d.acc[i + 1]).bits) << 16);
+      if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(v[i], v[i + 1]);
+      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(v[i]).bits |
+                                                           (static_cast<uint32_t>(round_bf16(v[i + 1]).bits) << 16);
       continue;
     }
 #pragma unroll
     for (int e = 0; e < kStep; ++e) {
       if (c + e >= p.n) break;
-      if (p.out_f32) p.out_f32[at + e] = d.acc[i + e];
-      else p.out_bf16[at + e] = round_bf16(d.acc[i + e]);
+      if (p.out_f32) p.out_f32[at + e] = v[i + e];
+      else p.out_bf16[at + e] = round_bf16(v[i + e]);
     }
   }
 }
+
+// --- the chunk tree -------------------------------------------------------------
+// reduce.h's pairwise_tree over the chunk partials, folded in as each chunk ends:
+// node l of the tree over chunks [i·2^l, (i+1)·2^l) is complete when chunk
+// (i+1)·2^l − 1 ends, so a binary counter holds at most one pending node per
+// level (set iff bit l of the number of finished chunks is set). Chunk c merges
+// with the pending nodes of c's trailing one bits (left operand = the earlier
+// node, as v[2i] + v[2i+1]); the last chunk then folds the remaining pending nodes
+// from the lowest level up, which is how pairwise_tree moves an odd last node up
+// and adds it later.
+// The node being built lives in slot 0, which is also level 0's pending slot;
+// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch
+// (each thread reads back only what it wrote, kStep adjacent columns at a time).
+// The dot's accumulators are only read: the warpgroup engine's are written by
+// nothing but wgmma, so ptxas need not wait for a wgmma in flight to move them. A
+// single chunk's root is the accumulators themselves; a tile with kRegSlots == 0
+// takes single chunks only (spill_elems refuses more).
+template <class Cfg, class Dot>
+struct ChunkTree {
+  static constexpr int kSlots = Cfg::kRegSlots;
+  static constexpr int kAcc = Cfg::kAcc;
+  static constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
+  float slot[kSlots > 0 ? kSlots : 1][kAcc];
+  float* spill;  // [level - kSlots][m][n]
+  int m, n, chunks, row0, col0;
+
+  __device__ ChunkTree(const Problem& p, int r0, int c0)
+      : spill(p.spill), m(p.m), n(p.n), chunks(p.chunks), row0(r0), col0(c0) {}
+
+  // Outputs i .. i + kStep − 1 of `level` in the scratch; nullptr past the rows or
+  // the first column, and `whole` when all kStep columns are inside (n even keeps a
+  // pair inside a row and 8-byte aligned).
+  __device__ float* spilled(const Dot& d, int level, int i, bool& whole) const {
+    const int r = row0 + d.row(i), c = col0 + d.col(i);
+    whole = kStep == 2 && n % 2 == 0;
+    if (r >= m || c >= n) return nullptr;
+    return spill + (static_cast<size_t>(level - kSlots) * m + r) * n + c;
+  }
+  __device__ void merge_spilled(const Dot& d, int level) {
+#pragma unroll
+    for (int i = 0; i < kAcc; i += kStep) {
+      bool whole;
+      const float* s = spilled(d, level, i, whole);
+      if (s == nullptr) continue;
+      if (whole) {
+        const float2 v = *reinterpret_cast<const float2*>(s);
+        slot[0][i] = add_rn(v.x, slot[0][i]);
+        slot[0][i + 1] = add_rn(v.y, slot[0][i + 1]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kStep; ++e)
+          if (col0 + d.col(i + e) < n) slot[0][i + e] = add_rn(s[e], slot[0][i + e]);
+      }
+    }
+  }
+  __device__ void store_spilled(const Dot& d, int level) const {
+#pragma unroll
+    for (int i = 0; i < kAcc; i += kStep) {
+      bool whole;
+      float* s = spilled(d, level, i, whole);
+      if (s == nullptr) continue;
+      if (whole) {
+        *reinterpret_cast<float2*>(s) = make_float2(slot[0][i], slot[0][i + 1]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kStep; ++e)
+          if (col0 + d.col(i + e) < n) s[e] = slot[0][i + e];
+      }
+    }
+  }
+  // slot 0 = slot s + slot 0 (slot s holds the earlier node), for s >= 1.
+  __device__ void merge_slot(int s) {
+#pragma unroll
+    for (int j = 1; j < kSlots; ++j)
+      if (j == s)
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) slot[0][i] = add_rn(slot[j][i], slot[0][i]);
+  }
+
+  // Chunk c's partial is in d.acc, or +0 for an empty chunk (no wgmma wrote it);
+  // true when the root is complete (store_root).
+  __device__ bool finish_chunk(const Dot& d, int c, bool empty) {
+    if (chunks == 1) return true;
+    if constexpr (kSlots > 0) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        const float part = empty ? 0.0f : d.acc[i];
+        slot[0][i] = (c & 1) ? add_rn(slot[0][i], part) : part;
+      }
+      int l = c & 1;  // level of the node in slot 0
+#pragma unroll
+      for (int s = 1; s < kSlots; ++s)
+        if (l == s && ((c >> s) & 1)) {
+          merge_slot(s);
+          l = s + 1;
+        }
+      if (l == kSlots)
+        for (; (c >> l) & 1; ++l) merge_spilled(d, l);
+      if (c == chunks - 1) {
+#pragma unroll
+        for (int s = 1; s < kSlots; ++s)
+          if (s > l && ((c >> s) & 1)) merge_slot(s);
+        for (int h = max(l + 1, kSlots); (c >> h) != 0; ++h)
+          if ((c >> h) & 1) merge_spilled(d, h);
+        return true;
+      }
+#pragma unroll
+      for (int s = 1; s < kSlots; ++s)
+        if (s == l)
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) slot[s][i] = slot[0][i];
+      if (l >= kSlots) store_spilled(d, l);
+    }
+    return false;
+  }
+  // Stores the root once finish_chunk returned true (each branch names its array:
+  // choosing one at run time would put both in local memory).
+  __device__ void store_root(const Problem& p, const Dot& d) const {
+    if constexpr (kSlots > 0)
+      if (chunks > 1) return store_outputs<Cfg>(p, d, slot[0], row0, col0);
+    store_outputs<Cfg>(p, d, d.acc, row0, col0);
+  }
+};
 
 // Reduction elements of stage s (bk elements each, stages_per_chunk per chunk)
 // that belong to its chunk; <= 0: none (the last chunk may be shorter).

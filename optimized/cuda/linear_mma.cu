@@ -264,7 +264,8 @@ __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
     const bf16* tile = smem + (s % Cfg::kStages) * kStageElems;
     dot.step(tile, tile + TA::kElems, valid_of(s));
     if (s % stages_per_chunk == stages_per_chunk - 1) {
-      if (tree.finish_chunk(dot, s / stages_per_chunk)) store_outputs<Cfg>(p, dot, row0, col0);
+      const int c = s / stages_per_chunk;
+      if (tree.finish_chunk(dot, c, valid_of(c * stages_per_chunk) <= 0)) tree.store_root(p, dot);
       else dot.clear();
     }
   }

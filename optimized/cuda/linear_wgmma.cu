@@ -77,9 +77,9 @@ struct SwizzledOperand {
 };
 
 template <int N, int TransA, int TransB>
-__device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b) {
-  if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b);
-  else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b);
+__device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
+  if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b, scale_d);
+  else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b, scale_d);
 }
 
 // A consumer warpgroup's 64 × kBN accumulators: warp w of the group holds rows
@@ -106,15 +106,18 @@ struct WarpgroupDot {
   __device__ int row(int i) const { return row_base + lane / 4 + 8 * ((i % 4) / 2); }
   __device__ int col(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
 
-  // Issues the stage's groups that hold reduction elements, in increasing order.
-  __device__ void step(uint32_t tile_a, uint32_t tile_b, int jvalid) {
+  // Issues the stage's groups that hold reduction elements, in increasing order;
+  // `fresh` (a chunk's first stage) starts the accumulators from +0 by scale-d = 0
+  // on the first group (hw_truth: the bits of a +0 accumulator) instead of a clear.
+  __device__ void step(uint32_t tile_a, uint32_t tile_b, int jvalid, bool fresh) {
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
     sm90::fence_accumulators(acc);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kWgBK / 16; ++kk)
       if (kk * 16 < jvalid)
-        wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk));
+        wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk),
+                                                      kk == 0 && fresh ? 0 : 1);
     sm90::wgmma_commit();
   }
   template <int Pending>
@@ -126,7 +129,7 @@ struct WarpgroupDot {
 
 // Shared-memory plan of one CTA: the stages (1024-byte aligned), then a "full"
 // barrier per stage (the producer's copies landed) and an "empty" one (every
-// consumer thread is done reading it).
+// consumer warp is done reading it).
 template <class Cfg>
 struct WarpgroupSmem {
   unsigned char* stages;
@@ -164,7 +167,11 @@ template <class Cfg>
 struct StageRelease {
   const WarpgroupSmem<Cfg>& sm;
   int unreleased = -1;  // the slot whose wgmma may still read it
-  __device__ void release(int slot) const { sm90::mbarrier_arrive(&sm.empty[slot]); }
+  // One arrival per consumer warp: its wgmma wait (.sync.aligned) has passed on
+  // every lane, and 256 arrivals per stage on one barrier would queue.
+  __device__ void release(int slot) const {
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&sm.empty[slot]);
+  }
   // After wait<1>: every slot but `slot` is free.
   __device__ void keep_only(int slot) {
     if (unreleased >= 0) release(unreleased);
@@ -189,38 +196,38 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   for (int s = 0; s < stages; ++s) {
     const int slot = s % Cfg::kStages;
     sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
-    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages, kWgBK));
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages, kWgBK), false);
     dot.template wait<1>();
     stage.keep_only(slot);
   }
   dot.template wait<0>();
   stage.all();
-  store_outputs<Cfg>(p, dot, row0, col0);
+  store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
 
-// Chunked: each chunk's partial drains (wait<0>) and folds into the tree.
+// Chunked: each chunk starts with scale-d = 0 and its partial drains (wait<0>)
+// into the tree, which only reads the accumulators, so nothing but wgmma writes
+// them; the stage loop of a chunk holds no tree code.
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
-                               int stages_per_chunk, int stages, int consumer) {
+                               int stages_per_chunk, int consumer) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
   Dot dot(consumer);
   ChunkTree<Cfg, Dot> tree(p, row0, col0);
   StageRelease<Cfg> stage{sm};
-  for (int s = 0; s < stages; ++s) {
-    const int slot = s % Cfg::kStages;
-    sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
-    const int c = s / stages_per_chunk;
-    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages_per_chunk, kWgBK));
-    if (s % stages_per_chunk == stages_per_chunk - 1) {  // the chunk's partial is complete
-      dot.template wait<0>();
-      stage.keep_only(slot);
-      stage.all();
-      if (tree.finish_chunk(dot, c)) store_outputs<Cfg>(p, dot, row0, col0);
-      else dot.clear();
-    } else {
+  for (int c = 0, s = 0; c < p.chunks; ++c) {
+    const bool empty = stage_valid(p, s, stages_per_chunk, kWgBK) <= 0;  // partial +0, no wgmma issued
+    for (int j = 0; j < stages_per_chunk; ++j, ++s) {
+      const int slot = s % Cfg::kStages;
+      sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+      dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)),
+               stage_valid(p, s, stages_per_chunk, kWgBK), j == 0);
       dot.template wait<1>();
       stage.keep_only(slot);
     }
+    dot.template wait<0>();
+    stage.all();
+    if (tree.finish_chunk(dot, c, empty)) tree.store_root(p, dot);
   }
 }
 
@@ -231,7 +238,7 @@ __device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       sm90::mbarrier_init(&sm.full[s], 1);
-      sm90::mbarrier_init(&sm.empty[s], 128 * Cfg::kConsumers);
+      sm90::mbarrier_init(&sm.empty[s], 4 * Cfg::kConsumers);  // a consumer warp each
     }
     sm90::mbarrier_init_fence();
   }
@@ -245,7 +252,7 @@ __device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* 
   } else {
     sm90::claim_registers<232>();
     if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, row0, col0, stages, group - 1);
-    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, stages, group - 1);
+    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, group - 1);
   }
 }
 

@@ -482,7 +482,8 @@ void write_cases_csv(const std::string& path, const BlockSet& singles, const Res
 
 bool report_passes(const Report& r) {
   const bool layout_ok = r.layout == "ok" || r.layout.rfind("not run", 0) == 0;
-  return layout_ok && r.dot_mismatches == 0 && r.math_mismatches == 0 && r.math.size() == r.math_requested.size();
+  return layout_ok && r.dot_mismatches == 0 && r.scale_d0_disagree == 0 && r.math_mismatches == 0 &&
+         r.math.size() == r.math_requested.size();
 }
 
 void write_summary(const std::string& path, const Report& r) {
@@ -501,6 +502,9 @@ void write_summary(const std::string& path, const Report& r) {
   j["dot"]["counts"] = counts;
   j["dot"]["mismatches"] = r.dot_mismatches;
   j["dot"]["instructions_disagree"] = r.instructions_disagree;
+  j["dot"]["scale_d0"] = {{"outputs", r.scale_d0_outputs},
+                          {"disagree", r.scale_d0_disagree},
+                          {"what", "wgmma from a +0 accumulator vs scale-d = 0 on the first k16 group"}};
   json probes = json::array();
   for (const ProbeResult& p : r.probes) {
     json terms = json::array();

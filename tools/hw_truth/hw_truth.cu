@@ -16,7 +16,9 @@
 // Each block of cases is one 64 x 8 output tile with K = 16 (or 64, 128 for
 // chains): output (i, j) is the case (C[i][j], row i of A, column j of B). The
 // same blocks go through mma.sync.m16n8k16 (four warps, 16 rows each) and through
-// wgmma.m64n8k16 (one warpgroup), walking K upward with the accumulator in registers.
+// wgmma.m64n8k16 (one warpgroup), walking K upward with the accumulator in registers;
+// wgmma also runs from a +0 accumulator and with scale-d = 0 on the first group,
+// which must agree bit for bit (the GEMM kernels start a chunk with scale-d = 0).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -125,8 +127,9 @@ __device__ inline void fence_operands(float (&d)[4]) {
   asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])::"memory");
 }
 
-__device__ inline void wgmma_m64n8k16(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
-  // scale-d = 1 (accumulate into d), scale-a = scale-b = 1, no transpose (K-major).
+__device__ inline void wgmma_m64n8k16(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  // scale-d = 1 accumulates into d (0: d's input is ignored), scale-a = scale-b = 1,
+  // no transpose (K-major).
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -134,14 +137,18 @@ __device__ inline void wgmma_m64n8k16(float (&d)[4], uint64_t desc_a, uint64_t d
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+
+// Where a wgmma run's accumulator starts: the case's C, +0, or C ignored through
+// scale-d = 0 on the first k16 group.
+enum class Start : int { FromC, FromZero, ScaleD0 };
 
 // One warpgroup per block; warp w's accumulator rows are 16w..16w+15 with the
 // same per-warp layout as mma.sync's C/D.
 __global__ void __launch_bounds__(128) wgmma_kernel(const uint32_t* __restrict__ c, const uint16_t* __restrict__ a,
                                                     const uint16_t* __restrict__ b, int k, uint32_t* __restrict__ d,
-                                                    Descriptor desc) {
+                                                    Descriptor desc, Start start) {
   __shared__ __align__(128) uint8_t sa[kM * 16 * 2];
   __shared__ __align__(128) uint8_t sb[kN * 16 * 2];
   const int blk = blockIdx.x, row0 = (threadIdx.x / 32) * 16;
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const uint32_t* __restrict__
   const uint16_t* A = a + static_cast<size_t>(blk) * kM * k;
   const uint16_t* B = b + static_cast<size_t>(blk) * kN * k;
   float acc[4];
-  for (int e = 0; e < 4; ++e) acc[e] = __uint_as_float(C[out_index(row0, e)]);
+  for (int e = 0; e < 4; ++e) acc[e] = start == Start::FromZero ? 0.0f : __uint_as_float(C[out_index(row0, e)]);
   const uint64_t desc_a = smem_descriptor(sa, desc), desc_b = smem_descriptor(sb, desc);
   for (int k0 = 0; k0 < k; k0 += 16) {
     for (int e = threadIdx.x; e < kM * 16; e += blockDim.x)
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const uint32_t* __restrict__
     __syncthreads();
     fence_operands(acc);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_m64n8k16(acc, desc_a, desc_b);
+    wgmma_m64n8k16(acc, desc_a, desc_b, start == Start::ScaleD0 && k0 == 0 ? 0 : 1);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     fence_operands(acc);
@@ -244,11 +251,14 @@ Results run_blocks(const BlockSet& set, Descriptor desc) {
   BP_CUDA(cudaGetLastError());
   BP_CUDA(cudaDeviceSynchronize());
   r.mma = d.to_host(set.cases());
-  BP_CUDA(cudaMemset(d.p, 0xff, set.cases() * sizeof(uint32_t)));
-  wgmma_kernel<<<set.blocks(), 128>>>(c.p, a.p, b.p, set.k, d.p, desc);
-  BP_CUDA(cudaGetLastError());
-  BP_CUDA(cudaDeviceSynchronize());
-  r.wgmma = d.to_host(set.cases());
+  for (auto [start, out] : {std::pair{Start::FromC, &r.wgmma}, std::pair{Start::FromZero, &r.wgmma_from_zero},
+                            std::pair{Start::ScaleD0, &r.wgmma_scale_d0}}) {
+    BP_CUDA(cudaMemset(d.p, 0xff, set.cases() * sizeof(uint32_t)));
+    wgmma_kernel<<<set.blocks(), 128>>>(c.p, a.p, b.p, set.k, d.p, desc, start);
+    BP_CUDA(cudaGetLastError());
+    BP_CUDA(cudaDeviceSynchronize());
+    *out = d.to_host(set.cases());
+  }
   return r;
 }
 
@@ -366,6 +376,8 @@ uint64_t compare_set(const BlockSet& set, const Results& hw, const std::vector<u
     }
     bad += any;
     rep.instructions_disagree += canonical(hw.mma[idx]) != canonical(hw.wgmma[idx]);
+    ++rep.scale_d0_outputs;
+    rep.scale_d0_disagree += canonical(hw.wgmma_from_zero[idx]) != canonical(hw.wgmma_scale_d0[idx]);
   }
   for (auto& [key, row] : rows) rep.counts.push_back(row);
   return bad;
@@ -512,10 +524,13 @@ void capture_dots(const Options& opt, Report& rep) {
   rep.probes = run_probes(probe_list, probes, hw_probes, m_probes);
   answer_questions(rep);
   std::printf("dot products: %zu single-group, %zu chained (K=64), %zu chained (K=128), %zu probe outputs; "
-              "mismatching outputs %llu; mma.sync vs wgmma disagree %llu (%.1f s)\n",
+              "mismatching outputs %llu; mma.sync vs wgmma disagree %llu; wgmma from +0 vs scale-d = 0 disagree "
+              "%llu of %llu (%.1f s)\n",
               singles.cases(), chain64.cases(), chain128.cases(), probes.cases(),
               static_cast<unsigned long long>(rep.dot_mismatches),
-              static_cast<unsigned long long>(rep.instructions_disagree), seconds_since(t0));
+              static_cast<unsigned long long>(rep.instructions_disagree),
+              static_cast<unsigned long long>(rep.scale_d0_disagree),
+              static_cast<unsigned long long>(rep.scale_d0_outputs), seconds_since(t0));
   print_report(rep);
   write_cases_csv(opt.out + "/sm90_cases.csv", singles, hw_singles, m_singles, probes, hw_probes, probe_list,
                   opt.quick ? 16 : 256);

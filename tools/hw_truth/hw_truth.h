@@ -59,8 +59,11 @@ BlockSet probe_blocks(const std::vector<Probe>& probes);
 std::vector<uint32_t> model_outputs(const BlockSet& set);
 
 // Device results for a block set, one vector per instruction.
+// wgmma twice more: from a +0 accumulator (scale-d = 1, what the GEMM kernels
+// do after clearing) and with scale-d = 0 on the first k16 group (C ignored): the
+// kernels may start a chunk either way only if the two agree bit for bit.
 struct Results {
-  std::vector<uint32_t> mma, wgmma;
+  std::vector<uint32_t> mma, wgmma, wgmma_from_zero, wgmma_scale_d0;
 };
 
 // --- bp::math, host build ---------------------------------------------------
@@ -109,6 +112,7 @@ struct Report {
   std::vector<MathRow> math;
   uint64_t dot_mismatches = 0, math_mismatches = 0;
   uint64_t instructions_disagree = 0;  // outputs where mma.sync and wgmma differ
+  uint64_t scale_d0_outputs = 0, scale_d0_disagree = 0;  // wgmma_from_zero vs wgmma_scale_d0 (Results)
   std::vector<std::string> notes;
 };
 
