@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""The peer of bench_model: Hugging Face transformers' own model (Qwen3MoeForCausalLM,
+Qwen3ForCausalLM) on the same config, weights and tokens, bf16, SDPA attention and
+transformers' grouped-GEMM experts, on the device's GPU.
+
+The config is a fixture's (fixtures/models/<name>/config.json) cut to --layers; the
+weights are fixtures/hf/generate.py's seeded uniform ones; the tokens are
+bench_model's (counter_hash(1000, j) mod vocab). Phases, each the median of --reps
+CUDA-event timed runs after --warmup: "forward" (the logprobs of the next tokens:
+logits, float32 log-softmax, gather) and "forward+backward" (the gradient of
+sum_t c_t * logprob_t for every parameter, c_t = counter_uniform(11, t), as
+bench_model's loss; gradients left on the device). Peak device memory per phase:
+torch.cuda.max_memory_allocated, reset before it (weights included).
+With --save DIR the model is written there first (save_pretrained), so that
+`bench_model --model DIR` times the very same weights.
+CSV on stdout: phase,layers,tokens,seconds,peak_device_bytes,implementation
+Exit 125 when torch, transformers or a CUDA GPU is missing (the CTest / bisect skip code).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "fixtures")
+TOKEN_SEED, COEF_SEED, WEIGHT_SEED = 1000, 11, 20261122
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-30b-a3b", help="a fixture under fixtures/models")
+    ap.add_argument("--layers", type=int, default=4, help="0: the config's own")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--save", help="write the model here (config.json + safetensors) for bench_model --model")
+    a = ap.parse_args()
+    if a.layers < 0 or a.tokens < 2 or a.warmup < 0 or a.reps < 1:
+        ap.error("need --layers >= 0, --tokens >= 2, --warmup >= 0, --reps >= 1")
+    if not os.path.isfile(os.path.join(FIXTURES, "models", a.model, "config.json")):
+        ap.error(f"no fixture named {a.model!r} under fixtures/models")
+    return a
+
+
+def build(torch, transformers, a):
+    """The model on the GPU and how transformers runs its attention and experts."""
+    cfg = transformers.AutoConfig.from_pretrained(os.path.join(FIXTURES, "models", a.model))
+    if a.layers:
+        cfg.num_hidden_layers = a.layers
+    kw = dict(dtype=torch.bfloat16, attn_implementation="sdpa")
+    moe = getattr(cfg, "num_experts", 0) > 0
+    if moe:  # a dense model refuses the switch
+        kw["experts_implementation"] = "grouped_mm"
+    model = transformers.AutoModelForCausalLM.from_config(cfg, **kw)
+    impl = f"attn={model.config._attn_implementation}"
+    if moe:
+        impl += f" experts={model.config._experts_implementation}"
+    return model, cfg, impl
+
+
+def median_seconds(torch, call, warmup, reps):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e-3)
+    return statistics.median(times)
+
+
+def main():
+    a = parse_args()
+    torch = import_torch_with_cuda("hf_model_peer")
+    if torch is None:
+        return EXIT_CANNOT_TEST
+    try:
+        import transformers
+        sys.path.insert(0, os.path.join(FIXTURES, "hf"))
+        from generate import counter_hash, counter_uniform, init_weights
+    except ImportError as e:
+        print(f"hf_model_peer: {e}: skipped", file=sys.stderr)
+        return EXIT_CANNOT_TEST
+
+    model, cfg, impl = build(torch, transformers, a)
+    init_weights(model, WEIGHT_SEED)
+    if a.save:
+        model.save_pretrained(a.save)
+    model = model.to("cuda")
+    ids = torch.tensor([[counter_hash(TOKEN_SEED, j) % cfg.vocab_size for j in range(a.tokens)]], device="cuda")
+    coef = torch.tensor([counter_uniform(COEF_SEED, t) for t in range(a.tokens - 1)], device="cuda")
+
+    def logprobs():
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
+        return torch.log_softmax(logits.float(), dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+
+    def forward():
+        with torch.no_grad():
+            logprobs()
+
+    def forward_backward():
+        model.zero_grad(set_to_none=True)
+        (coef * logprobs()).sum().backward()
+
+    print("phase,layers,tokens,seconds,peak_device_bytes,implementation")
+    for phase, call in (("forward", forward), ("forward+backward", forward_backward)):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        seconds = median_seconds(torch, call, a.warmup, a.reps)
+        print(f"{phase},{cfg.num_hidden_layers},{a.tokens},{seconds:.4f},{torch.cuda.max_memory_allocated()},{impl}",
+              flush=True)
+    print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
+                      "gpu": torch.cuda.get_device_name(0), "implementation": impl}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
