@@ -129,7 +129,8 @@ struct ChunkTree {
 
   // Outputs i .. i + kStep − 1 of `level` in the scratch; nullptr past the rows or
   // the first column, and `whole` when all kStep columns are inside (n even keeps a
-  // pair inside a row and 8-byte aligned).
+  // pair inside a row and 8-byte aligned: each problem's scratch starts at a
+  // multiple of its m·n, and a grouped launch's problems share n).
   __device__ float* spilled(const Dot& d, int level, int i, bool& whole) const {
     const int r = row0 + d.row(i), c = col0 + d.col(i);
     whole = kStep == 2 && n % 2 == 0;
