@@ -33,6 +33,7 @@ using bp::layouts::CpSplit;
 using bp::layouts::Layout;
 using bp::layouts::Reduction;
 using bp::ref::Path;
+using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -95,14 +96,7 @@ void expect_backward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, con
                            const std::vector<Layout>& layouts, const bp::ref::LossCoefficients& coefs = kCoefs) {
   const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, coefs);
   for (const Layout& l : layouts) {
-    const auto got = bp::layouts::backward(cfg, w, kn, l, seqs, coefs);
-    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
-    EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
-    ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
-    for (const auto& [name, g] : want.grads) {
-      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
-      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
-    }
+    expect_same_backward(bp::layouts::backward(cfg, w, kn, l, seqs, coefs), want, l.name());
   }
 }
 

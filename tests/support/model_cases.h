@@ -48,6 +48,19 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A backward's every output bit for bit: the logprobs, the loss coefficients it used
+// and each named gradient (failures name `label` and the gradient).
+template <class Got, class Want>
+void expect_same_backward(const Got& got, const Want& want, const std::string& label) {
+  EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << label;
+  EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << label;
+  ASSERT_EQ(got.grads.size(), want.grads.size()) << label;
+  for (const auto& [name, g] : want.grads) {
+    ASSERT_TRUE(got.grads.count(name)) << label << " lacks " << name;
+    EXPECT_TRUE(same_bits(got.grads.at(name), g)) << label << " " << name;
+  }
+}
+
 // The model-level suites' parameter: a tiny fixture under a contract.
 struct FixtureCase {
   std::string fixture, contract;

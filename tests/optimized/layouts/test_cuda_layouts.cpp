@@ -23,6 +23,7 @@ namespace {
 
 using bp::layouts::Layout;
 using bp::ref::Path;
+using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -93,14 +94,7 @@ TEST_P(CudaLayoutsTest, CapturesEqualReference) {
 TEST_P(CudaLayoutsTest, BackwardEqualsReference) {
   const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefs);
   for (const Layout& l : layouts()) {
-    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefs);
-    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name();
-    EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef))) << l.name();
-    ASSERT_EQ(got.grads.size(), want.grads.size()) << l.name();
-    for (const auto& [name, g] : want.grads) {
-      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
-      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
-    }
+    expect_same_backward(bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefs), want, l.name());
   }
 }
 
@@ -152,13 +146,7 @@ TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
       EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
       EXPECT_TRUE(same_captures(got, want)) << l.name() << " " << name;
     }
-    const auto got = bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs, kCoefs);
-    EXPECT_TRUE(same_bits(flat(got.logprob), flat(want_bwd.logprob))) << l.name();
-    ASSERT_EQ(got.grads.size(), want_bwd.grads.size()) << l.name();
-    for (const auto& [name, g] : want_bwd.grads) {
-      ASSERT_TRUE(got.grads.count(name)) << l.name() << " lacks " << name;
-      EXPECT_TRUE(same_bits(got.grads.at(name), g)) << l.name() << " " << name;
-    }
+    expect_same_backward(bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs, kCoefs), want_bwd, l.name());
   }
 }
 

@@ -12,6 +12,7 @@
 namespace {
 
 using bp::ref::Path;
+using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
 using bp::test::Seqs;
@@ -42,15 +43,8 @@ void expect_every_path_equals_reference_extend(const bp::ModelConfig& cfg, const
 
 void expect_backward_equals_reference(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn,
                                       const Seqs& seqs) {
-  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs);
-  const auto got = bp::cuda::Model(cfg, w, kn).backward(seqs, kCoefs);
-  EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob)));
-  EXPECT_TRUE(same_bits(flat(got.coef), flat(want.coef)));
-  ASSERT_EQ(got.grads.size(), want.grads.size());
-  for (const auto& [name, g] : want.grads) {
-    ASSERT_TRUE(got.grads.count(name)) << "lacks " << name;
-    EXPECT_TRUE(same_bits(got.grads.at(name), g)) << name;
-  }
+  expect_same_backward(bp::cuda::Model(cfg, w, kn).backward(seqs, kCoefs),
+                       bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs), "cuda model");
 }
 
 bp::ref::ForwardOptions entropy_and_captures() {
