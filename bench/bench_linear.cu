@@ -12,10 +12,9 @@
 // bytes_floor_us: x, w and y moved once at the copy bandwidth measured in the same
 // run (the weight-read floor of decode sizes); ours_of_bytes_floor = floor / ours.
 // ours_peak_bytes: the peak of DeviceBuffer's pool over our calls (bench::measure):
-// x, y and the weight's copies, (M·K + copies·N·K + M·N)·2 bytes allocated before and
-// live throughout, plus
-// whatever linear_fwd allocates from the pool per call (its scratch), each rounded up
-// to the pool's granularity. cuBLAS's calls come after, outside it (its workspace is
+// x, y and the weight's copies, (M·K + copies·N·K + M·N)·2 bytes allocated before
+// and live throughout, plus whatever linear_fwd allocates from the pool per call (its
+// scratch), each rounded up to the pool's granularity. cuBLAS's calls come after, outside it (its workspace is
 // not from the pool anyway).
 // --only MODEL/PROJ/M (a substring of it): those rows alone, e.g. for a profiler.
 // Exit 125 without a Hopper GPU.
@@ -59,7 +58,7 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
   bench::fill(x, 1);
   size_t next = 0;
   const auto weight = [&] { return w[next++ % w.size()].get(); };
-  const auto [ours, ours_graphed] = bench::measure_graph(opt, stream, [&](cudaStream_t st) {
+  const bench::Measured ours = bench::measure_graph(opt, stream, [&](cudaStream_t st) {
     cuda::linear_fwd(kn, x.get(), weight(), y.get(), M, s.K, s.N, chunks, st);
   });
   const bench::GraphTime peer = bench::median_graph_us(opt, stream, [&](cudaStream_t) {
@@ -72,7 +71,7 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
   const auto timing = [](bool graphed) { return graphed ? "graph" : "launches"; };
   std::printf("%s,%s,%d,%d,%d,%d,%.2f,%.2f,%.1f,%.1f,%.3f,%llu,%.2f,%.3f,%s,%s\n", s.model, s.proj, M, s.K, s.N, chunks,
               ours.us, peer.us, flop / ours.us * 1e-6, flop / peer.us * 1e-6, peer.us / ours.us,
-              static_cast<unsigned long long>(ours.peak_bytes), floor_us, floor_us / ours.us, timing(ours_graphed),
+              static_cast<unsigned long long>(ours.peak_bytes), floor_us, floor_us / ours.us, timing(ours.graphed),
               timing(peer.graphed));
   std::fflush(stdout);
 }

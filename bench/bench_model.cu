@@ -13,12 +13,12 @@
 // last kernel of the backward has finished, every gradient still in device memory;
 // then "gradient_download" copies them into host vectors, as Model::backward
 // returns them. The peaks include the resident weights.
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.cuh"
@@ -77,23 +77,14 @@ void row(const char* phase, const bp::ModelConfig& cfg, const ModelOptions& o, d
 template <class F>
 double median_seconds(const ModelOptions& o, F&& phase) {
   phase();
-  cudaEvent_t start, stop;
-  BP_CUDA_CHECK(cudaEventCreate(&start));
-  BP_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> seconds;
+  bp::bench::EventTimer timer;
+  std::vector<double> us;
   for (int r = 0; r < o.reps; ++r) {
-    BP_CUDA_CHECK(cudaEventRecord(start));
+    timer.start();
     phase();
-    BP_CUDA_CHECK(cudaEventRecord(stop));
-    BP_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    seconds.push_back(ms * 1e-3);
+    us.push_back(timer.stop_us());
   }
-  BP_CUDA_CHECK(cudaEventDestroy(start));
-  BP_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  return bp::bench::median_of(std::move(us)) * 1e-6;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // What every benchmark binary shares: random device inputs, event-timed medians
-// (with the peak device memory meanwhile), the copy-bandwidth ceiling, the Hopper check (exit 125 without one)
-// and the --warmup/--reps/--only options.
+// (with the peak device memory meanwhile), the copy-bandwidth ceiling, the Hopper
+// check (exit 125 without one) and the --warmup/--reps/--only options.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -77,42 +77,67 @@ inline cudaDeviceProp require_hopper(const char* name, const Options& opt) {
   return prop;
 }
 
+// Two CUDA events timing the work queued on one stream between start() and stop_us().
+class EventTimer {
+ public:
+  explicit EventTimer(cudaStream_t stream = nullptr) : stream_(stream) {
+    BP_CUDA_CHECK(cudaEventCreate(&start_));
+    BP_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventTimer() {  // no throw from a destructor
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start() { BP_CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+  double stop_us() {
+    BP_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    BP_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return 1000.0 * ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_, stop_;
+};
+
+inline double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Launches per timed sample, from one launch's time: about 100 µs of them, at most 50.
+inline int batch_for(double single_us) { return std::clamp(static_cast<int>(100.0 / std::max(single_us, 1e-3)), 1, 50); }
+
 // Median time of one `launch` in microseconds. Each sample times a batch of
-// back-to-back launches (about 100 µs of them, at most 50) and divides: a decode-
-// sized kernel runs in a few µs, less than the host takes to launch it, and in a
-// model the next kernel is already queued (METHOD.md: many small launches). The
-// batch size comes from one timed launch after the warmup.
+// back-to-back launches (batch_for) and divides: a decode-sized kernel runs in a
+// few µs, less than the host takes to launch it, and in a model the next kernel is
+// already queued (METHOD.md: many small launches).
 template <class F>
 double median_us(const Options& opt, F&& launch) {
   for (int i = 0; i < opt.warmup; ++i) launch();
-  cudaEvent_t start, stop;
-  BP_CUDA_CHECK(cudaEventCreate(&start));
-  BP_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_batch = [&](int batch) {
-    BP_CUDA_CHECK(cudaEventRecord(start));
-    for (int b = 0; b < batch; ++b) launch();
-    BP_CUDA_CHECK(cudaEventRecord(stop));
-    BP_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return 1000.0 * ms / batch;
-  };
-  const double single = time_batch(1);
-  const int batch = std::clamp(static_cast<int>(100.0 / std::max(single, 1e-3)), 1, 50);
+  EventTimer timer;
+  timer.start();
+  launch();
+  const int batch = batch_for(timer.stop_us());
   std::vector<double> us;
-  for (int i = 0; i < opt.reps; ++i) us.push_back(time_batch(batch));
-  BP_CUDA_CHECK(cudaEventDestroy(start));
-  BP_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  for (int i = 0; i < opt.reps; ++i) {
+    timer.start();
+    for (int b = 0; b < batch; ++b) launch();
+    us.push_back(timer.stop_us() / batch);
+  }
+  return median_of(std::move(us));
 }
 
-// Median time of one `launch(stream)` replayed from a CUDA graph: `batch` launches
-// (as median_us picks it) captured once, the graph replayed --reps times. Host
-// launch overhead stays out, as in an engine that replays its decode step from a
-// graph; back-to-back launches (median_us) would time the host for kernels of a
-// few µs. `graphed` says whether the capture worked; where it did not (a call that
-// cannot be captured), the time is median_us's.
+// Median time of one `launch(stream)` replayed from a CUDA graph: batch_for's
+// launches captured once, the graph replayed --reps times. Host launch overhead
+// stays out, as in an engine that replays its decode step from a graph; back-to-
+// back launches (median_us) would time the host for kernels of a few µs. `graphed`
+// says whether the capture worked; where it did not (a call that cannot be
+// captured), the time is median_us's.
 struct GraphTime {
   double us;
   bool graphed;
@@ -120,20 +145,10 @@ struct GraphTime {
 template <class F>
 GraphTime median_graph_us(const Options& opt, cudaStream_t stream, F&& launch) {
   for (int i = 0; i < opt.warmup; ++i) launch(stream);
-  BP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  BP_CUDA_CHECK(cudaEventCreate(&start));
-  BP_CUDA_CHECK(cudaEventCreate(&stop));
-  auto elapsed_us = [&] {
-    BP_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return 1000.0 * ms;
-  };
-  BP_CUDA_CHECK(cudaEventRecord(start, stream));
+  EventTimer timer(stream);
+  timer.start();
   launch(stream);
-  BP_CUDA_CHECK(cudaEventRecord(stop, stream));
-  const int batch = std::clamp(static_cast<int>(100.0 / std::max(elapsed_us(), 1e-3)), 1, 50);
+  const int batch = batch_for(timer.stop_us());
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   BP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
@@ -144,20 +159,16 @@ GraphTime median_graph_us(const Options& opt, cudaStream_t stream, F&& launch) {
   if (captured) {
     BP_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // the first replay uploads the graph
     for (int i = 0; i < opt.reps; ++i) {
-      BP_CUDA_CHECK(cudaEventRecord(start, stream));
+      timer.start();
       BP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      BP_CUDA_CHECK(cudaEventRecord(stop, stream));
-      us.push_back(elapsed_us() / batch);
+      us.push_back(timer.stop_us() / batch);
     }
   }
   if (exec) BP_CUDA_CHECK(cudaGraphExecDestroy(exec));
   if (graph) BP_CUDA_CHECK(cudaGraphDestroy(graph));
   (void)cudaGetLastError();  // a failed capture's error is answered by the fallback
-  BP_CUDA_CHECK(cudaEventDestroy(start));
-  BP_CUDA_CHECK(cudaEventDestroy(stop));
   if (!captured) return {median_us(opt, [&] { launch(stream); }), false};
-  std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], true};
+  return {median_of(std::move(us)), true};
 }
 
 // Device-to-device copy bandwidth of a 1 GiB buffer (read + write counted): the
@@ -171,8 +182,9 @@ inline double copy_gbps(const Options& opt) {
 }
 
 struct Measured {
-  double us;            // median_us
-  uint64_t peak_bytes;  // the pool's high watermark over the warmup and timed calls
+  double us;             // median_us (median_graph_us for measure_graph)
+  uint64_t peak_bytes;   // the pool's high watermark over the warmup and timed calls
+  bool graphed = false;  // timed from a graph's replays (measure_graph, where the capture worked)
 };
 
 // median_us, and the peak of the pool DeviceBuffer allocates from (pool_peak_bytes)
@@ -192,12 +204,12 @@ Measured measure(const Options& opt, F&& launch) {
 
 // measure with median_graph_us's time.
 template <class F>
-std::pair<Measured, bool> measure_graph(const Options& opt, cudaStream_t stream, F&& launch) {
+Measured measure_graph(const Options& opt, cudaStream_t stream, F&& launch) {
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::reset_pool_peak();
   const GraphTime t = median_graph_us(opt, stream, launch);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
-  return {{t.us, cuda::pool_peak_bytes()}, t.graphed};
+  return {t.us, cuda::pool_peak_bytes(), t.graphed};
 }
 
 // Runs body() and maps exceptions to exit 3 with the binary's name.

@@ -19,10 +19,9 @@ Exit 125 when torch, transformers or a CUDA GPU is missing (the CTest / bisect s
 import argparse
 import json
 import os
-import statistics
 import sys
 
-from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda
+from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda, median_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")
@@ -59,20 +58,6 @@ def build(torch, transformers, a):
     if moe:
         impl += f" experts={model.config._experts_implementation}"
     return model, cfg, impl
-
-
-def median_seconds(torch, call, warmup, reps):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    return statistics.median(times)
 
 
 def main():
@@ -113,7 +98,7 @@ def main():
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        seconds = median_seconds(torch, call, a.warmup, a.reps)
+        seconds = median_us(torch, call, a.warmup, a.reps) * 1e-6
         print(f"{phase},{cfg.num_hidden_layers},{a.tokens},{seconds:.4f},{torch.cuda.max_memory_allocated()},{impl}",
               flush=True)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,

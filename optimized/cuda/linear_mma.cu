@@ -1,10 +1,10 @@
 // The mma.sync / SIMT engine of linear (linear_gemm.cuh says what every GEMM
 // computes): one CTA per output tile over the whole reduction, where
 //   - tiles of kBK reduction elements (32; 256 for the narrow decode tile) stream
-//     through a cp.async pipeline into padded shared memory; a tile never straddles two chunks, and the part
-//     of a tile past its chunk's end is zero-filled on both operands. Operand
-//     rows past the problem's edge are never copied: their stale shared memory
-//     reaches only outputs that are not stored;
+//     through a cp.async pipeline into padded shared memory; a tile never
+//     straddles two chunks, and the part of a tile past its chunk's end is
+//     zero-filled on both operands. Operand rows past the problem's edge are never
+//     copied: their stale shared memory reaches only outputs that are not stored;
 //   - sm90-tc: per warp, mma.sync.m16n8k16 on ldmatrix fragments, one mma per
 //     16-element group in increasing order. A group is one G step of the model;
 //     zero products (the padding) take no part, and a step with no non-zero
