@@ -25,6 +25,7 @@
 
 #include "reference/common/rng.h"
 #include "reference/contract/contract.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/dot_tiles.h"
 #include "reference/ops/linear.h"
@@ -149,7 +150,12 @@ int main(int argc, char** argv) {
     for (const LinearShape& s : shapes) {
       const auto x = random_bf16(size_t(s.M) * s.K, 1, 1.0f), w = random_bf16(size_t(s.N) * s.K, 2, 0.05f);
       std::vector<float> acc(size_t(s.M) * s.N);
-      const double sec = best_seconds([&] { ref::linear_acc(kn, x.data(), w.data(), acc.data(), s.M, s.K, s.N, s.chunks); }, min_s);
+      const double sec = best_seconds(
+          [&] {
+            ref::linear_acc(kn, x.data(), w.data(), acc.data(), s.M, s.K, s.N, s.chunks,
+                            fixed_chunk_len(s.K, s.chunks));
+          },
+          min_s);
       row("linear fwd", model, std::string(s.name) + " " + std::to_string(s.M) + "x" + std::to_string(s.K) + "x" +
                                    std::to_string(s.N), 2.0 * s.M * s.K * s.N, sec);
     }
@@ -159,8 +165,10 @@ int main(int argc, char** argv) {
                  dy = random_bf16(size_t(T) * N, 5, 1.0f);
       std::vector<float> dx(size_t(T) * K), dw(size_t(N) * K);
       const std::string shape = "gate/up " + std::to_string(T) + "x1024x3072";
-      row("linear dX", model, shape + " C=8",
-          2.0 * T * K * N, best_seconds([&] { ref::linear_dgrad_acc(kn, dy.data(), w.data(), dx.data(), T, K, N, 8); }, min_s));
+      row("linear dX", model, shape + " C=8", 2.0 * T * K * N,
+          best_seconds(
+              [&] { ref::linear_dgrad_acc(kn, dy.data(), w.data(), dx.data(), T, K, N, 8, fixed_chunk_len(N, 8)); },
+              min_s));
       row("linear dW", model, shape,
           2.0 * T * K * N, best_seconds([&] { ref::linear_wgrad(kn, dy.data(), x.data(), dw.data(), T, K, N); }, min_s));
     }

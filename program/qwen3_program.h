@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "program/model_check.h"
-#include "program/results.h"
 #include "program/path.h"
+#include "program/results.h"
 #include "program/run_control.h"
 #include "reference/model/loss.h"
 #include "reference/model/model_graph.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/rope.h"
@@ -573,9 +574,9 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     const bf16* wq = w(lname(li, Param::QProj));
     const bf16* wk = w(lname(li, Param::KProj));
     const bf16* wvv = w(lname(li, Param::VProj));
-    be_.linear_dgrad_acc(kn_, dqp.data(), wq, tmpq.data(), T, H, QD, C);
-    be_.linear_dgrad_acc(kn_, dkp.data(), wk, tmpk.data(), T, H, KD, C);
-    be_.linear_dgrad_acc(kn_, dv.data(), wvv, accv.data(), T, H, KD, C);
+    be_.linear_dgrad_acc(kn_, dqp.data(), wq, tmpq.data(), T, H, QD, C, fixed_chunk_len(QD, C));
+    be_.linear_dgrad_acc(kn_, dkp.data(), wk, tmpk.data(), T, H, KD, C, fixed_chunk_len(KD, C));
+    be_.linear_dgrad_acc(kn_, dv.data(), wvv, accv.data(), T, H, KD, C, fixed_chunk_len(KD, C));
     const float* qkv_parts[3] = {tmpq.data(), tmpk.data(), accv.data()};
     be_.sum_round(qkv_parts, 3, da.data(), accv.size());
     be_.linear_wgrad(kn_, dqp.data(), s.a1.data(), grad(lname(li, Param::QProj)), T, H, QD);

@@ -70,37 +70,29 @@ Operand row_major(const bf16* p, int ld, int rows) {
   return Operand{p, ld, rows, aligned16(p) && ld % 8 == 0 && rows % 8 == 0};
 }
 
-// Any size has `chunks` fixed chunks of ⌈k/chunks⌉ (SPEC.md §2.4.1): the kernels'
-// stage_valid already ends the last chunks early or leaves them empty (+0).
-void check_chunks(int chunks, const char* what) {
-  if (chunks < 1)
-    throw std::invalid_argument(std::string("linear: ") + what + " needs at least one chunk, got " +
-                                std::to_string(chunks));
-}
-
 void check_sizes(int T, int K, int N) {
   if (T < 0 || K < 0 || N < 0)
     throw std::invalid_argument("linear: negative size T=" + std::to_string(T) + " K=" + std::to_string(K) +
                                 " N=" + std::to_string(N));
 }
 
-// out[t][n] over K (forward): x [T][K] and w [N][K], both reduction-contiguous.
-Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
-                        int k_chunks) {
+// out[t][n] over K (forward): x [T][K] and w [N][K], both reduction-contiguous;
+// k_chunks chunks of `chunk` (SPEC.md §2.4.1: the kernels' stage_valid ends the
+// last ones early or leaves them empty, +0).
+Problem forward_problem(const bf16* x, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N, int k_chunks,
+                        int chunk) {
   check_sizes(T, K, N);
-  check_chunks(k_chunks, "K");
-  const int chunk = fixed_chunk_len(K, k_chunks);
+  check_chunks(K, k_chunks, chunk, "linear", "K");
   return Problem{red_major(x, K, T, K, chunk), red_major(w, K, N, K, chunk), T, N, K, chunk,
                  K == 0 ? 0 : k_chunks, out_f32, out_bf16, nullptr};
 }
 
 // out[t][k] over N (input gradient): dy [T][N] reduction-contiguous, w [N][K] read
 // as w[n][k] with the output index k contiguous.
-Problem dgrad_problem(const bf16* dy, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N,
-                      int n_chunks) {
+Problem dgrad_problem(const bf16* dy, const bf16* w, float* out_f32, bf16* out_bf16, int T, int K, int N, int n_chunks,
+                      int chunk) {
   check_sizes(T, K, N);
-  check_chunks(n_chunks, "N");
-  const int chunk = fixed_chunk_len(N, n_chunks);
+  check_chunks(N, n_chunks, chunk, "linear", "N");
   return Problem{red_major(dy, N, T, N, chunk), row_major(w, K, K), T, K, N, chunk,
                  N == 0 ? 0 : n_chunks, out_f32, out_bf16, nullptr};
 }
@@ -131,34 +123,44 @@ std::vector<Problem> group_problems(const char* fn, const LinearGroup* groups, i
 }  // namespace
 
 void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
-                cudaStream_t stream) {
-  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, acc, nullptr, T, K, N, k_chunks), stream);
+                int chunk_len, cudaStream_t stream) {
+  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, acc, nullptr, T, K, N, k_chunks, chunk_len), stream);
 }
 
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
                 cudaStream_t stream) {
-  run_gemm<Major::Red, Major::Red>(kn.dot, forward_problem(x, w, nullptr, y, T, K, N, k_chunks), stream);
+  run_gemm<Major::Red, Major::Red>(
+      kn.dot, forward_problem(x, w, nullptr, y, T, K, N, k_chunks, whole_chunk_len(K, k_chunks, "linear", "K")),
+      stream);
 }
 
 void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int k_chunks,
                         cudaStream_t stream) {
-  const auto problem = [&](const LinearGroup& g) { return forward_problem(g.x, g.w, g.acc, g.y, g.T, K, N, k_chunks); };
+  const int chunk = whole_chunk_len(K, k_chunks, "linear", "K");
+  const auto problem = [&](const LinearGroup& g) {
+    return forward_problem(g.x, g.w, g.acc, g.y, g.T, K, N, k_chunks, chunk);
+  };
   run_grouped<Major::Red, Major::Red>(kn.dot, group_problems("linear_fwd_grouped", groups, count, problem), stream);
 }
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
                   cudaStream_t stream) {
-  run_gemm<Major::Red, Major::Row>(kn.dot, dgrad_problem(dy, w, nullptr, dx, T, K, N, n_chunks), stream);
+  run_gemm<Major::Red, Major::Row>(
+      kn.dot, dgrad_problem(dy, w, nullptr, dx, T, K, N, n_chunks, whole_chunk_len(N, n_chunks, "linear", "N")),
+      stream);
 }
 
 void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
-                      cudaStream_t stream) {
-  run_gemm<Major::Red, Major::Row>(kn.dot, dgrad_problem(dy, w, acc, nullptr, T, K, N, n_chunks), stream);
+                      int chunk_len, cudaStream_t stream) {
+  run_gemm<Major::Red, Major::Row>(kn.dot, dgrad_problem(dy, w, acc, nullptr, T, K, N, n_chunks, chunk_len), stream);
 }
 
 void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int n_chunks,
                           cudaStream_t stream) {
-  const auto problem = [&](const LinearGroup& g) { return dgrad_problem(g.x, g.w, g.acc, g.y, g.T, K, N, n_chunks); };
+  const int chunk = whole_chunk_len(N, n_chunks, "linear", "N");
+  const auto problem = [&](const LinearGroup& g) {
+    return dgrad_problem(g.x, g.w, g.acc, g.y, g.T, K, N, n_chunks, chunk);
+  };
   run_grouped<Major::Red, Major::Row>(kn.dot, group_problems("linear_dgrad_grouped", groups, count, problem), stream);
 }
 

@@ -12,9 +12,10 @@
 
 namespace bp::cuda {
 
-// acc[t][n] = dot over K of x[t][:] · w[n][:], cut into k_chunks (1 = one chain).
+// acc[t][n] = dot over K of x[t][:] · w[n][:], cut into k_chunks chunks of chunk_len
+// (1 = one chain; k_chunks·chunk_len >= K, chunks past K empty).
 void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
-                cudaStream_t stream = 0);
+                int chunk_len, cudaStream_t stream = 0);
 
 // y = R(acc).
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks,
@@ -39,9 +40,9 @@ void linear_fwd_grouped(const Knobs& kn, const LinearGroup* groups, int count, i
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks,
                   cudaStream_t stream = 0);
 
-// The same dot before rounding, fp32.
+// The same dot before rounding, fp32; N in n_chunks chunks of chunk_len.
 void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
-                      cudaStream_t stream = 0);
+                      int chunk_len, cudaStream_t stream = 0);
 
 // Every group's linear_dgrad / linear_dgrad_acc in one launch, with LinearGroup's
 // x read as the group's dy [T][N] and w [N][K] its weight.

@@ -120,7 +120,7 @@ void router_bwd(const Knobs& kn, const bf16* a, const bf16* wr, const bf16* logi
                                                                dlogits, w.get());
     BP_CUDA_CHECK_LAUNCH();
   }
-  linear_dgrad_acc(kn, dlogits, wr, da_acc, T, H, E, 1, stream);
+  linear_dgrad_acc(kn, dlogits, wr, da_acc, T, H, E, 1, E, stream);
   linear_wgrad(kn, dlogits, a, dwr, T, H, E, stream);
 }
 

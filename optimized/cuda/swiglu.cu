@@ -7,6 +7,7 @@
 #include "optimized/cuda/linear.h"
 #include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/swiglu.h"
 
 namespace bp::cuda {
@@ -60,8 +61,9 @@ void mlp_fwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, con
 void mlp_input_grad_acc(const Knobs& kn, const bf16* dg, const bf16* du, const bf16* wg, const bf16* wu, float* acc,
                         int T, int H, int I, cudaStream_t stream) {
   DeviceBuffer<float> from_up(elems(T, H), stream);
-  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, kn.tp_tree_width, stream);
-  linear_dgrad_acc(kn, du, wu, from_up.get(), T, H, I, kn.tp_tree_width, stream);
+  const int C = kn.tp_tree_width, chunk = fixed_chunk_len(I, C);
+  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, C, chunk, stream);
+  linear_dgrad_acc(kn, du, wu, from_up.get(), T, H, I, C, chunk, stream);
   add_f32(acc, from_up.get(), elems(T, H), stream);
 }
 

@@ -2,6 +2,8 @@
 
 #include <regex>
 
+#include "program/layouts/sharding.h"
+
 namespace bp::layouts {
 
 std::string Layout::name() const {
@@ -48,19 +50,28 @@ std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn
     return "tp " + std::to_string(l.tp) + " neither divides num_key_value_heads " +
            std::to_string(cfg.num_key_value_heads) +
            " nor is a multiple of it (kv heads are sharded whole or replicated whole)";
-  // Any size has C fixed chunks of ⌈size/C⌉ (the last ones shorter or empty, SPEC.md
-  // §2.4.1), so the unsharded model runs every size. A tp shard holds C/tp whole
-  // chunks; for a size that is not a multiple of C they would be uneven (the last
-  // rank's short or empty), which the rank program does not lay out yet.
-  if (l.tp > 1)
-    for (auto [field, value] : {std::pair{"q dim (heads x head_dim)", cfg.q_dim()},
-                                std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()},
-                                std::pair{"intermediate_size", cfg.intermediate_size},
-                                std::pair{"vocab_size", cfg.vocab_size}})
+  // A tp shard holds C/tp of the C fixed chunks (SPEC.md §2.4.1, §7). TP splits heads
+  // evenly, so q and kv dims need whole chunks; intermediate and vocab take any size
+  // (the tail ranks' slices shorter) as long as every rank holds some.
+  if (l.tp > 1) {
+    for (auto [field, value] :
+         {std::pair{"q dim (heads x head_dim)", cfg.q_dim()}, std::pair{"kv dim (kv heads x head_dim)", cfg.kv_dim()}})
       if (value % C)
         return "tp " + std::to_string(l.tp) + " needs " + field + " " + std::to_string(value) +
                " to be a multiple of tp_tree_width " + std::to_string(C) +
-               " (tp shards hold whole chunks of equal size; odd sizes run at tp 1)";
+               " (heads are split evenly, so each rank's chunks must be whole; such models run at tp 1)";
+    bool dense_layers = false;
+    for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) dense_layers |= !cfg.is_moe_layer(i);
+    for (auto [field, value] : {std::pair{"intermediate_size", dense_layers ? cfg.intermediate_size : int64_t{0}},
+                                std::pair{"vocab_size", cfg.vocab_size}}) {
+      const int size = static_cast<int>(value), last = l.tp - 1;
+      if (size > 0 && Slice::of_chunks(size, C, l.tp, last).len == 0)
+        return "tp " + std::to_string(l.tp) + " would leave rank " + std::to_string(last) + " no element of " + field +
+               " " + std::to_string(size) + " (" + std::to_string(C) + " chunks of " +
+               std::to_string(fixed_chunk_len(size, C)) + "; rank " + std::to_string(last) + "'s start at element " +
+               std::to_string(int64_t{fixed_chunk_len(size, C)} * (C - C / l.tp)) + ")";
+    }
+  }
   if (l.ep > 1 && !cfg.is_moe_model()) return "ep " + std::to_string(l.ep) + " needs a MoE model (model_type qwen3_moe)";
   if (cfg.is_moe_model() && cfg.num_experts % l.ep) return not_dividing("ep", l.ep, "num_experts", cfg.num_experts);
   return "";

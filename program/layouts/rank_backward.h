@@ -11,25 +11,9 @@ namespace bp::layouts {
 // reports it — its TP slice, or (replicated over TP) rank t = 0 the whole; a kv
 // slice is reported by whoever computes it (its first replica, backward_layer).
 template <class B>
-void RankProgram<B>::emit(Run& run, const std::string& name, FBuf g, Block block) const {
-  if (comms_.plane.rank() != 0) return;
-  const int64_t t = at_.t;
-  switch (block.kind) {
-    case Block::Whole:
-      if (t == 0) run.result.grads.push_back({name, 0, block.rows, 0, block.cols, block.cols, be_.take(std::move(g))});
-      break;
-    case Block::RowSlice:
-      run.result.grads.push_back({name, t * block.rows, block.rows, 0, block.cols, block.cols, be_.take(std::move(g))});
-      break;
-    case Block::KvRowSlice:
-      run.result.grads.push_back(
-          {name, kv_slice() * block.rows, block.rows, 0, block.cols, block.cols, be_.take(std::move(g))});
-      break;
-    case Block::ColumnSlice:
-      run.result.grads.push_back(
-          {name, 0, block.rows, t * block.cols, block.cols, block.cols * layout_.tp, be_.take(std::move(g))});
-      break;
-  }
+void RankProgram<B>::emit(Run& run, const std::string& name, FBuf g, Block b) const {
+  if (comms_.plane.rank() != 0 || (b.whole && at_.t != 0)) return;
+  run.result.grads.push_back({name, b.row0, b.rows, b.col0, b.cols, b.width, be_.take(std::move(g))});
 }
 
 // dW [n][k] of y = x·Wᵀ over the plane's tokens (dy [T][n], x [T][k] local rows).
@@ -78,9 +62,9 @@ typename RankProgram<B>::Buf RankProgram<B>::norm_bwd(Run& run, const TokenSplit
     const Buf dys = gather_heads(dy.data(), T, int64_t{heads} * n, slices);
     const FBuf rs = gather_heads(rstd.data(), T, heads, slices);
     const int all_heads = heads * static_cast<int>(slices.size());
-    emit(run, name, split_norm_dw(split, name, xs, rs, dys, all_heads, n), {Block::Whole, 1, n});
+    emit(run, name, split_norm_dw(split, name, xs, rs, dys, all_heads, n), Block::entire(1, n));
   } else {
-    emit(run, name, split_norm_dw(split, name, x, rstd, dy, heads, n), {Block::Whole, 1, n});
+    emit(run, name, split_norm_dw(split, name, x, rstd, dy, heads, n), Block::entire(1, n));
   }
   return dx;
 }
@@ -102,7 +86,7 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const std::string wo = lname(li, Param::OProj);
   Buf dO = zeros(int64_t{T} * d.QDl);
   be_.linear_dgrad(kn_, dx.data(), w(wo), dO.data(), T, d.QDl, d.H, 1);
-  emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), {Block::ColumnSlice, d.H, d.QDl});
+  emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), Block::column_slice(d.H, at_.t * d.QDl, d.QDl, d.Hq * d.D));
 
   const std::vector<ref::AttnSeq> runs = tk.runs_at(sv.kv_begin);
   Buf dq = zeros(int64_t{T} * d.QDl), dk = zeros(int64_t{T} * d.KDl), dv = zeros(int64_t{T} * d.KDl),
@@ -121,16 +105,17 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   // a1 feeds q, k and v: three column-parallel input gradients, rounded once.
   const std::string wq = lname(li, Param::QProj), wk = lname(li, Param::KProj),
                     wv = lname(li, Param::VProj);
-  const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.QDl);
+  const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.Hq * d.D, d.QDl);
   const FBuf from_k = kv_dgrad(dkp, wk, T);
   const FBuf from_v = kv_dgrad(dv, wv, T);
   const float* parts[3] = {from_q.data(), from_k.data(), from_v.data()};
   Buf da1 = zeros(static_cast<int64_t>(from_q.size()));
   be_.sum_round(parts, 3, da1.data(), da1.size());
-  emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), {Block::RowSlice, d.QDl, d.H});
+  emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), Block::row_slice(at_.t * d.QDl, d.QDl, d.H));
   if (kv_leader()) {  // replicas hold the same dk, dv: one computes the weight gradients (a whole plane: same t)
-    emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), {Block::KvRowSlice, d.KDl, d.H});
-    emit(run, wv, split_wgrad(split, dv, d.KDl, s.a1, d.H), {Block::KvRowSlice, d.KDl, d.H});
+    const Block kv_rows = Block::row_slice(int64_t{kv_slice()} * d.KDl, d.KDl, d.H);
+    emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), kv_rows);
+    emit(run, wv, split_wgrad(split, dv, d.KDl, s.a1, d.H), kv_rows);
   }
   const Buf dbi = norm_bwd(run, split, lname(li, Param::InputNorm), s.x_in, s.rstd1, da1, 1, d.H, {});
   be_.residual_fwd(kn_, dx.data(), dbi.data(), dx.data(), dx.size());
@@ -166,12 +151,12 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   const auto coef_dev = be_.resident(coef);
   Buf lg = zeros(int64_t{R} * d.Vl), dl_rows = zeros(int64_t{R} * d.Vl), dl = zeros(int64_t{T} * d.Vl);
   be_.gather_rows(sv.logits.data(), sz(d.Vl), rows, lg.data());
-  be_.logprob_bwd_slice(kn_, lg.data(), d.Vl, R, at_.t * d.Vl, d.Vl, targets_dev.data(), coef_dev.data(),
-                        sv.row_max.data(), sv.row_sum.data(), temperature, dl_rows.data());
+  be_.logprob_bwd_slice(kn_, lg.data(), d.Vl, R, d.V0, d.Vl, targets_dev.data(), coef_dev.data(), sv.row_max.data(),
+                        sv.row_sum.data(), temperature, dl_rows.data());
   be_.scatter_rows(dl_rows.data(), sz(d.Vl), rows, dl.data());
 
   // lm_head: vocabulary-parallel (its input gradient reduces over V in C chunks).
-  const Buf dh = round_all(column_dgrad(dl.data(), lm_head_, T, d.H, d.Vl));
+  const Buf dh = round_all(column_dgrad(dl.data(), lm_head_, T, d.H, d.V, d.Vl));
   FBuf dlm = split_wgrad(split, dl, d.Vl, sv.hn, d.H);
   Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, {});
 
@@ -190,13 +175,13 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   });
   const int64_t slice = int64_t{d.Vl} * d.H;
   FBuf my_rows = fzeros(slice);
-  be_.copy(my_rows.data(), demb.data() + at_.t * slice, sz(slice));
+  be_.copy(my_rows.data(), demb.data() + int64_t{d.V0} * d.H, sz(slice));
   if (cfg_.tie_word_embeddings) {
     be_.add_f32(my_rows.data(), dlm.data(), my_rows.size());
   } else {
-    emit(run, graph::param_name(Param::LmHead), std::move(dlm), {Block::RowSlice, d.Vl, d.H});
+    emit(run, graph::param_name(Param::LmHead), std::move(dlm), Block::row_slice(d.V0, d.Vl, d.H));
   }
-  emit(run, graph::param_name(Param::Embed), std::move(my_rows), {Block::RowSlice, d.Vl, d.H});
+  emit(run, graph::param_name(Param::Embed), std::move(my_rows), Block::row_slice(d.V0, d.Vl, d.H));
   return std::move(run.result);
 }
 

@@ -16,11 +16,11 @@ typename RankProgram<B>::Buf RankProgram<B>::dense_mlp(Run& run, const Tokens& t
   Buf g = zeros(int64_t{T} * d.Il), u = zeros(int64_t{T} * d.Il), m = zeros(int64_t{T} * d.Il);
   be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
                      g.data(), u.data(), m.data(), T, d.H, d.Il);
-  const int64_t col0 = int64_t{at_.t} * d.Il;
+  const int64_t col0 = d.I0;
   capture(run, tk, cname(li, Op::MlpGate), g, d.Il, col0, d.I);
   capture(run, tk, cname(li, Op::MlpUp), u, d.Il, col0, d.I);
   capture(run, tk, cname(li, Op::MlpAct), m, d.Il, col0, d.I);
-  return row_parallel(m.data(), lname(li, Param::MlpDown), T, d.Il, d.H);
+  return row_parallel(m.data(), lname(li, Param::MlpDown), T, d.I, d.Il, d.H);
 }
 
 // The experts this rank holds (others null: it must never touch them).
@@ -79,14 +79,14 @@ typename RankProgram<B>::Buf RankProgram<B>::dense_mlp_bwd(Run& run, const Token
   Buf g = zeros(n), u = zeros(n), m = zeros(n), dm = zeros(n), dg = zeros(n), du = zeros(n);
   be_.mlp_hidden_fwd(kn_, a2.data(), w(wg), w(wu), g.data(), u.data(), m.data(), T, d.H, d.Il);
   be_.linear_dgrad(kn_, dout.data(), w(wd), dm.data(), T, d.Il, d.H, 1);
-  emit(run, wd, split_wgrad(split, dout, d.H, m, d.Il), {Block::ColumnSlice, d.H, d.Il});
+  emit(run, wd, split_wgrad(split, dout, d.H, m, d.Il), Block::column_slice(d.H, d.I0, d.Il, d.I));
   be_.swiglu_bwd(g.data(), u.data(), dm.data(), dg.data(), du.data(), static_cast<int>(n));
-  FBuf from_gate = column_dgrad(dg.data(), w(wg), T, d.H, d.Il);
-  const FBuf from_up = column_dgrad(du.data(), w(wu), T, d.H, d.Il);
+  FBuf from_gate = column_dgrad(dg.data(), w(wg), T, d.H, d.I, d.Il);
+  const FBuf from_up = column_dgrad(du.data(), w(wu), T, d.H, d.I, d.Il);
   be_.add_f32(from_gate.data(), from_up.data(), from_gate.size());  // one fp32 addition, then one rounding
   Buf da = round_all(from_gate);
-  emit(run, wg, split_wgrad(split, dg, d.Il, a2, d.H), {Block::RowSlice, d.Il, d.H});
-  emit(run, wu, split_wgrad(split, du, d.Il, a2, d.H), {Block::RowSlice, d.Il, d.H});
+  emit(run, wg, split_wgrad(split, dg, d.Il, a2, d.H), Block::row_slice(d.I0, d.Il, d.H));
+  emit(run, wu, split_wgrad(split, du, d.Il, a2, d.H), Block::row_slice(d.I0, d.Il, d.H));
   return da;
 }
 
@@ -146,7 +146,7 @@ typename RankProgram<B>::Buf RankProgram<B>::moe_bwd(Run& run, const TokenSplit&
                                      ids_c.data() + r0 * d.K, dtopk_c.data() + r0 * d.K, dl.data(), acc.data(), out, n,
                                      d.H, d.E, d.K, cfg_.norm_topk_prob);
                     }),
-       {Block::Whole, d.E, d.H});
+       Block::entire(d.E, d.H));
   Buf da = zeros(int64_t{T} * d.H);
   be_.moe_combine_bwd(da_slot.data(), router_acc.data(), da.data(), T, d.K, d.H);
   return da;

@@ -78,7 +78,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     be_.attention_fwd(kn_, ref::AttnDims{d.Hql, d.Hkvl, d.D}, runs.data(), static_cast<int>(runs.size()), s.q.data(),
                       s.kp.data(), s.vp.data(), s.o.data(), s.m.data(), s.l.data());
     capture(run, tk, cname(li, Op::Attn), s.o, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    const Buf ao = row_parallel(s.o.data(), lname(li, Param::OProj), T, d.QDl, d.H);
+    const Buf ao = row_parallel(s.o.data(), lname(li, Param::OProj), T, d.Hq * d.D, d.QDl, d.H);
     capture(run, tk, cname(li, Op::AttnOut), ao, d.H, 0, d.H);
     be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
     capture(run, tk, cname(li, Op::ResidAttn), x, d.H, 0, d.H);
@@ -104,7 +104,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   capture(run, tk, graph::capture_name(Op::FinalNorm), hn, d.H, 0, d.H);
   Buf logits = zeros(int64_t{T} * d.Vl);
   be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, d.H, d.Vl, 1);
-  capture(run, tk, graph::capture_name(Op::Logits), logits, d.Vl, t0 * d.Vl, d.V);
+  capture(run, tk, graph::capture_name(Op::Logits), logits, d.Vl, d.V0, d.V);
   logprobs(run, tk, logits, saved);
   if (saved) {
     saved->tk = tk;

@@ -72,10 +72,14 @@ class RankProgram {
     IBuf ids;
     std::vector<int> ids_host;  // the exchange plans on the host
   };
-  struct Block {  // where a rank's gradient sits in the parameter
-    // KvRowSlice: the rows of the kv head(s) this rank holds (kv_slice(); only replica 0 computes them).
-    enum Kind { Whole, RowSlice, ColumnSlice, KvRowSlice } kind;
-    int64_t rows, cols;  // of this rank's block
+  struct Block {  // where a rank's gradient sits in its [*][width] parameter
+    int64_t row0, rows, col0, cols, width;
+    bool whole;  // the whole parameter, alike on every TP rank: rank t = 0 reports it
+    static Block entire(int64_t rows, int64_t cols) { return {0, rows, 0, cols, cols, true}; }
+    static Block row_slice(int64_t row0, int64_t rows, int64_t cols) { return {row0, rows, 0, cols, cols, false}; }
+    static Block column_slice(int64_t rows, int64_t col0, int64_t cols, int64_t width) {
+      return {0, rows, col0, cols, width, false};
+    }
   };
 
   using Param = graph::Param;
@@ -112,8 +116,9 @@ class RankProgram {
   std::vector<int> all_tp_ranks() const;
   std::vector<int> kv_head_ranks() const;
   std::vector<int> kv_group_ranks() const;
-  Buf row_parallel(const bf16* x, const std::string& name, int T, int k_local, int n) const;
-  FBuf column_dgrad(const bf16* dy, const bf16* w_slice, int T, int k, int n_local) const;
+  int local_chunk_len(int full, int local) const;
+  Buf row_parallel(const bf16* x, const std::string& name, int T, int k_full, int k_local, int n) const;
+  FBuf column_dgrad(const bf16* dy, const bf16* w_slice, int T, int k, int n_full, int n_local) const;
   FBuf kv_dgrad(const Buf& dy, const std::string& name, int T) const;
   void share_kv(Run& run, const Tokens& tk, int64_t layer, const Buf& k, const Buf& v,
                 const std::vector<ref::PathPiece>& pieces, Buf& kp, Buf& vp, std::map<int, int>& kv_begin) const;
@@ -125,6 +130,7 @@ class RankProgram {
   struct RowStats {
     FBuf row_max, row_sum, logprob, entropy;
   };
+  int vocab_holder(int32_t v) const;
   FBuf gather_chunks(const FBuf& mine, int R) const;
   RowStats two_pass_logprobs(const Buf& lg, const std::vector<int32_t>& targets, const int32_t* targets_dev,
                              float temp, bool entropy) const;
@@ -147,7 +153,8 @@ class RankProgram {
   // Shapes: global, and this rank's TP slices.
   struct Dims {
     int H, D, Hq, Hkv, V, C, E, K, Ie, I;
-    int tp, Hql, Hkvl, QDl, KDl, Il, Vl;
+    int tp, Hql, Hkvl, QDl, KDl;
+    int I0, Il, V0, Vl;  // my chunks' slices of I and V: first element, length (Slice::of_chunks)
     int R;  // replicas of each kv head: tp / Hkv when tp > Hkv, else 1 (then Hkvl = Hkv / tp)
     int local_chunks;  // chunks of a C-chunk reduction one rank holds (1 under Ring: one local chain)
     float eps;
@@ -242,8 +249,11 @@ RankProgram<B>::RankProgram(const ModelConfig& cfg, const Weights& w, const Knob
   d.Hkvl = d.Hkv * d.R / d.tp;
   d.QDl = d.Hql * d.D;
   d.KDl = d.Hkvl * d.D;
-  d.Il = d.I / d.tp;
-  d.Vl = d.V / d.tp;
+  const Slice i_slice = Slice::of_chunks(d.I, d.C, d.tp, at_.t), v_slice = Slice::of_chunks(d.V, d.C, d.tp, at_.t);
+  d.I0 = i_slice.begin;
+  d.Il = i_slice.len;
+  d.V0 = v_slice.begin;
+  d.Vl = v_slice.len;
   d.local_chunks = layout.reduction == Reduction::Tree ? d.C / d.tp : 1;
   d.eps = static_cast<float>(cfg.rms_norm_eps);
 
@@ -265,41 +275,39 @@ template <class B>
 void RankProgram<B>::keep_weights(const Weights& weights) {
   const Dims& d = d_;
   auto whole = [&](const std::string& name) { w_.emplace(name, be_.resident(weights.at(name).data)); };
-  auto rows = [&](const std::string& name, int64_t rows_each, int64_t block) {
+  auto rows = [&](const std::string& name, int64_t row0, int64_t count) {
     const Tensor& t = weights.at(name);
-    const int64_t n = rows_each * t.shape[1];
-    w_.emplace(name, be_.resident(std::span<const bf16>(t.data.data() + block * n, sz(n))));
+    w_.emplace(name, be_.resident(std::span<const bf16>(t.data.data() + row0 * t.shape[1], sz(count * t.shape[1]))));
   };
-  auto columns = [&](const std::string& name, int k_full, int k_local) {
+  auto columns = [&](const std::string& name, int k_full, int k0, int k_local) {
     const Tensor& t = weights.at(name);
     const int64_t n = t.shape[0];
     std::vector<bf16>& shard = column_shards_[name];
     shard.resize(sz(n * k_local));
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(t.data.begin() + r * k_full + int64_t{at_.t} * k_local, k_local, shard.begin() + r * k_local);
+    for (int64_t r = 0; r < n; ++r) std::copy_n(t.data.begin() + r * k_full + k0, k_local, shard.begin() + r * k_local);
     w_.emplace(name, be_.resident(shard));
   };
   whole(graph::param_name(Param::Embed));
   whole(graph::param_name(Param::FinalNorm));
-  if (!cfg_.tie_word_embeddings) rows(graph::param_name(Param::LmHead), d.Vl, at_.t);
+  if (!cfg_.tie_word_embeddings) rows(graph::param_name(Param::LmHead), d.V0, d.Vl);
   const auto [e_begin, e_end] = ExpertExchange::held_experts(layout_, d.E, at_.plane_rank(layout_));
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
     for (const Param norm : {Param::InputNorm, Param::PostNorm, Param::QNorm, Param::KNorm}) whole(lname(i, norm));
-    rows(lname(i, Param::QProj), d.QDl, at_.t);
-    rows(lname(i, Param::KProj), d.KDl, kv_slice());
-    rows(lname(i, Param::VProj), d.KDl, kv_slice());
-    columns(lname(i, Param::OProj), d.Hq * d.D, d.QDl);
+    rows(lname(i, Param::QProj), int64_t{at_.t} * d.QDl, d.QDl);
+    rows(lname(i, Param::KProj), int64_t{kv_slice()} * d.KDl, d.KDl);
+    rows(lname(i, Param::VProj), int64_t{kv_slice()} * d.KDl, d.KDl);
+    columns(lname(i, Param::OProj), d.Hq * d.D, at_.t * d.QDl, d.QDl);
     if (cfg_.is_moe_layer(i)) {
       whole(lname(i, Param::Router));
       for (int e = e_begin; e < e_end; ++e)
         for (const Param p : kExpertParams) whole(graph::param_name(i, e, p));
     } else {
-      rows(lname(i, Param::MlpGate), d.Il, at_.t);
-      rows(lname(i, Param::MlpUp), d.Il, at_.t);
-      columns(lname(i, Param::MlpDown), d.I, d.Il);
+      rows(lname(i, Param::MlpGate), d.I0, d.Il);
+      rows(lname(i, Param::MlpUp), d.I0, d.Il);
+      columns(lname(i, Param::MlpDown), d.I, d.I0, d.Il);
     }
   }
-  lm_head_ = cfg_.tie_word_embeddings ? w(graph::param_name(Param::Embed)) + int64_t{at_.t} * d.Vl * d.H
+  lm_head_ = cfg_.tie_word_embeddings ? w(graph::param_name(Param::Embed)) + int64_t{d.V0} * d.H
                                       : w(graph::param_name(Param::LmHead));
 }
 

@@ -65,13 +65,21 @@ std::vector<int> RankProgram<B>::kv_group_ranks() const {
   return r;
 }
 
+// The length of my local chunks of a reduction over `full` of which I hold
+// `local`: the whole reduction's fixed chunk length (a tail rank's slice is
+// shorter, SPEC.md §2.4.1), or under Ring my one chain.
+template <class B>
+int RankProgram<B>::local_chunk_len(int full, int local) const {
+  return layout_.reduction == Reduction::Tree ? fixed_chunk_len(full, d_.C) : local;
+}
+
 // R(x · W) for a row-parallel W whose K this rank holds a slice of: the local
 // chunks' subtree (or local chain under Ring), reduced over TP, rounded once.
 template <class B>
-typename RankProgram<B>::Buf RankProgram<B>::row_parallel(const bf16* x, const std::string& name, int T, int k_local,
-                                                      int n) const {
+typename RankProgram<B>::Buf RankProgram<B>::row_parallel(const bf16* x, const std::string& name, int T, int k_full,
+                                                          int k_local, int n) const {
   FBuf acc = fzeros(int64_t{T} * n);
-  be_.linear_acc(kn_, x, w(name), acc.data(), T, k_local, n, d_.local_chunks);
+  be_.linear_acc(kn_, x, w(name), acc.data(), T, k_local, n, d_.local_chunks, local_chunk_len(k_full, k_local));
   if (layout_.reduction == Reduction::NcclBf16Sum) {
     if constexpr (requires(const bf16* p, bf16* q) { be_.all_reduce_bf16_sum(comms_.tp, p, q, size_t{}); }) {
       const Buf mine = round_all(acc);
@@ -90,9 +98,9 @@ typename RankProgram<B>::Buf RankProgram<B>::row_parallel(const bf16* x, const s
 // chunks' subtree, reduced over TP (not rounded: callers may add more paths first).
 template <class B>
 typename RankProgram<B>::FBuf RankProgram<B>::column_dgrad(const bf16* dy, const bf16* w_slice, int T, int k,
-                                                       int n_local) const {
+                                                           int n_full, int n_local) const {
   FBuf acc = fzeros(int64_t{T} * k);
-  be_.linear_dgrad_acc(kn_, dy, w_slice, acc.data(), T, k, n_local, d_.local_chunks);
+  be_.linear_dgrad_acc(kn_, dy, w_slice, acc.data(), T, k, n_local, d_.local_chunks, local_chunk_len(n_full, n_local));
   return tp_reduce(acc, tp_sum());
 }
 
@@ -103,13 +111,14 @@ typename RankProgram<B>::FBuf RankProgram<B>::column_dgrad(const bf16* dy, const
 template <class B>
 typename RankProgram<B>::FBuf RankProgram<B>::kv_dgrad(const Buf& dy, const std::string& name, int T) const {
   const Dims& d = d_;
-  if (d.R == 1) return column_dgrad(dy.data(), w(name), T, d.H, d.KDl);
+  const int kv_dim = d.Hkv * d.D;
+  if (d.R == 1) return column_dgrad(dy.data(), w(name), T, d.H, kv_dim, d.KDl);
   const int n = d.KDl / d.R, part = at_.t % d.R;
   std::vector<int> rows;  // dy as [T·R][n]: token i's part is row i·R + part
   for (int i = 0; i < T; ++i) rows.push_back(i * d.R + part);
   Buf mine = zeros(int64_t{T} * n);
   be_.gather_rows(dy.data(), sz(n), rows, mine.data());
-  return column_dgrad(mine.data(), w(name) + int64_t{part} * n * d.H, T, d.H, n);
+  return column_dgrad(mine.data(), w(name) + int64_t{part} * n * d.H, T, d.H, kv_dim, n);
 }
 
 }  // namespace bp::layouts

@@ -8,6 +8,12 @@
 
 namespace bp::layouts {
 
+// The TP rank whose vocabulary slice holds token v: the holder of v's chunk.
+template <class B>
+int RankProgram<B>::vocab_holder(int32_t v) const {
+  return v / fixed_chunk_len(d_.V, d_.C) / (d_.C / d_.tp);
+}
+
 // [R][n_local] chunk partials per rank → [R][C] for v1's logprob combine tree.
 // Under Ring (the control): each rank adds its chunks in order, NCCL's ring adds
 // the ranks, and the sum sits in chunk 0 with +0 in the others, which the tree
@@ -49,10 +55,10 @@ typename RankProgram<B>::RowStats RankProgram<B>::two_pass_logprobs(const Buf& l
                          entropy ? tpart.data() : nullptr, n_local);
   const FBuf sums = gather_chunks(part, R), tsums = entropy ? gather_chunks(tpart, R) : FBuf{};
   FBuf x_target = fzeros(R);
-  be_.logprob_target_logit(kn_, lg.data(), d_.Vl, R, at_.t * d_.Vl, d_.Vl, targets_dev, temp, x_target.data());
+  be_.logprob_target_logit(kn_, lg.data(), d_.Vl, R, d_.V0, d_.Vl, targets_dev, temp, x_target.data());
   const auto all_x = be_.all_gather(comms_.tp, x_target.data(), x_target.size());
   std::vector<int> holder;
-  for (int r = 0; r < R; ++r) holder.push_back(static_cast<int>(all_x.offset[sz(targets[sz(r)] / d_.Vl)]) + r);
+  for (int r = 0; r < R; ++r) holder.push_back(static_cast<int>(all_x.offset[sz(vocab_holder(targets[sz(r)]))]) + r);
   be_.gather_rows(all_x.data.data(), 1, holder, x_target.data());
   be_.logprob_combine(kn_, sums.data(), entropy ? tsums.data() : nullptr, x_target.data(), st.row_max.data(), R,
                       st.row_sum.data(), st.logprob.data(), entropy ? st.entropy.data() : nullptr);
@@ -73,7 +79,7 @@ typename RankProgram<B>::RowStats RankProgram<B>::one_pass_logprobs(const Buf& l
   float* m = mine.data();
   be_.logprob_chunk_states(kn_, lg.data(), d_.Vl, R, d_.Vl, chunk_len, n_local, temp, m, m + n_local,
                            entropy ? m + 2 * n_local : nullptr, width);
-  be_.logprob_target_logit(kn_, lg.data(), d_.Vl, R, at_.t * d_.Vl, d_.Vl, targets_dev, temp, x_mine.data());
+  be_.logprob_target_logit(kn_, lg.data(), d_.Vl, R, d_.V0, d_.Vl, targets_dev, temp, x_mine.data());
   std::vector<int> x_at;
   for (int r = 0; r < R; ++r) x_at.push_back(r * width + x_col);
   be_.scatter_rows(x_mine.data(), 1, x_at, m);
@@ -89,7 +95,7 @@ typename RankProgram<B>::RowStats RankProgram<B>::one_pass_logprobs(const Buf& l
   };
   std::vector<int> x_holder;
   for (int r = 0; r < R; ++r)
-    x_holder.push_back(static_cast<int>(all.offset[sz(targets[sz(r)] / d_.Vl)]) + r * width + x_col);
+    x_holder.push_back(static_cast<int>(all.offset[sz(vocab_holder(targets[sz(r)]))]) + r * width + x_col);
   const int64_t states = int64_t{R} * d_.C;
   FBuf cmax = fzeros(states), csum = fzeros(states), ctsum = fzeros(entropy ? states : 0), x_target = fzeros(R);
   be_.gather_rows(all.data.data(), 1, chunk_field(0), cmax.data());

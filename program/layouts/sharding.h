@@ -1,9 +1,11 @@
 // Who holds what under a layout (SPEC.md §7): grid coordinates, the batch's
 // sequences per e, the positions per c, the TP slices.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "program/layouts/layout.h"
+#include "reference/numerics/chunked.h"
 
 namespace bp::layouts {
 
@@ -27,10 +29,18 @@ inline int cp_owner(const Layout& l, int64_t p, int64_t S) {
   return part < l.cp ? part : 2 * l.cp - 1 - part;
 }
 
-// A contiguous 1/parts share of n items: [index·n/parts, (index+1)·n/parts).
+// The elements of a TP rank's chunks (SPEC.md §2.4.1 "A rank's chunks"): n items
+// in C fixed chunks of ⌈n/C⌉, rank `index` of `parts` holding chunks
+// [index·C/parts, (index+1)·C/parts) — [index·n/parts, (index+1)·n/parts) when C
+// divides n, else the tail ranks' slices are shorter (or empty).
 struct Slice {
-  int64_t begin, len;
-  static Slice of(int64_t n, int parts, int index) { return {index * (n / parts), n / parts}; }
+  int begin, len;
+  static Slice of_chunks(int n, int C, int parts, int index) {
+    const int64_t span = int64_t{fixed_chunk_len(n, C)} * (C / parts);
+    const int64_t b = std::min<int64_t>(n, index * span), e = std::min<int64_t>(n, (index + 1) * span);
+    return {static_cast<int>(b), static_cast<int>(e - b)};
+  }
+  int end() const { return begin + len; }
 };
 
 }  // namespace bp::layouts

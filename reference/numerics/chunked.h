@@ -1,6 +1,10 @@
 // Dot products cut into fixed chunks combined by the pairwise tree (SPEC.md §2.4.1):
 // the form every reduction takes that a layout may split across ranks.
 #pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 #include "dot.h"
 #include "reduce.h"
 
@@ -10,6 +14,25 @@ namespace bp {
 // chunk c covering [c·len, min((c+1)·len, k)), so the last ones may be shorter or
 // empty. For k a multiple of C these are the C equal chunks.
 BP_HD inline int fixed_chunk_len(int k, int chunks) { return (k + chunks - 1) / chunks; }
+
+// An op's chunks of a reduction over `size` given as a count and a length (a TP
+// rank's slice takes the whole reduction's length, §2.4.1): at least one chunk,
+// and together they cover it. Throws std::invalid_argument naming op and what.
+inline void check_chunks(int size, int chunks, int chunk_len, const char* op, const char* what) {
+  if (chunks < 1)
+    throw std::invalid_argument(std::string(op) + ": " + what + " needs at least one chunk, got " +
+                                std::to_string(chunks));
+  if (chunk_len < 0 || int64_t{chunks} * chunk_len < size)
+    throw std::invalid_argument(std::string(op) + ": " + std::to_string(chunks) + " chunks of " +
+                                std::to_string(chunk_len) + " do not cover " + what + " = " + std::to_string(size));
+}
+
+// The chunk length of a whole reduction over `size` in `chunks` fixed chunks, checked.
+inline int whole_chunk_len(int size, int chunks, const char* op, const char* what) {
+  const int len = chunks < 1 ? 0 : fixed_chunk_len(size, chunks);
+  check_chunks(size, chunks, len, op, what);
+  return len;
+}
 
 // The length of chunk c of chunks `len` long over k elements: 0 for a chunk past k.
 BP_HD inline int chunk_extent(int k, int len, int c) {

@@ -10,14 +10,6 @@
 namespace bp::ref {
 namespace {
 
-// The fixed chunks of K (or N) exist for any size (SPEC.md §2.4.1): only the count
-// must be positive.
-void check_chunks(int chunks, const char* what) {
-  if (chunks < 1)
-    throw std::invalid_argument(std::string("linear: ") + what + " needs at least one chunk, got " +
-                                std::to_string(chunks));
-}
-
 // Row-major [rows][cols] -> [cols][rows]; moves bits only, so reads along the
 // reduction dimension become contiguous without changing any result.
 std::vector<bf16> transpose(const bf16* m, int rows, int cols) {
@@ -37,26 +29,28 @@ void round_all(const std::vector<float>& acc, bf16* y) {
 
 }  // namespace
 
-void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks) {
-  check_chunks(k_chunks, "K");
-  dot_rows(kn.dot, x, T, w, N, K, fixed_chunk_len(K, k_chunks), k_chunks, acc);
+void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
+                int chunk_len) {
+  check_chunks(K, k_chunks, chunk_len, "linear", "K");
+  dot_rows(kn.dot, x, T, w, N, K, chunk_len, k_chunks, acc);
 }
 
 void linear_fwd(const Knobs& kn, const bf16* x, const bf16* w, bf16* y, int T, int K, int N, int k_chunks) {
   std::vector<float> acc(static_cast<size_t>(T) * N);
-  linear_acc(kn, x, w, acc.data(), T, K, N, k_chunks);
+  linear_acc(kn, x, w, acc.data(), T, K, N, k_chunks, whole_chunk_len(K, k_chunks, "linear", "K"));
   round_all(acc, y);
 }
 
-void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks) {
-  check_chunks(n_chunks, "N");
+void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc, int T, int K, int N, int n_chunks,
+                      int chunk_len) {
+  check_chunks(N, n_chunks, chunk_len, "linear", "N");
   const std::vector<bf16> wt = transpose(w, N, K);  // [K][N]
-  dot_rows(kn.dot, dy, T, wt.data(), K, N, fixed_chunk_len(N, n_chunks), n_chunks, acc);
+  dot_rows(kn.dot, dy, T, wt.data(), K, N, chunk_len, n_chunks, acc);
 }
 
 void linear_dgrad(const Knobs& kn, const bf16* dy, const bf16* w, bf16* dx, int T, int K, int N, int n_chunks) {
   std::vector<float> acc(static_cast<size_t>(T) * K);
-  linear_dgrad_acc(kn, dy, w, acc.data(), T, K, N, n_chunks);
+  linear_dgrad_acc(kn, dy, w, acc.data(), T, K, N, n_chunks, whole_chunk_len(N, n_chunks, "linear", "N"));
   round_all(acc, dx);
 }
 

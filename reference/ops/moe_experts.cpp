@@ -7,6 +7,7 @@
 
 #include "linear.h"
 #include "moe_router.h"
+#include "reference/numerics/chunked.h"
 #include "swiglu.h"
 
 namespace bp::ref {
@@ -51,7 +52,8 @@ ExpertRows expert_forward(const Knobs& kn, const MoeDispatch& plan, int e, const
               r.x.begin() + static_cast<size_t>(i) * H);
   mlp_hidden_fwd(kn, r.x.data(), expert_matrix(w.gate, e), expert_matrix(w.up, e), r.g.data(), r.u.data(), r.m.data(),
                  r.n, H, I);
-  linear_acc(kn, r.m.data(), expert_matrix(w.down, e), r.acc.data(), r.n, I, H, kn.tp_tree_width);
+  linear_acc(kn, r.m.data(), expert_matrix(w.down, e), r.acc.data(), r.n, I, H, kn.tp_tree_width,
+             fixed_chunk_len(I, kn.tp_tree_width));
   return r;
 }
 

@@ -82,7 +82,7 @@ void router_bwd(const Knobs& kn, const bf16* a, const bf16* wr, const bf16* logi
                       dtopk_w + static_cast<size_t>(t) * k, dlogits + static_cast<size_t>(t) * E, E, k,
                       norm_topk_prob, w.data());
   }
-  linear_dgrad_acc(kn, dlogits, wr, da_acc, T, H, E, 1);
+  linear_dgrad_acc(kn, dlogits, wr, da_acc, T, H, E, 1, E);
   linear_wgrad(kn, dlogits, a, dwr, T, H, E);
 }
 

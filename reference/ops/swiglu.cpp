@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "linear.h"
+#include "reference/numerics/chunked.h"
 
 namespace bp::ref {
 
@@ -35,8 +36,9 @@ void mlp_input_grad_acc(const Knobs& kn, const bf16* dg, const bf16* du, const b
                         int T, int H, int I) {
   const size_t n = static_cast<size_t>(T) * H;
   std::vector<float> from_up(n);
-  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, kn.tp_tree_width);
-  linear_dgrad_acc(kn, du, wu, from_up.data(), T, H, I, kn.tp_tree_width);
+  const int C = kn.tp_tree_width, chunk = fixed_chunk_len(I, C);
+  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, C, chunk);
+  linear_dgrad_acc(kn, du, wu, from_up.data(), T, H, I, C, chunk);
   // For C a power of two this equals one pairwise tree over the 2C chunk partials
   // of the merged [dg | du]·[Wg ; Wu] dot (gate's C first), SPEC.md §5.7.
 #pragma omp parallel for schedule(static)

@@ -417,6 +417,8 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   // 12 query heads on 6 kv heads: tp 4 neither shards nor replicates them (tp 2 does).
   const std::string gqa6 = model("gqa6", {{"num_attention_heads", 12}, {"num_key_value_heads", 6}});
   const std::string odd = model("odd", {{"vocab_size", 300}});
+  // q dim 6 x 18 = 108: tp 2 splits the heads evenly (54 each) where the chunks (of 14) would not.
+  const std::string oddq = model("oddq", {{"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 18}});
   const std::string shortpos = model("short", {{"max_position_embeddings", 8}});
   const std::string mqa = model("mqa", {{"num_key_value_heads", 1}});  // tp 2, 4 replicate its kv head
   EXPECT_EQ(run("sweep --model " + gqa6 + " --lengths 5 --tp 4 --ep 2,4"), 2);
@@ -425,21 +427,24 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
             std::string::npos)
       << err_;
   EXPECT_NE(err_.find("; ep 2, 4: needs a MoE model"), std::string::npos) << err_;
-  // A vocabulary that is not a multiple of tp_tree_width runs unsharded; tp shards refuse it.
-  EXPECT_EQ(run("sweep --model " + odd + " --lengths 5 --tp 2,4"), 2);
-  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + odd +
-                      " under bf16-sm90tc-v2: tp 2, 4: needs vocab_size 300 to be a multiple of tp_tree_width 8"),
+  // A q dim that is not a multiple of tp_tree_width runs unsharded; tp shards refuse it.
+  EXPECT_EQ(run("sweep --model " + oddq + " --lengths 5 --tp 2"), 2);
+  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + oddq +
+                      " under bf16-sm90tc-v2: tp 2: needs q dim (heads x head_dim) 108 to be a multiple of "
+                      "tp_tree_width 8"),
             std::string::npos)
       << err_;
   // Sizes that each run alone but not together.
   EXPECT_EQ(run("sweep --model qwen3-moe-tiny --lengths 5 --tp 4 --ep 4 --cp 8"), 2);
   EXPECT_NE(err_.find("tp4-ep4-cp8: layout tp4-ep4-cp8 has 128 ranks; at most 64 are emulated"), std::string::npos)
       << err_;
-  EXPECT_EQ(run("run --model " + odd + " --lengths 5 --implementation emulated --layout tp2-ep1-cp1 --out " +
+  EXPECT_EQ(run("run --model " + oddq + " --lengths 5 --implementation emulated --layout tp2-ep1-cp1 --out " +
                 path("x.safetensors")),
             2);
   EXPECT_EQ(err_.find("plan"), std::string::npos) << err_;
-  EXPECT_NE(err_.find("model " + odd + " cannot run layout tp2-ep1-cp1: tp 2 needs vocab_size 300 to be a multiple"),
+  EXPECT_NE(err_.find("model " + oddq +
+                      " cannot run layout tp2-ep1-cp1: tp 2 needs q dim (heads x head_dim) 108 to "
+                      "be a multiple"),
             std::string::npos)
       << err_;
   EXPECT_EQ(run("run --model " + shortpos + " --out " + path("x.safetensors")), 2);
@@ -447,7 +452,7 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   EXPECT_NE(err_.find("defaults: --lengths[1]: 11 tokens exceed the model's max_position_embeddings 8"),
             std::string::npos)
       << err_;
-  ASSERT_EQ(run("list --model " + gqa6 + " --model " + odd + " --model " + mqa), 0) << err_;
+  ASSERT_EQ(run("list --model " + gqa6 + " --model " + odd + " --model " + oddq + " --model " + mqa), 0) << err_;
   EXPECT_NE(out_.find("missing tp 4: neither divides num_key_value_heads 6"), std::string::npos) << out_;
   const size_t mqa_at = out_.find("  " + mqa + " ", out_.find("\nlayouts"));  // its line of layouts
   ASSERT_NE(mqa_at, std::string::npos) << out_;
@@ -459,8 +464,9 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   ASSERT_NE(odd_at, std::string::npos) << out_;
   const std::string odd_line = out_.substr(odd_at, out_.find('\n', odd_at) - odd_at);
   EXPECT_NE(odd_line.find(" tp1-ep1-cp2z"), std::string::npos) << odd_line;
-  EXPECT_EQ(odd_line.find("tp2"), std::string::npos) << odd_line;
-  EXPECT_NE(out_.find("missing tp 2, 4: needs vocab_size 300 to be a multiple of tp_tree_width 8"), std::string::npos)
+  EXPECT_NE(odd_line.find(" tp2-ep1-cp1 "), std::string::npos) << odd_line;  // vocab slices of 152 and 148
+  EXPECT_NE(out_.find("missing tp 2: needs q dim (heads x head_dim) 108 to be a multiple of tp_tree_width 8"),
+            std::string::npos)
       << out_;
   // And its replicated layouts run, exact against the unsharded reference.
   EXPECT_EQ(run("sweep --model " + mqa + " --lengths 5,9 --layout tp4-ep1-cp1,tp2-ep1-cp2z --path extend"), 0)

@@ -353,19 +353,35 @@ TEST_P(OddSizeTest, LayoutsBackwardExact) {
 INSTANTIATE_TEST_SUITE_P(Models, OddSizeTest, ::testing::ValuesIn(bp::test::odd_size_cases(false)),
                          bp::test::replica_case_name);
 
-// tp > 1 still needs whole chunks of equal size per rank: refused, naming the size.
+// tp > 1 needs q and kv dims in whole chunks (heads split evenly) and some of I and
+// V on every rank: refused otherwise, naming the size; odd I and V shard.
 TEST(OddSize, ShardedTpRefusedNamingTheSize) {
   const bp::Knobs kn = bp::find_contract("bf16-sm90tc-v1")->knobs;
+  auto why = [&](const bp::ModelConfig& cfg, const char* layout) {
+    return bp::layouts::shard_check(*bp::layouts::parse_layout(layout), cfg, kn);
+  };
+  bp::ModelConfig q108 = bp::test::load_fixture("qwen3-dense-tiny");
+  q108.num_attention_heads = 6;
+  q108.num_key_value_heads = 2;
+  q108.head_dim = 18;
+  EXPECT_NE(
+      why(q108, "tp2-ep1-cp1").find("tp 2 needs q dim (heads x head_dim) 108 to be a multiple of tp_tree_width 8"),
+      std::string::npos)
+      << why(q108, "tp2-ep1-cp1");
+  // I = 49 in chunks of 7: rank 7 of tp 8 would hold chunk 7 alone, which is empty.
   const bp::ModelConfig moe = bp::test::odd_size_model("odd-moe");
-  const std::string why = bp::layouts::shard_check(*bp::layouts::parse_layout("tp2-ep1-cp1"), moe, kn);
-  EXPECT_NE(why.find("tp 2 needs intermediate_size 100 to be a multiple of tp_tree_width 8"), std::string::npos)
-      << why;
+  EXPECT_NE(why(moe, "tp8-ep1-cp1").find("tp 8 would leave rank 7 no element of intermediate_size 49"),
+            std::string::npos)
+      << why(moe, "tp8-ep1-cp1");
   bp::ModelConfig vocab = bp::test::load_fixture("qwen3-dense-tiny");
-  vocab.vocab_size = 300;
-  EXPECT_NE(bp::layouts::shard_check(*bp::layouts::parse_layout("tp4-ep1-cp2"), vocab, kn)
-                .find("vocab_size 300 to be a multiple of tp_tree_width 8"),
-            std::string::npos);
-  EXPECT_EQ(bp::layouts::shard_check(*bp::layouts::parse_layout("tp1-ep1-cp2z"), vocab, kn), "");
+  vocab.vocab_size = 9;
+  EXPECT_NE(why(vocab, "tp4-ep1-cp1").find("tp 4 would leave rank 3 no element of vocab_size 9 (8 chunks of 2; "
+                                            "rank 3's start at element 12)"),
+            std::string::npos)
+      << why(vocab, "tp4-ep1-cp1");
+  EXPECT_EQ(why(vocab, "tp2-ep1-cp1"), "") << "chunks of 2: rank 1 holds [8, 9)";
+  EXPECT_EQ(why(moe, "tp4-ep2-cp1"), "");
+  EXPECT_EQ(why(bp::test::odd_size_model("odd-dense"), "tp8-ep1-cp1"), "");
 }
 
 // Negative control: the model's bits depend on the chunking of its odd sizes — a

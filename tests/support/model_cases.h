@@ -188,11 +188,14 @@ inline std::vector<ReplicaCase> replica_cases(bool ci) {
 // odd-dense — vocab 300, intermediate 100, 8 query heads on 1 kv head, tied
 // embeddings; odd-heads — vocab 257, 5 query heads on 1 kv head of head_dim 20
 // (q dim 100, kv dim 20; the CUDA attention takes head_dim 32, 64, 128 only);
-// odd-moe — vocab 211, intermediate 100 (its dense layer 0), moe_intermediate 36,
-// untied. They run at tp 1 with any ep and cp.
+// odd-moe — vocab 211, intermediate 49 (its dense layer 0: chunks of 7, the last
+// empty), moe_intermediate 36, untied. odd-dense and odd-moe shard at tp > 1 too, the
+// tail ranks' slices of I and V shorter (SPEC.md §7: tp 2 of vocab 300 is 152 + 148;
+// tp 2 of I = 49 gives rank 1 chunks of 7, 7, 7 and an empty one); odd-heads runs at
+// tp 1 only (q dim 100).
 inline ModelConfig odd_size_model(const std::string& name) {
   ModelConfig c = load_fixture(name == "odd-moe" ? "qwen3-moe-tiny" : "qwen3-dense-tiny");
-  c.intermediate_size = 100;
+  c.intermediate_size = name == "odd-moe" ? 49 : 100;
   if (name == "odd-dense") {
     c.vocab_size = 300;
     c.num_key_value_heads = 1;
@@ -218,9 +221,9 @@ inline ModelConfig derived_model(const std::string& name) {
 inline std::vector<ReplicaCase> odd_size_cases(bool gpu) {
   std::vector<ReplicaCase> out;
   for (const Contract& c : contracts()) {
-    out.push_back({"odd-dense", c.name, {"tp1-ep1-cp1", "tp1-ep1-cp2", "tp1-ep1-cp2z"}});
+    out.push_back({"odd-dense", c.name, {"tp1-ep1-cp1", "tp1-ep1-cp2z", "tp2-ep1-cp1", "tp4-ep1-cp2z", "tp8-ep1-cp1"}});
     if (!gpu) out.push_back({"odd-heads", c.name, {"tp1-ep1-cp1", "tp1-ep1-cp2z"}});
-    out.push_back({"odd-moe", c.name, {"tp1-ep1-cp1", "tp1-ep2-cp1", "tp1-ep4-cp2z"}});
+    out.push_back({"odd-moe", c.name, {"tp1-ep1-cp1", "tp1-ep4-cp2z", "tp2-ep1-cp1", "tp4-ep2-cp1", "tp2-ep2-cp2z"}});
   }
   return out;
 }

@@ -22,6 +22,7 @@
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/linear.h"
 #include "reference/common/rng.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/linear.h"
 #include "support/cublas_peer.h"
 #include "support/float_gen.h"
@@ -131,7 +132,8 @@ std::string label(const Contract& c, const char* fn, int T, int K, int N, int ch
 // --- one problem, every function ---------------------------------------------------
 struct Problem {
   int T, K, N;
-  int chunks;  // k_chunks of the forward and n_chunks of dgrad
+  int chunks;         // k_chunks of the forward and n_chunks of dgrad
+  int chunk_len = 0;  // of linear_acc and linear_dgrad_acc; 0: the whole reduction's, fixed_chunk_len
 };
 
 struct Which {
@@ -159,11 +161,13 @@ void check_problem(const Contract& contract, const Knobs& kn, const Problem& pb,
     const auto xs = gather_rows(x, K, rows);
     if (which.acc || cublas) {
       std::vector<float> want(size_t(R) * N);
-      ref::linear_acc(kn, xs.data(), w.data(), want.data(), R, K, N, pb.chunks);
+      const int chunk = pb.chunk_len ? pb.chunk_len : fixed_chunk_len(K, pb.chunks);
+      ref::linear_acc(kn, xs.data(), w.data(), want.data(), R, K, N, pb.chunks, chunk);
       if (which.acc) {
-        const auto got = run_twice<float>(size_t(T) * N, [&](float* out) {
-          cuda::linear_acc(kn, dx_in.get(), dw_in.get(), out, T, K, N, pb.chunks);
-        }, label(contract, "linear_acc", T, K, N, pb.chunks));
+        const auto got = run_twice<float>(
+            size_t(T) * N,
+            [&](float* out) { cuda::linear_acc(kn, dx_in.get(), dw_in.get(), out, T, K, N, pb.chunks, chunk); },
+            label(contract, "linear_acc", T, K, N, pb.chunks));
         expect_identical(want, gather_rows(got, N, rows), label(contract, "linear_acc", T, K, N, pb.chunks));
       }
       if (cublas) {
@@ -196,10 +200,12 @@ void check_problem(const Contract& contract, const Knobs& kn, const Problem& pb,
     }
     if (which.dgrad_acc) {
       std::vector<float> want(size_t(R) * K);
-      ref::linear_dgrad_acc(kn, dys.data(), w.data(), want.data(), R, K, N, pb.chunks);
-      const auto got = run_twice<float>(size_t(T) * K, [&](float* out) {
-        cuda::linear_dgrad_acc(kn, ddy.get(), dw_in.get(), out, T, K, N, pb.chunks);
-      }, label(contract, "linear_dgrad_acc", T, K, N, pb.chunks));
+      const int chunk = pb.chunk_len ? pb.chunk_len : fixed_chunk_len(N, pb.chunks);
+      ref::linear_dgrad_acc(kn, dys.data(), w.data(), want.data(), R, K, N, pb.chunks, chunk);
+      const auto got = run_twice<float>(
+          size_t(T) * K,
+          [&](float* out) { cuda::linear_dgrad_acc(kn, ddy.get(), dw_in.get(), out, T, K, N, pb.chunks, chunk); },
+          label(contract, "linear_dgrad_acc", T, K, N, pb.chunks));
       expect_identical(want, gather_rows(got, K, rows), label(contract, "linear_dgrad_acc", T, K, N, pb.chunks));
     }
   }
@@ -249,6 +255,21 @@ TEST_P(LinearGpu, OddSizesFixedChunks) {
   for (const Problem& pb : problems)
     for (Fill fill : {Fill::Uniform, Fill::Spread, Fill::Edge})
       check_problem(contract(), contract().knobs, pb, fill, seed += 7, 1 << 30, {});
+}
+
+// A TP rank's slice of an odd reduction (SPEC.md §2.4.1 "A rank's chunks"): its
+// C/tp chunks at the whole's length, the tail's short or empty — 148 of vocab 300
+// in 4 chunks of 38 (the last 34), 21 of I = 49 in 4 of 7 (the last empty), a
+// warpgroup-sized 1792 in 4 of 512 (the last 256), and decode rows.
+TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
+  const Which partial_sums{true, false, false, true, false};
+  const Problem problems[] = {
+      {5, 148, 148, 4, 38}, {9, 21, 21, 4, 7}, {200, 1792, 256, 4, 512}, {1, 1792, 2048, 4, 512}, {33, 148, 40, 2, 76},
+  };
+  uint64_t seed = 900;
+  for (const Problem& pb : problems)
+    for (Fill fill : {Fill::Uniform, Fill::Edge})
+      check_problem(contract(), contract().knobs, pb, fill, seed += 7, 64, partial_sums);
 }
 
 // Small token chunks: many chunk partials, so the tree spills past the levels

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "reference/common/rng.h"
+#include "reference/numerics/chunked.h"
 #include "reference/numerics/reduce.h"
 #include "reference/ops/linear.h"
 #include "reference/truth/linear.h"
@@ -122,11 +123,11 @@ TEST_P(LinearTest, NegativeControlSplitKAndModelChangeBits) {
   const int T = 16, K = 1024, N = 64;
   const auto x = random_bf16(size_t(T) * K, 9, 1.0f), w = random_bf16(size_t(N) * K, 10, 1.0f);
   std::vector<float> one(size_t(T) * N), split(size_t(T) * N), other(size_t(T) * N);
-  ref::linear_acc(knobs(), x.data(), w.data(), one.data(), T, K, N, 1);
-  ref::linear_acc(knobs(), x.data(), w.data(), split.data(), T, K, N, 2);
+  ref::linear_acc(knobs(), x.data(), w.data(), one.data(), T, K, N, 1, K);
+  ref::linear_acc(knobs(), x.data(), w.data(), split.data(), T, K, N, 2, K / 2);
   Knobs flipped = knobs();
   flipped.dot = knobs().dot == DotModel::Sm90Tc ? DotModel::FmaSeq : DotModel::Sm90Tc;
-  ref::linear_acc(flipped, x.data(), w.data(), other.data(), T, K, N, 1);
+  ref::linear_acc(flipped, x.data(), w.data(), other.data(), T, K, N, 1, K);
   EXPECT_NE(test::digest(one), test::digest(split));
   EXPECT_NE(test::digest(one), test::digest(other));
 }
@@ -151,7 +152,7 @@ std::vector<float> chunk_tree(const Knobs& kn, const std::vector<bf16>& x, const
     const int k0 = begin(c), k1 = begin(c + 1);
     if (k1 > k0)
       ref::linear_acc(kn, columns(x, T, K, k0, k1).data(), columns(w, N, K, k0, k1).data(), part[c].data(), T, k1 - k0,
-                      N, 1);
+                      N, 1, k1 - k0);
   }
   std::vector<float> out(size_t(T) * N), leaves(C);
   for (size_t i = 0; i < out.size(); ++i) {
@@ -171,8 +172,8 @@ TEST_P(LinearTest, OddKIsTheFixedChunks) {
     SCOPED_TRACE(K);
     const auto x = random_bf16(size_t(T) * K, 31 + K, 1.0f), w = random_bf16(size_t(N) * K, 32 + K, 1.0f);
     std::vector<float> acc(size_t(T) * N);
-    ref::linear_acc(knobs(), x.data(), w.data(), acc.data(), T, K, N, C);
     const int n = (K + C - 1) / C;
+    ref::linear_acc(knobs(), x.data(), w.data(), acc.data(), T, K, N, C, n);
     const auto fixed = chunk_tree(knobs(), x, w, T, K, N, C, [&](int c) { return std::min(c * n, K); });
     EXPECT_EQ(test::digest(acc), test::digest(fixed));
     if (K == 300) {
@@ -182,6 +183,42 @@ TEST_P(LinearTest, OddKIsTheFixedChunks) {
   }
   std::vector<bf16> x(10), w(10), y(1);
   EXPECT_THROW(ref::linear_fwd(knobs(), x.data(), w.data(), y.data(), 1, 10, 1, 0), std::invalid_argument);
+  std::vector<float> acc(1);
+  EXPECT_THROW(ref::linear_acc(knobs(), x.data(), w.data(), acc.data(), 1, 10, 1, 4, 2), std::invalid_argument)
+      << "4 chunks of 2 do not cover K = 10";
+}
+
+// A TP rank's slice of K = 300 (C = 8: chunks of 38) holds its C/tp chunks'
+// elements, the tail rank fewer (tp 2: [0, 152) and [152, 300)); linear_acc on the
+// slice with the whole's chunk length computes the rank's subtree, and the tree of
+// the ranks' subtrees is the whole reduction (SPEC.md §2.4.1 "A rank's chunks").
+// Negative control: the tail slice cut by its own length (148 in 4: chunks of 37).
+TEST_P(LinearTest, RankSlicesOfOddKAreSubtrees) {
+  constexpr int T = 5, K = 300, N = 24, C = 8, n = 38;
+  const auto x = random_bf16(size_t(T) * K, 51, 1.0f), w = random_bf16(size_t(N) * K, 52, 1.0f);
+  std::vector<float> whole(size_t(T) * N);
+  ref::linear_acc(knobs(), x.data(), w.data(), whole.data(), T, K, N, C, n);
+  for (const int tp : {2, 4, 8}) {
+    SCOPED_TRACE(tp);
+    std::vector<std::vector<float>> sub(tp, std::vector<float>(size_t(T) * N));
+    for (int t = 0; t < tp; ++t) {
+      const int k0 = std::min(t * (C / tp) * n, K), k1 = std::min((t + 1) * (C / tp) * n, K);
+      ref::linear_acc(knobs(), columns(x, T, K, k0, k1).data(), columns(w, N, K, k0, k1).data(), sub[t].data(), T,
+                      k1 - k0, N, C / tp, n);
+      if (t == tp - 1 && tp < C) {
+        std::vector<float> own(size_t(T) * N);
+        ref::linear_acc(knobs(), columns(x, T, K, k0, k1).data(), columns(w, N, K, k0, k1).data(), own.data(), T,
+                        k1 - k0, N, C / tp, (k1 - k0 + C / tp - 1) / (C / tp));
+        EXPECT_NE(test::digest(own), test::digest(sub[t])) << "the tail slice's own chunk length";
+      }
+    }
+    std::vector<float> tree(size_t(T) * N), leaves(tp);
+    for (size_t i = 0; i < tree.size(); ++i) {
+      for (int t = 0; t < tp; ++t) leaves[t] = sub[t][i];
+      tree[i] = pairwise_tree(leaves.data(), tp);
+    }
+    EXPECT_EQ(test::digest(whole), test::digest(tree));
+  }
 }
 
 // The input gradient's fixed chunks over an odd N are the forward's over K = N:
@@ -193,8 +230,8 @@ TEST_P(LinearTest, OddNInputGradientIsTheFixedChunks) {
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) wt[size_t(k) * N + n] = w[size_t(n) * K + k];
   std::vector<float> dx(size_t(T) * K), want(size_t(T) * K);
-  ref::linear_dgrad_acc(knobs(), dy.data(), w.data(), dx.data(), T, K, N, C);
-  ref::linear_acc(knobs(), dy.data(), wt.data(), want.data(), T, N, K, C);
+  ref::linear_dgrad_acc(knobs(), dy.data(), w.data(), dx.data(), T, K, N, C, fixed_chunk_len(N, C));
+  ref::linear_acc(knobs(), dy.data(), wt.data(), want.data(), T, N, K, C, fixed_chunk_len(N, C));
   EXPECT_EQ(test::digest(dx), test::digest(want));
 }
 
@@ -212,8 +249,8 @@ TEST_P(LinearTest, ZeroPaddingCoincidesExceptFmaSeqNegativeZero) {
   };
   auto both = [&](const std::vector<bf16>& x, const std::vector<bf16>& w) {
     std::vector<float> fixed(size_t(T) * N), pad(size_t(T) * N);
-    ref::linear_acc(knobs(), x.data(), w.data(), fixed.data(), T, K, N, C);
-    ref::linear_acc(knobs(), padded(x, T).data(), padded(w, N).data(), pad.data(), T, Kp, N, C);
+    ref::linear_acc(knobs(), x.data(), w.data(), fixed.data(), T, K, N, C, fixed_chunk_len(K, C));
+    ref::linear_acc(knobs(), padded(x, T).data(), padded(w, N).data(), pad.data(), T, Kp, N, C, fixed_chunk_len(Kp, C));
     return std::pair{fixed, pad};
   };
   const auto [fixed, pad] = both(random_bf16(size_t(T) * K, 51, 1.0f), random_bf16(size_t(N) * K, 52, 1.0f));
@@ -249,7 +286,7 @@ TEST_P(LinearTest, GoldenDigests) {
              dy = random_bf16(size_t(T) * N, 13, 1.0f);
   std::vector<bf16> y(size_t(T) * N), dx(size_t(T) * K);
   std::vector<float> acc(size_t(T) * N), dw(size_t(N) * K);
-  ref::linear_acc(kn, x.data(), w.data(), acc.data(), T, K, N, 1);  // fp32: where the dot models differ
+  ref::linear_acc(kn, x.data(), w.data(), acc.data(), T, K, N, 1, K);  // fp32: where the dot models differ
   ref::linear_fwd(kn, x.data(), w.data(), y.data(), T, K, N, 8);
   ref::linear_dgrad(kn, dy.data(), w.data(), dx.data(), T, K, N, 8);
   ref::linear_wgrad(kn, dy.data(), x.data(), dw.data(), T, K, N);

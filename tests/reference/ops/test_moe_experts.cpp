@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "reference/common/rng.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/linear.h"
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/moe_router.h"
@@ -178,7 +179,8 @@ void check_forward(const Knobs& kn, const Moe& p, const ExpertStore& ws, const s
     const std::vector<bf16> x = p.gather(p.a, e, p.H);
     const test::Hidden h = test::check_mlp_hidden_fwd(kn, x, ws.all.gate[e], ws.all.up[e], n, p.H, p.I, hc);
     std::vector<float> acc(size_t(n) * p.H);
-    ref::linear_acc(kn, h.m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, kn.tp_tree_width);
+    ref::linear_acc(kn, h.m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, kn.tp_tree_width,
+                    fixed_chunk_len(p.I, kn.tp_tree_width));
     const MatD M = truth::widen(h.m, n, p.I), Wd = truth::widen(ws.all.down[e], p.H, p.I);
     const MatD t = truth::linear_fwd(M, Wd), abs_sum = truth::linear_fwd(M.cwiseAbs(), Wd.cwiseAbs());
     test::check_dot(acc, t, abs_sum, gamma, acc_chk);
@@ -255,7 +257,8 @@ void check_backward(const Knobs& kn, const Moe& p, const ExpertStore& ws, const 
     const std::vector<bf16> x = p.gather(p.a, e, p.H), y = p.gather(p.dout, e, p.H);
     const test::Hidden h = test::check_mlp_hidden_fwd(kn, x, ws.all.gate[e], ws.all.up[e], n, p.H, p.I, hc);
     std::vector<float> acc(size_t(n) * p.H);
-    ref::linear_acc(kn, h.m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, kn.tp_tree_width);
+    ref::linear_acc(kn, h.m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, kn.tp_tree_width,
+                    fixed_chunk_len(p.I, kn.tp_tree_width));
     const MatD M = truth::widen(h.m, n, p.I), Wd = truth::widen(ws.all.down[e], p.H, p.I), Y = truth::widen(y, n, p.H);
     const MatD acc_t = truth::linear_fwd(M, Wd), acc_abs = truth::linear_fwd(M.cwiseAbs(), Wd.cwiseAbs());
     std::vector<bf16> dacc(size_t(n) * p.H);
@@ -460,7 +463,8 @@ TEST_P(MoeTest, NegativeControlsChangeBits) {
     wgu.insert(wgu.end(), ws.up[e].begin(), ws.up[e].end());  // [2I][H]
     std::vector<float> acc(size_t(n) * p.H), acc_merged(size_t(n) * p.H);
     ref::mlp_hidden_fwd(knobs(), x.data(), ws.all.gate[e], ws.all.up[e], g.data(), u.data(), m.data(), n, p.H, p.I);
-    ref::linear_acc(knobs(), m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, knobs().tp_tree_width);
+    ref::linear_acc(knobs(), m.data(), ws.all.down[e], acc.data(), n, p.I, p.H, knobs().tp_tree_width,
+                    fixed_chunk_len(p.I, knobs().tp_tree_width));
     ref::linear_fwd(knobs(), x.data(), wgu.data(), gu.data(), n, p.H, 2 * p.I, knobs().tp_tree_width);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < p.I; ++j) {
@@ -468,7 +472,8 @@ TEST_P(MoeTest, NegativeControlsChangeBits) {
         u[size_t(i) * p.I + j] = gu[size_t(i) * 2 * p.I + p.I + j];
       }
     ref::swiglu_fwd(g.data(), u.data(), m.data(), int(hidden));
-    ref::linear_acc(knobs(), m.data(), ws.all.down[e], acc_merged.data(), n, p.I, p.H, knobs().tp_tree_width);
+    ref::linear_acc(knobs(), m.data(), ws.all.down[e], acc_merged.data(), n, p.I, p.H, knobs().tp_tree_width,
+                    fixed_chunk_len(p.I, knobs().tp_tree_width));
     for (int i = 0; i < n; ++i) {
       const size_t row = p.slot_row(p.offset[e] + i);
       const float w = widen(p.topk_w[row]);

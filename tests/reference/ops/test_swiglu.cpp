@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "reference/common/rng.h"
+#include "reference/numerics/chunked.h"
 #include "reference/ops/linear.h"
 #include "reference/ops/swiglu.h"
 #include "reference/truth/swiglu.h"
@@ -134,7 +135,8 @@ TEST_P(SwigluTest, MergedInputGradientEqualsSeparateTrees) {
     }
   std::vector<float> acc(size_t(T) * H), merged(size_t(T) * H);
   ref::mlp_input_grad_acc(knobs(), dg.data(), du.data(), wg.data(), wu.data(), acc.data(), T, H, I);
-  ref::linear_dgrad_acc(knobs(), merged_dy.data(), merged_w.data(), merged.data(), T, H, 2 * I, 2 * C);
+  ref::linear_dgrad_acc(knobs(), merged_dy.data(), merged_w.data(), merged.data(), T, H, 2 * I, 2 * C,
+                        fixed_chunk_len(2 * I, 2 * C));
   EXPECT_TRUE(same_bits(acc, merged));
 }
 
@@ -203,10 +205,10 @@ TEST_P(SwigluTest, NegativeControlsChangeBits) {
   std::vector<bf16> wgu(p.wg);
   wgu.insert(wgu.end(), p.wu.begin(), p.wu.end());  // [2I][H]
   std::vector<float> acc_g(hidden), acc_u(hidden), same(2 * hidden), split(2 * hidden), gu;
-  ref::linear_acc(knobs(), p.a.data(), p.wg.data(), acc_g.data(), T, H, I, 1);
-  ref::linear_acc(knobs(), p.a.data(), p.wu.data(), acc_u.data(), T, H, I, 1);
-  ref::linear_acc(knobs(), p.a.data(), wgu.data(), same.data(), T, H, 2 * I, 1);
-  ref::linear_acc(knobs(), p.a.data(), wgu.data(), split.data(), T, H, 2 * I, C);
+  ref::linear_acc(knobs(), p.a.data(), p.wg.data(), acc_g.data(), T, H, I, 1, H);
+  ref::linear_acc(knobs(), p.a.data(), p.wu.data(), acc_u.data(), T, H, I, 1, H);
+  ref::linear_acc(knobs(), p.a.data(), wgu.data(), same.data(), T, H, 2 * I, 1, H);
+  ref::linear_acc(knobs(), p.a.data(), wgu.data(), split.data(), T, H, 2 * I, C, fixed_chunk_len(H, C));
   for (int t = 0; t < T; ++t) {
     gu.insert(gu.end(), acc_g.begin() + size_t(t) * I, acc_g.begin() + size_t(t + 1) * I);
     gu.insert(gu.end(), acc_u.begin() + size_t(t) * I, acc_u.begin() + size_t(t + 1) * I);
@@ -218,8 +220,8 @@ TEST_P(SwigluTest, NegativeControlsChangeBits) {
   std::vector<bf16> g(hidden), u(hidden), m(hidden);
   ref::mlp_hidden_fwd(knobs(), p.a.data(), p.wg.data(), p.wu.data(), g.data(), u.data(), m.data(), T, H, I);
   std::vector<float> down_tree(size_t(T) * H), down_chain(size_t(T) * H);
-  ref::linear_acc(knobs(), m.data(), p.wd.data(), down_tree.data(), T, I, H, C);
-  ref::linear_acc(knobs(), m.data(), p.wd.data(), down_chain.data(), T, I, H, 1);
+  ref::linear_acc(knobs(), m.data(), p.wd.data(), down_tree.data(), T, I, H, C, fixed_chunk_len(I, C));
+  ref::linear_acc(knobs(), m.data(), p.wd.data(), down_chain.data(), T, I, H, 1, I);
   EXPECT_FALSE(same_bits(down_tree, down_chain));
 
   // The input gradient rounded per path and summed in bf16 (autograd's
@@ -227,8 +229,8 @@ TEST_P(SwigluTest, NegativeControlsChangeBits) {
   const auto dg = random_bf16(hidden, 72, 1.0f), du = random_bf16(hidden, 73, 1.0f);
   std::vector<float> acc(size_t(T) * H), from_g(size_t(T) * H), from_u(size_t(T) * H);
   ref::mlp_input_grad_acc(knobs(), dg.data(), du.data(), p.wg.data(), p.wu.data(), acc.data(), T, H, I);
-  ref::linear_dgrad_acc(knobs(), dg.data(), p.wg.data(), from_g.data(), T, H, I, C);
-  ref::linear_dgrad_acc(knobs(), du.data(), p.wu.data(), from_u.data(), T, H, I, C);
+  ref::linear_dgrad_acc(knobs(), dg.data(), p.wg.data(), from_g.data(), T, H, I, C, fixed_chunk_len(I, C));
+  ref::linear_dgrad_acc(knobs(), du.data(), p.wu.data(), from_u.data(), T, H, I, C, fixed_chunk_len(I, C));
   std::vector<bf16> da(acc.size()), da_twice(acc.size());
   for (size_t i = 0; i < acc.size(); ++i) {
     da[i] = round_bf16(acc[i]);
