@@ -4,6 +4,9 @@
 //   - linear_wgmma.cu, the warpgroup kernel (wgmma fed by TMA): sm90-tc where TMA
 //     can read both operands, chunks are whole k16 groups, M is past decode sizes
 //     and its tiles give the GPU work;
+//   - linear_decode.cu: the chunked sm90-tc forward at decode sizes (M <= 16)
+//     where both operands allow 16-byte runs, the weight streamed into mma.sync
+//     fragments;
 //   - linear_mma.cu, mma.sync on cp.async tiles for the other sm90-tc GEMMs, and
 //     the SIMT cores for fma-seq.
 #include "optimized/cuda/linear.h"
@@ -26,8 +29,8 @@ using gemm::Major;
 using gemm::Operand;
 using gemm::Problem;
 
-// sm90-tc on the warpgroup kernel where it takes p, else on mma.sync; fma-seq on
-// the SIMT cores.
+// sm90-tc on the decode or the warpgroup kernel where one takes p, else on
+// mma.sync; fma-seq on the SIMT cores.
 template <Major MA, Major MB>
 void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
@@ -38,7 +41,8 @@ void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
     return;
   }
   if (model == DotModel::Sm90Tc) {
-    if (!gemm::run_wgmma(MA, MB, p, stream)) gemm::run_mma(model, MA, MB, p, stream);
+    if (!gemm::run_decode(MA, MB, p, stream) && !gemm::run_wgmma(MA, MB, p, stream))
+      gemm::run_mma(model, MA, MB, p, stream);
   } else {
     gemm::run_mma(model, MA, MB, p, stream);
   }

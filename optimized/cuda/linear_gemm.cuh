@@ -8,9 +8,12 @@
 // and the chunk partials go through reduce.h's pairwise_tree — exactly
 // chunked_dot / token_chunked_dot. One CTA owns an output tile for the whole
 // reduction (no split across CTAs, no atomics), and the chunk partials fold into
-// the tree as they finish (ChunkTree). Two engines run it:
+// the tree as they finish (ChunkTree). Three engines run it:
 //   - linear_mma.cu: tiles of 32 reduction elements through a cp.async pipeline;
 //     sm90-tc on mma.sync.m16n8k16, fma-seq on the SIMT cores;
+//   - linear_decode.cu: the chunked sm90-tc forward at decode sizes (M <= 16): the
+//     weight from global memory straight into mma.sync fragments, a warp per strip
+//     of 8 columns and chunk;
 //   - linear_wgmma.cu: sm90-tc where TMA can read both operands and M is past
 //     decode sizes: the same G steps on wgmma with TMA-fed, swizzled stages of 64
 //     reduction elements.
@@ -63,8 +66,9 @@ struct GroupTile {
   int problem, row0, col0;
 };
 
-// M up to this is decode-sized: the mma engine's decode tile (DecodeTile) takes it,
-// with more weight bytes in flight than the warpgroup kernel's 128 rows.
+// M up to this is decode-sized: the decode engine (linear_decode.cu) or the mma
+// engine's decode tiles take it, with more weight bytes in flight than the
+// warpgroup kernel's 128 rows.
 constexpr int kDecodeRows = 16;
 
 // --- storing the outputs --------------------------------------------------------
@@ -312,6 +316,11 @@ decltype(auto) with_majors(Major a, Major b, F&& f) {
 void run_mma(DotModel model, Major ma, Major mb, const Problem& p, cudaStream_t stream);
 // One grouped launch of `problems` (each with m, n and chunks > 0) on those tiles.
 void run_mma_grouped(DotModel model, Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream);
+
+// linear_decode.cu: a chunked, decode-sized sm90-tc forward (M <= kDecodeRows,
+// chunks > 1, both operands reduction-major with 16-byte runs) with the weight
+// streamed into the mma fragments; false (nothing launched) where it does not apply.
+bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream);
 
 // linear_wgmma.cu: p on the warpgroup kernel where it fits and its tiles give the
 // GPU work; false (nothing launched) leaves p to run_mma.

@@ -13,9 +13,10 @@
 //     element in increasing order (padding is skipped: fma(0, 0, -0) would be +0);
 //   - the chunk partials fold into the tree as they finish (ChunkTree,
 //     linear_gemm.cuh).
-// It runs every fma-seq GEMM, and sm90-tc where the warpgroup engine
-// (linear_wgmma.cu) does not: decode-sized M, operands TMA cannot read, chunks that
-// are not whole k16 groups, grids too small for its tiles.
+// It runs every fma-seq GEMM, and sm90-tc where neither the warpgroup engine
+// (linear_wgmma.cu) nor the decode engine (linear_decode.cu: chunked decode-sized
+// forwards) does: single-chunk decode-sized M, operands TMA cannot read, chunks
+// that are not whole k16 groups, grids too small for its tiles.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,7 @@
-// The PTX the tensor-core kernels share (linear_mma.cu, attention_tile.cuh): cp.async
-// copies, ldmatrix fragment loads and the bf16 mma.sync whose chain of k16 groups is
-// the sm90-tc dot model (tools/hw_truth/hw_truth.cu proves it on the hardware).
+// The PTX the tensor-core kernels share (linear_mma.cu, linear_decode.cu,
+// attention_tile.cuh): cp.async copies, streamed global loads, ldmatrix fragment
+// loads and the bf16 mma.sync whose chain of k16 groups is the sm90-tc dot model
+// (tools/hw_truth/hw_truth.cu proves it on the hardware).
 #pragma once
 #include <cstdint>
 
@@ -17,6 +18,16 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 8 bytes of an operand read once per kernel (a streamed weight): not kept in L1,
+// and a miss fetches the surrounding 256 bytes into L2, which the same lanes read
+// next (one DRAM burst instead of eight 32-byte sectors). volatile keeps the loads
+// in program order, ahead of the instructions that use them.
+__device__ inline uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
 }
 
 // Four 8×8 matrices of b16 from shared memory (PTX ISA, ldmatrix).

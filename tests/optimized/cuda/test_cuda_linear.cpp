@@ -272,6 +272,22 @@ TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
       check_problem(contract(), contract().knobs, pb, fill, seed += 7, 64, partial_sums);
 }
 
+// Decode sizes on the decode engine (linear_decode.cu: M <= 16, chunked, K and the
+// chunks multiples of 8): more chunks than a CTA has warps and an empty last one
+// (K = 88 in 12 chunks of 8, every group half inside its chunk, M > 8), columns
+// past the last whole strip (N = 44; and N = 1001 with K = 1032, a single chunk
+// ending in the middle of a k16 group, which linear_mma.cu's decode tile runs),
+// several strips per CTA with their chunk partials side by side (N = 2200 in 4
+// chunks), and more units of strips than CTAs, so a CTA's units alternate between
+// its two partial buffers (N = 20000 in 8 chunks).
+TEST_P(LinearGpu, DecodeShapes) {
+  const Problem problems[] = {{11, 88, 44, 12}, {13, 1032, 1001, 1}, {5, 256, 2200, 4}, {3, 128, 20000, 8}};
+  uint64_t seed = 800;
+  for (const Problem& pb : problems)
+    for (Fill fill : {Fill::Uniform, Fill::Spread, Fill::Edge})
+      check_problem(contract(), contract().knobs, pb, fill, seed += 7, 1 << 30, {});
+}
+
 // Small token chunks: many chunk partials, so the tree spills past the levels
 // kept in registers (and the last chunk is short).
 TEST_P(LinearGpu, WgradManyTokenChunks) {
