@@ -4,7 +4,7 @@
 //   - linear_wgmma.cu, the warpgroup kernel (wgmma fed by TMA): sm90-tc where TMA
 //     can read both operands, chunks are whole k16 groups, M is past decode sizes
 //     and its tiles give the GPU work;
-//   - linear_decode.cu: the chunked sm90-tc forward at decode sizes (M <= 16)
+//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16)
 //     where both operands allow 16-byte runs, the weight streamed into mma.sync
 //     fragments;
 //   - linear_mma.cu, mma.sync on cp.async tiles for the other sm90-tc GEMMs, and

@@ -1,17 +1,10 @@
 // The decode engine of linear (linear_gemm.cuh says what every GEMM computes):
-// sm90-tc forward GEMMs of decode size (M <= 16 rows of x) with chunked
-// reductions (row-parallel o_proj / down_proj, C > 1), which stream the weight once
-// and are bound by its bytes. linear_mma.cu's decode tiles give one warp a whole
-// 16 × 16 output tile over all C chunks in turn; here each chunk of each strip of
-// 8 columns is its own warp's task, C times the warps, and the weight goes from
-// global memory straight into the mma B fragments through a ring of kDepth k16
-// groups of loads issued ahead of the chain (no shared memory for the weight).
-// Measured (bench/NOTES.md, session 11): 2.3-4.7x faster than main's decode
-// tiles on the chunked Qwen3 shapes, but each warp gains about one k16 group per
-// memory latency, so the ring does not keep kDepth groups in flight as meant;
-// single-chunk GEMMs (whose one chain per strip leaves this engine no more warps
-// than strips) took up to 2x as long here as on linear_mma.cu's tiles and stay
-// there.
+// sm90-tc forward GEMMs of decode size (M <= 16 rows of x), which stream the weight
+// once and are bound by its bytes. A warp per strip of 8 output columns and chunk
+// (C times the warps of linear_mma.cu's decode tiles on chunked reductions); the
+// weight goes from global memory straight into the mma B fragments in batches of
+// kBatch k16 groups, two batches in flight per warp (no shared memory for the
+// weight).
 //
 //   - Work: a task is one strip of 8 output columns (8 weight rows) × one chunk of
 //     the reduction; one warp runs one task's chain at a time. A unit is a few
@@ -39,9 +32,9 @@
 //     element of the next chunk out of this one.
 //   - Chunk partials meet in shared memory; each output's C partials go through
 //     reduce.h's pairwise_tree in chunk order, then store_outputs.
-// It takes the chunked forward (both operands reduction-major) where both operands
-// allow 16-byte copies (rows, chunk starts and lengths multiples of 8 elements) and
-// x fits in shared memory; linear_mma.cu runs the rest.
+// It takes the forward (both operands reduction-major) where both operands allow
+// 16-byte copies (rows, chunk starts and lengths multiples of 8 elements) and x
+// fits in shared memory; linear_mma.cu runs the rest.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -56,10 +49,9 @@ namespace bp::cuda::gemm {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// k16 groups of weight loads issued ahead per warp (two registers each). 16 beat
-// 32 on 5 of the 8 chunked decode rows (30B expert_down 8.5 -> 6.0 us) and needs
-// ~92 registers instead of 156, so two 8-warp CTAs fit an SM.
-constexpr int kDepth = 16;
+// k16 groups per batch of weight loads (two registers each); two batches, 8 KB,
+// in flight per warp keep ~2 MB in flight even on 0.6B q_proj's 256 warps.
+constexpr int kBatch = 16;
 
 // One warp's 16 × 8 mma tile as store_outputs reads it (accumulator i: row
 // g + 8·(i / 2), column 2t + i % 2 of the C fragment, PTX ISA mma.m16n8k16).
@@ -77,27 +69,58 @@ struct StripTile {
 // half-warp reads (8 bytes per lane, 32 bytes per row) in distinct banks.
 inline int x_stride_elems(int red) { return ((2 * red + 95) / 128 * 128 + 32) / 2; }
 
-// One warp's chain over one chunk of one strip. start() issues the first kDepth
-// groups' weight loads (before the CTA waits for x); run() consumes the groups in
-// increasing order, each slot of the ring refilled kDepth groups ahead.
+// One warp's chain over one chunk of one strip, its weight loads in batches of
+// kBatch groups, two batches in flight: run() waits for batch b (issued a whole
+// batch earlier) while batch b + 1 is on its way, then reissues b's registers for
+// b + 2. A rolling ring (each group's load refilled kDepth groups ahead) ran at one
+// group per memory latency (bench/NOTES.md, session 11): a batch issued back to
+// back and waited for at once needs one wait per batch. Every lane issues every
+// load of a batch (a dead piece reads its row's first 8 bytes and is zeroed where
+// used), so no branch separates the loads.
 struct StripChain {
-  uint2 ring[kDepth];
-  const bf16* w;  // this lane's weight row at the chunk's start + 4t
-  int groups, len, t;
+  uint2 batch[2][kBatch];
+  const bf16* w_row;  // this lane's weight row
+  int k;              // this lane's first element in it: the chunk's start + 4t
+  int groups, batches, len, t;
 
-  // Group i's piece of this lane lies inside the chunk.
-  __device__ bool live(int i) const { return i < groups && 16 * i + 4 * t < len; }
-  __device__ uint2 load(int i) const { return live(i) ? ld_stream8(w + 16 * i) : make_uint2(0, 0); }
+  // Group i's piece of this lane lies inside the chunk (so i < groups).
+  __device__ bool live(int i) const { return 16 * i + 4 * t < len; }
+  __device__ void issue(int b, uint2 (&dst)[kBatch]) const {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = b * kBatch + j;
+      dst[j] = ld_stream8(w_row + (live(i) ? k + 16 * i : 0));
+    }
+  }
 
   __device__ void start(const Problem& p, int col0, int k0) {
     const int lane = threadIdx.x % 32;
     t = lane % 4;
     len = min(p.chunk, p.red - k0);  // <= 0: an empty chunk, whose partial is +0
     groups = len > 0 ? (len + 15) / 16 : 0;
+    batches = (groups + kBatch - 1) / kBatch;
     // Columns past N read row N − 1: they reach only outputs that are not stored.
-    w = p.b.p + static_cast<size_t>(min(col0 + lane / 4, p.n - 1)) * p.b.ld + k0 + 4 * t;
+    w_row = p.b.p + static_cast<size_t>(min(col0 + lane / 4, p.n - 1)) * p.b.ld;
+    k = k0 + 4 * t;
+    if (batches > 0) issue(0, batch[0]);
+    if (batches > 1) issue(1, batch[1]);
+  }
+
+  // The groups of batch b from src, in increasing order, into acc.
+  __device__ void consume(const Problem& p, int b, const uint2 (&src)[kBatch], const bf16* x_lo, const bf16* x_hi,
+                          float (&acc)[4]) const {
+    const bool hi_rows = p.m > 8;
 #pragma unroll
-    for (int j = 0; j < kDepth; ++j) ring[j] = load(j);
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = b * kBatch + j;
+      if (i >= groups) break;
+      const bool in = live(i);
+      // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}; a dead piece reads k 0..3.
+      const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + (in ? 16 * i : 0));
+      const uint2 hi = hi_rows ? *reinterpret_cast<const uint2*>(x_hi + (in ? 16 * i : 0)) : make_uint2(0, 0);
+      const uint32_t a[4] = {in ? lo.x : 0u, in ? hi.x : 0u, in ? lo.y : 0u, in ? hi.y : 0u};
+      mma_m16n8k16(acc, a, in ? src[j].x : 0u, in ? src[j].y : 0u);
+    }
   }
 
   // acc = the chunk's dot from +0; xs: x's rows (row stride x_ld) at the chunk's start.
@@ -107,27 +130,14 @@ struct StripChain {
     // mma's rows 8..15 are zero and not read at all.
     const bf16* x_lo = xs + min(g, p.m - 1) * x_ld + 4 * t;
     const bf16* x_hi = xs + min(g + 8, p.m - 1) * x_ld + 4 * t;
-    const bool hi_rows = p.m > 8;
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
-    for (int base = 0; base < groups; base += kDepth) {
-#pragma unroll
-      for (int j = 0; j < kDepth; ++j) {
-        const int i = base + j;
-        if (i >= groups) break;
-        uint32_t a[4] = {0, 0, 0, 0};  // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}
-        if (16 * i + 4 * t < len) {
-          const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + 16 * i);
-          a[0] = lo.x;
-          a[2] = lo.y;
-          if (hi_rows) {
-            const uint2 hi = *reinterpret_cast<const uint2*>(x_hi + 16 * i);
-            a[1] = hi.x;
-            a[3] = hi.y;
-          }
-        }
-        mma_m16n8k16(acc, a, ring[j].x, ring[j].y);
-        ring[j] = load(i + kDepth);
+    for (int b = 0; b < batches; b += 2) {
+      consume(p, b, batch[0], x_lo, x_hi, acc);
+      if (b + 2 < batches) issue(b + 2, batch[0]);
+      if (b + 1 < batches) {
+        consume(p, b + 1, batch[1], x_lo, x_hi, acc);
+        if (b + 3 < batches) issue(b + 3, batch[1]);
       }
     }
   }
@@ -135,7 +145,7 @@ struct StripChain {
 
 // Units of `unit_strips` consecutive strips (every chunk of each), unit u to CTA
 // u mod gridDim.x: a CTA copies x once and its warps stream unit after unit.
-// Shared memory: x [m][x_ld] bf16, then two buffers of the partials
+// Shared memory: x [m][x_ld] bf16, then (chunks > 1) two buffers of the partials
 // [strip][row < m][8 columns][chunk] fp32, units alternating between them, so
 // one barrier per unit both completes a unit's partials and frees the buffer
 // the next unit writes.
@@ -179,10 +189,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
       if (task + warps < tasks) start(unit, task + warps);
       else start(unit + gridDim.x, warp);
       const int s = task / p.chunks, c = task % p.chunks;
+      if (p.chunks == 1) {
+        store_outputs<StripCfg>(p, tile, acc, 0, (strip0 + s) * 8);
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (tile.row(i) < p.m) unit_part[((s * p.m + tile.row(i)) * 8 + tile.col(i)) * p.chunks + c] = acc[i];
     }
+    if (p.chunks == 1) continue;
     __syncthreads();
     for (int s = warp; s < tasks / p.chunks; s += warps) {
       float v[4];
@@ -199,8 +214,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
 }  // namespace
 
 bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
-  if (ma != Major::Red || mb != Major::Red || p.m > kDecodeRows || p.chunks < 2 || !p.a.vec || !p.b.vec)
-    return false;
+  if (ma != Major::Red || mb != Major::Red || p.m > kDecodeRows || !p.a.vec || !p.b.vec) return false;
   const int strips = (p.n + 7) / 8, sms = multiprocessors();
   // A unit is as many strips as the warps hold (every chunk of a strip in one
   // CTA), fewer while the units would not cover every SM.
@@ -210,7 +224,7 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   const int warps = std::min(kMaxWarps, unit_strips * p.chunks);
   const int x_ld = x_stride_elems(p.red);
   const size_t x_bytes = (static_cast<size_t>(p.m) * x_ld * sizeof(bf16) + 15) / 16 * 16;
-  const size_t part_bytes = 2 * sizeof(float) * unit_strips * p.m * 8 * p.chunks;
+  const size_t part_bytes = p.chunks > 1 ? 2 * sizeof(float) * unit_strips * p.m * 8 * p.chunks : 0;
   static const int max_smem = [] {
     int dev = 0, bytes = 0;
     BP_CUDA_CHECK(cudaGetDevice(&dev));

@@ -11,9 +11,9 @@
 // the tree as they finish (ChunkTree). Three engines run it:
 //   - linear_mma.cu: tiles of 32 reduction elements through a cp.async pipeline;
 //     sm90-tc on mma.sync.m16n8k16, fma-seq on the SIMT cores;
-//   - linear_decode.cu: the chunked sm90-tc forward at decode sizes (M <= 16): the
-//     weight from global memory straight into mma.sync fragments, a warp per strip
-//     of 8 columns and chunk;
+//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16): the weight
+//     from global memory straight into mma.sync fragments, a warp per strip of 8
+//     columns and chunk;
 //   - linear_wgmma.cu: sm90-tc where TMA can read both operands and M is past
 //     decode sizes: the same G steps on wgmma with TMA-fed, swizzled stages of 64
 //     reduction elements.
@@ -317,8 +317,8 @@ void run_mma(DotModel model, Major ma, Major mb, const Problem& p, cudaStream_t 
 // One grouped launch of `problems` (each with m, n and chunks > 0) on those tiles.
 void run_mma_grouped(DotModel model, Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream);
 
-// linear_decode.cu: a chunked, decode-sized sm90-tc forward (M <= kDecodeRows,
-// chunks > 1, both operands reduction-major with 16-byte runs) with the weight
+// linear_decode.cu: a decode-sized sm90-tc forward (M <= kDecodeRows, both
+// operands reduction-major with 16-byte runs, x fitting shared memory) with the weight
 // streamed into the mma fragments; false (nothing launched) where it does not apply.
 bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream);
 

@@ -14,9 +14,10 @@
 //   - the chunk partials fold into the tree as they finish (ChunkTree,
 //     linear_gemm.cuh).
 // It runs every fma-seq GEMM, and sm90-tc where neither the warpgroup engine
-// (linear_wgmma.cu) nor the decode engine (linear_decode.cu: chunked decode-sized
-// forwards) does: single-chunk decode-sized M, operands TMA cannot read, chunks
-// that are not whole k16 groups, grids too small for its tiles.
+// (linear_wgmma.cu) nor the decode engine (linear_decode.cu: decode-sized forwards
+// in 16-byte runs) does: decode-sized input gradients, grouped launches and
+// unaligned operands, operands TMA cannot read, chunks that are not whole k16
+// groups, grids too small for its tiles.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

@@ -272,11 +272,11 @@ TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
       check_problem(contract(), contract().knobs, pb, fill, seed += 7, 64, partial_sums);
 }
 
-// Decode sizes on the decode engine (linear_decode.cu: M <= 16, chunked, K and the
-// chunks multiples of 8): more chunks than a CTA has warps and an empty last one
-// (K = 88 in 12 chunks of 8, every group half inside its chunk, M > 8), columns
-// past the last whole strip (N = 44; and N = 1001 with K = 1032, a single chunk
-// ending in the middle of a k16 group, which linear_mma.cu's decode tile runs),
+// Decode sizes on the decode engine (linear_decode.cu: M <= 16, K and the chunks
+// multiples of 8): more chunks than a CTA has warps and an empty last one (K = 88
+// in 12 chunks of 8, every group half inside its chunk, M > 8), columns past the
+// last whole strip (N = 44; and N = 1001 with K = 1032, a single chunk ending in
+// the middle of a k16 group after three batches of weight loads),
 // several strips per CTA with their chunk partials side by side (N = 2200 in 4
 // chunks), and more units of strips than CTAs, so a CTA's units alternate between
 // its two partial buffers (N = 20000 in 8 chunks).
