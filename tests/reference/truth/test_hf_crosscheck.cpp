@@ -62,9 +62,10 @@ namespace {
 using Seqs = std::vector<std::vector<int32_t>>;
 using RowsD = std::vector<std::vector<double>>;
 
-const std::vector<std::string> kConfigs = {"qwen3-dense-tiny",          "qwen3-moe-tiny",
-                                           "dense-gqa1-untied-sharded", "dense-gqa4-tied",
-                                           "moe-gqa4-step2-nonorm-tied", "moe-gqa1-top3-nonorm"};
+const std::vector<std::string> kConfigs = {"qwen3-dense-tiny",           "qwen3-moe-tiny",
+                                           "dense-gqa1-untied-sharded",  "dense-gqa4-tied",
+                                           "moe-gqa4-step2-nonorm-tied", "moe-gqa1-top3-nonorm",
+                                           "dense-mqa8-oddsize-tied",    "moe-oddsize-untied"};
 
 // One fixture directory: the checkpoint through the users' loader, the token
 // sequences and every tensor of hf_outputs.safetensors (as fp32).
