@@ -10,7 +10,8 @@
                                                  (nvdisasm or cuobjdump -sass)
 
 count: the listing must be one kernel's straight-line code. Each exp2_poly ends in
-its canonical-NaN select (`SEL Rd, Ry, 0x7fc00000`); from there the backward slice
+its canonical-NaN select (`SEL Rd, Ry, 0x7fc00000`, or `FSEL Rd, Ry, +QNAN` where
+the NaN test is a float compare); from there the backward slice
 follows the registers and predicates read, back to the exponent-forming fma
 (`FFMA Rt, Rz, c, -Rm`: t = fma(z, c, -m_c), SPEC.md §5.6 v2), where it stops. A
 predicated definition does not end a live range (the value it may keep is traced
@@ -97,10 +98,11 @@ def backward_slice(ins, root):
 
 def count(path):
     ins = parse(path)
-    roots = [i for i, x in enumerate(ins) if x['op'] == 'SEL' and '0x7fc00000' in x['text']]
+    roots = [i for i, x in enumerate(ins)
+             if (x['op'] == 'SEL' and '0x7fc00000' in x['text']) or (x['op'] == 'FSEL' and '+QNAN' in x['text'])]
     slices = [backward_slice(ins, r) for r in roots]
     if not slices:
-        bad_input('no exp2_poly (no canonical-NaN SEL) in the listing')
+        bad_input('no exp2_poly (no canonical-NaN SEL or FSEL) in the listing')
     shared = Counter(j for s in slices for j in s)
     for j in slices[0]:
         print(('shared  ' if shared[j] > 1 else '        ') + ins[j]['text'])

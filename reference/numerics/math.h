@@ -12,6 +12,8 @@
 //
 // Every NaN result is the canonical kCanonicalNanF32.
 #pragma once
+#include <cmath>
+
 #include "fp.h"
 
 namespace bp {
@@ -343,10 +345,15 @@ BP_HD inline float exp2(float x) {
 BP_HD inline float exp2_poly(float x) {
   constexpr float c1 = 0x1.62e42cp-1f, c2 = 0x1.ebfd3ap-3f, c3 = 0x1.c68af6p-5f, c4 = 0x1.3cfd82p-7f,
                   c5 = 0x1.473738p-10f, c6 = 0x1.c44580p-13f;
-  // r = RN(x − 1/2) rounded to an integer (|x| < 2^22): ⌊x⌋, or x itself for an even
-  // integer x, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
-  const float r = add_rn(sub_rn(x, 0.5f), detail::kRoundShift);
-  const float f = sub_rn(x, sub_rn(r, detail::kRoundShift));  // exact; in [0, 1] but for |x| < 2^-25
+  // The overflow as a clamp (one min instead of a compare and a select): 128 is an
+  // even integer, so t = 128 gives j = 128, f = 0, p = 1 and the exponent insert
+  // makes 0x7F800000 = +Inf exactly. fminf takes a NaN x to 128; the NaN select
+  // below tests x itself.
+  const float t = fminf(x, 128.0f);
+  // r = RN(t − 1/2) rounded to an integer (|t| < 2^22): ⌊t⌋, or t itself for an even
+  // integer t, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
+  const float r = add_rn(sub_rn(t, 0.5f), detail::kRoundShift);
+  const float f = sub_rn(t, sub_rn(r, detail::kRoundShift));  // exact; in [0, 1] but for |t| < 2^-25
   float p = fma_rn(c6, f, c5);
   p = fma_rn(p, f, c4);
   p = fma_rn(p, f, c3);
@@ -355,10 +362,10 @@ BP_HD inline float exp2_poly(float x) {
   p = fma_rn(p, f, 1.0f);  // in [1, 2]
   // bits(r) = 0x4B400000 + j, and 0x4B400000 << 23 vanishes modulo 2^32.
   const float y = float_of(bits_of(p) + (bits_of(r) << 23));
-  // One select each (a nested conditional compiles to a branch).
-  const float in_range = x < -125.0f ? 0.0f : y;  // x ≥ −125: j ≥ −125, a normal result
-  const float clamped = x >= 128.0f ? float_of(detail::kInfBits) : in_range;
-  return is_nan(x) ? detail::canonical_nan() : clamped;
+  // One select each (a nested conditional compiles to a branch); x != x is the NaN
+  // test the hardware does in one compare (no fast-math anywhere, SPEC.md §1).
+  const float in_range = t < -125.0f ? 0.0f : y;  // t ≥ −125: j ≥ −125, a normal result
+  return x != x ? detail::canonical_nan() : in_range;
 }
 
 // Natural logarithm. x = 2^E·m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact),
