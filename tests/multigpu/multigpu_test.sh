@@ -6,9 +6,9 @@
 #
 #   multigpu_test.sh BITPARITY SCENARIO WORKDIR
 #
-# Scenarios: sweep_dense, sweep_moe, sweep_mqa, control, kill, throw, socket,
-# torchrun, mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4,
-# control4 (four); sweep_dense8, sweep_moe8, control8 (eight).
+# Scenarios: sweep_dense, sweep_moe, sweep_mqa, sweep_oddsize, control, kill, throw,
+# socket, torchrun, mpirun, mismatch, interrupt (two GPUs); sweep_dense4, sweep_moe4,
+# sweep_oddsize4, control4 (four); sweep_dense8, sweep_moe8, control8 (eight).
 set -uo pipefail
 BIN=$1
 SCENARIO=$2
@@ -50,6 +50,10 @@ WORLD4_MOE=tp4-ep1-cp1,tp1-ep4-cp1,tp2-ep2-cp1,tp2-ep1-cp2,tp2-ep1-cp2z,tp1-ep2-
 # rank (ep 8), and the mixed layouts of eight ranks (tp·ep·cp = 8).
 WORLD8_DENSE=tp8-ep1-cp1,tp4-ep1-cp2,tp4-ep1-cp2z,tp2-ep1-cp4
 WORLD8_MOE=tp8-ep1-cp1,tp1-ep8-cp1,tp2-ep4-cp1,tp4-ep2-cp1,tp2-ep2-cp2,tp2-ep2-cp2z,tp1-ep4-cp2
+# The odd-size Hugging Face checkpoints (issue 21): vocab 300 and 211, intermediate 100 and
+# 49 in uneven TP slices (the tail rank's shorter, one chunk empty), MQA replicated at tp > 1.
+ODD_DENSE=$SRC/fixtures/hf/dense-mqa8-oddsize-tied
+ODD_MOE=$SRC/fixtures/hf/moe-oddsize-untied
 
 case $SCENARIO in
   # Every world-2 (world-4) layout x every contract x every path, gradients and op captures.
@@ -66,6 +70,22 @@ case $SCENARIO in
       --json report.json --quiet
     expect_rc 0 $? "the sweep"
     grep -q '"communication"' report.json || fail "the report has no communication traffic"
+    ;;
+
+  # The odd-size checkpoints on world-2 (world-4) layouts, every contract and path,
+  # gradients and captures: the dense one on tp and cp, the MoE one also on ep.
+  sweep_oddsize | sweep_oddsize4)
+    if [[ $SCENARIO == sweep_oddsize ]]; then
+      runs=("$ODD_DENSE tp2-ep1-cp1,tp1-ep1-cp2z" "$ODD_MOE tp2-ep1-cp1,tp1-ep2-cp1,tp1-ep1-cp2z")
+    else
+      runs=("$ODD_DENSE tp4-ep1-cp1,tp2-ep1-cp2z" "$ODD_MOE tp4-ep1-cp1,tp1-ep4-cp1,tp2-ep2-cp1,tp2-ep1-cp2z")
+    fi
+    for run in "${runs[@]}"; do
+      read -r model layouts <<<"$run"
+      "$BIN" sweep --implementation nccl --model "$model" --layout "$layouts" --contract "$ALL_CONTRACTS" \
+        --capture ops --json report.json --quiet
+      expect_rc 0 $? "the sweep of $(basename "$model")"
+    done
     ;;
 
   # Replicated kv heads on real ranks: the dense fixture with one kv head (MQA) at tp 2,
