@@ -58,7 +58,7 @@ struct Problem {
   int chunks;    // ceil(red / chunk)
   float* out_f32;  // exactly one of the two outputs is set
   bf16* out_bf16;
-  float* spill;  // chunk-tree levels >= kRegSlots: [level][m][n]
+  float* spill;  // chunk-tree levels >= kRegSlots (ChunkTree's layout)
 };
 
 // One CTA per entry of the tile table: tile (problem, row0, col0) of a grouped launch.
@@ -104,6 +104,12 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
 }
 
 // --- the chunk tree -------------------------------------------------------------
+// Tiles whose chunk tree keeps slot 0 in shared memory, a thread's element i at
+// [i·kNodeStride] from its own first one (the warpgroup engine's chunked tile,
+// whose registers hold two accumulator sets).
+template <class Cfg>
+concept SharedNode = requires { requires Cfg::kNodeStride > 0; };
+
 // reduce.h's pairwise_tree over the chunk partials, folded in as each chunk ends:
 // node l of the tree over chunks [i·2^l, (i+1)·2^l) is complete when chunk
 // (i+1)·2^l − 1 ends, so a binary counter holds at most one pending node per
@@ -112,9 +118,14 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
 // node, as v[2i] + v[2i+1]); the last chunk then folds the remaining pending nodes
 // from the lowest level up, which is how pairwise_tree moves an odd last node up
 // and adds it later.
-// The node being built lives in slot 0, which is also level 0's pending slot;
-// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch
-// (each thread reads back only what it wrote, kStep adjacent columns at a time).
+// The node being built lives in slot 0, which is also level 0's pending slot (in
+// registers, or in shared memory where SharedNode<Cfg>); levels 1 .. kRegSlots − 1
+// wait in registers, deeper ones in the global scratch, where each thread keeps
+// its whole share of the tile, past the problem's edge too (it reads back only
+// what it wrote): [level][tile][i / kStep][thread][kStep], so a warp's accesses
+// are consecutive and a thread's addresses are one pointer plus constants (the
+// output-shaped layout this replaced needed an address and a bounds test per
+// pair, which the compiler hoisted out of the chunk loop into registers).
 // The dot's accumulators are only read: the warpgroup engine's are written by
 // nothing but wgmma, so ptxas need not wait for a wgmma in flight to move them. A
 // single chunk's root is the accumulators themselves; a tile with kRegSlots == 0
@@ -124,53 +135,50 @@ struct ChunkTree {
   static constexpr int kSlots = Cfg::kRegSlots;
   static constexpr int kAcc = Cfg::kAcc;
   static constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
-  float slot[kSlots > 0 ? kSlots : 1][kAcc];
-  float* spill;  // [level - kSlots][m][n]
-  int m, n, chunks, row0, col0;
+  static constexpr int kTileThreads = Cfg::kBM * Cfg::kBN / kAcc;  // the threads holding a tile's accumulators
+  static_assert(kTileThreads * kAcc == Cfg::kBM * Cfg::kBN, "the threads' accumulators cover the tile");
+  float slot[kSlots > 0 ? kSlots : 1][kAcc];  // slot 0 unused where SharedNode<Cfg>
+  float* shared_node;  // this thread's element 0 of slot 0, where SharedNode<Cfg>
+  float* spill;        // this thread's element 0 of level kSlots in the scratch
+  size_t level_stride;  // elements from one level to the next
+  int chunks, row0, col0;
 
-  __device__ ChunkTree(const Problem& p, int r0, int c0)
-      : spill(p.spill), m(p.m), n(p.n), chunks(p.chunks), row0(r0), col0(c0) {}
-
-  // Outputs i .. i + kStep − 1 of `level` in the scratch; nullptr past the rows or
-  // the first column, and `whole` when all kStep columns are inside (n even keeps a
-  // pair inside a row and 8-byte aligned: each problem's scratch starts at a
-  // multiple of its m·n, and a grouped launch's problems share n).
-  __device__ float* spilled(const Dot& d, int level, int i, bool& whole) const {
-    const int r = row0 + d.row(i), c = col0 + d.col(i);
-    whole = kStep == 2 && n % 2 == 0;
-    if (r >= m || c >= n) return nullptr;
-    return spill + (static_cast<size_t>(level - kSlots) * m + r) * n + c;
+  // `thread`: this thread's index among the tile's kTileThreads.
+  __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, float* node0 = nullptr)
+      : shared_node(node0), chunks(p.chunks), row0(r0), col0(c0) {
+    const int col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
+    const size_t tile = static_cast<size_t>(row0 / Cfg::kBM) * col_tiles + col0 / Cfg::kBN;
+    level_stride = static_cast<size_t>((p.m + Cfg::kBM - 1) / Cfg::kBM) * col_tiles * Cfg::kBM * Cfg::kBN;
+    spill = p.spill + tile * Cfg::kBM * Cfg::kBN + thread * kStep;
   }
-  __device__ void merge_spilled(const Dot& d, int level) {
+
+  // Element i of slot 0.
+  __device__ float& node(int i) {
+    if constexpr (SharedNode<Cfg>) return shared_node[i * Cfg::kNodeStride];
+    else return slot[0][i];
+  }
+
+  // Element i of `level` in the scratch is at [i · kTileThreads].
+  __device__ float* spilled(int level) const { return spill + (level - kSlots) * level_stride; }
+  __device__ void merge_spilled(int level) {
+    const float* s = spilled(level);
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
-      bool whole;
-      const float* s = spilled(d, level, i, whole);
-      if (s == nullptr) continue;
-      if (whole) {
-        const float2 v = *reinterpret_cast<const float2*>(s);
-        slot[0][i] = add_rn(v.x, slot[0][i]);
-        slot[0][i + 1] = add_rn(v.y, slot[0][i + 1]);
+      if constexpr (kStep == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(s + i * kTileThreads);
+        node(i) = add_rn(v.x, node(i));
+        node(i + 1) = add_rn(v.y, node(i + 1));
       } else {
-#pragma unroll
-        for (int e = 0; e < kStep; ++e)
-          if (col0 + d.col(i + e) < n) slot[0][i + e] = add_rn(s[e], slot[0][i + e]);
+        node(i) = add_rn(s[i * kTileThreads], node(i));
       }
     }
   }
-  __device__ void store_spilled(const Dot& d, int level) const {
+  __device__ void store_spilled(int level) {
+    float* s = spilled(level);
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
-      bool whole;
-      float* s = spilled(d, level, i, whole);
-      if (s == nullptr) continue;
-      if (whole) {
-        *reinterpret_cast<float2*>(s) = make_float2(slot[0][i], slot[0][i + 1]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kStep; ++e)
-          if (col0 + d.col(i + e) < n) s[e] = slot[0][i + e];
-      }
+      if constexpr (kStep == 2) *reinterpret_cast<float2*>(s + i * kTileThreads) = make_float2(node(i), node(i + 1));
+      else s[i * kTileThreads] = node(i);
     }
   }
   // slot 0 = slot s + slot 0 (slot s holds the earlier node), for s >= 1.
@@ -179,7 +187,7 @@ struct ChunkTree {
     for (int j = 1; j < kSlots; ++j)
       if (j == s)
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) slot[0][i] = add_rn(slot[j][i], slot[0][i]);
+        for (int i = 0; i < kAcc; ++i) node(i) = add_rn(slot[j][i], node(i));
   }
 
   // Chunk c's partial is in d.acc, or +0 for an empty chunk (no wgmma wrote it);
@@ -190,7 +198,7 @@ struct ChunkTree {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
         const float part = empty ? 0.0f : d.acc[i];
-        slot[0][i] = (c & 1) ? add_rn(slot[0][i], part) : part;
+        node(i) = (c & 1) ? add_rn(node(i), part) : part;
       }
       int l = c & 1;  // level of the node in slot 0
 #pragma unroll
@@ -200,29 +208,34 @@ struct ChunkTree {
           l = s + 1;
         }
       if (l == kSlots)
-        for (; (c >> l) & 1; ++l) merge_spilled(d, l);
+        for (; (c >> l) & 1; ++l) merge_spilled(l);
       if (c == chunks - 1) {
 #pragma unroll
         for (int s = 1; s < kSlots; ++s)
           if (s > l && ((c >> s) & 1)) merge_slot(s);
         for (int h = max(l + 1, kSlots); (c >> h) != 0; ++h)
-          if ((c >> h) & 1) merge_spilled(d, h);
+          if ((c >> h) & 1) merge_spilled(h);
         return true;
       }
 #pragma unroll
       for (int s = 1; s < kSlots; ++s)
         if (s == l)
 #pragma unroll
-          for (int i = 0; i < kAcc; ++i) slot[s][i] = slot[0][i];
-      if (l >= kSlots) store_spilled(d, l);
+          for (int i = 0; i < kAcc; ++i) slot[s][i] = node(i);
+      if (l >= kSlots) store_spilled(l);
     }
     return false;
   }
   // Stores the root once finish_chunk returned true (each branch names its array:
   // choosing one at run time would put both in local memory).
-  __device__ void store_root(const Problem& p, const Dot& d) const {
+  __device__ void store_root(const Problem& p, const Dot& d) {
     if constexpr (kSlots > 0)
-      if (chunks > 1) return store_outputs<Cfg>(p, d, slot[0], row0, col0);
+      if (chunks > 1) {
+        float root[kAcc];  // slot 0 itself where it is in registers
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) root[i] = node(i);
+        return store_outputs<Cfg>(p, d, root, row0, col0);
+      }
     store_outputs<Cfg>(p, d, d.acc, row0, col0);
   }
 };
@@ -249,15 +262,16 @@ inline int tree_levels(int chunks) {
   return levels;
 }
 
-// Scratch elements for the tree levels Cfg keeps out of registers.
-template <class Cfg>
-size_t spill_elems(const Problem& p) {
-  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * p.m * p.n;
-}
-
 template <class Cfg>
 long long tile_count(const Problem& p) {
   return static_cast<long long>((p.m + Cfg::kBM - 1) / Cfg::kBM) * ((p.n + Cfg::kBN - 1) / Cfg::kBN);
+}
+
+// Scratch elements for the tree levels Cfg keeps out of registers (whole tiles).
+template <class Cfg>
+size_t spill_elems(const Problem& p) {
+  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * tile_count<Cfg>(p) * Cfg::kBM *
+         Cfg::kBN;
 }
 
 inline int multiprocessors() {

@@ -257,7 +257,7 @@ __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
   };
 
   Dot dot;
-  ChunkTree<Cfg, Dot> tree(p, row0, col0);
+  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x);
   for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s);
   for (int s = 0; s < stages; ++s) {
     cp_async_wait<Cfg::kStages - 2>();

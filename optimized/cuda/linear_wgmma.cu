@@ -6,17 +6,19 @@
 // the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
 // (one thread) copies 64-element reduction stages of both operands into 128-byte-
 // swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
-// run wgmma on them while the next stages arrive. Each chunk's stages start at
-// the chunk's first element, and a stage's k16 groups past its chunk's end are
-// not issued (whatever the copy brought there), so no group straddles two chunks
-// as long as chunks are whole groups (chunk % 16 == 0, or a single chunk); the
-// part of a stage past the reduction's end arrives as zeros, exactly the padding
-// of gemm_tile (linear_mma.cu).
+// run wgmma on them while the next stages arrive. The stages cut the reduction
+// into consecutive 64-element pieces whatever the chunks (a chunk of 96 is 1.5
+// stages, and no element is copied twice); a consumer issues each stage's groups
+// chunk by chunk, so no group straddles two chunks as long as chunks are whole
+// groups (chunk % 16 == 0, or a single chunk); the part of a stage past the
+// reduction's end arrives as zeros, exactly the padding of gemm_tile
+// (linear_mma.cu).
 //
 // It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
 // whole k16 groups, M is past decode sizes and its tiles give the GPU work
 // (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
 // engine.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -44,14 +46,25 @@ struct WarpgroupTile {
   static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
   static constexpr uint32_t kABytes = kBM * kWgBK * sizeof(bf16), kBBytes = kBN * kWgBK * sizeof(bf16);
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  // Stages, their barriers, and slack to align the first stage to 1024 bytes.
-  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  // A chunked tile's tree slot 0 (ChunkTree's SharedNode): consumer thread t's
+  // element i at [i][t], so a warp's accesses are 128 consecutive bytes.
+  static constexpr int kNodeStride = RegSlots > 0 ? 128 * kConsumers : 0;
+  static constexpr size_t kNodeBytes = size_t{kAcc} * kNodeStride * sizeof(float);
+  // Stages, the tree's slot 0, the stages' barriers, and slack to align the first
+  // stage to 1024 bytes.
+  static constexpr size_t kSmemBytes =
+      size_t{kStages} * kStageBytes + kNodeBytes + 2 * kStages * sizeof(uint64_t) + 1024;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
 };
 // A single chunk and enough tiles: 128 × 256 (128 accumulators per consumer thread).
 using WgWideTile = WarpgroupTile<256, 0, 4>;
-// Chunked reductions or fewer tiles: 128 × 128, the tree's first level in registers.
-using WgNarrowTile = WarpgroupTile<128, 1, 6>;
+// A single chunk and fewer tiles: 128 × 128.
+using WgNarrowTile = WarpgroupTile<128, 0, 6>;
+// Chunked reductions and grouped launches: 128 × 128 with two accumulator sets
+// (consume_chunks), which leave no registers for the tree's slot 0: it and the
+// five stages fill the shared memory (the sixth stage would not fit beside it).
+using WgChunkTile = WarpgroupTile<128, 1, 5>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
 // 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
@@ -106,58 +119,59 @@ struct WarpgroupDot {
   __device__ int row(int i) const { return row_base + lane / 4 + 8 * ((i % 4) / 2); }
   __device__ int col(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
 
-  // Issues the stage's groups that hold reduction elements, in increasing order;
-  // `fresh` (a chunk's first stage) starts the accumulators from +0 by scale-d = 0
-  // on the first group (hw_truth: the bits of a +0 accumulator) instead of a clear.
-  __device__ void step(uint32_t tile_a, uint32_t tile_b, int jvalid, bool fresh) {
+  // Issues the stage's groups kk0 .. kk1 − 1 in increasing order as one commit
+  // group; `fresh` (kk0 is its chunk's first group) starts the accumulators from +0
+  // by scale-d = 0 (hw_truth: the bits of a +0 accumulator) instead of a clear.
+  __device__ void step(uint32_t tile_a, uint32_t tile_b, int kk0, int kk1, bool fresh) {
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
     sm90::fence_accumulators(acc);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kWgBK / 16; ++kk)
-      if (kk * 16 < jvalid)
+      if (kk >= kk0 && kk < kk1)
         wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk),
-                                                      kk == 0 && fresh ? 0 : 1);
+                                                      kk == kk0 && fresh ? 0 : 1);
     sm90::wgmma_commit();
   }
+  // After a wgmma wait that completed this dot's groups: the compiler may read acc
+  // from here on.
+  __device__ void fence() { sm90::fence_accumulators(acc); }
   template <int Pending>
   __device__ void wait() {
     sm90::wgmma_wait<Pending>();
-    sm90::fence_accumulators(acc);
+    fence();
   }
 };
 
-// Shared-memory plan of one CTA: the stages (1024-byte aligned), then a "full"
-// barrier per stage (the producer's copies landed) and an "empty" one (every
-// consumer warp is done reading it).
+// Shared-memory plan of one CTA: the stages (1024-byte aligned), the chunk tree's
+// slot 0 (chunked tiles), then a "full" barrier per stage (the producer's copies
+// landed) and an "empty" one (every consumer warp is done reading it).
 template <class Cfg>
 struct WarpgroupSmem {
   unsigned char* stages;
+  float* node;
   uint64_t* full;
   uint64_t* empty;
   __device__ explicit WarpgroupSmem(unsigned char* raw) {
     stages = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
-    full = reinterpret_cast<uint64_t*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    node = reinterpret_cast<float*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(node) + Cfg::kNodeBytes);
     empty = full + Cfg::kStages;
   }
   __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
   __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
 };
 
+// Stage s holds reduction elements [s·kWgBK, (s + 1)·kWgBK), whatever the chunks.
 template <class Cfg, Major MA, Major MB>
-__device__ void warpgroup_producer(const Problem& p, const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm,
-                                   int row0, int col0, int stages_per_chunk, int stages) {
+__device__ void warpgroup_producer(const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm, int row0,
+                                   int col0, int stages) {
   for (int s = 0; s < stages; ++s) {
     const int slot = s % Cfg::kStages, round = s / Cfg::kStages;
     if (round > 0) sm90::mbarrier_wait(&sm.empty[slot], (round - 1) & 1);
-    if (stage_valid(p, s, stages_per_chunk, kWgBK) <= 0) {  // nothing to copy: the consumers issue no group
-      sm90::mbarrier_arrive(&sm.full[slot]);
-      continue;
-    }
     sm90::mbarrier_arrive_expect_tx(&sm.full[slot], Cfg::kStageBytes);
-    const int j0 = (s / stages_per_chunk) * p.chunk + (s % stages_per_chunk) * kWgBK;
-    SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, j0, Cfg::kBM);
-    SwizzledOperand<MB>::load(sm.b(slot), map_b, &sm.full[slot], col0, j0, Cfg::kBN);
+    SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, s * kWgBK, Cfg::kBM);
+    SwizzledOperand<MB>::load(sm.b(slot), map_b, &sm.full[slot], col0, s * kWgBK, Cfg::kBN);
   }
 }
 
@@ -172,8 +186,10 @@ struct StageRelease {
   __device__ void release(int slot) const {
     if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&sm.empty[slot]);
   }
-  // After wait<1>: every slot but `slot` is free.
+  // After wait<1>: every slot but `slot` (the newest group's) is free. A stage
+  // shared by two chunks is issued as two groups: the second keeps it.
   __device__ void keep_only(int slot) {
+    if (unreleased == slot) return;
     if (unreleased >= 0) release(unreleased);
     unreleased = slot;
   }
@@ -196,7 +212,7 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   for (int s = 0; s < stages; ++s) {
     const int slot = s % Cfg::kStages;
     sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
-    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), stage_valid(p, s, stages, kWgBK), false);
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), 0, (p.red - s * kWgBK + 15) / 16, false);
     dot.template wait<1>();
     stage.keep_only(slot);
   }
@@ -205,30 +221,65 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
 
-// Chunked: each chunk starts with scale-d = 0 and its partial drains (wait<0>)
-// into the tree, which only reads the accumulators, so nothing but wgmma writes
-// them; the stage loop of a chunk holds no tree code.
+// Chunked: chunk c accumulates in accumulator set c % 2, from scale-d = 0, one
+// commit group per stage piece (a stage shared by two chunks is two groups).
+// Chunk c's partial is not drained on its own: chunk c + 1's first piece is
+// issued into the other set, and its wait<1> leaves that piece in flight while
+// chunk c's partial folds into the tree, so the tensor cores run through the
+// merge. The fold reads only the finished set and writes only the tree's
+// registers, so nothing but wgmma writes the accumulators (else ptxas injects a
+// wait for every wgmma in flight: C7517), and chunk c + 2 starts in that set only
+// after the fold. Registers: the two sets, 64 each; the tree's slot 0 is in shared
+// memory (with it in registers too, ptxas spilled at the consumers' 232).
 template <class Cfg, Major MA, Major MB>
-__device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0,
-                               int stages_per_chunk, int consumer) {
+__device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int consumer) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
-  Dot dot(consumer);
-  ChunkTree<Cfg, Dot> tree(p, row0, col0);
+  Dot even(consumer), odd(consumer);
+  const int thread = threadIdx.x - 128;  // after the producer warpgroup
+  ChunkTree<Cfg, Dot> tree(p, row0, col0, thread, sm.node + thread);
   StageRelease<Cfg> stage{sm};
-  for (int c = 0, s = 0; c < p.chunks; ++c) {
-    const bool empty = stage_valid(p, s, stages_per_chunk, kWgBK) <= 0;  // partial +0, no wgmma issued
-    for (int j = 0; j < stages_per_chunk; ++j, ++s) {
-      const int slot = s % Cfg::kStages;
+  bool prev_empty = false;  // chunk c − 1 had no elements: its partial is +0
+  // Chunk c into `cur`, folding chunk c − 1 (in `prev`) once its groups are done.
+  const auto chunk = [&](Dot& cur, Dot& prev, int c) {
+    const int begin = min(c * p.chunk, p.red), end = min(begin + p.chunk, p.red);
+    int j = begin;  // the next element to issue
+    // cur's groups of the stage holding element j, as one commit group. A chunk
+    // past the reduction's end (empty) commits an empty group in the last stage,
+    // so chunk c − 1's groups are waited for the same way without a branch around
+    // the wgmma (ptxas serialises wgmma behind a divergent path's injected
+    // warpgroup.arrive: C7520).
+    const auto piece = [&] {
+      const int s = min(j, p.red - 1) / kWgBK, slot = s % Cfg::kStages, piece_end = min(end, (s + 1) * kWgBK);
       sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
-      dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)),
-               stage_valid(p, s, stages_per_chunk, kWgBK), j == 0);
-      dot.template wait<1>();
+      cur.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), (j - s * kWgBK + 15) / 16,
+               (piece_end - s * kWgBK + 15) / 16, j == begin);
+      cur.template wait<1>();
       stage.keep_only(slot);
+      j = piece_end;
+    };
+    piece();
+    if (c > 0) {
+      prev.fence();
+      tree.finish_chunk(prev, c - 1, prev_empty);
     }
-    dot.template wait<0>();
-    stage.all();
-    if (tree.finish_chunk(dot, c, empty)) tree.store_root(p, dot);
+    while (j < end) piece();
+    prev_empty = begin == end;
+  };
+  for (int c = 0; c < p.chunks; c += 2) {
+    chunk(even, odd, c);
+    if (c + 1 < p.chunks) chunk(odd, even, c + 1);
   }
+  sm90::wgmma_wait<0>();
+  stage.all();
+  // The last chunk's set, named in each branch (one chosen at run time would put
+  // both sets in local memory).
+  const auto finish = [&](Dot& last) {
+    last.fence();
+    tree.finish_chunk(last, p.chunks - 1, prev_empty);
+    tree.store_root(p, last);
+  };
+  if ((p.chunks - 1) % 2) finish(odd);
+  else finish(even);
 }
 
 template <class Cfg, Major MA, Major MB>
@@ -243,16 +294,15 @@ __device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* 
     sm90::mbarrier_init_fence();
   }
   __syncthreads();
-  const int stages_per_chunk = (p.chunk + kWgBK - 1) / kWgBK;
-  const int stages = p.chunks * stages_per_chunk;
+  const int stages = (p.red + kWgBK - 1) / kWgBK;
   const int group = threadIdx.x / 128;
   if (group == 0) {
     sm90::release_registers<40>();
-    if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(p, map_a, map_b, sm, row0, col0, stages_per_chunk, stages);
+    if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(map_a, map_b, sm, row0, col0, stages);
   } else {
     sm90::claim_registers<232>();
     if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, row0, col0, stages, group - 1);
-    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, stages_per_chunk, group - 1);
+    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, group - 1);
   }
 }
 
@@ -343,9 +393,11 @@ template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
   const int sms = multiprocessors();
+  static_assert(WgNarrowTile::kBM == WgChunkTile::kBM && WgNarrowTile::kBN == WgChunkTile::kBN);
   if (p.chunks == 1 && tile_count<WgWideTile>(p) >= sms) launch_warpgroup<WgWideTile, MA, MB>(p, stream);
-  else if (8 * tile_count<WgNarrowTile>(p) >= sms) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
-  else return false;
+  else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
+  else if (p.chunks == 1) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
+  else launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
   return true;
 }
 
@@ -387,9 +439,13 @@ bool warpgroup_group_fits(const std::vector<Problem>& problems) {
   return 2 * rows >= static_cast<long long>(problems.size()) * WgNarrowTile::kBM;
 }
 
+// On the single-chunk tile where every problem is one chunk (six stages, no tree).
 void run_wgmma_grouped(Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream) {
+  const bool one_chunk = std::all_of(problems.begin(), problems.end(), [](const Problem& p) { return p.chunks == 1; });
   with_majors(ma, mb, [&](auto a, auto b) {
-    launch_warpgroup_grouped<WgNarrowTile, decltype(a)::value, decltype(b)::value>(std::move(problems), stream);
+    constexpr Major A = decltype(a)::value, B = decltype(b)::value;
+    if (one_chunk) launch_warpgroup_grouped<WgNarrowTile, A, B>(std::move(problems), stream);
+    else launch_warpgroup_grouped<WgChunkTile, A, B>(std::move(problems), stream);
   });
 }
 

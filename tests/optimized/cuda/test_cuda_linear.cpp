@@ -297,6 +297,9 @@ TEST_P(LinearGpu, WgradManyTokenChunks) {
     kn.grad_token_chunk = chunk;
     for (const Problem& pb : {Problem{37, 48, 40, 1}, Problem{300, 64, 72, 1}, Problem{1100, 40, 24, 1}})
       check_problem(contract(), kn, pb, Fill::Spread, 500 + chunk, 1 << 30, only_wgrad);
+    // 20 tiles of 512 x 640: the warpgroup kernel where the chunks are whole k16
+    // groups (16: four chunks in one 64-token stage; 128 and its 44-token tail).
+    check_problem(contract(), kn, Problem{300, 640, 512, 1}, Fill::Spread, 600 + chunk, 24, only_wgrad);
   }
 }
 
@@ -310,11 +313,15 @@ TEST_P(LinearGpu, EdgeValues) {
 // (M > 16, at least 17 tiles of 128 x 128; the first forward has 153 tiles of
 // 128 x 256), every function, Spread and Edge values: reduction tails that end
 // inside a k16 group (K = 1032, N = 1000, 300 tokens = two token chunks of 128 and
-// one of 44), chunks that are not whole 64-element stages (K = 768 in 8 chunks of
-// 96), edge tiles in both output dimensions. Sampled rows (the reference is slow).
+// one of 44), chunks that are not whole 64-element stages, so a stage holds the
+// end of one chunk and the start of the next (K = 768 in 8 chunks of 96, K = 384
+// in chunks of 48, dgrad's N = 1152 in chunks of 144 of the row-major weight) or
+// four whole chunks (K = 128 in chunks of 16), edge tiles in both output
+// dimensions. Sampled rows (the reference is slow).
 TEST_P(LinearGpu, WarpgroupShapes) {
   uint64_t seed = 3000;
-  for (const Problem& pb : {Problem{300, 1032, 1000, 1}, Problem{260, 768, 2048, 8}, Problem{1100, 200, 4100, 1}})
+  for (const Problem& pb : {Problem{300, 1032, 1000, 1}, Problem{260, 768, 2048, 8}, Problem{1100, 200, 4100, 1},
+                            Problem{260, 384, 2048, 8}, Problem{260, 768, 1152, 8}, Problem{260, 128, 2048, 8}})
     for (Fill fill : {Fill::Spread, Fill::Edge}) check_problem(contract(), contract().knobs, pb, fill, seed += 11, 24, {});
 }
 
