@@ -64,12 +64,11 @@ std::string shard_check(const Layout& l, const ModelConfig& cfg, const Knobs& kn
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) dense_layers |= !cfg.is_moe_layer(i);
     for (auto [field, value] : {std::pair{"intermediate_size", dense_layers ? cfg.intermediate_size : int64_t{0}},
                                 std::pair{"vocab_size", cfg.vocab_size}}) {
-      const int size = static_cast<int>(value), last = l.tp - 1;
+      const int size = static_cast<int>(value), last = l.tp - 1, n = fixed_chunk_len(size, C);
       if (size > 0 && Slice::of_chunks(size, C, l.tp, last).len == 0)
         return "tp " + std::to_string(l.tp) + " would leave rank " + std::to_string(last) + " no element of " + field +
-               " " + std::to_string(size) + " (" + std::to_string(C) + " chunks of " +
-               std::to_string(fixed_chunk_len(size, C)) + "; rank " + std::to_string(last) + "'s start at element " +
-               std::to_string(int64_t{fixed_chunk_len(size, C)} * (C - C / l.tp)) + ")";
+               " " + std::to_string(size) + " (" + std::to_string(C) + " chunks of " + std::to_string(n) + "; rank " +
+               std::to_string(last) + "'s start at element " + std::to_string(int64_t{n} * (C - C / l.tp)) + ")";
     }
   }
   if (l.ep > 1 && !cfg.is_moe_model()) return "ep " + std::to_string(l.ep) + " needs a MoE model (model_type qwen3_moe)";

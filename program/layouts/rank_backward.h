@@ -86,7 +86,7 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   const std::string wo = lname(li, Param::OProj);
   Buf dO = zeros(int64_t{T} * d.QDl);
   be_.linear_dgrad(kn_, dx.data(), w(wo), dO.data(), T, d.QDl, d.H, 1);
-  emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), Block::column_slice(d.H, at_.t * d.QDl, d.QDl, d.Hq * d.D));
+  emit(run, wo, split_wgrad(split, dx, d.H, s.o, d.QDl), Block::column_slice(d.H, d.Q0, d.QDl, d.QD));
 
   const std::vector<ref::AttnSeq> runs = tk.runs_at(sv.kv_begin);
   Buf dq = zeros(int64_t{T} * d.QDl), dk = zeros(int64_t{T} * d.KDl), dv = zeros(int64_t{T} * d.KDl),
@@ -105,13 +105,13 @@ void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Sav
   // a1 feeds q, k and v: three column-parallel input gradients, rounded once.
   const std::string wq = lname(li, Param::QProj), wk = lname(li, Param::KProj),
                     wv = lname(li, Param::VProj);
-  const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.Hq * d.D, d.QDl);
+  const FBuf from_q = column_dgrad(dqp.data(), w(wq), T, d.H, d.QD, d.QDl);
   const FBuf from_k = kv_dgrad(dkp, wk, T);
   const FBuf from_v = kv_dgrad(dv, wv, T);
   const float* parts[3] = {from_q.data(), from_k.data(), from_v.data()};
   Buf da1 = zeros(static_cast<int64_t>(from_q.size()));
   be_.sum_round(parts, 3, da1.data(), da1.size());
-  emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), Block::row_slice(at_.t * d.QDl, d.QDl, d.H));
+  emit(run, wq, split_wgrad(split, dqp, d.QDl, s.a1, d.H), Block::row_slice(d.Q0, d.QDl, d.H));
   if (kv_leader()) {  // replicas hold the same dk, dv: one computes the weight gradients (a whole plane: same t)
     const Block kv_rows = Block::row_slice(int64_t{kv_slice()} * d.KDl, d.KDl, d.H);
     emit(run, wk, split_wgrad(split, dkp, d.KDl, s.a1, d.H), kv_rows);

@@ -20,10 +20,10 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   const Tokens tk = my_tokens(run, pieces);
   const int T = tk.size();
   const ref::RopeTable rt = rope_table();
-  const int64_t t0 = at_.t, kv0 = kv_slice();
+  const int64_t kv0 = kv_slice();
   // k and v columns: my kv heads', reported by their first replica.
   auto capture_kv = [&](const std::string& name, const Buf& b) {
-    if (kv_leader()) capture(run, tk, name, b, d.KDl, kv0 * d.KDl, int64_t{d.Hkv} * d.D);
+    if (kv_leader()) capture(run, tk, name, b, d.KDl, kv0 * d.KDl, d.KD);
   };
   const auto tok_dev = be_.resident(tk.tok);
   const auto pos_dev = be_.resident(tk.pos);
@@ -49,7 +49,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::QProj)), s.q_pre.data(), T, d.H, d.QDl, 1);
     be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::KProj)), s.k_pre.data(), T, d.H, d.KDl, 1);
     be_.linear_fwd(kn_, s.a1.data(), w(lname(li, Param::VProj)), v.data(), T, d.H, d.KDl, 1);
-    capture(run, tk, cname(li, Op::QProj), s.q_pre, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::QProj), s.q_pre, d.QDl, d.Q0, d.QD);
     capture_kv(cname(li, Op::KProj), s.k_pre);
     capture_kv(cname(li, Op::VProj), v);
     s.qn = zeros(int64_t{T} * d.QDl);
@@ -60,13 +60,13 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
                     T, d.Hql, d.D);
     be_.rmsnorm_fwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), d.eps, s.kn.data(), s.rstd_k.data(),
                     T, d.Hkvl, d.D);
-    capture(run, tk, cname(li, Op::QNorm), s.qn, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::QNorm), s.qn, d.QDl, d.Q0, d.QD);
     capture_kv(cname(li, Op::KNorm), s.kn);
     s.q = zeros(int64_t{T} * d.QDl);
     Buf kr = zeros(int64_t{T} * d.KDl);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.qn.data(), s.q.data(), T, d.Hql);
     be_.rope_fwd(kn_, rt, pos_dev.data(), s.kn.data(), kr.data(), T, d.Hkvl);
-    capture(run, tk, cname(li, Op::QRope), s.q, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
+    capture(run, tk, cname(li, Op::QRope), s.q, d.QDl, d.Q0, d.QD);
     capture_kv(cname(li, Op::KRope), kr);
 
     std::map<int, int> kv_begin;
@@ -77,8 +77,8 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
     s.l = fzeros(int64_t{T} * d.Hql);
     be_.attention_fwd(kn_, ref::AttnDims{d.Hql, d.Hkvl, d.D}, runs.data(), static_cast<int>(runs.size()), s.q.data(),
                       s.kp.data(), s.vp.data(), s.o.data(), s.m.data(), s.l.data());
-    capture(run, tk, cname(li, Op::Attn), s.o, d.QDl, t0 * d.QDl, int64_t{d.Hq} * d.D);
-    const Buf ao = row_parallel(s.o.data(), lname(li, Param::OProj), T, d.Hq * d.D, d.QDl, d.H);
+    capture(run, tk, cname(li, Op::Attn), s.o, d.QDl, d.Q0, d.QD);
+    const Buf ao = row_parallel(s.o.data(), lname(li, Param::OProj), T, d.QD, d.QDl, d.H);
     capture(run, tk, cname(li, Op::AttnOut), ao, d.H, 0, d.H);
     be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
     capture(run, tk, cname(li, Op::ResidAttn), x, d.H, 0, d.H);

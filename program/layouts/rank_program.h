@@ -152,8 +152,8 @@ class RankProgram {
 
   // Shapes: global, and this rank's TP slices.
   struct Dims {
-    int H, D, Hq, Hkv, V, C, E, K, Ie, I;
-    int tp, Hql, Hkvl, QDl, KDl;
+    int H, D, Hq, Hkv, QD, KD, V, C, E, K, Ie, I;  // QD, KD: q and kv dims (heads × head_dim)
+    int tp, Hql, Hkvl, Q0, QDl, KDl;                // Q0: my first q column (my heads')
     int I0, Il, V0, Vl;  // my chunks' slices of I and V: first element, length (Slice::of_chunks)
     int R;  // replicas of each kv head: tp / Hkv when tp > Hkv, else 1 (then Hkvl = Hkv / tp)
     int local_chunks;  // chunks of a C-chunk reduction one rank holds (1 under Ring: one local chain)
@@ -237,6 +237,8 @@ RankProgram<B>::RankProgram(const ModelConfig& cfg, const Weights& w, const Knob
   d.D = static_cast<int>(cfg.head_dim);
   d.Hq = static_cast<int>(cfg.num_attention_heads);
   d.Hkv = static_cast<int>(cfg.num_key_value_heads);
+  d.QD = d.Hq * d.D;
+  d.KD = d.Hkv * d.D;
   d.V = static_cast<int>(cfg.vocab_size);
   d.C = kn.tp_tree_width;
   d.E = static_cast<int>(cfg.num_experts);
@@ -248,6 +250,7 @@ RankProgram<B>::RankProgram(const ModelConfig& cfg, const Weights& w, const Knob
   d.R = d.tp > d.Hkv ? d.tp / d.Hkv : 1;
   d.Hkvl = d.Hkv * d.R / d.tp;
   d.QDl = d.Hql * d.D;
+  d.Q0 = at_.t * d.QDl;
   d.KDl = d.Hkvl * d.D;
   const Slice i_slice = Slice::of_chunks(d.I, d.C, d.tp, at_.t), v_slice = Slice::of_chunks(d.V, d.C, d.tp, at_.t);
   d.I0 = i_slice.begin;
@@ -293,10 +296,10 @@ void RankProgram<B>::keep_weights(const Weights& weights) {
   const auto [e_begin, e_end] = ExpertExchange::held_experts(layout_, d.E, at_.plane_rank(layout_));
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
     for (const Param norm : {Param::InputNorm, Param::PostNorm, Param::QNorm, Param::KNorm}) whole(lname(i, norm));
-    rows(lname(i, Param::QProj), int64_t{at_.t} * d.QDl, d.QDl);
+    rows(lname(i, Param::QProj), d.Q0, d.QDl);
     rows(lname(i, Param::KProj), int64_t{kv_slice()} * d.KDl, d.KDl);
     rows(lname(i, Param::VProj), int64_t{kv_slice()} * d.KDl, d.KDl);
-    columns(lname(i, Param::OProj), d.Hq * d.D, at_.t * d.QDl, d.QDl);
+    columns(lname(i, Param::OProj), d.QD, d.Q0, d.QDl);
     if (cfg_.is_moe_layer(i)) {
       whole(lname(i, Param::Router));
       for (int e = e_begin; e < e_end; ++e)

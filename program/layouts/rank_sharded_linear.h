@@ -111,14 +111,13 @@ typename RankProgram<B>::FBuf RankProgram<B>::column_dgrad(const bf16* dy, const
 template <class B>
 typename RankProgram<B>::FBuf RankProgram<B>::kv_dgrad(const Buf& dy, const std::string& name, int T) const {
   const Dims& d = d_;
-  const int kv_dim = d.Hkv * d.D;
-  if (d.R == 1) return column_dgrad(dy.data(), w(name), T, d.H, kv_dim, d.KDl);
+  if (d.R == 1) return column_dgrad(dy.data(), w(name), T, d.H, d.KD, d.KDl);
   const int n = d.KDl / d.R, part = at_.t % d.R;
   std::vector<int> rows;  // dy as [T·R][n]: token i's part is row i·R + part
   for (int i = 0; i < T; ++i) rows.push_back(i * d.R + part);
   Buf mine = zeros(int64_t{T} * n);
   be_.gather_rows(dy.data(), sz(n), rows, mine.data());
-  return column_dgrad(mine.data(), w(name) + int64_t{part} * n * d.H, T, d.H, kv_dim, n);
+  return column_dgrad(mine.data(), w(name) + int64_t{part} * n * d.H, T, d.H, d.KD, n);
 }
 
 }  // namespace bp::layouts

@@ -40,7 +40,6 @@ struct Slice {
     const int64_t b = std::min<int64_t>(n, index * span), e = std::min<int64_t>(n, (index + 1) * span);
     return {static_cast<int>(b), static_cast<int>(e - b)};
   }
-  int end() const { return begin + len; }
 };
 
 }  // namespace bp::layouts
