@@ -1,6 +1,6 @@
 // bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
 // heads, head_dim 128), both v1 contracts and sm90-tc v2:
-//   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8);
+//   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8), and 16384 (batch 1);
 //   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys;
 //   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
 //           tokens, from the forward's own o, m and l.
@@ -17,7 +17,9 @@
 // throughout) plus what each call allocates from the pool (its uploaded runs and
 // tasks; partial sums when it splits the keys across CTAs). sdpa_peer.py's
 // peak_bytes is torch's counterpart (its q, k, v and each call's allocations).
-// Exit 125 without a Hopper GPU.
+// --only TEXT keeps the rows whose label kind/contract/batch x q_len x kv_len (e.g.
+// extend/bf16-sm90tc-v2/1x4096x4096) contains TEXT, e.g. for a profiler. Exit 125
+// without a Hopper GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +42,9 @@ using bench::Options;
 
 // `batch` sequences of q_len queries after kv_len − q_len cached keys each.
 void bench_case(const Options& opt, const std::string& contract, const char* kind, int batch, int q_len, int kv_len) {
+  const std::string label = std::string(kind) + "/" + contract + "/" + std::to_string(batch) + "x" +
+                            std::to_string(q_len) + "x" + std::to_string(kv_len);
+  if (!opt.selected(label)) return;
   const Knobs& kn = find_contract(contract)->knobs;
   std::vector<ref::AttnSeq> seqs;
   for (int b = 0; b < batch; ++b) seqs.push_back({b * q_len, q_len, kv_len - q_len, b * kv_len});
@@ -85,6 +90,7 @@ int run(const Options& opt) {
   for (const char* c : {"bf16-sm90tc-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v1"}) {
     for (int batch : {1, 8})
       for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);
+    bench_case(opt, c, "extend", 1, 16384, 16384);
     for (int batch : {1, 8, 64})
       for (int cache : {1024, 8192, 32768}) bench_case(opt, c, "decode", batch, 1, cache);
     for (int T : {1024, 4096}) bench_case(opt, c, "backward", 1, T, T);
@@ -96,6 +102,6 @@ int run(const Options& opt) {
 }  // namespace bp
 
 int main(int argc, char** argv) {
-  const bp::bench::Options opt = bp::bench::parse_options("bench_attention", argc, argv);
+  const bp::bench::Options opt = bp::bench::parse_options("bench_attention", argc, argv, /*labeled=*/true);
   return bp::bench::guarded_main("bench_attention", [&] { return bp::run(opt); });
 }

@@ -28,6 +28,7 @@ def cases():
     for batch in (1, 8):
         for t in (1024, 4096):
             yield "extend", batch, t, t
+    yield "extend", 1, 16384, 16384
     for batch in (1, 8, 64):
         for cache in (1024, 8192, 32768):
             yield "decode", batch, 1, cache

@@ -6,6 +6,9 @@
 //   lives in registers, the split merge in shared memory. Flash-decoding schedule:
 //   one CTA per (tile, kv head, split) writes the split's (m, l, acc) and
 //   fwd_combine merges splits in order per row.
+// Two kernels: attn_fwd_ws_kernel (sm90-tc at head_dim 64 and 128, merged schedule:
+// TMA and wgmma in warpgroups, two query tiles a CTA) and attn_fwd_kernel (the rest:
+// mma.sync or the SIMT chain); launch_fwd picks.
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
@@ -16,6 +19,8 @@
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/ptx.cuh"
+#include "optimized/cuda/tma.h"
+#include "optimized/cuda/wgmma.cuh"
 #include "reference/numerics/dot.h"
 #include "reference/numerics/math.h"
 
@@ -73,9 +78,10 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       t[j] = is_nan(x) ? INT32_MIN : total_order_key(x);
     }
 #pragma unroll
-    for (int w = 8; w >= 1; w /= 2)
+    for (int level = 0; level < 4; ++level)  // widths 8, 4, 2, 1: constant trip counts keep t in registers
 #pragma unroll
-      for (int j = 0; j < w; ++j) t[j] = max(t[j], t[j + w]);
+      for (int j = 0; j < 8; ++j)
+        if (j < (8 >> level)) t[j] = max(t[j], t[j + (8 >> level)]);
     int32_t key = max(t[0], total_order_key(neg_inf()));
     key = max(key, __shfl_xor_sync(kFull, key, 1));
     key = max(key, __shfl_xor_sync(kFull, key, 2));
@@ -114,9 +120,10 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 2));
     }
 #pragma unroll
-    for (int w = 4; w >= 1; w /= 2)
+    for (int level = 0; level < 3; ++level)  // widths 4, 2, 1
 #pragma unroll
-      for (int j = 0; j < w; ++j) u[j] = add_rn(u[2 * j], u[2 * j + 1]);
+      for (int j = 0; j < 4; ++j)
+        if (j < (4 >> level)) u[j] = add_rn(u[2 * j], u[2 * j + 1]);
     if (br.act[i]) {
       l[i] = fma_rn(alpha[i], l[i], u[0]);
       m[i] = m_new[i];
@@ -140,6 +147,66 @@ __device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float&
   return f;
 }
 __device__ inline float merged(MergeFactors f, float O, float acc) { return fma_rn(f.a, O, mul_rn(f.b, acc)); }
+
+// The end of a split whose first key is split_key for the thread's rows (those
+// that reach it): the first split becomes the merged state (M, L, O) as it is,
+// a later one merges in (reference merge_split). O is o_at(nt, e), wherever the
+// kernel keeps it.
+template <bool kBase2, int NT, class OAt>
+__device__ void close_split(const ref::SoftmaxRule<kBase2>& rule, int split_key, const int (&pos)[2], float (&M)[2],
+                            float (&L)[2], const float (&m)[2], const float (&l)[2], const float (&acc)[NT][4],
+                            OAt&& o_at) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < split_key) continue;  // the row ended before this split
+    if (split_key == 0) {
+      M[i] = m[i];
+      L[i] = l[i];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = acc[nt][2 * i + e];
+    } else {
+      const MergeFactors f = merge_split(rule, M[i], L[i], m[i], l[i]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = merged(f, o_at(nt, 2 * i + e), acc[nt][2 * i + e]);
+    }
+  }
+}
+
+// The thread's rows that reach first_key: o = R(O ÷ L), m and l (merged schedule),
+// or the split's (acc, m, l) partial (flash-decoding).
+template <bool kSplitCtas, int D, class OAt>
+__device__ void write_rows(const FwdArgs& a, const SlotTile& tile, const Task& task, const Lane& ln,
+                           const int (&pos)[2], int first_key, const float (&m)[2], const float (&l)[2],
+                           const float (&acc)[D / 8][4], const float (&M)[2], const float (&L)[2], OAt&& o_at) {
+  constexpr int NT = D / 8;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < first_key) continue;  // invalid row, or (decode schedule) a row this split does not reach
+    const size_t row = tile.row_index(ln.row(i));
+    if constexpr (kSplitCtas) {
+      const size_t at = row * a.max_splits + task.split;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<float2*>(a.part_acc + at * D + ln.col(nt, 0)) =
+            make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
+      if (ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<uint32_t*>(a.o + row * D + ln.col(nt, 0)) =
+            round_bf16(div_rn(o_at(nt, 2 * i), L[i])).bits |
+            (static_cast<uint32_t>(round_bf16(div_rn(o_at(nt, 2 * i + 1), L[i])).bits) << 16);
+      if (ln.t == 0) {
+        a.m[row] = M[i];
+        a.l[row] = L[i];
+      }
+    }
+  }
+}
 
 template <class Model, int D, bool kSplitCtas, bool kBase2>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
@@ -216,52 +283,339 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
     __syncthreads();  // every warp is done with sV
     if (b < end) load_kv(sV, a.v, b + 1);
     if (!kSplitCtas && (b == end || (b + 1) % a.split_blocks == 0)) {
-      const int split_first = (b / a.split_blocks) * a.split_blocks;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (pos[i] < split_first * kTile) continue;  // the row ended before this split
-        if (split_first == 0) {  // the first split is the merged state
-          M[i] = m[i];
-          L[i] = l[i];
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = acc[nt][2 * i + e];
-        } else {
-          const MergeFactors f = merge_split(rule, M[i], L[i], m[i], l[i]);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) o_at(nt, 2 * i + e) = merged(f, o_at(nt, 2 * i + e), acc[nt][2 * i + e]);
-        }
-      }
+      close_split(rule, (b / a.split_blocks) * a.split_blocks * kTile, pos, M, L, m, l, acc, o_at);
       reset_split();
     }
   }
+  write_rows<kSplitCtas, D>(a, tile, task, ln, pos, first * kTile, m, l, acc, M, L, o_at);
+}
 
+// --- the forward on wgmma (sm90-tc, head_dim 64 or 128, merged schedule) --------
+// FlashAttention-3's structure with the per-row steps of attn_fwd_kernel. A CTA is
+// three warpgroups: a producer that copies each KV block's keys and values by TMA
+// into a ring of stages, and two consumers, each with its own 64-slot query tile of
+// the same sequence and kv head (the task's 128 slots), sharing the blocks. A
+// consumer runs both products on wgmma: S = Q·Kᵀ from shared memory (D/16 k16
+// groups from +0) and acc += R(P)·V with R(P) from registers (the score layout is
+// wgmma's A fragment) and V read N-major (4 groups from the block's first slot);
+// S(b + 1) is issued before block b's softmax, so the tensor cores work while the
+// softmax runs. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
+// Each consumer keeps its merged split state O in shared memory.
+template <int D>
+struct WsForward {
+  static constexpr int kConsumers = 2, kStages = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kSlots = kConsumers * kTile;  // query slots a task
+  static constexpr int kBoxes = D / 64;
+  static constexpr uint32_t kBoxBytes = 64 * 64 * sizeof(bf16);
+  static constexpr uint32_t kTileBytes = kBoxes * kBoxBytes;  // one Q tile, one K or one V block
+  static constexpr size_t kOBytes = sizeof(float) * kTile * D;
+  static constexpr size_t kPBytes = sizeof(bf16) * kTile * kPLd;  // R(P) rows for the SIMT chain
+  // Per consumer Q, O and R(P); the K and V rings; 1024 zero bytes (issue_values);
+  // barriers (full and empty K and V per stage, and one for the last block's
+  // values); slack to align to 1024 bytes.
+  static constexpr size_t kBarriers = 4 * kStages + 1;
+  static constexpr size_t kZeroBytes = 1024;
+  static constexpr size_t kSmemBytes = kConsumers * (kTileBytes + kOBytes + kPBytes) +
+                                       2 * kStages * size_t{kTileBytes} + kZeroBytes + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
+
+  // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
+  // 16-byte chunk index XOR row % 8 (the swizzle; tiles are 1024-byte aligned).
+  __device__ static uint32_t offset(int r, int d) {
+    return (d / 64) * kBoxBytes + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2;
+  }
+  // K-major operand (Q as A, K as B of the scores): k16 group kk is 32 bytes along
+  // a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
+  __device__ static uint64_t k_major(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + (kk / 4) * kBoxBytes + (kk % 4) * 32, 16, 1024);
+  }
+  // V as the N-major B of R(P)·V: group kk is key rows 16kk.., 128 bytes a key row;
+  // the next 64 columns of D are the next box.
+  __device__ static uint64_t n_major(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + kk * 16 * 128, kBoxBytes, 1024);
+  }
+};
+
+// Issues s = Q·Kᵀ, the dot model's chain over D from +0 (scale-d = 0 on the first
+// group), as one commit group.
+template <int D>
+__device__ void issue_scores(float (&s)[32], uint32_t q, uint32_t k) {
+  using W = WsForward<D>;
+  sm90::fence_accumulators(s);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(q, kk), W::k_major(k, kk), kk > 0);
+  sm90::wgmma_commit();
+}
+
+// Issues acc += R(P)·V over the block's 64 slots, groups of 16 in increasing order,
+// with V at `v` (a stage of the ring), or, where zero_block, R(P) = +0 against the
+// CTA's 1024 zero bytes (descriptor strides 0: every core matrix reads them), which
+// leaves acc as it is. The issue is unconditional: ptxas serialises every wgmma of
+// the kernel when one is branched around (C7514).
+template <int D>
+__device__ void issue_values(float (&acc)[D / 2], const float (&p)[8][4], uint32_t v, uint32_t zeros,
+                             bool zero_block) {
+  using W = WsForward<D>;
+  uint32_t frag[4][4];
+  a_fragments(frag, p);
+  if (zero_block)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) frag[kk][r] = 0;
+  sm90::fence_accumulators(acc);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(v, kk);
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, frag[kk], desc);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, frag[kk], desc);
+  }
+  sm90::wgmma_commit();
+}
+
+// Whether any thread of warpgroup-barrier `id`'s 128 threads has x.
+__device__ inline bool warpgroup_any(bool x, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(x)), "r"(id)
+      : "memory");
+  return r != 0;
+}
+__device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+// Whether a value row in [lo, hi) of a swizzled tile is Inf or NaN (0·Inf is NaN on
+// the tensor core, while the reference skips an absent slot): then the block takes
+// the SIMT chain. Every thread of the warpgroup calls it.
+template <int D>
+__device__ bool any_nonfinite_rows(const uint8_t* v, int lo, int hi, int barrier, int thread) {
+  constexpr int kChunks = 8 * WsForward<D>::kBoxes;  // 16-byte chunks a row
+  bool found = false;
+  lo = max(lo, 0);
+  hi = min(hi, kTile);
+  for (int c = thread; c < (hi - lo) * kChunks; c += 128) {
+    const int r = lo + c / kChunks, chunk = c % kChunks;
+    const uint4 w =
+        *reinterpret_cast<const uint4*>(v + (chunk / 8) * WsForward<D>::kBoxBytes + r * 128 + (chunk % 8) * 16);
+    for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= (x & 0x7f80u) == 0x7f80u || (x & 0x7f800000u) == 0x7f800000u;
+  }
+  return warpgroup_any(found, barrier);
+}
+
+// One framed chain of the SIMT path on a swizzled value tile: column d gathered into
+// plain order, then framed_chain as framed_block_product runs it. Out of line, so
+// the caller's unrolled loop over its accumulators keeps them in registers.
+template <int D>
+__device__ __noinline__ float swizzled_column_dot(float c, const bf16* p_row, const uint8_t* v, int d, int hi) {
+  bf16 column[kTile];
+  for (int j = 0; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(v + WsForward<D>::offset(j, d));
+  return framed_chain<Sm90Tc>(c, p_row, 1, column, 1, 0, hi, kTile);
+}
+
+// The SIMT chain of a block (framed_block_product's slow path) on a swizzled value tile.
+template <int D>
+__device__ void chain_swizzled(float (&acc)[D / 8][4], const bf16* sp, const uint8_t* v, const BlockRows& br,
+                               const Lane& ln) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (pos[i] < first * kTile) continue;  // invalid row, or (decode schedule) a row this split does not reach
-    const size_t row = tile.row_index(ln.row(i));
-    if constexpr (kSplitCtas) {
-      const size_t at = row * a.max_splits + task.split;
+    if (!br.act[i]) continue;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        *reinterpret_cast<float2*>(a.part_acc + at * D + ln.col(nt, 0)) =
-            make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
-      if (ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
-    } else {
+    for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        *reinterpret_cast<uint32_t*>(a.o + row * D + ln.col(nt, 0)) =
-            round_bf16(div_rn(o_at(nt, 2 * i), L[i])).bits |
-            (static_cast<uint32_t>(round_bf16(div_rn(o_at(nt, 2 * i + 1), L[i])).bits) << 16);
-      if (ln.t == 0) {
-        a.m[row] = M[i];
-        a.l[row] = L[i];
+      for (int e = 0; e < 2; ++e)
+        acc[nt][2 * i + e] =
+            swizzled_column_dot<D>(acc[nt][2 * i + e], sp + ln.row(i) * kPLd, v, ln.col(nt, e), br.vis[i]);
+  }
+}
+
+// The producer: block b's keys and values into stage b % kStages once both
+// consumers have released it. The CTA's last block may reach past the last key any
+// of its rows sees (another sequence's rows, or none): those value rows become +0
+// before the consumers see the block, as absent slots must be for the tensor core.
+template <int D>
+__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, uint64_t* bars, uint8_t* sK,
+                               uint8_t* sV, int kvh, int kv_begin, int last_block, int hi_pos) {
+  using W = WsForward<D>;
+  uint64_t *full_k = bars, *full_v = bars + W::kStages, *empty_k = bars + 2 * W::kStages,
+           *empty_v = bars + 3 * W::kStages, *landed = bars + 4 * W::kStages;
+  const int lane = threadIdx.x % 32;
+  for (int b = 0; b <= last_block; ++b) {
+    const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
+    uint8_t *k = sK + st * W::kTileBytes, *v = sV + st * W::kTileBytes;
+    const int past = hi_pos + 1 - b * kTile;  // value rows from here on are past every row's position
+    if (lane == 0) {
+      if (use > 0) sm90::mbarrier_wait(&empty_k[st], (use - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(&full_k[st], W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, &full_k[st], 64 * x, kvh, row);
+      if (use > 0) sm90::mbarrier_wait(&empty_v[st], (use - 1) & 1);
+      uint64_t* bar = past < kTile ? landed : &full_v[st];
+      sm90::mbarrier_arrive_expect_tx(bar, W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, bar, 64 * x, kvh, row);
+    }
+    if (past < kTile) {  // only the last block, once: `landed` completes one phase
+      sm90::mbarrier_wait(landed, 0);
+      for (int c = lane; c < (kTile - past) * 8 * W::kBoxes; c += 32) {
+        const int r = past + c / (8 * W::kBoxes), chunk = c % (8 * W::kBoxes);
+        *reinterpret_cast<uint4*>(v + (chunk / 8) * W::kBoxBytes + r * 128 + (chunk % 8) * 16) = make_uint4(0, 0, 0, 0);
       }
+      sm90::fence_proxy_async();  // the zeros, before wgmma reads them
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&full_v[st]);
     }
   }
+}
+
+template <int D, bool kBase2>
+__global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
+    const FwdArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+  using W = WsForward<D>;
+  constexpr int NT = D / 8;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = smem_raw + (1024 - sm90::shared_addr(smem_raw) % 1024) % 1024;
+  uint8_t* sK = base + W::kConsumers * W::kTileBytes;
+  uint8_t* sV = sK + W::kStages * W::kTileBytes;
+  uint8_t* zeros = sV + W::kStages * W::kTileBytes;
+  uint8_t* after_rings = zeros + W::kZeroBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(after_rings + W::kConsumers * (W::kOBytes + W::kPBytes));
+  uint64_t *full_k = bars, *full_v = bars + W::kStages, *empty_k = bars + 2 * W::kStages,
+           *empty_v = bars + 3 * W::kStages;
+
+  const Task task = a.tasks[blockIdx.x];
+  const AttnSeq seq = a.seqs[task.seq];
+  const int kvh = static_cast<int>(blockIdx.y), n_slots = seq.q_len * a.h.G;
+  const int cta_hi_pos = seq.past_len + (min(task.slot0 + W::kSlots, n_slots) - 1) / a.h.G;
+  const int last_block = cta_hi_pos / kTile;
+  for (int c = threadIdx.x; c < W::kZeroBytes / 16; c += W::kThreads)
+    reinterpret_cast<uint4*>(zeros)[c] = make_uint4(0, 0, 0, 0);
+  sm90::fence_proxy_async();  // the zeros, before wgmma reads them
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < W::kStages; ++st) {
+      sm90::mbarrier_init(&full_k[st], 1);
+      sm90::mbarrier_init(&full_v[st], 1);
+      sm90::mbarrier_init(&empty_k[st], 4 * W::kConsumers);  // every consumer warp
+      sm90::mbarrier_init(&empty_v[st], 4 * W::kConsumers);
+    }
+    sm90::mbarrier_init(bars + 4 * W::kStages, 1);
+    sm90::mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
+    sm90::release_registers<40>();
+    if (threadIdx.x < 32)
+      produce_blocks<D>(&k_map, &v_map, bars, sK, sV, kvh, seq.kv_begin, last_block, cta_hi_pos);
+    return;
+  }
+  sm90::claim_registers<232>();
+
+  const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
+  const auto rule = a.h.rule<kBase2>();
+  uint8_t* sQ = base + consumer * W::kTileBytes;
+  float* sO = reinterpret_cast<float*>(after_rings + consumer * W::kOBytes);
+  bf16* sP = reinterpret_cast<bf16*>(after_rings + W::kConsumers * W::kOBytes + consumer * W::kPBytes);
+  const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
+  const Lane ln(thread);
+  const bool has_rows = tile.valid(0);
+  const int lo_pos = tile.min_pos(), end = has_rows ? tile.max_pos() / kTile : -1;
+  int pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
+
+  for (int c = thread; c < kTile * D / 8; c += 128) {
+    const int r = c / (D / 8), d = (c % (D / 8)) * 8;
+    uint8_t* dst = sQ + W::offset(r, d);
+    if (tile.valid(r)) cp_async16(dst, a.q + tile.row_index(r) * D + d);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  sm90::fence_proxy_async();  // Q, before wgmma reads it
+  warpgroup_sync(barrier);
+
+  float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
+  float acc[NT][4];
+  auto reset_split = [&] {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[i] = neg_inf();
+      l[i] = 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  };
+  reset_split();
+  auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
+  auto release = [&](uint64_t* bar) {
+    __syncwarp();
+    if (ln.lane == 0) sm90::mbarrier_arrive(bar);
+  };
+  auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
+  const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(zeros);
+  auto k_addr = [&](int b) { return sm90::shared_addr(sK + (b % W::kStages) * W::kTileBytes); };
+
+  // Block b with its scores in `cur`; issues block b + 1's into `next` first.
+  auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
+    const int st = b % W::kStages, kb = b * kTile;
+    const uint8_t* v = sV + st * W::kTileBytes;
+    const int nb = (b + 1) % W::kStages;
+    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[nb], parity(b + 1));
+    // Unconditional (see issue_values): past this warpgroup's blocks the scores are
+    // never used, and past the CTA's a stale stage's dots are not either.
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(next), q_addr, k_addr(b + 1));
+    float alpha[2];
+    const BlockRows br(pos, kb);
+    const bool mine = b <= end;
+    if (mine) {
+      // Every warp runs the softmax (the products are the warpgroup's): a row that
+      // does not see the block gets P = +0 and α = 1.
+      softmax_block(cur, m, l, alpha, br, rule, ln);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
+    }
+    sm90::mbarrier_wait(&full_v[st], parity(b));
+    // Keys past the first row's position are absent for some row of the tile.
+    const int lo = lo_pos + 1 - kb;
+    const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
+    // Past this warpgroup's blocks acc is no longer read (its last block reset it).
+    issue_values<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr, !mine || slow);
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
+    if (slow && br.warp_live) {
+      store_rounded(sP, cur, ln);
+      __syncwarp();
+      chain_swizzled<D>(acc, sP, v, br, ln);
+    }
+    release(&empty_v[st]);
+    if (b + 1 <= last_block) release(&empty_k[nb]);
+    if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {
+      close_split(rule, (b / a.split_blocks) * a.split_blocks * kTile, pos, M, L, m, l, acc, o_at);
+      reset_split();
+    }
+  };
+
+  float s0[8][4], s1[8][4];
+  sm90::mbarrier_wait(&full_k[0], 0);
+  if (end >= 0) {
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s0), q_addr, k_addr(0));
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s0));
+  }
+  release(&empty_k[0]);
+  for (int b = 0; b <= last_block; b += 2) {
+    step(b, s0, s1);
+    if (b + 1 <= last_block) step(b + 1, s1, s0);
+  }
+  write_rows<false, D>(a, tile, task, ln, pos, 0, m, l, acc, M, L, o_at);
 }
 
 // Flash-decoding combine: row (t, h) merges its splits in increasing order (the
@@ -309,6 +663,46 @@ bool prefer_split_ctas(const AttnSeq* seqs, int n_seqs, AttnDims dims, int split
   return several_splits && ctas < 2 * static_cast<size_t>(sms);
 }
 
+// The forward kernel of the shape: on warpgroups for sm90-tc at head_dim 64 and 128
+// in the merged schedule, else on mma.sync (head_dim 32, decode splits) or SIMT
+// (fma-seq). Flash-decoding tiles are mostly empty slots (a decode step fills G of
+// 64): the mma.sync kernel skips their warps, which the warpgroup's products cannot.
+constexpr bool on_warpgroups(DotModel model, int D, bool split_ctas) {
+  return model == DotModel::Sm90Tc && D >= 64 && !split_ctas;
+}
+constexpr int task_slots(DotModel model, int D, bool split_ctas) {
+  return on_warpgroups(model, D, split_ctas) ? WsForward<128>::kSlots : kTile;
+}
+
+template <bool kSplitCtas>
+void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, dim3 grid, cudaStream_t stream,
+                const FwdArgs& args) {
+  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
+    constexpr int D = decltype(d)::value;
+    constexpr bool kBase2 = decltype(base2)::value;
+    if constexpr (on_warpgroups(decltype(model)::kModel, D, kSplitCtas)) {
+      // Keys and values as [rows][Hkv][D], rows up to the last any sequence reads:
+      // a box past them arrives as zeros.
+      uint64_t rows = 1;
+      for (int s = 0; s < n_seqs; ++s)
+        if (seqs[s].q_len > 0)
+          rows = std::max<uint64_t>(rows, uint64_t(seqs[s].kv_begin) + seqs[s].past_len + seqs[s].q_len);
+      const uint64_t Hkv = static_cast<uint64_t>(dims.Hkv);
+      const uint64_t shape[3] = {uint64_t{D}, Hkv, rows}, strides[2] = {uint64_t{D}, Hkv * D};
+      const uint32_t box[3] = {64, 1, kTile};
+      const CUtensorMap k_map = bf16_tensor_map_3d(args.k, shape, strides, box);
+      const CUtensorMap v_map = bf16_tensor_map_3d(args.v, shape, strides, box);
+      const auto kernel = attn_fwd_ws_kernel<D, kBase2>;
+      constexpr size_t smem = WsForward<D>::kSmemBytes;
+      BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, k_map, v_map);
+      BP_CUDA_CHECK_LAUNCH();
+    } else {
+      launch(attn_fwd_kernel<decltype(model), D, kSplitCtas, kBase2>, grid, fwd_smem<D>(kSplitCtas), stream, args);
+    }
+  });
+}
+
 }  // namespace
 
 void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
@@ -319,7 +713,8 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   const int split_blocks = kn.attn_kv_split / kn.attn_kv_block, G = dims.Hq / dims.Hkv;
   const bool split_ctas = schedule == FwdSchedule::kSplitCtas ||
                           (schedule == FwdSchedule::kAuto && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, G, split_blocks, split_ctas);
+  const std::vector<Task> tasks =
+      plan_tiles(seqs, n_seqs, G, split_blocks, split_ctas, task_slots(kn.dot, dims.D, split_ctas));
   if (tasks.empty()) return;
   const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
   const DeviceBuffer<Task> d_tasks(tasks, stream);
@@ -327,10 +722,7 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   const dim3 grid(static_cast<unsigned>(tasks.size()), static_cast<unsigned>(dims.Hkv));
 
   if (!split_ctas) {
-    with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
-      constexpr int D = decltype(d)::value;
-      launch(attn_fwd_kernel<decltype(model), D, false, decltype(base2)::value>, grid, fwd_smem<D>(false), stream, args);
-    });
+    launch_fwd<false>(kn, dims, seqs, n_seqs, grid, stream, args);
     return;
   }
   // Flash-decoding: per-token positions for the combine, split partials per row.
@@ -349,10 +741,7 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   const DeviceBuffer<int> d_token_pos(token_pos, stream);
   args.part_acc = part_acc.get();
   args.part_ml = part_ml.get();
-  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
-    constexpr int D = decltype(d)::value;
-    launch(attn_fwd_kernel<decltype(model), D, true, decltype(base2)::value>, grid, fwd_smem<D>(true), stream, args);
-  });
+  launch_fwd<true>(kn, dims, seqs, n_seqs, grid, stream, args);
   const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
   combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, 0, stream>>>(
       d_token_pos.get(), args.h, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);

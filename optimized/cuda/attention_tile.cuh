@@ -5,7 +5,8 @@
 // forward, merged or flash-decoding) and attention_bwd.cu (dq, the dk/dv chunk
 // partials and their combine).
 //
-// Every kernel works on 64 × 64 tiles held by 4 warps of 16 rows, each thread
+// Every kernel works on 64 × 64 tiles held by 4 warps of 16 rows (the warpgroup
+// forward: a consumer warpgroup's wgmma accumulators, the same layout), each thread
 // owning the mma.sync accumulator elements (rows g, g + 8 of its warp; columns
 // 8·nt + 2t, 8·nt + 2t + 1), g = lane / 4, t = lane % 4. The per-row scalar steps
 // (scale, maximumNumber, exp, the pairwise tree, fma merges, roundings) are the
@@ -63,7 +64,9 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
 // --- the thread's place in the tile ----------------------------------------------
 struct Lane {
   int warp, lane, g, t;
-  __device__ Lane() : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4) {}
+  __device__ Lane() : Lane(threadIdx.x) {}
+  // `thread` counts from the first thread of the tile's warps (a warpgroup's 128).
+  __device__ explicit Lane(int thread) : warp(thread / 32), lane(thread % 32), g(lane / 4), t(lane % 4) {}
   __device__ int row(int i) const { return 16 * warp + g + 8 * i; }      // i = 0, 1
   __device__ int col(int nt, int e) const { return 8 * nt + 2 * t + e; }  // e = 0, 1
 };
@@ -348,18 +351,20 @@ void launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, const Ar
   BP_CUDA_CHECK_LAUNCH();
 }
 
-inline int sequence_tiles(const AttnSeq& s, int G) { return (s.q_len * G + kTile - 1) / kTile; }
-inline int tile_max_pos(const AttnSeq& s, int G, int slot0) {
-  return s.past_len + (std::min(slot0 + kTile, s.q_len * G) - 1) / G;
+inline int sequence_tiles(const AttnSeq& s, int G, int slots = kTile) { return (s.q_len * G + slots - 1) / slots; }
+inline int tile_max_pos(const AttnSeq& s, int G, int slot0, int slots = kTile) {
+  return s.past_len + (std::min(slot0 + slots, s.q_len * G) - 1) / G;
 }
 
-// The query tiles of every sequence (one task per split in the flash-decoding
-// schedule), the longest first so that the causal tail does not idle the GPU.
-inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, bool per_split) {
+// The query tiles of every sequence, `slots` slots a task (one task per split in
+// the flash-decoding schedule), the longest first so that the causal tail does not
+// idle the GPU.
+inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, bool per_split,
+                                    int slots = kTile) {
   std::vector<std::pair<int, Task>> work;
   for (int s = 0; s < n_seqs; ++s)
-    for (int tile = 0; tile < sequence_tiles(seqs[s], G); ++tile) {
-      const int slot0 = tile * kTile, blocks = tile_max_pos(seqs[s], G, slot0) / kTile + 1;
+    for (int tile = 0; tile < sequence_tiles(seqs[s], G, slots); ++tile) {
+      const int slot0 = tile * slots, blocks = tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1;
       if (!per_split) {
         work.push_back({blocks, {s, slot0, -1}});
         continue;

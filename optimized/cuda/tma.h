@@ -16,4 +16,11 @@ namespace bp::cuda {
 CUtensorMap bf16_tensor_map(const void* base, uint64_t inner, uint64_t outer, uint64_t row_stride,
                             uint32_t box_inner, uint32_t box_outer);
 
+// A 3-D tensor [dims[2]][dims[1]][dims[0]] of bf16 (dims[0] packed; strides[0] and
+// strides[1] elements between consecutive indices of dimensions 1 and 2), read in
+// boxes of box[0] × box[1] × box[2], 128-byte swizzled (box[0] · 2 = 128 bytes).
+// Attention's keys: [rows][Hkv][D], one head's block of rows a box.
+CUtensorMap bf16_tensor_map_3d(const void* base, const uint64_t (&dims)[3], const uint64_t (&strides)[2],
+                               const uint32_t (&box)[3]);
+
 }  // namespace bp::cuda
