@@ -45,30 +45,29 @@ struct FwdArgs {
   int max_splits;
 };
 
-// The online-softmax step of one block on the thread's two rows (reference
-// softmax_block, steps 1-4 and 6, under the contract's SoftmaxRule): s holds the raw
-// dots and becomes P (+0 in absent slots); returns α per row (1 for rows that do
-// not see the block).
-template <bool kBase2>
-__device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
-                              const ref::SoftmaxRule<kBase2>& rule, const Lane& ln) {
-  // Every slot takes its state value (v1 scaled, v2 raw); an absent slot becomes
-  // −Inf, which maximumNumber ignores and which the select below keeps out of P.
-  bool visible[8][4];
+// The block maximum of the thread's rows by maximumNumber (reference step 1, over
+// the state values s, −Inf in absent slots), seeded with −Inf. maximumNumber is
+// associative and commutative, so any tree gives the reference's sequential bits.
+// fmaxf (one FMNMX) ignores a NaN as maximumNumber does and is exact wherever the
+// maximum is not a zero; its sign of zero is not specified, so a row whose maximum
+// is ±0, or all NaN, takes the exact tree on total_order_key integers instead (a
+// NaN gets the least key; the key map is its own inverse).
+__device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int i = 0; i < 2; ++i) {
+    float t[16];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      visible[nt][e] = ln.col(nt, e % 2) < br.vis[e / 2];
-      const float x = rule.state_value(s[nt][e]);
-      s[nt][e] = visible[nt][e] ? x : neg_inf();
-    }
-  // maximumNumber is associative and commutative, so any tree gives the reference's
-  // sequential bits. It runs on total_order_key integers (one IMNMX a node, no
-  // NaN tests): a NaN score gets the least key, so it is ignored as maximumNumber
-  // ignores it, and the −Inf seed (what the reference starts from) keeps a row
-  // whose scores are all NaN at −Inf. The key map is its own inverse.
-  float bmax[2];
+    for (int j = 0; j < 16; ++j) t[j] = s[j / 2][2 * i + j % 2];
+#pragma unroll
+    for (int level = 0; level < 4; ++level)  // widths 8, 4, 2, 1: constant trip counts keep t in registers
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < (8 >> level)) t[j] = fmaxf(t[j], t[j + (8 >> level)]);
+    float r = fmaxf(t[0], __shfl_xor_sync(kFull, t[0], 1));
+    bmax[i] = fmaxf(r, __shfl_xor_sync(kFull, r, 2));
+  }
+  const bool inexact = bmax[0] == 0.0f || bmax[1] == 0.0f || is_nan(bmax[0]) || is_nan(bmax[1]);
+  if (!__any_sync(kFull, inexact)) return;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     int32_t t[16];
@@ -78,7 +77,7 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       t[j] = is_nan(x) ? INT32_MIN : total_order_key(x);
     }
 #pragma unroll
-    for (int level = 0; level < 4; ++level)  // widths 8, 4, 2, 1: constant trip counts keep t in registers
+    for (int level = 0; level < 4; ++level)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         if (j < (8 >> level)) t[j] = max(t[j], t[j + (8 >> level)]);
@@ -87,6 +86,30 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
     key = max(key, __shfl_xor_sync(kFull, key, 2));
     bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
   }
+}
+
+// The online-softmax step of one block on the thread's two rows (reference
+// softmax_block, steps 1-4 and 6, under the contract's SoftmaxRule): s holds the raw
+// dots and becomes P (+0 in absent slots); returns α per row (1 for rows that do
+// not see the block). kMasked = false: every row that sees the block sees all its
+// keys (no absent slots), so no slot is masked; rows that do not see it (br.act
+// false: an invalid slot) keep their state, whatever their P.
+template <bool kMasked, bool kBase2>
+__device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
+                              const ref::SoftmaxRule<kBase2>& rule, const Lane& ln) {
+  // Every slot takes its state value (v1 scaled, v2 raw); an absent slot becomes
+  // −Inf, which maximumNumber ignores and which the select below keeps out of P.
+  bool visible[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      visible[nt][e] = !kMasked || ln.col(nt, e % 2) < br.vis[e / 2];
+      const float x = rule.state_value(s[nt][e]);
+      s[nt][e] = visible[nt][e] ? x : neg_inf();
+    }
+  float bmax[2];
+  block_max(bmax, s);
   // exp(+0) = 1 is α of a row that does not see the block; exp(−Inf) = +0 is P of
   // an absent slot (both for exp2_poly too).
   float m_new[2], mc_new[2];
@@ -129,6 +152,20 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       m[i] = m_new[i];
     }
   }
+}
+
+// Reference step 5's acc × α for the rows that see the block. Skipped where every
+// α of the warp is 1 (the maximum did not change): x × 1 = x for every x but a NaN,
+// and acc's NaNs are already canonical (wgmma's, the SIMT chain's and FMUL's are
+// all 0x7FFFFFFF), so the bits are the same.
+template <int NT>
+__device__ void rescale(float (&acc)[NT][4], const float (&alpha)[2], const BlockRows& br) {
+  if (!__any_sync(kFull, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
 }
 
 // Split merge (reference merge_split) of one row's (m, l) into (M, L); each O_d then
@@ -269,12 +306,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
     if (b < end) load_kv(sK, a.k, b + 1);
     else cp_async_commit();  // an empty group keeps the count uniform
     if (br.warp_live) {
-      softmax_block(p, m, l, alpha, br, rule, ln);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
+      softmax_block<true>(p, m, l, alpha, br, rule, ln);
+      rescale(acc, alpha, br);
     }
     cp_async_wait<1>();  // V(b)
     __syncthreads();
@@ -561,29 +594,25 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 
   // Block b with its scores in `cur`; issues block b + 1's into `next` first.
   auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
-    const int st = b % W::kStages, kb = b * kTile;
+    const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
     const uint8_t* v = sV + st * W::kTileBytes;
-    const int nb = (b + 1) % W::kStages;
-    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[nb], parity(b + 1));
+    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
     // Unconditional (see issue_values): past this warpgroup's blocks the scores are
     // never used, and past the CTA's a stale stage's dots are not either.
     issue_scores<D>(reinterpret_cast<float(&)[32]>(next), q_addr, k_addr(b + 1));
-    float alpha[2];
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
+    // Keys past the first row's position are absent for some row of the tile.
+    const int lo = lo_pos + 1 - kb;
     if (mine) {
       // Every warp runs the softmax (the products are the warpgroup's): a row that
       // does not see the block gets P = +0 and α = 1.
-      softmax_block(cur, m, l, alpha, br, rule, ln);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (br.act[e / 2]) acc[nt][e] = mul_rn(acc[nt][e], alpha[e / 2]);
+      float alpha[2];
+      if (lo < kTile) softmax_block<true>(cur, m, l, alpha, br, rule, ln);
+      else softmax_block<false>(cur, m, l, alpha, br, rule, ln);
+      rescale(acc, alpha, br);
     }
     sm90::mbarrier_wait(&full_v[st], parity(b));
-    // Keys past the first row's position are absent for some row of the tile.
-    const int lo = lo_pos + 1 - kb;
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
     // Past this warpgroup's blocks acc is no longer read (its last block reset it).
     issue_values<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr, !mine || slow);
@@ -596,7 +625,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       chain_swizzled<D>(acc, sP, v, br, ln);
     }
     release(&empty_v[st]);
-    if (b + 1 <= last_block) release(&empty_k[nb]);
+    if (b + 1 <= last_block) release(&empty_k[next_st]);
     if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {
       close_split(rule, (b / a.split_blocks) * a.split_blocks * kTile, pos, M, L, m, l, acc, o_at);
       reset_split();
