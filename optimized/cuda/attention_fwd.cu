@@ -640,9 +640,15 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s0));
   }
   release(&empty_k[0]);
-  for (int b = 0; b <= last_block; b += 2) {
+  // One copy of the step (the instruction cache holds it; two, ping-ponging s0 and
+  // s1, stalled on instruction fetch): the next block's scores move into s0.
+#pragma unroll 1
+  for (int b = 0; b <= last_block; ++b) {
     step(b, s0, s1);
-    if (b + 1 <= last_block) step(b + 1, s1, s0);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s0[nt][e] = s1[nt][e];
   }
   write_rows<false, D>(a, tile, task, ln, pos, 0, m, l, acc, M, L, o_at);
 }
