@@ -185,6 +185,20 @@ __device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float&
 }
 __device__ inline float merged(MergeFactors f, float O, float acc) { return fma_rn(f.a, O, mul_rn(f.b, acc)); }
 
+// A split's state before its first block: m = −Inf, l = +0, acc = +0.
+template <int NT>
+__device__ void start_split(float (&m)[2], float (&l)[2], float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m[i] = neg_inf();
+    l[i] = 0.0f;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+}
+
 // The end of a split whose first key is split_key for the thread's rows (those
 // that reach it): the first split becomes the merged state (M, L, O) as it is,
 // a later one merges in (reference merge_split). O is o_at(nt, e), wherever the
@@ -280,17 +294,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 
   float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
   float acc[NT][4];
-  auto reset_split = [&] {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m[i] = neg_inf();
-      l[i] = 0.0f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  };
+  auto reset_split = [&] { start_split(m, l, acc); };
   reset_split();
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * kThreads + threadIdx.x]; };
 
@@ -352,6 +356,15 @@ struct WsForward {
   static constexpr size_t kSmemBytes = kConsumers * (kTileBytes + kOBytes + kPBytes) +
                                        2 * kStages * size_t{kTileBytes} + kZeroBytes + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
+
+  // The ring's barriers: per stage, full (the copy landed) and empty (every consumer
+  // warp is done with it) for K and for V; `landed`: the last block's values before
+  // the producer clears their absent rows.
+  struct Barriers {
+    uint64_t *full_k, *full_v, *empty_k, *empty_v, *landed;
+    __device__ explicit Barriers(uint64_t* b)
+        : full_k(b), full_v(b + kStages), empty_k(b + 2 * kStages), empty_v(b + 3 * kStages), landed(b + 4 * kStages) {}
+  };
 
   // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
   // 16-byte chunk index XOR row % 8 (the swizzle; tiles are 1024-byte aligned).
@@ -470,11 +483,12 @@ __device__ void chain_swizzled(float (&acc)[D / 8][4], const bf16* sp, const uin
 // of its rows sees (another sequence's rows, or none): those value rows become +0
 // before the consumers see the block, as absent slots must be for the tensor core.
 template <int D>
-__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, uint64_t* bars, uint8_t* sK,
-                               uint8_t* sV, int kvh, int kv_begin, int last_block, int hi_pos) {
+__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map,
+                               const typename WsForward<D>::Barriers& bar, uint8_t* sK, uint8_t* sV, int kvh,
+                               int kv_begin, int last_block, int hi_pos) {
   using W = WsForward<D>;
-  uint64_t *full_k = bars, *full_v = bars + W::kStages, *empty_k = bars + 2 * W::kStages,
-           *empty_v = bars + 3 * W::kStages, *landed = bars + 4 * W::kStages;
+  uint64_t *full_k = bar.full_k, *full_v = bar.full_v, *empty_k = bar.empty_k, *empty_v = bar.empty_v,
+           *landed = bar.landed;
   const int lane = threadIdx.x % 32;
   for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
@@ -513,9 +527,8 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   uint8_t* sV = sK + W::kStages * W::kTileBytes;
   uint8_t* zeros = sV + W::kStages * W::kTileBytes;
   uint8_t* after_rings = zeros + W::kZeroBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(after_rings + W::kConsumers * (W::kOBytes + W::kPBytes));
-  uint64_t *full_k = bars, *full_v = bars + W::kStages, *empty_k = bars + 2 * W::kStages,
-           *empty_v = bars + 3 * W::kStages;
+  const typename W::Barriers bar(reinterpret_cast<uint64_t*>(after_rings + W::kConsumers * (W::kOBytes + W::kPBytes)));
+  uint64_t *full_k = bar.full_k, *full_v = bar.full_v, *empty_k = bar.empty_k, *empty_v = bar.empty_v;
 
   const Task task = a.tasks[blockIdx.x];
   const AttnSeq seq = a.seqs[task.seq];
@@ -532,7 +545,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       sm90::mbarrier_init(&empty_k[st], 4 * W::kConsumers);  // every consumer warp
       sm90::mbarrier_init(&empty_v[st], 4 * W::kConsumers);
     }
-    sm90::mbarrier_init(bars + 4 * W::kStages, 1);
+    sm90::mbarrier_init(bar.landed, 1);
     sm90::mbarrier_init_fence();
   }
   __syncthreads();
@@ -540,7 +553,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
     sm90::release_registers<40>();
     if (threadIdx.x < 32)
-      produce_blocks<D>(&k_map, &v_map, bars, sK, sV, kvh, seq.kv_begin, last_block, cta_hi_pos);
+      produce_blocks<D>(&k_map, &v_map, bar, sK, sV, kvh, seq.kv_begin, last_block, cta_hi_pos);
     return;
   }
   sm90::claim_registers<232>();
@@ -571,17 +584,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 
   float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
   float acc[NT][4];
-  auto reset_split = [&] {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m[i] = neg_inf();
-      l[i] = 0.0f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  };
+  auto reset_split = [&] { start_split(m, l, acc); };
   reset_split();
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
   auto release = [&](uint64_t* bar) {
