@@ -366,6 +366,10 @@ struct WsForward {
         : full_k(b), full_v(b + kStages), empty_k(b + 2 * kStages), empty_v(b + 3 * kStages), landed(b + 4 * kStages) {}
   };
 
+  static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
+  // Byte offset of the c-th stored 16-byte chunk of row r (whichever columns the
+  // swizzle put there): for work on whole rows.
+  __device__ static uint32_t chunk(int r, int c) { return (c / 8) * kBoxBytes + r * 128 + (c % 8) * 16; }
   // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
   // 16-byte chunk index XOR row % 8 (the swizzle; tiles are 1024-byte aligned).
   __device__ static uint32_t offset(int r, int d) {
@@ -422,34 +426,20 @@ __device__ void issue_values(float (&acc)[D / 2], const float (&p)[8][4], uint32
   sm90::wgmma_commit();
 }
 
-// Whether any thread of warpgroup-barrier `id`'s 128 threads has x.
-__device__ inline bool warpgroup_any(bool x, int id) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(x)), "r"(id)
-      : "memory");
-  return r != 0;
-}
-__device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
 // Whether a value row in [lo, hi) of a swizzled tile is Inf or NaN (0·Inf is NaN on
 // the tensor core, while the reference skips an absent slot): then the block takes
 // the SIMT chain. Every thread of the warpgroup calls it.
 template <int D>
 __device__ bool any_nonfinite_rows(const uint8_t* v, int lo, int hi, int barrier, int thread) {
-  constexpr int kChunks = 8 * WsForward<D>::kBoxes;  // 16-byte chunks a row
+  using W = WsForward<D>;
   bool found = false;
   lo = max(lo, 0);
   hi = min(hi, kTile);
-  for (int c = thread; c < (hi - lo) * kChunks; c += 128) {
-    const int r = lo + c / kChunks, chunk = c % kChunks;
-    const uint4 w =
-        *reinterpret_cast<const uint4*>(v + (chunk / 8) * WsForward<D>::kBoxBytes + r * 128 + (chunk % 8) * 16);
-    for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= (x & 0x7f80u) == 0x7f80u || (x & 0x7f800000u) == 0x7f800000u;
+  for (int c = thread; c < (hi - lo) * W::kRowChunks; c += 128) {
+    const uint4 w = *reinterpret_cast<const uint4*>(v + W::chunk(lo + c / W::kRowChunks, c % W::kRowChunks));
+    for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= nonfinite_bf16_pair(x);
   }
-  return warpgroup_any(found, barrier);
+  return sm90::warpgroup_any(found, barrier);
 }
 
 // One framed chain of the SIMT path on a swizzled value tile: column d gathered into
@@ -487,31 +477,28 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
                                const typename WsForward<D>::Barriers& bar, uint8_t* sK, uint8_t* sV, int kvh,
                                int kv_begin, int last_block, int hi_pos) {
   using W = WsForward<D>;
-  uint64_t *full_k = bar.full_k, *full_v = bar.full_v, *empty_k = bar.empty_k, *empty_v = bar.empty_v,
-           *landed = bar.landed;
   const int lane = threadIdx.x % 32;
   for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
     uint8_t *k = sK + st * W::kTileBytes, *v = sV + st * W::kTileBytes;
     const int past = hi_pos + 1 - b * kTile;  // value rows from here on are past every row's position
     if (lane == 0) {
-      if (use > 0) sm90::mbarrier_wait(&empty_k[st], (use - 1) & 1);
-      sm90::mbarrier_arrive_expect_tx(&full_k[st], W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, &full_k[st], 64 * x, kvh, row);
-      if (use > 0) sm90::mbarrier_wait(&empty_v[st], (use - 1) & 1);
-      uint64_t* bar = past < kTile ? landed : &full_v[st];
-      sm90::mbarrier_arrive_expect_tx(bar, W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, bar, 64 * x, kvh, row);
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_k[st], (use - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(&bar.full_k[st], W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x)
+        sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, &bar.full_k[st], 64 * x, kvh, row);
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_v[st], (use - 1) & 1);
+      uint64_t* v_bar = past < kTile ? bar.landed : &bar.full_v[st];
+      sm90::mbarrier_arrive_expect_tx(v_bar, W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
     }
     if (past < kTile) {  // only the last block, once: `landed` completes one phase
-      sm90::mbarrier_wait(landed, 0);
-      for (int c = lane; c < (kTile - past) * 8 * W::kBoxes; c += 32) {
-        const int r = past + c / (8 * W::kBoxes), chunk = c % (8 * W::kBoxes);
-        *reinterpret_cast<uint4*>(v + (chunk / 8) * W::kBoxBytes + r * 128 + (chunk % 8) * 16) = make_uint4(0, 0, 0, 0);
-      }
+      sm90::mbarrier_wait(bar.landed, 0);
+      for (int c = lane; c < (kTile - past) * W::kRowChunks; c += 32)
+        *reinterpret_cast<uint4*>(v + W::chunk(past + c / W::kRowChunks, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
       sm90::fence_proxy_async();  // the zeros, before wgmma reads them
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&full_v[st]);
+      if (lane == 0) sm90::mbarrier_arrive(&bar.full_v[st]);
     }
   }
 }
@@ -580,7 +567,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   cp_async_commit();
   cp_async_wait<0>();
   sm90::fence_proxy_async();  // Q, before wgmma reads it
-  warpgroup_sync(barrier);
+  sm90::warpgroup_sync(barrier);
 
   float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
   float acc[NT][4];

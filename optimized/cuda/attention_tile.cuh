@@ -100,6 +100,11 @@ __device__ void load_rows(bf16* tile, const bf16* row0, size_t stride, int n_row
   }
 }
 
+// Whether either bf16 of a packed pair is Inf or NaN (exponent all ones).
+__device__ inline bool nonfinite_bf16_pair(uint32_t w) {
+  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+}
+
 // Whether any bf16 of tile rows [r0, r1) is Inf or NaN, over the whole CTA (every
 // thread must call; the rows must be complete in shared memory).
 template <int D>
@@ -109,7 +114,7 @@ __device__ bool any_nonfinite(const bf16* tile, int r0, int r1) {
   r1 = min(r1, kTile);
   for (int v = r0 * (D / 2) + threadIdx.x; v < r1 * (D / 2); v += kThreads) {
     const uint32_t w = ld32(tile + (v / (D / 2)) * kLd<D> + (v % (D / 2)) * 2);
-    found |= (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+    found |= nonfinite_bf16_pair(w);
   }
   return __syncthreads_or(found) != 0;
 }

@@ -40,6 +40,19 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// --- named barriers over one warpgroup (ids 1..15; 0 is __syncthreads) ---------------
+__device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// Whether any of the warpgroup's 128 threads has x (a barrier too).
+__device__ inline bool warpgroup_any(bool x, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(x)), "r"(id)
+      : "memory");
+  return r != 0;
+}
+
 // --- TMA ----------------------------------------------------------------------------
 // One 2-D box of `map` at (inner, outer) into shared memory, completing on `bar`.
 // Elements outside the tensor arrive as zeros; the full box counts toward the bytes.
