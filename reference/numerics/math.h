@@ -342,14 +342,12 @@ BP_HD inline float exp2(float x) {
 // cannot decrease where j steps either. The coefficients are tools/fit_exp2_poly.py's:
 // a relative-error minimax fit on [0, 1], rounded to fp32 one coefficient at a time
 // from c1 up, the higher ones refitted after each.
-BP_HD inline float exp2_poly(float x) {
+// exp2_poly_core is exp2_poly without its clamp and NaN select: equal to it for every
+// t ≤ 128 that is not NaN (−Inf included: +0), for kernels whose exponents are known
+// to lie there (the log-softmax of a chunk with a finite or −Inf maximum).
+BP_HD inline float exp2_poly_core(float t) {
   constexpr float c1 = 0x1.62e42cp-1f, c2 = 0x1.ebfd3ap-3f, c3 = 0x1.c68af6p-5f, c4 = 0x1.3cfd82p-7f,
                   c5 = 0x1.473738p-10f, c6 = 0x1.c44580p-13f;
-  // The overflow as a clamp (one min instead of a compare and a select): 128 is an
-  // even integer, so t = 128 gives j = 128, f = 0, p = 1 and the exponent insert
-  // makes 0x7F800000 = +Inf exactly. fminf takes a NaN x to 128; the NaN select
-  // below tests x itself.
-  const float t = fminf(x, 128.0f);
   // r = RN(t − 1/2) rounded to an integer (|t| < 2^22): ⌊t⌋, or t itself for an even
   // integer t, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
   const float r = add_rn(sub_rn(t, 0.5f), detail::kRoundShift);
@@ -362,10 +360,17 @@ BP_HD inline float exp2_poly(float x) {
   p = fma_rn(p, f, 1.0f);  // in [1, 2]
   // bits(r) = 0x4B400000 + j, and 0x4B400000 << 23 vanishes modulo 2^32.
   const float y = float_of(bits_of(p) + (bits_of(r) << 23));
-  // One select each (a nested conditional compiles to a branch); x != x is the NaN
-  // test the hardware does in one compare (no fast-math anywhere, SPEC.md §1).
-  const float in_range = t < -125.0f ? 0.0f : y;  // t ≥ −125: j ≥ −125, a normal result
-  return x != x ? detail::canonical_nan() : in_range;
+  return t < -125.0f ? 0.0f : y;  // t ≥ −125: j ≥ −125, a normal result (one select: no branch)
+}
+
+BP_HD inline float exp2_poly(float x) {
+  // The overflow as a clamp (one min instead of a compare and a select): 128 is an
+  // even integer, so t = 128 gives j = 128, f = 0, p = 1 and the exponent insert
+  // makes 0x7F800000 = +Inf exactly. fminf takes a NaN x to 128; the NaN select
+  // below tests x itself. x != x is the NaN test the hardware does in one compare
+  // (no fast-math anywhere, SPEC.md §1).
+  const float y = exp2_poly_core(fminf(x, 128.0f));
+  return x != x ? detail::canonical_nan() : y;
 }
 
 // Natural logarithm. x = 2^E·m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact),
