@@ -1,8 +1,10 @@
 // CUDA twin of reference/ops/logprob.h (SPEC.md §5.10): the vocab-parallel stages,
 // the whole forward and the backward. Device pointers, same layouts; `stream` last.
-// Calls that check targets (logprob_fwd, logprob_bwd) copy them to the host first
-// and refuse bad arguments with the reference's std::invalid_argument before
-// writing anything, so they wait for `stream`; the others are asynchronous.
+// Calls that check targets (logprob_fwd, logprob_bwd) copy them to pinned host memory
+// behind `stream`'s work and refuse bad arguments with the reference's
+// std::invalid_argument before writing any output, so they wait for that work:
+// logprob_fwd after launching its first pass (which writes only its own scratch),
+// logprob_bwd before its kernel. The others are asynchronous.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -73,6 +73,16 @@ __device__ inline void tma_load_3d(void* dst, const void* map, uint64_t* bar, in
       : "memory");
 }
 
+// `bytes` contiguous bytes from global into shared memory (both 16-byte aligned, bytes
+// a multiple of 16), completing on `bar` (no tensor map: a plain bulk copy).
+__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          shared_addr(dst)),
+      "l"(src), "r"(bytes), "r"(shared_addr(bar))
+      : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async)
 // before later async-proxy accesses (wgmma operand reads, TMA writes) of the same bytes.
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -143,10 +143,11 @@ TEST_P(LogprobGpu, VocabParallelStagesMatchReference) {
 }
 
 // Masked (−Inf) entries and a masked target, a NaN logit, an all −Inf row, a +Inf
-// logit, a logit that overflows in ÷ temp: each row as the reference has it.
+// logit, a logit that overflows in ÷ temp, rows whose maximum is a zero, a row of
+// logits near 2^40: each row as the reference has it.
 TEST_P(LogprobGpu, NonFiniteRowsMatchReference) {
   for (float temp : {1.0f, 0.25f}) {
-    Inputs in = make_inputs(8, 8 * 512, temp, 7);
+    Inputs in = make_inputs(10, 8 * 512, temp, 7);
     for (int v = 0; v < in.V; v += 3) in.at(0, v) = bf16{0xff80};
     in.targets[0] = 3;
     in.at(1, 17) = bf16{0xffc1};
@@ -156,6 +157,16 @@ TEST_P(LogprobGpu, NonFiniteRowsMatchReference) {
     in.at(5, 9).bits = 0x8000;   // −0 beside +0
     in.at(5, 10).bits = 0x0000;
     in.at(6, 11).bits = 0x0001;  // a subnormal
+    // Rows 7 and 8 negative but for zeros: M = −0 (one −0 in chunk 0) and M = +0 (−0
+    // and +0 in the same pack of chunk 2), where a maximum's zero sign is all that differs.
+    for (int t : {7, 8})
+      for (int v = 0; v < in.V; ++v) in.at(t, v).bits |= 0x8000;
+    in.at(7, 3).bits = 0x8000;
+    in.at(8, 2 * 512 + 4).bits = 0x8000;
+    in.at(8, 2 * 512 + 5).bits = 0x0000;
+    // Row 9 about 2^37 times larger: R(m·c) is off m·c by up to 2^15, so the maximum's
+    // own exponent may pass 128 (exp2_poly's +Inf) or fall below −125.
+    for (int v = 0; v < in.V; ++v) in.at(9, v).bits += 37 << 7;
     expect_matches(knobs(), in, "non-finite rows, temp " + std::to_string(temp));
   }
 }
