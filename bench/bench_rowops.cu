@@ -90,12 +90,30 @@ void logprob_rows(const Options& opt, const Knobs& kn, const std::string& tag, d
         }),
         1.0 * lg * sizeof(bf16), copy);
   }
+  if (kn.log_softmax == LogSoftmax::kOnePass) {  // the same kernels without the call's host check of the targets
+    const int C = kn.tp_tree_width;
+    cuda::DeviceBuffer<float> cmax(size_t{kLogprobRows} * C), csum(size_t{kLogprobRows} * C), xt(kLogprobRows),
+        lp(kLogprobRows);
+    row(("logprob_fwd" + tag + "_stages").c_str(), "512x151936", measure(opt, [&] {
+          cuda::logprob_chunk_states(kn, logits.get(), kVocab, kLogprobRows, kVocab, kVocab / C, C, 1.0f, cmax.get(),
+                                     csum.get(), nullptr, C);
+          cuda::logprob_target_logit(kn, logits.get(), kVocab, kLogprobRows, 0, kVocab, tgt.get(), 1.0f, xt.get());
+          cuda::logprob_merge_states(kn, cmax.get(), csum.get(), nullptr, xt.get(), kLogprobRows, mx.get(), sm.get(),
+                                     lp.get(), nullptr);
+        }),
+        1.0 * lg * sizeof(bf16), copy);
+  }
   // Read every logit, write every gradient.
   const cuda::DeviceBuffer<float> coef(std::vector<float>(kLogprobRows, -1.0f));
   cuda::DeviceBuffer<bf16> dlogits(lg);
   row(("logprob_bwd" + tag).c_str(), "512x151936", measure(opt, [&] {
         cuda::logprob_bwd(kn, logits.get(), tgt.get(), coef.get(), mx.get(), sm.get(), kLogprobRows, kVocab, 1.0f,
                           dlogits.get());
+      }),
+      2.0 * lg * sizeof(bf16), copy);
+  row(("logprob_bwd" + tag + "_slice").c_str(), "512x151936", measure(opt, [&] {
+        cuda::logprob_bwd_slice(kn, logits.get(), kVocab, kLogprobRows, 0, kVocab, tgt.get(), coef.get(), mx.get(),
+                                sm.get(), 1.0f, dlogits.get());
       }),
       2.0 * lg * sizeof(bf16), copy);
 }
