@@ -644,27 +644,36 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 }
 
 // Flash-decoding combine: row (t, h) merges its splits in increasing order (the
-// first is the merged state as it is), then o = R(O ÷ L). One thread per d.
+// first is the merged state as it is), then o = R(O ÷ L). One block a row, one thread
+// per d. The (M, L) chain and its merge factors are the same for every d: thread 0
+// runs it once into shared memory (the rest of the block would repeat it), then each
+// thread folds its O_d through the factors.
 template <bool kBase2>
 __global__ void fwd_combine_kernel(const int* __restrict__ token_pos, Heads h, int D, int split_blocks, int max_splits,
                                    const float* __restrict__ part_acc, const float* __restrict__ part_ml, bf16* o,
                                    float* m, float* l) {
+  extern __shared__ MergeFactors factors[];  // [max_splits]; entry s merges split s
   const auto rule = h.rule<kBase2>();
   const int Hq = h.Hq;
   const int p = token_pos[blockIdx.x];
   if (p < 0) return;  // a token of no sequence
   const size_t row = static_cast<size_t>(blockIdx.x) * Hq + blockIdx.y, base = row * max_splits;
   const int d = threadIdx.x, splits = p / kTile / split_blocks + 1;
-  float M = part_ml[2 * base], L = part_ml[2 * base + 1], O = part_acc[base * D + d];
-  for (int s = 1; s < splits; ++s) {
-    const size_t at = base + s;
-    O = merged(merge_split(rule, M, L, part_ml[2 * at], part_ml[2 * at + 1]), O, part_acc[at * D + d]);
-  }
-  o[row * D + d] = round_bf16(div_rn(O, L));
   if (d == 0) {
+    float M = part_ml[2 * base], L = part_ml[2 * base + 1];
+    for (int s = 1; s < splits; ++s) {
+      const size_t at = base + s;
+      factors[s] = merge_split(rule, M, L, part_ml[2 * at], part_ml[2 * at + 1]);
+    }
+    factors[0] = {M, L};  // slot 0 is never a merge: it carries the row's final (M, L)
     m[row] = M;
     l[row] = L;
   }
+  __syncthreads();
+  float O = part_acc[base * D + d];
+#pragma unroll 8  // the loads of 8 splits ahead of their merges
+  for (int s = 1; s < splits; ++s) O = merged(factors[s], O, part_acc[(base + s) * D + d]);
+  o[row * D + d] = round_bf16(div_rn(O, factors[0].b));
 }
 
 // --- host side --------------------------------------------------------------------
@@ -768,7 +777,8 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   args.part_ml = part_ml.get();
   launch_fwd<true>(kn, dims, seqs, n_seqs, grid, stream, args);
   const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
-  combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, 0, stream>>>(
+  combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D,
+            sizeof(MergeFactors) * args.max_splits, stream>>>(
       d_token_pos.get(), args.h, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);
   BP_CUDA_CHECK_LAUNCH();
 }
