@@ -410,7 +410,8 @@ template <bool kUnitTemp, bool kBase2>
 __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                                  const int32_t* __restrict__ targets, const float* __restrict__ coef,
                                  const float* __restrict__ row_max, const float* __restrict__ row_sum,
-                                 Temp<kUnitTemp> temp, bf16* __restrict__ dlogits) {
+                                 Temp<kUnitTemp> temp, const int* __restrict__ refused, bf16* __restrict__ dlogits) {
+  if (refused && *refused) return;
   for_each_index(static_cast<size_t>(T) * vocab_len, [&](size_t idx) {
     const int64_t t = static_cast<int64_t>(idx / vocab_len), v = static_cast<int64_t>(idx % vocab_len);
     const float M = kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t];
@@ -451,7 +452,8 @@ template <bool kUnitTemp, bool kBase2>
 __global__ void bwd_rows_kernel(const bf16* __restrict__ logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                                 const int32_t* __restrict__ targets, const float* __restrict__ coef,
                                 const float* __restrict__ row_max, const float* __restrict__ row_sum,
-                                Temp<kUnitTemp> temp, bf16* __restrict__ dlogits) {
+                                Temp<kUnitTemp> temp, const int* __restrict__ refused, bf16* __restrict__ dlogits) {
+  if (refused && *refused) return;
   const int packs = vocab_len / kPack;
   for (int t = blockIdx.y; t < T; t += gridDim.y) {
     const float M = kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t];
@@ -484,6 +486,16 @@ __global__ void bwd_rows_kernel(const bf16* __restrict__ logits, int64_t ld, int
       }
     }
   }
+}
+
+// The device's copy of the host's target check (one block): *refused = whether some
+// target lies outside [0, V). The whole op's gradient kernel reads it and writes
+// nothing when it is set, so it can be launched before the host has checked.
+__global__ void targets_refused_kernel(const int32_t* __restrict__ targets, int T, int V, int* __restrict__ refused) {
+  int bad = 0;
+  for (int t = threadIdx.x; t < T; t += blockDim.x) bad |= targets[t] < 0 || targets[t] >= V;
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) *refused = bad;
 }
 
 // bwd_rows_kernel's grid: about kBwdPacksPerThread packs per thread along a row
@@ -534,6 +546,31 @@ void per_chunk_teams(const Knobs& kn, bool one_pass, const bf16* logits, int64_t
   BP_CUDA_CHECK_LAUNCH();
 }
 
+// logprob_bwd_slice; `refused` (nullable) is targets_refused_kernel's verdict.
+void bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
+               const int32_t* targets, const float* coef, const float* row_max, const float* row_sum, float temp,
+               const int* refused, bf16* dlogits, cudaStream_t stream) {
+  const bool base2 = kn.log_softmax == LogSoftmax::kOnePass;
+  ref::logprob_check_softmax_knobs(kn, base2);
+  check_temperature(temp);
+  const size_t n = static_cast<size_t>(T) * vocab_len;
+  if (n == 0) return;
+  const bool packed = vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits);
+  with_flag(temp == 1.0f, [&](auto unit) {
+    with_flag(base2, [&](auto base2_flag) {
+      constexpr bool kUnit = decltype(unit)::value, kBase2 = decltype(base2_flag)::value;
+      const Temp<kUnit> scale{temp};
+      if (packed)
+        bwd_rows_kernel<kUnit, kBase2><<<bwd_rows_grid(T, vocab_len), kBlockThreads, 0, stream>>>(
+            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, refused, dlogits);
+      else
+        bwd_slice_kernel<kUnit, kBase2><<<grid_for(n), kBlockThreads, 0, stream>>>(
+            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, refused, dlogits);
+    });
+  });
+  BP_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void logprob_chunk_max(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_len, int chunk_len,
@@ -560,8 +597,8 @@ void logprob_chunk_sums(const Knobs& kn, const bf16* logits, int64_t ld, int T, 
   per_chunk_teams(kn, false, logits, ld, T, vocab_len, chunk_len, n_chunks, temp, stream,
                   [&](auto warp_per_row, auto packed, auto scale, dim3 grid, dim3 block, cudaStream_t s) {
     chunk_sums_kernel<decltype(warp_per_row)::value, decltype(packed)::value, decltype(scale)::kUnit, false>
-        <<<grid, block, 0, s>>>(logits, ld, T, vocab_len, chunk_len, n_chunks, scale, kn.row_reduce, row_max, nullptr, chunk_sum,
-                                chunk_tsum, out_ld);
+        <<<grid, block, 0, s>>>(logits, ld, T, vocab_len, chunk_len, n_chunks, scale, kn.row_reduce, row_max, nullptr,
+                                chunk_sum, chunk_tsum, out_ld);
   });
 }
 
@@ -640,31 +677,21 @@ void logprob_fwd(const Knobs& kn, const bf16* logits, const int32_t* targets, in
 void logprob_bwd_slice(const Knobs& kn, const bf16* logits, int64_t ld, int T, int vocab_begin, int vocab_len,
                        const int32_t* targets, const float* coef, const float* row_max, const float* row_sum,
                        float temp, bf16* dlogits, cudaStream_t stream) {
-  const bool base2 = kn.log_softmax == LogSoftmax::kOnePass;
-  ref::logprob_check_softmax_knobs(kn, base2);
-  check_temperature(temp);
-  const size_t n = static_cast<size_t>(T) * vocab_len;
-  if (n == 0) return;
-  const bool packed = vocab_len % kPack == 0 && ld % kPack == 0 && aligned16(logits) && aligned16(dlogits);
-  with_flag(temp == 1.0f, [&](auto unit) {
-    with_flag(base2, [&](auto base2_flag) {
-      constexpr bool kUnit = decltype(unit)::value, kBase2 = decltype(base2_flag)::value;
-      const Temp<kUnit> scale{temp};
-      if (packed)
-        bwd_rows_kernel<kUnit, kBase2><<<bwd_rows_grid(T, vocab_len), kBlockThreads, 0, stream>>>(
-            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
-      else
-        bwd_slice_kernel<kUnit, kBase2><<<grid_for(n), kBlockThreads, 0, stream>>>(
-            logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, scale, dlogits);
-    });
-  });
-  BP_CUDA_CHECK_LAUNCH();
+  bwd_slice(kn, logits, ld, T, vocab_begin, vocab_len, targets, coef, row_max, row_sum, temp, nullptr, dlogits, stream);
 }
 
 void logprob_bwd(const Knobs& kn, const bf16* logits, const int32_t* targets, const float* coef, const float* row_max,
                  const float* row_sum, int T, int V, float temp, bf16* dlogits, cudaStream_t stream) {
-  TargetCheck(kn, targets, T, V, temp, stream).finish();
-  logprob_bwd_slice(kn, logits, V, T, 0, V, targets, coef, row_max, row_sum, temp, dlogits, stream);
+  // The gradient kernel obeys the device's verdict on the targets, so it runs while
+  // the host checks them (and writes nothing where the host then refuses).
+  const TargetCheck check(kn, targets, T, V, temp, stream);
+  DeviceBuffer<int> refused(1, stream);
+  if (T > 0) {
+    targets_refused_kernel<<<1, kBlockThreads, 0, stream>>>(targets, T, V, refused.get());
+    BP_CUDA_CHECK_LAUNCH();
+  }
+  bwd_slice(kn, logits, V, T, 0, V, targets, coef, row_max, row_sum, temp, refused.get(), dlogits, stream);
+  check.finish();
 }
 
 }  // namespace bp::cuda

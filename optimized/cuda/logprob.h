@@ -2,9 +2,10 @@
 // the whole forward and the backward. Device pointers, same layouts; `stream` last.
 // Calls that check targets (logprob_fwd, logprob_bwd) copy them to pinned host memory
 // behind `stream`'s work and refuse bad arguments with the reference's
-// std::invalid_argument before writing any output, so they wait for that work:
+// std::invalid_argument without writing any output, so they wait for that work:
 // logprob_fwd after launching its first pass (which writes only its own scratch),
-// logprob_bwd before its kernel. The others are asynchronous.
+// logprob_bwd after launching its gradient kernel, which obeys a device-side copy of
+// the same check (and writes nothing where it fails). The others are asynchronous.
 #pragma once
 #include <cuda_runtime_api.h>
 
