@@ -1,11 +1,13 @@
 // logprob on the GPU (SPEC.md §5.10): one team (device_util.cuh) per (row, chunk)
-// for the chunk maxima and the chunk sums of exp and of the entropy terms, one
-// thread per row for the combines, one per 8 logits for the backward. Where the
-// chunks are whole 16-byte packs (chunk_len, vec and ld multiples of 8, aligned
-// pointers) every pass reads the logits with 16-byte loads, each lane taking its
-// elements in its adding order (for_lane_values), else one bf16 at a time. The
-// per-element arithmetic is the reference's own (the __host__ __device__ helpers of
-// reference/ops/logprob.h), in the same order on either path.
+// for the chunk maxima and the chunk sums of exp and of the entropy terms (v2 on
+// packed rows: the chunk staged in shared memory, read from DRAM once), one thread
+// per row for the combines, and for the backward a thread per 8 logits of a row
+// (packed rows) or per logit. Where the chunks are whole 16-byte packs (chunk_len, vec
+// and ld multiples of 8, aligned pointers) every pass reads the logits with 16-byte
+// loads, each lane taking its elements in its adding order (for_lane_values), else
+// one bf16 at a time. The per-element arithmetic is the reference's own (the
+// __host__ __device__ helpers of reference/ops/logprob.h), in the same order on
+// every path.
 #include <algorithm>
 #include <limits>
 #include <map>
