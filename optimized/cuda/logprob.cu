@@ -405,6 +405,12 @@ struct RowGrad {
   __device__ bf16 from_p(float p, bool at_target) const {
     return round_bf16(temp.div(mul_rn(coef, sub_rn(at_target ? 1.0f : 0.0f, p))));
   }
+  // Row t's constants from the saved (M, S), the coefficients and the targets (v2
+  // forms m_c from M).
+  __device__ static RowGrad of_row(Temp<kUnitTemp> temp, const float* row_max, const float* row_sum,
+                                   const float* coefs, const int32_t* targets, int64_t t) {
+    return {temp, kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t], row_sum[t], coefs[t], targets[t]};
+  }
 };
 
 // One thread per logit where the rows are not whole 16-byte packs (bwd_rows_kernel takes those).
@@ -416,8 +422,7 @@ __global__ void bwd_slice_kernel(const bf16* __restrict__ logits, int64_t ld, in
   if (refused && *refused) return;
   for_each_index(static_cast<size_t>(T) * vocab_len, [&](size_t idx) {
     const int64_t t = static_cast<int64_t>(idx / vocab_len), v = static_cast<int64_t>(idx % vocab_len);
-    const float M = kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t];
-    const RowGrad<kUnitTemp, kBase2> grad{temp, M, row_sum[t], coef[t], targets[t]};
+    const auto grad = RowGrad<kUnitTemp, kBase2>::of_row(temp, row_max, row_sum, coef, targets, t);
     dlogits[t * ld + v] = grad(grad.exp(grad.shifted(logits[t * ld + v])), vocab_begin + v);
   });
 }
@@ -458,8 +463,7 @@ __global__ void bwd_rows_kernel(const bf16* __restrict__ logits, int64_t ld, int
   if (refused && *refused) return;
   const int packs = vocab_len / kPack;
   for (int t = blockIdx.y; t < T; t += gridDim.y) {
-    const float M = kBase2 ? ref::scaled_max_base2(row_max[t]) : row_max[t];
-    const RowGrad<kUnitTemp, kBase2> grad{temp, M, row_sum[t], coef[t], targets[t]};
+    const auto grad = RowGrad<kUnitTemp, kBase2>::of_row(temp, row_max, row_sum, coef, targets, t);
     const bool fast_quotient = RowQuotient::takes(grad.S);  // block-uniform
     const RowQuotient quotient(fast_quotient ? grad.S : 1.0f);
     const bf16* row = logits + static_cast<int64_t>(t) * ld;
