@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -97,6 +98,11 @@ __device__ inline void softmax_exp_in_place(float* x) {
 constexpr int kPack = 8;
 
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool all_aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (!aligned16(p)) return false;
+  return true;
+}
 
 // kPack consecutive bf16 in one 16-byte register quad: element j is the low (j even)
 // or high (j odd) half of word j / 2, the little-endian memory layout.

@@ -1,7 +1,8 @@
 // rmsnorm on the GPU (SPEC.md §5.2): the row sums by the contract's lane tree
-// (device_util.cuh); dw as the token-chunked dot of the reference, one thread per
-// (feature, token chunk) and one per feature for the pairwise tree over the chunk
-// partials. Three ways to hold a row, all giving the same bits (the same
+// (device_util.cuh); dw as the token-chunked dot of the reference: its chunk
+// partials by mma.sync under sm90-tc (a warp per 16 features and token chunk), else
+// one thread per (feature, token chunk), and one thread per feature for the pairwise
+// tree over the chunk partials. Three ways to hold a row, all giving the same bits (the same
 // per-element functions below; every lane adds its terms in the same order and the
 // lanes meet in the same tree):
 //  - a warp per row (WarpRow) for packed rows with vec = 8 that fit its registers
@@ -19,6 +20,7 @@
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
+#include "optimized/cuda/ptx.cuh"
 #include "optimized/cuda/rmsnorm.h"
 #include "reference/numerics/chunked.h"
 #include "reference/numerics/math.h"
@@ -54,11 +56,6 @@ __device__ bf16 dx_value(bf16 x, bf16 w, bf16 dy, float r, float coef) {
   return round_bf16(sub_rn(mul_rn(r, grad_t(dy, w)), mul_rn(widen(x), coef)));
 }
 
-bool all_aligned16(std::initializer_list<const void*> pointers) {
-  for (const void* p : pointers)
-    if (!aligned16(p)) return false;
-  return true;
-}
 
 // The packs per lane the block-team kernels keep for rows of n at these addresses:
 // 1, 2 or 4 (at least lane_packs_max), or 0 for the scalar path.
@@ -272,6 +269,73 @@ __global__ void rmsnorm_dw_partials_kernel(const bf16* __restrict__ dy, const bf
   });
 }
 
+// The same partials on the tensor cores (sm90-tc, n a multiple of 8, 16-byte aligned
+// rows): a warp takes 16 columns i0.. and one chunk, and forms D = A·B by mma.sync
+// over the chunk's rows in groups of 16 from +0, with A[m][k] = dy[k][i0 + m] and
+// B[k][n] = t[k][i0 + n]. Every output of mma.sync is its own chain of k16 groups
+// (the sm90-tc model, SPEC.md §2.3), so D[m][m] is column i0 + m's partial; the 15
+// other products of each output are discarded work (the op reads 2 bytes per
+// product either way). The rows past the chunk and the columns past n arrive as
+// zeros: zero products take no part, and the padded columns only reach outputs
+// that are dropped. Each warp streams its 16-row steps through its own ring of
+// cp.async stages, 48-byte rows (conflict-free ldmatrix).
+constexpr int kDwWarps = 2, kDwStages = 12, kDwLd = 24;  // bf16 per staged row: 16 + 8 pad
+struct DwStage {
+  bf16 dy[16 * kDwLd], t[16 * kDwLd];
+};
+
+__global__ void __launch_bounds__(kDwWarps* kWarp)
+    rmsnorm_dw_partials_mma_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ t, int rows, int n,
+                                   int chunk_rows, int chunks, float* __restrict__ partials) {
+  __shared__ DwStage ring[kDwWarps][kDwStages];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int groups = (n + 15) / 16, unit = static_cast<int>(blockIdx.x) * kDwWarps + warp;
+  if (unit >= groups * chunks) return;  // no block barrier below
+  const int i0 = (unit % groups) * 16, c = unit / groups;
+  const int len = min(chunk_rows, rows - c * chunk_rows), steps = (len + 15) / 16;
+  DwStage* st = ring[warp];
+
+  // Step s's rows to its stage: lane = (row, half of the 16 columns), both operands.
+  const int row = lane / 2, col = i0 + (lane % 2) * 8;
+  auto issue = [&](int s) {
+    const int k = s * 16 + row;
+    const bool in = k < len && col < n;
+    const size_t at = (static_cast<size_t>(c) * chunk_rows + (in ? k : 0)) * n + (in ? col : 0);
+    DwStage& d = st[s % kDwStages];
+    cp_async16(d.dy + row * kDwLd + (lane % 2) * 8, dy + at, in ? 16 : 0);
+    cp_async16(d.t + row * kDwLd + (lane % 2) * 8, t + at, in ? 16 : 0);
+  };
+  for (int s = 0; s < kDwStages - 1; ++s) {
+    if (s < steps) issue(s);
+    cp_async_commit();  // empty past the last step: the count stays uniform
+  }
+  // ldmatrix.trans rows of this lane: matrix j = lane / 8, its row lane % 8. A's four
+  // matrices are (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15);
+  // B's (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+  const int j = lane / 8, r = lane % 8;
+  const int a_at = (r + 8 * (j / 2)) * kDwLd + 8 * (j % 2), b_at = (r + 8 * (j % 2)) * kDwLd + 8 * (j / 2);
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait<kDwStages - 2>();
+    __syncwarp();  // step s landed for every lane; every lane is done with step s - 1's stage
+    if (s + kDwStages - 1 < steps) issue(s + kDwStages - 1);
+    cp_async_commit();
+    const DwStage& d = st[s % kDwStages];
+    uint32_t a[4], b[4];
+    ldmatrix_x4_trans(a, d.dy + a_at);
+    ldmatrix_x4_trans(b, d.t + b_at);
+    mma_m16n8k16(d0, a, b[0], b[1]);
+    mma_m16n8k16(d1, a, b[2], b[3]);
+  }
+  // D0[m][m] (m < 8) and D1[m][m - 8] sit in lane 4m' + m'/2 (m' = m mod 8), element m' mod 2 (+2 in D1).
+  const int g = lane / 4;
+  if (lane % 4 == g / 2) {
+    const bool odd = g % 2 != 0;  // selects, not an index: d0 and d1 stay in registers
+    if (i0 + g < n) partials[static_cast<size_t>(i0 + g) * chunks + c] = odd ? d0[1] : d0[0];
+    if (i0 + 8 + g < n) partials[static_cast<size_t>(i0 + 8 + g) * chunks + c] = odd ? d1[3] : d1[2];
+  }
+}
+
 __global__ void rmsnorm_dw_tree_kernel(float* __restrict__ partials, int n, int chunks, float* __restrict__ dw) {
   for_each_index(n, [&](size_t i) { dw[i] = pairwise_tree(partials + i * chunks, chunks); });
 }
@@ -319,11 +383,17 @@ void rmsnorm_bwd(const Knobs& kn, const bf16* x, const bf16* w, const float* rst
   const int chunk_rows = kn.grad_token_chunk * heads;
   const int chunks = (rows + chunk_rows - 1) / chunk_rows;
   DeviceBuffer<float> partials(static_cast<size_t>(n) * chunks, stream);
-  with_dot_model(kn.dot, [&](auto model) {
-    rmsnorm_dw_partials_kernel<decltype(model)>
-        <<<grid_for(static_cast<size_t>(n) * chunks), kBlockThreads, 0, stream>>>(dy, t.get(), rows, n, chunk_rows,
-                                                                                  chunks, partials.get());
-  });
+  if (kn.dot == DotModel::Sm90Tc && n % 8 == 0 && all_aligned16({dy, t.get()})) {
+    const size_t units = static_cast<size_t>((n + 15) / 16) * chunks;
+    rmsnorm_dw_partials_mma_kernel<<<static_cast<unsigned>((units + kDwWarps - 1) / kDwWarps), kDwWarps * kWarp, 0,
+                                     stream>>>(dy, t.get(), rows, n, chunk_rows, chunks, partials.get());
+  } else {
+    with_dot_model(kn.dot, [&](auto model) {
+      rmsnorm_dw_partials_kernel<decltype(model)>
+          <<<grid_for(static_cast<size_t>(n) * chunks), kBlockThreads, 0, stream>>>(dy, t.get(), rows, n, chunk_rows,
+                                                                                    chunks, partials.get());
+    });
+  }
   BP_CUDA_CHECK_LAUNCH();
   rmsnorm_dw_tree_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(partials.get(), n, chunks, dw);
   BP_CUDA_CHECK_LAUNCH();

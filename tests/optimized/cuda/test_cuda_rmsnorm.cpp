@@ -20,7 +20,7 @@ struct Inputs {
 
 // Weights near 1, x and dy of mixed magnitudes; with `edge_rows`, some rows are
 // all +0 or all −0, or hold an Inf, a NaN, subnormals only, or values >= 2^64
-// (the sum of squares overflows).
+// (the sum of squares overflows), and rows whose dy holds one ±Inf, NaN or huge value.
 Inputs make_inputs(Shape s, uint64_t seed, bool edge_rows) {
   Inputs in{random_inputs(s.elems(), seed, 3.0f), random_inputs(s.n, seed + 1, 0.5f),
             random_inputs(s.elems(), seed + 2, 1.0f)};
@@ -47,6 +47,9 @@ Inputs make_inputs(Shape s, uint64_t seed, bool edge_rows) {
         break;
       case 6:
         x[g.range(0, s.n - 1)].bits = g.bf(g.range(64, 127));
+        break;
+      case 7:  // the weight gradient's other operand: dy = ±Inf, NaN or huge beside a finite t
+        in.dy[size_t(row) * s.n + g.range(0, s.n - 1)].bits = g.chance(2) ? 0x7fc0 : g.chance(2) ? 0xff80 : 0x7f00;
         break;
       default:
         break;
@@ -94,10 +97,11 @@ void expect_matches(const Knobs& kn, Shape s, const Inputs& in, const char* what
 // Layer norms at hidden 1024 and 2048 and q/k norms (32 and 4 heads of 128: a
 // warp per row) at 4096 tokens; n = 100 and 40 (a short last run), n = 5000 (more
 // than one sweep of the lanes), n = 4096 (two sweeps of a warp's registers), n = 8192
-// (the block kernel's register cache), one token, none.
+// (the block kernel's register cache), one token, none; 300 tokens of 3 heads of 72
+// (dw: a short last token chunk, 132 rows, and a feature group of 8 past n = 72).
 constexpr Shape kShapes[] = {{4096, 1, 1024}, {4096, 1, 2048}, {1024, 32, 128}, {4096, 4, 128},
                              {5, 1, 100},     {3, 1, 40},      {2, 1, 5000},    {3, 1, 4096},
-                             {2, 1, 8192},    {1, 1, 2048},    {0, 1, 1024}};
+                             {2, 1, 8192},    {1, 1, 2048},    {0, 1, 1024},    {300, 3, 72}};
 
 using RmsnormGpu = ContractTest;
 
@@ -106,7 +110,7 @@ TEST_P(RmsnormGpu, MatchesReference) {
 }
 
 TEST_P(RmsnormGpu, EdgeRowsMatchReference) {
-  for (Shape s : {Shape{64, 1, 2048}, Shape{16, 4, 128}, Shape{24, 1, 100}})
+  for (Shape s : {Shape{64, 1, 2048}, Shape{16, 4, 128}, Shape{24, 1, 100}, Shape{300, 3, 72}})
     expect_matches(knobs(), s, make_inputs(s, 200 + s.n, true), "edge rows");
 }
 
