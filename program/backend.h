@@ -10,6 +10,7 @@
 //   Resident<T>            a read-only copy of host data in backend memory (host: a
 //                          view; the host vector must outlive it)
 //   zeros<T>(n)            a Buf of n +0 elements
+//   unset<T>(n)            a Buf of n elements for an op that writes them all (host: +0)
 //   clone(buf)             a copy
 //   resident(host vector)  a Resident
 //   to_host(p, n)          n elements at backend pointer p, on the host

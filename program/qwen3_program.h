@@ -91,6 +91,15 @@ class Qwen3Program {
 
 // ---- Implementation ----------------------------------------------------------
 
+// The first of `rows` where they are consecutive (a single sequence scored): the
+// log-probability ops then read the logits, and write their gradient, in place;
+// −1 otherwise (the rows are gathered first).
+inline int first_of_run(const std::vector<int>& rows) {
+  for (size_t i = 1; i < rows.size(); ++i)
+    if (rows[i] != rows[0] + static_cast<int>(i)) return -1;
+  return rows.empty() ? -1 : rows[0];
+}
+
 // Per-call activations kept for the backward (the packed extend forward).
 template <class B>
 struct Qwen3Program<B>::Saved {
@@ -343,7 +352,7 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
   FBuf rstd_f = fzeros(T);
   be_.rmsnorm_fwd(kn_, x.data(), w(graph::param_name(Param::FinalNorm)), eps, hn.data(), rstd_f.data(), T, 1, H);
   cap(graph::capture_name(Op::FinalNorm), hn, H);
-  BBuf logits = zeros(T, V);
+  BBuf logits = be_.template unset<bf16>(static_cast<size_t>(T) * V);
   be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, H, V, 1);
   cap(graph::capture_name(Op::Logits), logits, V);
 
@@ -369,11 +378,16 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     saved->rstd_f = std::move(rstd_f);
   }
   if (R > 0) {
-    BBuf lg = zeros(R, V);
-    be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, lg.data());
+    const int run = first_of_run(rows);
+    BBuf lg;
+    if (run < 0) {
+      lg = zeros(R, V);
+      be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, lg.data());
+    }
+    const bf16* target_logits = run < 0 ? lg.data() : logits.data() + static_cast<size_t>(run) * V;
     const auto tgt_dev = be_.resident(tgt);
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R), ent = fzeros(R);
-    be_.logprob_fwd(kn_, lg.data(), tgt_dev.data(), R, V, opt.temperature, lp.data(), M.data(), S.data(),
+    be_.logprob_fwd(kn_, target_logits, tgt_dev.data(), R, V, opt.temperature, lp.data(), M.data(), S.data(),
                     opt.entropy ? ent.data() : nullptr);
     const std::vector<float> lp_host = be_.to_host(lp.data(), lp.size());
     const std::vector<float> ent_host = opt.entropy ? be_.to_host(ent.data(), ent.size()) : std::vector<float>{};
@@ -476,15 +490,23 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const int R = static_cast<int>(tgt.size());
   BBuf dlogits = zeros(T, V);
   if (R > 0) {
-    BBuf lg = zeros(R, V), dl = zeros(R, V);
+    const int run = first_of_run(row_of);
+    BBuf lg, dl;
+    if (run < 0) {
+      lg = zeros(R, V);
+      dl = zeros(R, V);
+      be_.gather_rows(sv.logits.data(), static_cast<size_t>(V), row_of, lg.data());
+    }
+    const size_t at = run < 0 ? 0 : static_cast<size_t>(run) * V;
+    const bf16* target_logits = run < 0 ? lg.data() : sv.logits.data() + at;
+    bf16* target_grads = run < 0 ? dl.data() : dlogits.data() + at;
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
     const auto tgt_dev = be_.resident(tgt);
     const auto coef_dev = be_.resident(coef);
-    be_.gather_rows(sv.logits.data(), static_cast<size_t>(V), row_of, lg.data());
-    be_.logprob_fwd(kn_, lg.data(), tgt_dev.data(), R, V, temperature, lp.data(), M.data(), S.data(), nullptr);
-    be_.logprob_bwd(kn_, lg.data(), tgt_dev.data(), coef_dev.data(), M.data(), S.data(), R, V, temperature,
-                    dl.data());
-    be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
+    be_.logprob_fwd(kn_, target_logits, tgt_dev.data(), R, V, temperature, lp.data(), M.data(), S.data(), nullptr);
+    be_.logprob_bwd(kn_, target_logits, tgt_dev.data(), coef_dev.data(), M.data(), S.data(), R, V, temperature,
+                    target_grads);
+    if (run < 0) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
   }
   sv.logits = BBuf{};
 

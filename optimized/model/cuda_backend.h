@@ -53,6 +53,11 @@ class CudaBackend {
     if (n > 0) BP_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, n * sizeof(T), stream_));
     return b;
   }
+  // For an output the next op writes in full (the logits: a memset of 1.2 GB at 4096 tokens).
+  template <class T>
+  Buf<T> unset(size_t n) const {
+    return Buf<T>(n, stream_);
+  }
   template <class T>
   Buf<T> clone(const Buf<T>& b) const {
     Buf<T> c(b.size(), stream_);
