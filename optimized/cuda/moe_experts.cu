@@ -63,13 +63,29 @@ RangeRows range_rows(const MoeDispatch& plan, int e_begin, int e_end, int k) {
 }
 
 // ---- Kernels --------------------------------------------------------------------
-// c[slot row of i][h] = R(acc[i][h] · f(topk_w[slot row of i])).
+// c[slot row of i][h] = R(acc[i][h] · f(topk_w[slot row of i])); by packs of 8 (one
+// index division each, 16-byte loads and stores) where H is a multiple of 8.
 __global__ void weigh_rows_kernel(const float* __restrict__ acc, const int* __restrict__ slot_rows,
-                                  const bf16* __restrict__ topk_w, size_t rows, int H, bf16* __restrict__ c) {
-  for_each_index(rows * H, [&](size_t idx) {
+                                  const bf16* __restrict__ topk_w, size_t rows, int H, bf16* __restrict__ c,
+                                  bool packed) {
+  const auto out_at = [&](size_t idx, float& wt) {
     const size_t r = static_cast<size_t>(slot_rows[idx / H]);
-    c[r * H + idx % H] = round_bf16(mul_rn(acc[idx], widen(topk_w[r])));
-  });
+    wt = widen(topk_w[r]);
+    return r * H + idx % H;
+  };
+  for_each_packed(
+      rows * H, packed,
+      [&](size_t idx) {
+        float wt;
+        const size_t at = out_at(idx, wt);
+        const F32x8 a = load8(acc + idx);
+        store8(c + at, Bf16x8::of([&](int j) { return round_bf16(mul_rn(a.v[j], wt)); }));
+      },
+      [&](size_t idx) {
+        float wt;
+        const size_t at = out_at(idx, wt);
+        c[at] = round_bf16(mul_rn(acc[idx], wt));
+      });
 }
 
 // One row team per packed row i (token t, slot row r), y = dout[t]:
@@ -220,8 +236,9 @@ void moe_experts_fwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
   if (rows.size() == 0 || H == 0) return;
   const ExpertsForward f = experts_forward(kn, plan, e_begin, e_end, rows, a, w, H, I, stream);
   const DeviceBuffer<int> slot_rows(rows.slot_rows, stream);
-  weigh_rows_kernel<<<grid_for(elems(rows.size(), H)), kBlockThreads, 0, stream>>>(f.acc.get(), slot_rows.get(), topk_w,
-                                                                                   rows.size(), H, c);
+  const bool packed = H % kPack == 0 && aligned16(f.acc.get()) && aligned16(c);
+  weigh_rows_kernel<<<grid_for_packed(elems(rows.size(), H), packed), kBlockThreads, 0, stream>>>(
+      f.acc.get(), slot_rows.get(), topk_w, rows.size(), H, c, packed);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,6 @@
 // The MoE router on the GPU (SPEC.md §5.8): one row team (device_util.cuh) per
-// token for the softmax, whose sum is the contract's lane_sum; one thread per token
-// for the top-k selection and the gradient row, running the reference's own
+// token for the softmax, whose sum is the contract's lane_sum; a warp per token for
+// the top-k selection and a thread per token for the gradient row, running the reference's own
 // __host__ __device__ helpers (reference/ops/moe_router.h); the router's GEMMs are
 // the CUDA linear.
 #include <stdexcept>
@@ -41,18 +41,45 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
   for_lane_indices(team.lane, E, shape, [&](int i) { p[i] = div_rn(e_of(i), sum); });
 }
 
-// weights (fp32) and, when set, topk_w = R(weights).
+// A warp per token: slot j's expert is the first, by ranks_before, of those ranking
+// after slot j − 1's, as in select_row; each lane finds it among its experts
+// (lane, lane + 32, ...) and a shuffle tree picks the warp's. ranks_before is a strict
+// total order, so its first element does not depend on the order of the comparisons.
+// Then, by lane 0, the weights (fp32) and, when set, topk_w = R(weights).
 __global__ void topk_kernel(const float* __restrict__ probs, int T, int E, int k, bool norm_topk_prob,
                             int* __restrict__ ids, float* __restrict__ weights, bf16* __restrict__ topk_w) {
-  for_each_index(T, [&](size_t t) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const size_t warps = static_cast<size_t>(gridDim.x) * blockDim.x / kWarp;
+  for (size_t t = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; t < static_cast<size_t>(T);
+       t += warps) {
     const float* p = probs + t * E;
     int* id = ids + t * k;
-    float* w = weights + t * k;
-    ref::select_row(p, id, E, k);
-    ref::selected_weights(p, id, w, k, norm_topk_prob);
-    if (topk_w)
-      for (int j = 0; j < k; ++j) topk_w[t * k + j] = round_bf16(w[j]);
-  });
+    int prev = -1;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float p_best = 0.0f;
+      const float p_prev = prev < 0 ? 0.0f : p[prev];
+      for (int e = lane; e < E; e += kWarp) {
+        const float pe = p[e];
+        if (prev >= 0 && !ref::ranks_before(p_prev, prev, pe, e)) continue;
+        if (best < 0 || ref::ranks_before(pe, e, p_best, best)) best = e, p_best = pe;
+      }
+#pragma unroll
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        const int other = __shfl_xor_sync(kFullMask, best, offset);
+        const float p_other = __shfl_xor_sync(kFullMask, p_best, offset);
+        if (other >= 0 && (best < 0 || ref::ranks_before(p_other, other, p_best, best))) best = other, p_best = p_other;
+      }
+      if (lane == 0) id[j] = best;
+      prev = best;
+    }
+    if (lane == 0) {
+      float* w = weights + t * k;
+      ref::selected_weights(p, id, w, k, norm_topk_prob);
+      if (topk_w)
+        for (int j = 0; j < k; ++j) topk_w[t * k + j] = round_bf16(w[j]);
+    }
+  }
 }
 
 // `w` is a [T][k] fp32 scratch for the recomputed weights.
@@ -78,7 +105,8 @@ void topk(const float* probs, int* ids, float* weights, bf16* topk_w, int T, int
           cudaStream_t stream) {
   check_topk(E, k);
   if (T <= 0) return;
-  topk_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(probs, T, E, k, norm_topk_prob, ids, weights, topk_w);
+  topk_kernel<<<grid_for(static_cast<size_t>(T) * kWarp), kBlockThreads, 0, stream>>>(probs, T, E, k, norm_topk_prob,
+                                                                                       ids, weights, topk_w);
   BP_CUDA_CHECK_LAUNCH();
 }
 
