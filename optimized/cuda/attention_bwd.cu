@@ -4,13 +4,16 @@
 //   dk, dv   one CTA per (key tile, kv head, query chunk), all D columns: the chunk's
 //            slots are the contraction dimension, in 64-slot tiles from the chunk's
 //            first slot, with Δ = dot(dout, o) per query row computed once before
-//            (slot_delta_kernel); partials go to global memory and kv_combine runs
-//            the pairwise tree over chunks (as a binary counter: same bits).
+//            (slot_delta_kernel; slot_delta_mma_kernel under sm90-tc); partials go to
+//            global memory and kv_combine runs the pairwise tree over chunks (as a
+//            binary counter: same bits).
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "optimized/cuda/attention_tile.cuh"
@@ -62,6 +65,50 @@ template <class Model, int D>
 __global__ void slot_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ o, size_t row0, size_t n,
                                   float* __restrict__ delta) {
   for_each_index(n, [&](size_t i) { delta[i] = slot_delta<Model, D>(dout, o, static_cast<long long>(row0 + i)); });
+}
+
+// The same on the tensor cores (sm90-tc): a warp takes 16 rows and forms D = A·B by
+// mma.sync over the head's D in k16 groups from +0, A = dout's rows, B[k][n] = o[row
+// n][k]; D[m][m] is row m's chain (for_diagonal). Rows past n arrive as zeros.
+constexpr int kDeltaWarps = 4;
+template <int D>
+__global__ void __launch_bounds__(kDeltaWarps* kWarp)
+    slot_delta_mma_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ o, size_t row0, size_t n,
+                          float* __restrict__ delta) {
+  constexpr int LD = kLd<D>;
+  __shared__ __align__(16) bf16 tiles[kDeltaWarps][2][16 * LD];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const size_t first = (static_cast<size_t>(blockIdx.x) * kDeltaWarps + warp) * 16;
+  if (first >= n) return;  // no block barrier below
+  bf16 *sA = tiles[warp][0], *sB = tiles[warp][1];
+  for (int p = lane; p < 16 * D / 8; p += kWarp) {
+    const int r = p / (D / 8), c = p % (D / 8) * 8;
+    const bool in = first + r < n;
+    const size_t at = (row0 + first + (in ? r : 0)) * D + c;
+    cp_async16(sA + r * LD + c, dout + at, in ? 16 : 0);
+    cp_async16(sB + r * LD + c, o + at, in ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
+  // ldmatrix rows of this lane (matrix j = lane / 8, its row lane % 8): A's matrices are
+  // (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15); B's, stored
+  // [n][k], (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  const int j = lane / 8, r = lane % 8;
+  const int a_at = (r + 8 * (j % 2)) * LD + 8 * (j / 2), b_at = (r + 8 * (j / 2)) * LD + 8 * (j % 2);
+  float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int k = 0; k < D; k += 16) {
+    uint32_t a[4], b[4];
+    ldmatrix_x4(a, sA + a_at + k);
+    ldmatrix_x4(b, sB + b_at + k);
+    mma_m16n8k16(d0, a, b[0], b[1]);
+    mma_m16n8k16(d1, a, b[2], b[3]);
+  }
+  for_diagonal(d0, d1, lane, [&](int g, float lo, float hi) {
+    if (first + g < n) delta[first + g] = lo;
+    if (first + 8 + g < n) delta[first + 8 + g] = hi;
+  });
 }
 
 // P = weight(s, m) · (1 ÷ l) of the thread's elements in place (reference
@@ -330,24 +377,47 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   }
 }
 
-// pairwise_tree over n values at p[0], p[stride], ...: as a binary counter (merge
-// equal-level neighbours as they arrive, then fold the stack from the top), which
-// is the same association for every n.
+// pairwise_tree over n < 2^kCombineLevels values at p[0], p[stride], ...: as a
+// binary counter (merge equal-level neighbours as they arrive, then fold the pending
+// subtrees), which is the same association for every n.
+constexpr int kCombineLevels = 16;
 __device__ float chunk_tree(const float* p, size_t stride, int n) {
-  float value[32];
-  int level[32], top = 0;
-  for (int c = 0; c < n; ++c) {
-    value[top] = p[c * stride];
-    level[top++] = 0;
-    while (top >= 2 && level[top - 1] == level[top - 2]) {
-      value[top - 2] = add_rn(value[top - 2], value[top - 1]);
-      ++level[top - 2];
-      --top;
-    }
+  // Slot `level` holds a pending subtree of 2^level chunks while bit `level` of the
+  // count is set; chunk c merges with the slots of c's trailing ones, lowest first
+  // (older subtree on the left), and lands in the first clear one. The unrolled
+  // levels keep the slots in registers (a stack indexed by its top lives in local memory).
+  float slot[kCombineLevels] = {};
+  auto push = [&](int c, float carry) {
+    bool merging = true;
+#pragma unroll
+    for (int level = 0; level < kCombineLevels; ++level)
+      if (merging) {
+        if ((c >> level) & 1) {
+          carry = add_rn(slot[level], carry);
+        } else {
+          slot[level] = carry;
+          merging = false;
+        }
+      }
+  };
+  constexpr int kAhead = 8;  // loads in flight a thread
+  for (int c0 = 0; c0 < n; c0 += kAhead) {
+    float v[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) v[j] = c0 + j < n ? p[(c0 + j) * stride] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j)
+      if (c0 + j < n) push(c0 + j, v[j]);
   }
-  if (top == 0) return 0.0f;
-  float sum = value[top - 1];
-  for (int x = top - 2; x >= 0; --x) sum = add_rn(value[x], sum);
+  // The pending subtrees of n, lowest level on the right.
+  float sum = 0.0f;
+  bool any = false;
+#pragma unroll
+  for (int level = 0; level < kCombineLevels; ++level)
+    if ((n >> level) & 1) {
+      sum = any ? add_rn(slot[level], sum) : slot[level];
+      any = true;
+    }
   return sum;
 }
 
@@ -403,8 +473,12 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
   with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
     if (rows > 0) {
-      slot_delta_kernel<decltype(model), D>
-          <<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, delta_row0, rows, delta.get());
+      if constexpr (decltype(model)::kModel == DotModel::Sm90Tc)
+        slot_delta_mma_kernel<D><<<grid_for((rows + 15) / 16, kDeltaWarps), kDeltaWarps * kWarp, 0, stream>>>(
+            dout, o, delta_row0, rows, delta.get());
+      else
+        slot_delta_kernel<decltype(model), D>
+            <<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, delta_row0, rows, delta.get());
       BP_CUDA_CHECK_LAUNCH();
     }
     const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
@@ -421,6 +495,9 @@ void attention_bwd_kv_combine(const Knobs& /*kn*/, AttnDims dims, int S, int n_c
                               const float* dv_part, bf16* dk, bf16* dv, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(S) * dims.Hkv * dims.D;
   if (n == 0) return;
+  if (n_chunks >= (1 << kCombineLevels))
+    throw std::invalid_argument("attention_bwd_kv_combine (CUDA): at most " + std::to_string((1 << kCombineLevels) - 1) +
+                                " token chunks, got " + std::to_string(n_chunks));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, size_t{1} << 16));
   kv_combine_kernel<<<blocks, 256, 0, stream>>>(n, n_chunks, ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
   BP_CUDA_CHECK_LAUNCH();

@@ -64,4 +64,16 @@ __device__ inline void mma_m16n8k16(float* d, const uint32_t (&a)[4], uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The diagonal of a 16 × 16 product held as two m16n8 tiles, d0 (columns 0-7) and d1
+// (8-15): f(g, D[g][g], D[8 + g][8 + g]) on the lane holding them (4g + g/2), g < 8.
+// Kernels that need only the diagonal (dots along matching rows or columns of two
+// operands) get each element's own chain of k16 groups, the sm90-tc model's.
+template <class F>
+__device__ void for_diagonal(const float (&d0)[4], const float (&d1)[4], int lane, F&& f) {
+  const int g = lane / 4;
+  if (lane % 4 != g / 2) return;
+  const bool odd = g % 2 != 0;  // selects, not an index: d0 and d1 stay in registers
+  f(g, odd ? d0[1] : d0[0], odd ? d1[3] : d1[2]);
+}
+
 }  // namespace bp::cuda

@@ -327,13 +327,10 @@ __global__ void __launch_bounds__(kDwWarps* kWarp)
     mma_m16n8k16(d0, a, b[0], b[1]);
     mma_m16n8k16(d1, a, b[2], b[3]);
   }
-  // D0[m][m] (m < 8) and D1[m][m - 8] sit in lane 4m' + m'/2 (m' = m mod 8), element m' mod 2 (+2 in D1).
-  const int g = lane / 4;
-  if (lane % 4 == g / 2) {
-    const bool odd = g % 2 != 0;  // selects, not an index: d0 and d1 stay in registers
-    if (i0 + g < n) partials[static_cast<size_t>(i0 + g) * chunks + c] = odd ? d0[1] : d0[0];
-    if (i0 + 8 + g < n) partials[static_cast<size_t>(i0 + 8 + g) * chunks + c] = odd ? d1[3] : d1[2];
-  }
+  for_diagonal(d0, d1, lane, [&](int g, float lo, float hi) {
+    if (i0 + g < n) partials[static_cast<size_t>(i0 + g) * chunks + c] = lo;
+    if (i0 + 8 + g < n) partials[static_cast<size_t>(i0 + 8 + g) * chunks + c] = hi;
+  });
 }
 
 __global__ void rmsnorm_dw_tree_kernel(float* __restrict__ partials, int n, int chunks, float* __restrict__ dw) {
