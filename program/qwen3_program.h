@@ -25,6 +25,28 @@
 
 namespace bp::ref {
 
+// The target rows (packed logits rows that have a next token) as runs of
+// consecutive rows: logits rows [first, first + count) are targets at, ..., at +
+// count − 1; a sequence is one run, its rows but the last. The log-probability ops
+// read the logits and write their gradient in place, a call per run, where the runs
+// average kMinRunRows rows or more; below that the calls of many short runs cost
+// more than copying the rows, and the ops run once over the rows gathered (empty).
+struct TargetRun {
+  int first, count, at;
+};
+constexpr size_t kMinRunRows = 64;
+inline std::vector<TargetRun> in_place_runs(const std::vector<int>& rows) {
+  std::vector<TargetRun> runs;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0 && rows[i] == rows[i - 1] + 1)
+      ++runs.back().count;
+    else
+      runs.push_back({rows[i], 1, static_cast<int>(i)});
+  }
+  if (runs.size() * kMinRunRows > rows.size()) runs.clear();
+  return runs;
+}
+
 template <class B>
 class Qwen3Program {
  public:
@@ -75,6 +97,9 @@ class Qwen3Program {
   void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b, int feat) const;
   void moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State& st, const std::vector<int64_t>& crow,
                bool cap) const;
+  // The target rows of `logits` as runs the log-probability ops read in place, or
+  // gathered into `copy` as one run (in_place_runs).
+  std::vector<TargetRun> target_runs(const BBuf& logits, const std::vector<int>& rows, int V, BBuf& copy) const;
 
   ModelConfig cfg_;
   Knobs kn_;
@@ -90,15 +115,6 @@ class Qwen3Program {
 };
 
 // ---- Implementation ----------------------------------------------------------
-
-// The first of `rows` where they are consecutive (a single sequence scored): the
-// log-probability ops then read the logits, and write their gradient, in place;
-// −1 otherwise (the rows are gathered first).
-inline int first_of_run(const std::vector<int>& rows) {
-  for (size_t i = 1; i < rows.size(); ++i)
-    if (rows[i] != rows[0] + static_cast<int>(i)) return -1;
-  return rows.empty() ? -1 : rows[0];
-}
 
 // Per-call activations kept for the backward (the packed extend forward).
 template <class B>
@@ -155,6 +171,16 @@ Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, co
       ed_[i].push_back(w(graph::param_name(i, e, Param::ExpertDown)));
     }
   }
+}
+
+template <class B>
+std::vector<TargetRun> Qwen3Program<B>::target_runs(const BBuf& logits, const std::vector<int>& rows, int V,
+                                                    BBuf& copy) const {
+  const std::vector<TargetRun> runs = in_place_runs(rows);
+  if (!runs.empty() || rows.empty()) return runs;
+  copy = be_.template zeros<bf16>(rows.size() * static_cast<size_t>(V));
+  be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, copy.data());
+  return {{0, static_cast<int>(rows.size()), 0}};
 }
 
 // Captured rows go to their canonical row (sequence by sequence), whatever the path.
@@ -378,17 +404,14 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     saved->rstd_f = std::move(rstd_f);
   }
   if (R > 0) {
-    const int run = first_of_run(rows);
     BBuf lg;
-    if (run < 0) {
-      lg = zeros(R, V);
-      be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, lg.data());
-    }
-    const bf16* target_logits = run < 0 ? lg.data() : logits.data() + static_cast<size_t>(run) * V;
+    const std::vector<TargetRun> runs = target_runs(logits, rows, V, lg);
+    const bf16* src = lg.size() > 0 ? lg.data() : logits.data();
     const auto tgt_dev = be_.resident(tgt);
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R), ent = fzeros(R);
-    be_.logprob_fwd(kn_, target_logits, tgt_dev.data(), R, V, opt.temperature, lp.data(), M.data(), S.data(),
-                    opt.entropy ? ent.data() : nullptr);
+    for (const TargetRun& u : runs)
+      be_.logprob_fwd(kn_, src + static_cast<size_t>(u.first) * V, tgt_dev.data() + u.at, u.count, V, opt.temperature,
+                      lp.data() + u.at, M.data() + u.at, S.data() + u.at, opt.entropy ? ent.data() + u.at : nullptr);
     const std::vector<float> lp_host = be_.to_host(lp.data(), lp.size());
     const std::vector<float> ent_host = opt.entropy ? be_.to_host(ent.data(), ent.size()) : std::vector<float>{};
     for (int r = 0; r < R; ++r) {
@@ -490,23 +513,23 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const int R = static_cast<int>(tgt.size());
   BBuf dlogits = zeros(T, V);
   if (R > 0) {
-    const int run = first_of_run(row_of);
     BBuf lg, dl;
-    if (run < 0) {
-      lg = zeros(R, V);
-      dl = zeros(R, V);
-      be_.gather_rows(sv.logits.data(), static_cast<size_t>(V), row_of, lg.data());
-    }
-    const size_t at = run < 0 ? 0 : static_cast<size_t>(run) * V;
-    const bf16* target_logits = run < 0 ? lg.data() : sv.logits.data() + at;
-    bf16* target_grads = run < 0 ? dl.data() : dlogits.data() + at;
+    const std::vector<TargetRun> runs = target_runs(sv.logits, row_of, V, lg);
+    const bool gathered = lg.size() > 0;
+    if (gathered) dl = zeros(R, V);
+    const bf16* src = gathered ? lg.data() : sv.logits.data();
+    bf16* dst = gathered ? dl.data() : dlogits.data();
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
     const auto tgt_dev = be_.resident(tgt);
     const auto coef_dev = be_.resident(coef);
-    be_.logprob_fwd(kn_, target_logits, tgt_dev.data(), R, V, temperature, lp.data(), M.data(), S.data(), nullptr);
-    be_.logprob_bwd(kn_, target_logits, tgt_dev.data(), coef_dev.data(), M.data(), S.data(), R, V, temperature,
-                    target_grads);
-    if (run < 0) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
+    for (const TargetRun& u : runs) {
+      const size_t row = static_cast<size_t>(u.first) * V;
+      be_.logprob_fwd(kn_, src + row, tgt_dev.data() + u.at, u.count, V, temperature, lp.data() + u.at,
+                      M.data() + u.at, S.data() + u.at, nullptr);
+      be_.logprob_bwd(kn_, src + row, tgt_dev.data() + u.at, coef_dev.data() + u.at, M.data() + u.at,
+                      S.data() + u.at, u.count, V, temperature, dst + row);
+    }
+    if (gathered) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
   }
   sv.logits = BBuf{};
 

@@ -1,6 +1,7 @@
 // The reference model (SPEC.md §6) on the tiny fixtures under all four contracts:
 // every path gives the same logprob bits (extend, chunked, decode, ragged), a
-// sequence alone equals itself inside a batch, captures agree across paths,
+// sequence alone equals itself inside a batch (also where the log-probability ops
+// read the logits in place, one call per sequence), captures agree across paths,
 // negative controls (another kv block, the other dot model) change the bits, the
 // backward gives finite non-zero gradients for every parameter with the same bits
 // with 1 and with 2 threads (these on the CI half of the cases, model_cases.h; the
@@ -22,6 +23,7 @@
 
 #include "harness/io/hf_config.h"
 #include "host/model.h"
+#include "program/qwen3_program.h"
 #include "reference/model/model_graph.h"
 #include "reference/common/rng.h"
 #include "support/golden.h"
@@ -158,7 +160,9 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
     const auto off = m.forward(seqs_, Path::extend(), ro);
     const std::string first = stage == L ? "final_norm" : prefix + "input_norm";
     for (const auto& c : off.captures)
-      if (c.name == first) EXPECT_FALSE(c.bf16_data == captured(c.name)) << "negative control, stage " << stage;
+      if (c.name == first) {
+        EXPECT_FALSE(c.bf16_data == captured(c.name)) << "negative control, stage " << stage;
+      }
   }
   bp::ref::ForwardOptions wrong_path = opt;
   std::map<int64_t, std::vector<bp::bf16>> none;
@@ -212,6 +216,55 @@ TEST_P(ModelTest, LayerReplayBackwardEqualsWholeRun) {
     EXPECT_FALSE(same_bits(off.grads.at(mine + "input_layernorm.weight"),
                            whole.grads.at(mine + "input_layernorm.weight")))
         << "negative control, layer " << li;
+  }
+}
+
+// Sequences long enough that the log-probability ops read the logits in place, a
+// call per sequence (program/qwen3_program.h, in_place_runs; the CI batch's 23, 70
+// and 41 tokens are gathered): each equals itself scored alone, in its logprobs and
+// entropies and in the gradient that reaches the final norm (lm_head's input
+// gradient and the norm's backward go row by row, so a token's row depends only on
+// its own logits' gradient).
+TEST_P(ModelTest, LongSequencesScoredInPlaceEqualAlone) {
+  using bp::ref::LossCoefficients;
+  auto target_rows = [](const Seqs& seqs) {  // every packed row but each sequence's last
+    std::vector<int> rows;
+    int t = 0;
+    for (const auto& s : seqs)
+      for (size_t i = 0; i < s.size(); ++i, ++t)
+        if (i + 1 < s.size()) rows.push_back(t);
+    return rows;
+  };
+  const Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, {90, 130});
+  ASSERT_EQ(bp::ref::in_place_runs(target_rows(seqs)).size(), 2u);
+  ASSERT_TRUE(bp::ref::in_place_runs(target_rows(seqs_)).empty());
+
+  const Model m(cfg_, w_, contract_->knobs);
+  bp::ref::ForwardOptions opt;
+  opt.entropy = true;
+  bp::ref::BackwardOptions bo;
+  bo.capture_resid_grads = true;
+  const Rows c = kCoefs.for_batch(seqs);
+  const auto fwd = m.forward(seqs, Path::extend(), opt);
+  const auto bwd = m.backward(seqs, LossCoefficients::explicit_values(c), 1.0f, bo);
+  const std::string top = bp::graph::resid_grad_name(cfg_.num_hidden_layers);
+  auto top_grad = [&](const bp::ref::BackwardResult& r) -> const std::vector<bp::bf16>& {
+    for (const auto& cap : r.captures)
+      if (cap.name == top) return cap.bf16_data;
+    throw std::runtime_error("no capture " + top);
+  };
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  size_t row0 = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto alone = m.forward({seqs[s]}, Path::extend(), opt);
+    EXPECT_TRUE(same_bits(alone.logprob[0], fwd.logprob[s])) << "sequence " << s;
+    EXPECT_TRUE(same_bits(alone.entropy[0], fwd.entropy[s])) << "sequence " << s;
+    const auto alone_bwd = m.backward({seqs[s]}, LossCoefficients::explicit_values({c[s]}), 1.0f, bo);
+    const std::vector<bp::bf16>& in_batch = top_grad(bwd);
+    const std::vector<bp::bf16> mine(in_batch.begin() + static_cast<std::ptrdiff_t>(row0 * H),
+                                     in_batch.begin() + static_cast<std::ptrdiff_t>((row0 + seqs[s].size()) * H));
+    EXPECT_TRUE(mine == top_grad(alone_bwd)) << "final norm's input gradient, sequence " << s;
+    row0 += seqs[s].size();
   }
 }
 

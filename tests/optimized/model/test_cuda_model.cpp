@@ -72,6 +72,18 @@ TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
 
 TEST_P(CudaModelTest, BackwardEqualsReference) { expect_backward_equals_reference(cfg_, w_, kn_, seqs_); }
 
+// Sequences whose target rows the log-probability ops read in place, a call per
+// sequence (program/qwen3_program.h, in_place_runs; model_seqs' are gathered):
+// the logits rows start at offsets no call had before.
+TEST_P(CudaModelTest, LongSequencesScoredInPlaceEqualReference) {
+  const Seqs long_seqs = bp::test::make_seqs(cfg_.vocab_size, {90, 130});
+  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
+  const auto got = bp::cuda::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
+  EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob)));
+  EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy)));
+  expect_backward_equals_reference(cfg_, w_, kn_, long_seqs);
+}
+
 TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
   const bp::cuda::Model gpu(cfg_, w_, kn_);
   const auto a = gpu.backward(seqs_, kCoefs);
