@@ -99,7 +99,13 @@ class Qwen3Program {
                bool cap) const;
   // The target rows of `logits` as runs the log-probability ops read in place, or
   // gathered into `copy` as one run (in_place_runs).
-  std::vector<TargetRun> target_runs(const BBuf& logits, const std::vector<int>& rows, int V, BBuf& copy) const;
+  struct Targets {
+    std::vector<TargetRun> runs;
+    BBuf copy;  // empty where the runs are read in place
+    bool gathered() const { return copy.size() > 0; }
+    const bf16* source(const BBuf& logits) const { return gathered() ? copy.data() : logits.data(); }
+  };
+  Targets target_runs(const BBuf& logits, const std::vector<int>& rows, int V) const;
 
   ModelConfig cfg_;
   Knobs kn_;
@@ -174,13 +180,14 @@ Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, co
 }
 
 template <class B>
-std::vector<TargetRun> Qwen3Program<B>::target_runs(const BBuf& logits, const std::vector<int>& rows, int V,
-                                                    BBuf& copy) const {
-  const std::vector<TargetRun> runs = in_place_runs(rows);
-  if (!runs.empty() || rows.empty()) return runs;
-  copy = be_.template zeros<bf16>(rows.size() * static_cast<size_t>(V));
-  be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, copy.data());
-  return {{0, static_cast<int>(rows.size()), 0}};
+typename Qwen3Program<B>::Targets Qwen3Program<B>::target_runs(const BBuf& logits, const std::vector<int>& rows,
+                                                               int V) const {
+  Targets t{in_place_runs(rows), BBuf{}};
+  if (!t.runs.empty() || rows.empty()) return t;
+  t.copy = be_.template unset<bf16>(rows.size() * static_cast<size_t>(V));  // the gather writes every row
+  be_.gather_rows(logits.data(), static_cast<size_t>(V), rows, t.copy.data());
+  t.runs = {{0, static_cast<int>(rows.size()), 0}};
+  return t;
 }
 
 // Captured rows go to their canonical row (sequence by sequence), whatever the path.
@@ -404,12 +411,11 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
     saved->rstd_f = std::move(rstd_f);
   }
   if (R > 0) {
-    BBuf lg;
-    const std::vector<TargetRun> runs = target_runs(logits, rows, V, lg);
-    const bf16* src = lg.size() > 0 ? lg.data() : logits.data();
+    const Targets targets = target_runs(logits, rows, V);
+    const bf16* src = targets.source(logits);
     const auto tgt_dev = be_.resident(tgt);
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R), ent = fzeros(R);
-    for (const TargetRun& u : runs)
+    for (const TargetRun& u : targets.runs)
       be_.logprob_fwd(kn_, src + static_cast<size_t>(u.first) * V, tgt_dev.data() + u.at, u.count, V, opt.temperature,
                       lp.data() + u.at, M.data() + u.at, S.data() + u.at, opt.entropy ? ent.data() + u.at : nullptr);
     const std::vector<float> lp_host = be_.to_host(lp.data(), lp.size());
@@ -513,23 +519,22 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   const int R = static_cast<int>(tgt.size());
   BBuf dlogits = zeros(T, V);
   if (R > 0) {
-    BBuf lg, dl;
-    const std::vector<TargetRun> runs = target_runs(sv.logits, row_of, V, lg);
-    const bool gathered = lg.size() > 0;
-    if (gathered) dl = zeros(R, V);
-    const bf16* src = gathered ? lg.data() : sv.logits.data();
-    bf16* dst = gathered ? dl.data() : dlogits.data();
+    const Targets targets = target_runs(sv.logits, row_of, V);
+    BBuf dl;  // the gathered rows' gradient (logprob_bwd writes every row), then scattered
+    if (targets.gathered()) dl = be_.template unset<bf16>(static_cast<size_t>(R) * V);
+    const bf16* src = targets.source(sv.logits);
+    bf16* dst = targets.gathered() ? dl.data() : dlogits.data();
     FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
     const auto tgt_dev = be_.resident(tgt);
     const auto coef_dev = be_.resident(coef);
-    for (const TargetRun& u : runs) {
+    for (const TargetRun& u : targets.runs) {
       const size_t row = static_cast<size_t>(u.first) * V;
       be_.logprob_fwd(kn_, src + row, tgt_dev.data() + u.at, u.count, V, temperature, lp.data() + u.at,
                       M.data() + u.at, S.data() + u.at, nullptr);
       be_.logprob_bwd(kn_, src + row, tgt_dev.data() + u.at, coef_dev.data() + u.at, M.data() + u.at,
                       S.data() + u.at, u.count, V, temperature, dst + row);
     }
-    if (gathered) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
+    if (targets.gathered()) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
   }
   sv.logits = BBuf{};
 

@@ -236,7 +236,7 @@ void moe_experts_fwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
   if (rows.size() == 0 || H == 0) return;
   const ExpertsForward f = experts_forward(kn, plan, e_begin, e_end, rows, a, w, H, I, stream);
   const DeviceBuffer<int> slot_rows(rows.slot_rows, stream);
-  const bool packed = H % kPack == 0 && aligned16(f.acc.get()) && aligned16(c);
+  const bool packed = H % kPack == 0 && all_aligned16({f.acc.get(), c});
   weigh_rows_kernel<<<grid_for_packed(elems(rows.size(), H), packed), kBlockThreads, 0, stream>>>(
       f.acc.get(), slot_rows.get(), topk_w, rows.size(), H, c, packed);
   BP_CUDA_CHECK_LAUNCH();
