@@ -6,7 +6,9 @@
 // the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
 // (one thread) copies 64-element reduction stages of both operands into 128-byte-
 // swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
-// run wgmma on them while the next stages arrive. The stages cut the reduction
+// run wgmma on them while the next stages arrive. The CTAs are persistent (one
+// per SM, walking the tiles), so the next tile's stages arrive during the
+// current one's last stages and stores. The stages cut the reduction
 // into consecutive 64-element pieces whatever the chunks (a chunk of 96 is 1.5
 // stages, and no element is copied twice); a consumer issues each stage's groups
 // chunk by chunk, so no group straddles two chunks as long as chunks are whole
@@ -162,12 +164,25 @@ struct WarpgroupSmem {
   __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
 };
 
-// Stage s holds reduction elements [s·kWgBK, (s + 1)·kWgBK), whatever the chunks.
+// A CTA's stages form one ring over all its tiles: its n-th stage (counting from
+// its first tile's first) is in slot n % kStages, filled for the (n / kStages)-th
+// time, so the producer loads the next tile's stages while the consumers finish
+// the current one.
+template <class Cfg>
+struct StageRing {
+  int first;  // the ring index of the tile's stage 0
+  __device__ int slot(int s) const { return (first + s) % Cfg::kStages; }
+  __device__ uint32_t round(int s) const { return (first + s) / Cfg::kStages; }
+};
+
+// Stage s of the tile holds reduction elements [s·kWgBK, (s + 1)·kWgBK), whatever
+// the chunks.
 template <class Cfg, Major MA, Major MB>
 __device__ void warpgroup_producer(const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm, int row0,
-                                   int col0, int stages) {
+                                   int col0, int stages, StageRing<Cfg> ring) {
   for (int s = 0; s < stages; ++s) {
-    const int slot = s % Cfg::kStages, round = s / Cfg::kStages;
+    const int slot = ring.slot(s);
+    const uint32_t round = ring.round(s);
     if (round > 0) sm90::mbarrier_wait(&sm.empty[slot], (round - 1) & 1);
     sm90::mbarrier_arrive_expect_tx(&sm.full[slot], Cfg::kStageBytes);
     SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, s * kWgBK, Cfg::kBM);
@@ -206,12 +221,12 @@ struct StageRelease {
 // injects a wgmma wait where the loop's paths join: C7517).
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int stages,
-                                  int consumer) {
+                                  int consumer, StageRing<Cfg> ring) {
   WarpgroupDot<Cfg, MA, MB> dot(consumer);
   StageRelease<Cfg> stage{sm};
   for (int s = 0; s < stages; ++s) {
-    const int slot = s % Cfg::kStages;
-    sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+    const int slot = ring.slot(s);
+    sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
     dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), 0, (p.red - s * kWgBK + 15) / 16, false);
     dot.template wait<1>();
     stage.keep_only(slot);
@@ -232,7 +247,8 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
 // after the fold. Registers: the two sets, 64 each; the tree's slot 0 is in shared
 // memory (with it in registers too, ptxas spilled at the consumers' 232).
 template <class Cfg, Major MA, Major MB>
-__device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int consumer) {
+__device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int consumer,
+                               StageRing<Cfg> ring) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
   Dot even(consumer), odd(consumer);
   const int thread = threadIdx.x - 128;  // after the producer warpgroup
@@ -249,8 +265,8 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
     // the wgmma (ptxas serialises wgmma behind a divergent path's injected
     // warpgroup.arrive: C7520).
     const auto piece = [&] {
-      const int s = min(j, p.red - 1) / kWgBK, slot = s % Cfg::kStages, piece_end = min(end, (s + 1) * kWgBK);
-      sm90::mbarrier_wait(&sm.full[slot], (s / Cfg::kStages) & 1);
+      const int s = min(j, p.red - 1) / kWgBK, slot = ring.slot(s), piece_end = min(end, (s + 1) * kWgBK);
+      sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
       cur.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), (j - s * kWgBK + 15) / 16,
                (piece_end - s * kWgBK + 15) / 16, j == begin);
       cur.template wait<1>();
@@ -282,8 +298,20 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
   else finish(even);
 }
 
-template <class Cfg, Major MA, Major MB>
-__device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* map_b, int row0, int col0) {
+// One tile of the GEMM: its problem, the problem's operand maps and its corner.
+struct TileJob {
+  const Problem* p;
+  const void* map_a;
+  const void* map_b;
+  int row0, col0;
+};
+
+// A persistent CTA: tiles blockIdx.x, blockIdx.x + gridDim.x, ... (job(t) gives
+// tile t), their stages in one ring (StageRing), so a tile's pipeline fill and its
+// problem's loads overlap the previous tile's last stages and stores, and the
+// barriers are set up once.
+template <class Cfg, Major MA, Major MB, class Jobs>
+__device__ void warpgroup_tiles(int tiles, const Jobs& job) {
   extern __shared__ __align__(128) unsigned char wg_smem_raw[];
   const WarpgroupSmem<Cfg> sm(wg_smem_raw);
   if (threadIdx.x == 0) {
@@ -294,36 +322,55 @@ __device__ void warpgroup_tile(const Problem& p, const void* map_a, const void* 
     sm90::mbarrier_init_fence();
   }
   __syncthreads();
-  const int stages = (p.red + kWgBK - 1) / kWgBK;
   const int group = threadIdx.x / 128;
+  StageRing<Cfg> ring{0};
   if (group == 0) {
     sm90::release_registers<40>();
-    if (threadIdx.x == 0) warpgroup_producer<Cfg, MA, MB>(map_a, map_b, sm, row0, col0, stages);
-  } else {
-    sm90::claim_registers<232>();
-    if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, row0, col0, stages, group - 1);
-    else consume_chunks<Cfg, MA, MB>(p, sm, row0, col0, group - 1);
+    if (threadIdx.x != 0) return;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const TileJob j = job(t);
+      const int stages = (j.p->red + kWgBK - 1) / kWgBK;
+      warpgroup_producer<Cfg, MA, MB>(j.map_a, j.map_b, sm, j.row0, j.col0, stages, ring);
+      ring.first += stages;
+    }
+    return;
+  }
+  sm90::claim_registers<232>();
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileJob j = job(t);
+    const Problem p = *j.p;
+    const int stages = (p.red + kWgBK - 1) / kWgBK;
+    if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring);
+    else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring);
+    ring.first += stages;
   }
 }
 
-// One CTA per tile: x over column tiles and y over row tiles, or the other way
-// round where rows_fastest (rows_first).
+// One problem: tile t at (t % row_tiles, t / row_tiles) where rows_fastest
+// (rows_first), else (t / col_tiles, t % col_tiles).
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const Problem p, const bool rows_fastest) {
-  const int row_tile = rows_fastest ? blockIdx.x : blockIdx.y, col_tile = rows_fastest ? blockIdx.y : blockIdx.x;
-  warpgroup_tile<Cfg, MA, MB>(p, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN);
+                     const __grid_constant__ Problem p, const bool rows_fastest) {
+  const int row_tiles = (p.m + Cfg::kBM - 1) / Cfg::kBM, col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
+  warpgroup_tiles<Cfg, MA, MB>(row_tiles * col_tiles, [&](int t) {
+    const int row_tile = rows_fastest ? t % row_tiles : t / col_tiles;
+    const int col_tile = rows_fastest ? t / row_tiles : t % col_tiles;
+    return TileJob{&p, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN};
+  });
 }
 
-// maps: problem g's A and B maps at 2g and 2g + 1 (device memory).
+// A group: the tile table's entry t; problem g's A and B maps at 2g and 2g + 1
+// (device memory).
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_grouped_kernel(const Problem* __restrict__ problems, const CUtensorMap* __restrict__ maps,
-                             const GroupTile* __restrict__ tiles) {
-  const GroupTile tile = tiles[blockIdx.x];
-  const Problem p = problems[tile.problem];
-  warpgroup_tile<Cfg, MA, MB>(p, &maps[2 * tile.problem], &maps[2 * tile.problem + 1], tile.row0, tile.col0);
+                             const GroupTile* __restrict__ tiles, int n_tiles) {
+  warpgroup_tiles<Cfg, MA, MB>(n_tiles, [&](int t) {
+    const GroupTile tile = tiles[t];
+    return TileJob{&problems[tile.problem], &maps[2 * tile.problem], &maps[2 * tile.problem + 1], tile.row0,
+                   tile.col0};
+  });
 }
 
 // --- host side ------------------------------------------------------------------
@@ -335,10 +382,9 @@ CUtensorMap operand_map(const Operand& op, int red) {
   else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
 }
 
-constexpr unsigned kMaxGridY = 65535;
-
-// The order of the tiles in the grid. CTAs run roughly in grid order, so the ones
-// in flight share the operand whose tiles vary slowest, and that operand is read
+// The order of the tiles. The persistent CTAs take them in index order (each
+// strides by the CTA count), so the ones in flight share the operand whose tiles
+// vary slowest, and that operand is read
 // from device memory about once only if the other one (cycled through) stays in
 // L2. Column tiles vary fastest by default (each row panel of A is read once, B
 // must stay in L2); where B is too large for the L2 and A is not (lm_head: a 622 MB
@@ -355,6 +401,12 @@ bool rows_first(const Problem& p) {
   return b_bytes > budget && a_bytes <= budget;
 }
 
+// A persistent CTA per SM (one fits: the stages fill its shared memory), or per tile
+// where there are fewer.
+unsigned persistent_ctas(long long tiles) {
+  return static_cast<unsigned>(std::min<long long>(tiles, multiprocessors()));
+}
+
 template <class Cfg, Major MA, Major MB>
 void launch_warpgroup(Problem p, cudaStream_t stream) {
   const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
@@ -362,11 +414,8 @@ void launch_warpgroup(Problem p, cudaStream_t stream) {
   BP_CUDA_CHECK(opt_in);
   DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
   p.spill = spill.get();
-  const unsigned row_tiles = (p.m + Cfg::kBM - 1) / Cfg::kBM, col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
-  const bool rows_fastest = rows_first(p) && col_tiles <= kMaxGridY;
-  const dim3 grid = rows_fastest ? dim3(row_tiles, col_tiles) : dim3(col_tiles, row_tiles);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p,
-                                                          rows_fastest);
+  kernel<<<persistent_ctas(tile_count<Cfg>(p)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p, rows_first(p));
   BP_CUDA_CHECK_LAUNCH();
 }
 
@@ -415,8 +464,9 @@ void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream
   const DeviceBuffer<Problem> d_problems(plan.problems, stream);
   const DeviceBuffer<CUtensorMap> d_maps(maps, stream);
   const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
-  kernel<<<static_cast<unsigned>(plan.tiles.size()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      d_problems.get(), d_maps.get(), d_tiles.get());
+  const int n_tiles = static_cast<int>(plan.tiles.size());
+  kernel<<<persistent_ctas(n_tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(),
+                                                                              d_tiles.get(), n_tiles);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/exit_codes.h"
@@ -300,6 +301,14 @@ TEST_P(LinearGpu, WgradManyTokenChunks) {
     // 20 tiles of 512 x 640: the warpgroup kernel where the chunks are whole k16
     // groups (16: four chunks in one 64-token stage; 128 and its 44-token tail).
     check_problem(contract(), kn, Problem{300, 640, 512, 1}, Fill::Spread, 600 + chunk, 24, only_wgrad);
+  }
+  // The warpgroup tile's tree past its shared-memory levels: 32 chunks of 16 tokens
+  // (levels 3 and 4 in the scratch, lm_head's shape of tree), 69 (a 6-level tree
+  // with an odd last chunk) and 2 (the pair tile).
+  for (const auto& [tokens, chunk] : {std::pair{512, 16}, std::pair{1100, 16}, std::pair{256, 128}}) {
+    Knobs kn = contract().knobs;
+    kn.grad_token_chunk = chunk;
+    check_problem(contract(), kn, Problem{tokens, 640, 512, 1}, Fill::Spread, 700 + tokens, 24, only_wgrad);
   }
 }
 
