@@ -302,9 +302,9 @@ TEST_P(LinearGpu, WgradManyTokenChunks) {
     // groups (16: four chunks in one 64-token stage; 128 and its 44-token tail).
     check_problem(contract(), kn, Problem{300, 640, 512, 1}, Fill::Spread, 600 + chunk, 24, only_wgrad);
   }
-  // The warpgroup tile's tree past its shared-memory levels: 32 chunks of 16 tokens
-  // (levels 3 and 4 in the scratch, lm_head's shape of tree), 69 (a 6-level tree
-  // with an odd last chunk) and 2 (the pair tile).
+  // The warpgroup chunk tile's tree deep into its global scratch: 32 chunks of 16
+  // tokens (levels 1 to 4 there, lm_head's shape of tree), 69 (six levels and an
+  // odd last chunk) and 2 (one level, no scratch).
   for (const auto& [tokens, chunk] : {std::pair{512, 16}, std::pair{1100, 16}, std::pair{256, 128}}) {
     Knobs kn = contract().knobs;
     kn.grad_token_chunk = chunk;
@@ -332,6 +332,95 @@ TEST_P(LinearGpu, WarpgroupShapes) {
   for (const Problem& pb : {Problem{300, 1032, 1000, 1}, Problem{260, 768, 2048, 8}, Problem{1100, 200, 4100, 1},
                             Problem{260, 384, 2048, 8}, Problem{260, 768, 1152, 8}, Problem{260, 128, 2048, 8}})
     for (Fill fill : {Fill::Spread, Fill::Edge}) check_problem(contract(), contract().knobs, pb, fill, seed += 11, 24, {});
+}
+
+// --- grouped launches ----------------------------------------------------------------
+// One group's device inputs and outputs: x [T][K] (dy [T][N] of dgrad's shape), the
+// weight [N][K], and wgrad's dy [T][N].
+struct GroupData {
+  int T;
+  DeviceBuffer<bf16> x, w, dy;
+  GroupData(int t, int K, int N, uint64_t seed)
+      : T(t),
+        x(make_input(size_t(t) * K, seed, Fill::Spread)),
+        w(make_input(size_t(N) * K, seed + 1, Fill::Spread)),
+        dy(make_input(size_t(t) * N, seed + 2, Fill::Spread)) {}
+};
+
+// The groups' outputs, `width` per row, concatenated: launch(out) writes group g's at
+// its offset (run_twice: over two poisons, the same bits).
+template <class T, class Launch>
+std::vector<T> group_outputs(const std::vector<GroupData>& groups, size_t width, Launch launch,
+                             const std::string& what) {
+  size_t n = 0;
+  for (const GroupData& g : groups) n += size_t(g.T) * width;
+  return run_twice<T>(n, [&](T* out) { launch(out); }, what);
+}
+
+// A grouped forward, input gradient and weight gradient give every group the bits
+// it gets alone (itself checked against the reference above): on the grouped
+// warpgroup tiles under sm90-tc (single-chunk, and the chunk tree at 8 chunks and
+// for wgrad's token chunks), on the SIMT tiles under fma-seq; groups of 0, 64 and
+// up to 300 rows (partial row tiles), both wide and narrow outputs. Negative
+// control: the grouped forward in 8 chunks differs from the groups' forward in one.
+TEST_P(LinearGpu, GroupedEqualsEachGroupAlone) {
+  const Knobs& kn = contract().knobs;
+  const std::vector<int> rows = {300, 130, 0, 257, 64, 200, 300, 290};
+  uint64_t seed = 4000;
+  for (const auto& [K, N] : {std::pair{512, 2048}, std::pair{2048, 512}}) {
+    std::vector<GroupData> groups;
+    groups.reserve(rows.size());
+    for (int T : rows) groups.emplace_back(T, K, N, seed += 5);
+    const auto offsets = [&](size_t width) {
+      std::vector<size_t> at;
+      size_t n = 0;
+      for (const GroupData& g : groups) at.push_back(std::exchange(n, n + size_t(g.T) * width));
+      return at;
+    };
+    const std::string shape = " K=" + std::to_string(K) + " N=" + std::to_string(N);
+    std::vector<bf16> fwd_one_chunk;
+    for (int chunks : {1, 8}) {
+      const std::string c = " chunks=" + std::to_string(chunks) + shape;
+      const auto fwd_at = offsets(N), dgrad_at = offsets(K);
+      const auto grouped_fwd = group_outputs<bf16>(groups, N, [&](bf16* out) {
+        std::vector<cuda::LinearGroup> lg;
+        for (size_t g = 0; g < groups.size(); ++g)
+          lg.push_back({groups[g].x.get(), groups[g].w.get(), groups[g].T, nullptr, out + fwd_at[g]});
+        cuda::linear_fwd_grouped(kn, lg.data(), static_cast<int>(lg.size()), K, N, chunks);
+      }, "linear_fwd_grouped" + c);
+      const auto alone_fwd = group_outputs<bf16>(groups, N, [&](bf16* out) {
+        for (size_t g = 0; g < groups.size(); ++g)
+          cuda::linear_fwd(kn, groups[g].x.get(), groups[g].w.get(), out + fwd_at[g], groups[g].T, K, N, chunks);
+      }, "linear_fwd alone" + c);
+      expect_identical(alone_fwd, grouped_fwd, "linear_fwd_grouped vs alone" + c);
+      if (chunks == 1) fwd_one_chunk = alone_fwd;
+      else EXPECT_GT(count_mismatches(fwd_one_chunk, grouped_fwd, "control", false), 0u)
+               << "negative control: 8 chunks gave the bits of 1" << shape;
+      const auto grouped_dgrad = group_outputs<bf16>(groups, K, [&](bf16* out) {
+        std::vector<cuda::LinearGroup> lg;
+        for (size_t g = 0; g < groups.size(); ++g)
+          lg.push_back({groups[g].dy.get(), groups[g].w.get(), groups[g].T, nullptr, out + dgrad_at[g]});
+        cuda::linear_dgrad_grouped(kn, lg.data(), static_cast<int>(lg.size()), K, N, chunks);
+      }, "linear_dgrad_grouped" + c);
+      const auto alone_dgrad = group_outputs<bf16>(groups, K, [&](bf16* out) {
+        for (size_t g = 0; g < groups.size(); ++g)
+          cuda::linear_dgrad(kn, groups[g].dy.get(), groups[g].w.get(), out + dgrad_at[g], groups[g].T, K, N, chunks);
+      }, "linear_dgrad alone" + c);
+      expect_identical(alone_dgrad, grouped_dgrad, "linear_dgrad_grouped vs alone" + c);
+    }
+    // Weight gradients: a [N][K] block per group.
+    const size_t dw_elems = size_t(N) * K;
+    const auto wgrad = [&](bool grouped) {
+      return run_twice<float>(dw_elems * groups.size(), [&](float* out) {
+        std::vector<cuda::WgradGroup> wg;
+        for (size_t g = 0; g < groups.size(); ++g)
+          wg.push_back({groups[g].dy.get(), groups[g].x.get(), groups[g].T, out + g * dw_elems});
+        if (grouped) return cuda::linear_wgrad_grouped(kn, wg.data(), static_cast<int>(wg.size()), K, N);
+        for (const cuda::WgradGroup& w : wg) cuda::linear_wgrad(kn, w.dy, w.x, w.dw, w.T, K, N);
+      }, std::string(grouped ? "linear_wgrad_grouped" : "linear_wgrad alone") + shape);
+    };
+    expect_identical(wgrad(false), wgrad(true), "linear_wgrad_grouped vs alone" + shape);
+  }
 }
 
 // The real projections at M = 1, 16, 128, 1024 (and 4096 for two), k_chunks 1 and
