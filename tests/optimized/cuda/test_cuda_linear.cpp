@@ -378,36 +378,35 @@ TEST_P(LinearGpu, GroupedEqualsEachGroupAlone) {
       return at;
     };
     const std::string shape = " K=" + std::to_string(K) + " N=" + std::to_string(N);
+    // Every group's forward ([T][N]) or input gradient ([T][K]), grouped or alone.
+    const auto linear_outputs = [&](bool dgrad, int chunks, bool grouped) {
+      const size_t width = dgrad ? K : N;
+      const auto at = offsets(width);
+      const auto alone_fn = dgrad ? cuda::linear_dgrad : cuda::linear_fwd;
+      const auto grouped_fn = dgrad ? cuda::linear_dgrad_grouped : cuda::linear_fwd_grouped;
+      const std::string what = std::string(dgrad ? "linear_dgrad" : "linear_fwd") + (grouped ? "_grouped" : " alone") +
+                               " chunks=" + std::to_string(chunks) + shape;
+      return group_outputs<bf16>(groups, width, [&](bf16* out) {
+        std::vector<cuda::LinearGroup> lg;
+        for (size_t g = 0; g < groups.size(); ++g) {
+          const bf16* in = dgrad ? groups[g].dy.get() : groups[g].x.get();
+          if (grouped) lg.push_back({in, groups[g].w.get(), groups[g].T, nullptr, out + at[g]});
+          else alone_fn(kn, in, groups[g].w.get(), out + at[g], groups[g].T, K, N, chunks, nullptr);
+        }
+        if (grouped) grouped_fn(kn, lg.data(), static_cast<int>(lg.size()), K, N, chunks, nullptr);
+      }, what);
+    };
     std::vector<bf16> fwd_one_chunk;
-    for (int chunks : {1, 8}) {
-      const std::string c = " chunks=" + std::to_string(chunks) + shape;
-      const auto fwd_at = offsets(N), dgrad_at = offsets(K);
-      const auto grouped_fwd = group_outputs<bf16>(groups, N, [&](bf16* out) {
-        std::vector<cuda::LinearGroup> lg;
-        for (size_t g = 0; g < groups.size(); ++g)
-          lg.push_back({groups[g].x.get(), groups[g].w.get(), groups[g].T, nullptr, out + fwd_at[g]});
-        cuda::linear_fwd_grouped(kn, lg.data(), static_cast<int>(lg.size()), K, N, chunks);
-      }, "linear_fwd_grouped" + c);
-      const auto alone_fwd = group_outputs<bf16>(groups, N, [&](bf16* out) {
-        for (size_t g = 0; g < groups.size(); ++g)
-          cuda::linear_fwd(kn, groups[g].x.get(), groups[g].w.get(), out + fwd_at[g], groups[g].T, K, N, chunks);
-      }, "linear_fwd alone" + c);
-      expect_identical(alone_fwd, grouped_fwd, "linear_fwd_grouped vs alone" + c);
-      if (chunks == 1) fwd_one_chunk = alone_fwd;
-      else EXPECT_GT(count_mismatches(fwd_one_chunk, grouped_fwd, "control", false), 0u)
-               << "negative control: 8 chunks gave the bits of 1" << shape;
-      const auto grouped_dgrad = group_outputs<bf16>(groups, K, [&](bf16* out) {
-        std::vector<cuda::LinearGroup> lg;
-        for (size_t g = 0; g < groups.size(); ++g)
-          lg.push_back({groups[g].dy.get(), groups[g].w.get(), groups[g].T, nullptr, out + dgrad_at[g]});
-        cuda::linear_dgrad_grouped(kn, lg.data(), static_cast<int>(lg.size()), K, N, chunks);
-      }, "linear_dgrad_grouped" + c);
-      const auto alone_dgrad = group_outputs<bf16>(groups, K, [&](bf16* out) {
-        for (size_t g = 0; g < groups.size(); ++g)
-          cuda::linear_dgrad(kn, groups[g].dy.get(), groups[g].w.get(), out + dgrad_at[g], groups[g].T, K, N, chunks);
-      }, "linear_dgrad alone" + c);
-      expect_identical(alone_dgrad, grouped_dgrad, "linear_dgrad_grouped vs alone" + c);
-    }
+    for (int chunks : {1, 8})
+      for (bool dgrad : {false, true}) {
+        const auto grouped = linear_outputs(dgrad, chunks, true);
+        expect_identical(linear_outputs(dgrad, chunks, false), grouped,
+                         std::string(dgrad ? "linear_dgrad" : "linear_fwd") + " grouped vs alone" + shape);
+        if (dgrad) continue;
+        if (chunks == 1) fwd_one_chunk = grouped;
+        else EXPECT_GT(count_mismatches(fwd_one_chunk, grouped, "control", false), 0u)
+                 << "negative control: 8 chunks gave the bits of 1" << shape;
+      }
     // Weight gradients: a [N][K] block per group.
     const size_t dw_elems = size_t(N) * K;
     const auto wgrad = [&](bool grouped) {
