@@ -384,12 +384,12 @@ CUtensorMap operand_map(const Operand& op, int red) {
 
 // The order of the tiles. The persistent CTAs take them in index order (each
 // strides by the CTA count), so the ones in flight share the operand whose tiles
-// vary slowest, and that operand is read
-// from device memory about once only if the other one (cycled through) stays in
-// L2. Column tiles vary fastest by default (each row panel of A is read once, B
-// must stay in L2); where B is too large for the L2 and A is not (lm_head: a 622 MB
-// weight against 16 MB of activations), row tiles vary fastest instead, so B
-// streams from memory once instead of once per row panel.
+// vary slowest, and that operand is read from device memory about once only if
+// the other one (cycled through) stays in L2. Column tiles vary fastest by
+// default (each row panel of A is read once, B must stay in L2); where B is too
+// large for the L2 and A is not (lm_head: a 622 MB weight against 16 MB of
+// activations), row tiles vary fastest instead, so B streams from memory once
+// instead of once per row panel.
 bool rows_first(const Problem& p) {
   static const size_t budget = [] {
     int dev = 0, l2 = 0;
