@@ -398,7 +398,18 @@ ref::ForwardOptions CaseEngine::case_options() const {
 }
 
 std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+  refuse_if_untestable(c);
   return within_memory(work_, [&] { return run_case(c, case_options()); });
+}
+
+void CaseEngine::refuse_if_untestable(const CaseSpec& c) const {
+  if (c.implementation == Implementation::kCuda)
+    if (const auto why = cuda_unavailable_reason()) throw CannotTest(*why);
+  if (c.implementation != Implementation::kNccl) return;
+  if (!ranks_) throw CannotTest(nccl_unavailable_reason().value_or("this process is not one of the ranks"));
+  if (c.layout.world() > ranks_->world())
+    throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
+                     " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
 }
 
 std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
@@ -419,11 +430,6 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::Forw
       break;
     }
     case Implementation::kNccl: {
-      if (!ranks_)
-        throw CannotTest(nccl_unavailable_reason().value_or("this process is not one of the ranks"));
-      if (c.layout.world() > ranks_->world())
-        throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
-                         " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
       if (ranks_->leader()) ranks_->send_case(case_id(c));
       GpuCaseResult r = ranks_->run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs});
       if (!ranks_->leader()) return {};
@@ -483,6 +489,7 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   // The extend path (with its backward) of the plan's canonical: the unsharded CPU
   // reference or GPU model, or a layout.
   const CaseSpec spec = canonical_spec(model, contract);
+  refuse_if_untestable(spec);  // before the model is built
   Loaded& l = loaded(model);
   if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(contract), spec.layout);
   if (spec.implementation == Implementation::kNccl) l.gpu.release();
@@ -626,14 +633,16 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   Case out = case_header(spec);
   // The time is the case's own model work: its weights are loaded (once per model),
   // copied to the device (cuda, unsharded: once per model and contract) and the
-  // reference is computed (once per model and contract) outside it.
-  Loaded& l = loaded(spec.model);
+  // reference is computed (once per model and contract) outside it. A case that
+  // cannot run here skips before its model is built.
   last_peak_device_bytes_.reset();
   last_ranks_.reset();
   last_communication_.clear();
   const auto outputs = case_outputs(
       out,
       [&] {
+        refuse_if_untestable(spec);
+        Loaded& l = loaded(spec.model);
         if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
         if (spec.implementation == Implementation::kNccl) l.gpu.release();
       },

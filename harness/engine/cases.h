@@ -161,6 +161,8 @@ class CaseEngine {
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
   CaseSpec canonical_spec(const ModelEntry& model, const Contract& contract) const;  // extend, the plan's canonical
   ref::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
+  // Throws CannotTest where c's implementation cannot run here (no GPU, not enough ranks).
+  void refuse_if_untestable(const CaseSpec& c) const;
   std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
                                     const ref::BackwardOptions& bo = {});
   Case compare_case(const CaseSpec& c);

@@ -44,11 +44,16 @@ const char* cuda_implementation_summary() {
          "exit 125 where there is no such GPU: cannot test here)";
 }
 
+std::optional<std::string> cuda_unavailable_reason() {
+  if (std::string why = cuda::no_hopper_reason(); !why.empty()) return why;
+  return std::nullopt;
+}
+
 GpuRunner::GpuRunner() = default;
 GpuRunner::~GpuRunner() = default;
 
 void GpuRunner::prepare(const GpuModelSource& m, const layouts::Layout& layout) {
-  if (const std::string why = cuda::no_hopper_reason(); !why.empty()) throw CannotTest(why);
+  if (const auto why = cuda_unavailable_reason()) throw CannotTest(*why);
   const bool unsharded = layout == layouts::Layout{};
   if (unsharded && kept_ && kept_->is(m)) return;
   kept_.reset();  // first: one copy of a model's weights on the device at a time

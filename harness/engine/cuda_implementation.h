@@ -63,6 +63,9 @@ struct GpuCaseInput {
 // What `bitparity list` says of the cuda implementation in this build.
 const char* cuda_implementation_summary();
 
+// Why cuda cases cannot run here (no CUDA in this build, no Hopper GPU), or nothing.
+std::optional<std::string> cuda_unavailable_reason();
+
 // Runs cuda cases, keeping at most one uploaded GPU model: the last unsharded
 // case's. One is enough (a sweep never comes back to a (model, contract) it has
 // left), and it bounds the device memory to one copy of a model's weights.

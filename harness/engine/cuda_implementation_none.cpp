@@ -5,12 +5,16 @@ namespace bp::harness {
 
 namespace {
 
-[[noreturn]] void no_cuda() { throw CannotTest("no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)"); }
+[[noreturn]] void no_cuda() { throw CannotTest(*cuda_unavailable_reason()); }
 
 }  // namespace
 
 const char* cuda_implementation_summary() {
   return "not available in this build (its cases exit 125: cannot test here)";
+}
+
+std::optional<std::string> cuda_unavailable_reason() {
+  return "no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)";
 }
 
 struct GpuRunner::Kept {};  // never made: nothing is uploaded without CUDA
