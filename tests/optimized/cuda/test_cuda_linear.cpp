@@ -347,14 +347,15 @@ struct GroupData {
         dy(make_input(size_t(t) * N, seed + 2, Fill::Spread)) {}
 };
 
-// The groups' outputs, `width` per row, concatenated: launch(out) writes group g's at
-// its offset (run_twice: over two poisons, the same bits).
+// The groups' outputs, `width` per row, concatenated: launch(out, at) writes group
+// g's at out + at[g] (run_twice: over two poisons, the same bits).
 template <class T, class Launch>
 std::vector<T> group_outputs(const std::vector<GroupData>& groups, size_t width, Launch launch,
                              const std::string& what) {
+  std::vector<size_t> at;
   size_t n = 0;
-  for (const GroupData& g : groups) n += size_t(g.T) * width;
-  return run_twice<T>(n, [&](T* out) { launch(out); }, what);
+  for (const GroupData& g : groups) at.push_back(std::exchange(n, n + size_t(g.T) * width));
+  return run_twice<T>(n, [&](T* out) { launch(out, at); }, what);
 }
 
 // A grouped forward, input gradient and weight gradient give every group the bits
@@ -371,22 +372,15 @@ TEST_P(LinearGpu, GroupedEqualsEachGroupAlone) {
     std::vector<GroupData> groups;
     groups.reserve(rows.size());
     for (int T : rows) groups.emplace_back(T, K, N, seed += 5);
-    const auto offsets = [&](size_t width) {
-      std::vector<size_t> at;
-      size_t n = 0;
-      for (const GroupData& g : groups) at.push_back(std::exchange(n, n + size_t(g.T) * width));
-      return at;
-    };
     const std::string shape = " K=" + std::to_string(K) + " N=" + std::to_string(N);
     // Every group's forward ([T][N]) or input gradient ([T][K]), grouped or alone.
     const auto linear_outputs = [&](bool dgrad, int chunks, bool grouped) {
       const size_t width = dgrad ? K : N;
-      const auto at = offsets(width);
       const auto alone_fn = dgrad ? cuda::linear_dgrad : cuda::linear_fwd;
       const auto grouped_fn = dgrad ? cuda::linear_dgrad_grouped : cuda::linear_fwd_grouped;
       const std::string what = std::string(dgrad ? "linear_dgrad" : "linear_fwd") + (grouped ? "_grouped" : " alone") +
                                " chunks=" + std::to_string(chunks) + shape;
-      return group_outputs<bf16>(groups, width, [&](bf16* out) {
+      return group_outputs<bf16>(groups, width, [&](bf16* out, const std::vector<size_t>& at) {
         std::vector<cuda::LinearGroup> lg;
         for (size_t g = 0; g < groups.size(); ++g) {
           const bf16* in = dgrad ? groups[g].dy.get() : groups[g].x.get();
