@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "optimized/cuda/attention_tile.cuh"
+#include "optimized/cuda/attention_wgmma.cuh"
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/ptx.cuh"
@@ -130,6 +131,22 @@ __device__ void probabilities(float (&s)[8][4], const ref::SoftmaxRule<kBase2>& 
     for (int e = 0; e < 4; ++e) s[nt][e] = mul_rn(s[nt][e], sInvL[at(nt, e)]);
 }
 
+// dq = R(scale × c) of the thread's valid rows (reference step 3).
+template <int D>
+__device__ void write_dq_rows(bf16* dq, float scale, const SlotTile& tile, const int (&pos)[2],
+                              const float (&acc)[D / 8][4], const Lane& ln) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < 0) continue;
+    bf16* out = dq + tile.row_index(ln.row(i)) * D;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+      *reinterpret_cast<uint32_t*>(out + ln.col(nt, 0)) =
+          round_bf16(mul_rn(scale, acc[nt][2 * i])).bits |
+          (static_cast<uint32_t>(round_bf16(mul_rn(scale, acc[nt][2 * i + 1])).bits) << 16);
+  }
+}
+
 template <class Model, int D, bool kBase2>
 __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
   const auto rule = a.h.rule<kBase2>();
@@ -207,16 +224,147 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
     }
   }
 
+  write_dq_rows<D>(a.dq, a.h.scale, tile, pos, acc, ln);
+}
+
+// --- backward: dq on wgmma (sm90-tc, head_dim 64 or 128) ---------------------------
+// attention_wgmma.cuh's CTA with attn_dq_kernel's per-row steps: a consumer holds Q
+// and dO of its 64 slots and runs S = Q·Kᵀ and dP = dO·Vᵀ (wgmma, one commit group
+// each), then dS in registers and acc += R(dS)·K with K read N-major. m_c, 1 ÷ l and
+// Δ are per row, so they live in the thread's registers (Δ from slot_delta_mma_kernel).
+template <int D>
+struct WsDq : WsTile<D> {
+  // Per consumer: Q and dO; the R(dS) rows.
+  static constexpr int kConsumerTiles = 2;
+  static constexpr size_t kConsumerExtra = WsTile<D>::kPBytes;
+  static constexpr size_t kSmemBytes = WsTile<D>::smem_bytes(kConsumerTiles, kConsumerExtra);
+  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
+};
+
+struct DqWsArgs {
+  const AttnSeq* seqs;
+  const Task* tasks;
+  Heads h;
+  const bf16 *q, *dout;
+  const float *m, *l, *delta;  // delta: Δ of every query row, indexed as m
+  bf16* dq;
+};
+
+// dS of one block in place of the raw scores s (reference steps 2 and the dS
+// product; +0 where kMasked and the slot is absent): P = exp(s, m_c) × (1 ÷ l),
+// dS = R(P × (dP − Δ)). Unmasked, every row that sees the block sees all its keys
+// and a row that sees none is never written.
+template <bool kMasked, bool kBase2>
+__device__ void block_ds(float (&s)[8][4], const float (&dp)[8][4], const ref::SoftmaxRule<kBase2>& rule,
+                         const float (&mc)[2], const float (&inv_l)[2], const float (&delta)[2], const BlockRows& br,
+                         const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = rule.weight_exponent(rule.state_value(s[nt][e]), mc[e / 2]);
+  softmax_exp_in_place<kBase2, 32>(&s[0][0]);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float ds = widen(round_bf16(mul_rn(mul_rn(s[nt][e], inv_l[e / 2]), sub_rn(dp[nt][e], delta[e / 2]))));
+      s[nt][e] = !kMasked || ln.col(nt, e % 2) < br.vis[e / 2] ? ds : 0.0f;
+    }
+}
+
+template <int D, bool kBase2>
+__global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
+    const DqWsArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+  using W = WsDq<D>;
+  constexpr int NT = D / 8;
+  extern __shared__ uint8_t smem_raw[];
+  const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
+  const typename W::Barriers bar(cta.barriers);
+
+  const Task task = a.tasks[blockIdx.x];
+  const AttnSeq seq = a.seqs[task.seq];
+  const int kvh = static_cast<int>(blockIdx.y), n_slots = seq.q_len * a.h.G;
+  const int cta_hi_pos = seq.past_len + (min(task.slot0 + W::kSlots, n_slots) - 1) / a.h.G;
+  const int last_block = cta_hi_pos / kTile;
+  cta.init();
+
+  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
+    sm90::release_registers<40>();
+    if (threadIdx.x < 32)
+      produce_blocks<D, BlockOperand::kKeys>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
+    return;
+  }
+  sm90::claim_registers<232>();
+
+  const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
+  const auto rule = a.h.rule<kBase2>();
+  uint8_t* sQ = cta.tiles + consumer * W::kConsumerTiles * W::kTileBytes;
+  uint8_t* sdO = sQ + W::kTileBytes;
+  bf16* sDS = reinterpret_cast<bf16*>(cta.extra + consumer * W::kConsumerExtra);
+  const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
+  const Lane ln(thread);
+  const int lo_pos = tile.min_pos(), end = tile.valid(0) ? tile.max_pos() / kTile : -1;
+  int pos[2];
+  float mc[2], inv_l[2], delta[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (pos[i] < 0) continue;
-    bf16* out = a.dq + tile.row_index(ln.row(i)) * D;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-      *reinterpret_cast<uint32_t*>(out + ln.col(nt, 0)) =
-          round_bf16(mul_rn(a.h.scale, acc[nt][2 * i])).bits |
-          (static_cast<uint32_t>(round_bf16(mul_rn(a.h.scale, acc[nt][2 * i + 1])).bits) << 16);
+    const bool valid = tile.valid(ln.row(i));
+    const size_t row = valid ? tile.row_index(ln.row(i)) : 0;
+    pos[i] = valid ? tile.pos(ln.row(i)) : -1;
+    mc[i] = valid ? rule.scaled_max(a.m[row]) : 0.0f;
+    inv_l[i] = valid ? div_rn(1.0f, a.l[row]) : 0.0f;
+    delta[i] = valid ? a.delta[row] : 0.0f;
   }
+  load_swizzled_tile<D>(sQ, thread, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
+  load_swizzled_tile<D>(sdO, thread, [&](int r) { return tile.valid(r) ? a.dout + tile.row_index(r) * D : nullptr; });
+  cp_async_commit();
+  cp_async_wait<0>();
+  sm90::fence_proxy_async();  // Q and dO, before wgmma reads them
+  sm90::warpgroup_sync(barrier);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  auto release = [&](uint64_t* b) {
+    __syncwarp();
+    if (ln.lane == 0) sm90::mbarrier_arrive(b);
+  };
+  const uint32_t q_addr = sm90::shared_addr(sQ), do_addr = sm90::shared_addr(sdO);
+  const uint32_t zero_addr = sm90::shared_addr(cta.zeros);
+#pragma unroll 1
+  for (int b = 0; b <= last_block; ++b) {
+    const int st = b % W::kStages, kb = b * kTile;
+    const uint32_t parity = (b / W::kStages) & 1;
+    const uint8_t* k = cta.k_stage(b);
+    float s[8][4], dp[8][4];
+    sm90::mbarrier_wait(&bar.full_k[st], parity);
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, sm90::shared_addr(k));
+    sm90::mbarrier_wait(&bar.full_v[st], parity);
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(dp), do_addr, sm90::shared_addr(cta.v_stage(b)));
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(dp));
+    release(&bar.empty_v[st]);
+    const BlockRows br(pos, kb);
+    const bool mine = b <= end;
+    // Keys past the first row's position are absent for some row of the tile.
+    const int lo = lo_pos + 1 - kb;
+    if (mine) {
+      if (lo < kTile) block_ds<true>(s, dp, rule, mc, inv_l, delta, br, ln);
+      else block_ds<false>(s, dp, rule, mc, inv_l, delta, br, ln);
+    }
+    const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(k, lo, cta_hi_pos + 1 - kb, barrier, thread);
+    // Past this warpgroup's blocks acc is no longer read.
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), s, sm90::shared_addr(k), zero_addr,
+                           !mine || slow);
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
+    if (slow) chain_swizzled<D>(acc, s, sDS, k, br, ln);
+    release(&bar.empty_k[st]);
+  }
+  write_dq_rows<D>(a.dq, a.h.scale, tile, pos, acc, ln);
 }
 
 // --- backward: dk, dv chunk partials ----------------------------------------------
@@ -441,6 +589,43 @@ constexpr size_t kv_smem() {
   return sizeof(bf16) * (4 * kTile * kLd<D> + 2 * kTile * kPLd) + sizeof(float) * 4 * kTile;
 }
 
+// Δ of rows [row0, row0 + rows) into delta (slot_delta_mma_kernel under sm90-tc).
+template <class Model, int D>
+void launch_slot_delta(const bf16* dout, const bf16* o, size_t row0, size_t rows, float* delta, cudaStream_t stream) {
+  if (rows == 0) return;
+  if constexpr (Model::kModel == DotModel::Sm90Tc)
+    slot_delta_mma_kernel<D>
+        <<<grid_for((rows + 15) / 16, kDeltaWarps), kDeltaWarps * kWarp, 0, stream>>>(dout, o, row0, rows, delta);
+  else
+    slot_delta_kernel<Model, D><<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, row0, rows, delta);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+// dq on warpgroups: sm90-tc at head_dim 64 and 128 (as the forward).
+constexpr bool dq_on_warpgroups(DotModel model, int D) { return model == DotModel::Sm90Tc && D >= 64; }
+
+template <int D, bool kBase2>
+void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k, const bf16* v,
+                  const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, cudaStream_t stream) {
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false, WsDq<D>::kSlots);
+  if (tasks.empty()) return;
+  size_t rows = 0;  // Δ of every query row up to the last any sequence has
+  for (int s = 0; s < n_seqs; ++s)
+    if (seqs[s].q_len > 0) rows = std::max(rows, static_cast<size_t>(seqs[s].q_begin + seqs[s].q_len) * dims.Hq);
+  DeviceBuffer<float> delta(rows, stream);
+  launch_slot_delta<Sm90Tc, D>(dout, o, 0, rows, delta.get(), stream);
+  const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
+  const DeviceBuffer<Task> d_tasks(tasks, stream);
+  const DqWsArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, dout, m, l, delta.get(), dq};
+  const KvMaps maps = kv_tensor_maps(seqs, n_seqs, dims, k, v);
+  const auto kernel = attn_dq_ws_kernel<D, kBase2>;
+  constexpr size_t smem = WsDq<D>::kSmemBytes;
+  BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), WsDq<D>::kThreads, smem, stream>>>(args, maps.k,
+                                                                                                   maps.v);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
@@ -448,15 +633,20 @@ void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n
                       cudaStream_t stream) {
   check_args(kn, dims, seqs, n_seqs);
   check_aligned({q, k, v, o, dout, dq});
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false);
-  if (tasks.empty()) return;
-  const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
-  const DeviceBuffer<Task> d_tasks(tasks, stream);
-  const BwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, k, v, o, dout, m, l, dq};
   with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
-    launch(attn_dq_kernel<decltype(model), D, decltype(base2)::value>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv),
-           dq_smem<D>(), stream, args);
+    constexpr bool kBase2 = decltype(base2)::value;
+    if constexpr (dq_on_warpgroups(decltype(model)::kModel, D)) {
+      launch_dq_ws<D, kBase2>(dims, seqs, n_seqs, q, k, v, o, m, l, dout, dq, stream);
+    } else {
+      const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false);
+      if (tasks.empty()) return;
+      const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
+      const DeviceBuffer<Task> d_tasks(tasks, stream);
+      const BwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, k, v, o, dout, m, l, dq};
+      launch(attn_dq_kernel<decltype(model), D, kBase2>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv),
+             dq_smem<D>(), stream, args);
+    }
   });
 }
 
@@ -472,15 +662,7 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
   DeviceBuffer<float> delta(rows, stream);
   with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
-    if (rows > 0) {
-      if constexpr (decltype(model)::kModel == DotModel::Sm90Tc)
-        slot_delta_mma_kernel<D><<<grid_for((rows + 15) / 16, kDeltaWarps), kDeltaWarps * kWarp, 0, stream>>>(
-            dout, o, delta_row0, rows, delta.get());
-      else
-        slot_delta_kernel<decltype(model), D>
-            <<<grid_for(rows), kBlockThreads, 0, stream>>>(dout, o, delta_row0, rows, delta.get());
-      BP_CUDA_CHECK_LAUNCH();
-    }
+    launch_slot_delta<decltype(model), D>(dout, o, delta_row0, rows, delta.get(), stream);
     const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
                       delta.get(), static_cast<long long>(delta_row0), dk_part, dv_part};
     const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),

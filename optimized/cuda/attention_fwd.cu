@@ -16,11 +16,10 @@
 #include <vector>
 
 #include "optimized/cuda/attention_tile.cuh"
+#include "optimized/cuda/attention_wgmma.cuh"
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/ptx.cuh"
-#include "optimized/cuda/tma.h"
-#include "optimized/cuda/wgmma.cuh"
 #include "reference/numerics/dot.h"
 #include "reference/numerics/math.h"
 
@@ -328,180 +327,19 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 }
 
 // --- the forward on wgmma (sm90-tc, head_dim 64 or 128, merged schedule) --------
-// FlashAttention-3's structure with the per-row steps of attn_fwd_kernel. A CTA is
-// three warpgroups: a producer that copies each KV block's keys and values by TMA
-// into a ring of stages, and two consumers, each with its own 64-slot query tile of
-// the same sequence and kv head (the task's 128 slots), sharing the blocks. A
-// consumer runs both products on wgmma: S = Q·Kᵀ from shared memory (D/16 k16
-// groups from +0) and acc += R(P)·V with R(P) from registers (the score layout is
-// wgmma's A fragment) and V read N-major (4 groups from the block's first slot);
-// S(b + 1) is issued before block b's softmax, so the tensor cores work while the
-// softmax runs. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
-// Each consumer keeps its merged split state O in shared memory.
+// attention_wgmma.cuh's CTA with the per-row steps of attn_fwd_kernel: a consumer's
+// products are S = Q·Kᵀ and acc += R(P)·V; S(b + 1) is issued before block b's
+// softmax, so the tensor cores work while the softmax runs. Each consumer keeps its
+// merged split state O in shared memory.
 template <int D>
-struct WsForward {
-  static constexpr int kConsumers = 2, kStages = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kSlots = kConsumers * kTile;  // query slots a task
-  static constexpr int kBoxes = D / 64;
-  static constexpr uint32_t kBoxBytes = 64 * 64 * sizeof(bf16);
-  static constexpr uint32_t kTileBytes = kBoxes * kBoxBytes;  // one Q tile, one K or one V block
+struct WsForward : WsTile<D> {
   static constexpr size_t kOBytes = sizeof(float) * kTile * D;
-  static constexpr size_t kPBytes = sizeof(bf16) * kTile * kPLd;  // R(P) rows for the SIMT chain
-  // Per consumer Q, O and R(P); the K and V rings; 1024 zero bytes (issue_values);
-  // barriers (full and empty K and V per stage, and one for the last block's
-  // values); slack to align to 1024 bytes.
-  static constexpr size_t kBarriers = 4 * kStages + 1;
-  static constexpr size_t kZeroBytes = 1024;
-  static constexpr size_t kSmemBytes = kConsumers * (kTileBytes + kOBytes + kPBytes) +
-                                       2 * kStages * size_t{kTileBytes} + kZeroBytes + 8 * kBarriers + 1024;
+  // Per consumer: Q; O and the R(P) rows.
+  static constexpr int kConsumerTiles = 1;
+  static constexpr size_t kConsumerExtra = kOBytes + WsTile<D>::kPBytes;
+  static constexpr size_t kSmemBytes = WsTile<D>::smem_bytes(kConsumerTiles, kConsumerExtra);
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
-
-  // The ring's barriers: per stage, full (the copy landed) and empty (every consumer
-  // warp is done with it) for K and for V; `landed`: the last block's values before
-  // the producer clears their absent rows.
-  struct Barriers {
-    uint64_t *full_k, *full_v, *empty_k, *empty_v, *landed;
-    __device__ explicit Barriers(uint64_t* b)
-        : full_k(b), full_v(b + kStages), empty_k(b + 2 * kStages), empty_v(b + 3 * kStages), landed(b + 4 * kStages) {}
-  };
-
-  static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
-  // Byte offset of the c-th stored 16-byte chunk of row r (whichever columns the
-  // swizzle put there): for work on whole rows.
-  __device__ static uint32_t chunk(int r, int c) { return (c / 8) * kBoxBytes + r * 128 + (c % 8) * 16; }
-  // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
-  // 16-byte chunk index XOR row % 8 (the swizzle; tiles are 1024-byte aligned).
-  __device__ static uint32_t offset(int r, int d) {
-    return (d / 64) * kBoxBytes + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2;
-  }
-  // K-major operand (Q as A, K as B of the scores): k16 group kk is 32 bytes along
-  // a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
-  __device__ static uint64_t k_major(uint32_t tile, int kk) {
-    return sm90::swizzled_descriptor(tile + (kk / 4) * kBoxBytes + (kk % 4) * 32, 16, 1024);
-  }
-  // V as the N-major B of R(P)·V: group kk is key rows 16kk.., 128 bytes a key row;
-  // the next 64 columns of D are the next box.
-  __device__ static uint64_t n_major(uint32_t tile, int kk) {
-    return sm90::swizzled_descriptor(tile + kk * 16 * 128, kBoxBytes, 1024);
-  }
 };
-
-// Issues s = Q·Kᵀ, the dot model's chain over D from +0 (scale-d = 0 on the first
-// group), as one commit group.
-template <int D>
-__device__ void issue_scores(float (&s)[32], uint32_t q, uint32_t k) {
-  using W = WsForward<D>;
-  sm90::fence_accumulators(s);
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(q, kk), W::k_major(k, kk), kk > 0);
-  sm90::wgmma_commit();
-}
-
-// Issues acc += R(P)·V over the block's 64 slots, groups of 16 in increasing order,
-// with V at `v` (a stage of the ring), or, where zero_block, R(P) = +0 against the
-// CTA's 1024 zero bytes (descriptor strides 0: every core matrix reads them), which
-// leaves acc as it is. The issue is unconditional: ptxas serialises every wgmma of
-// the kernel when one is branched around (C7514).
-template <int D>
-__device__ void issue_values(float (&acc)[D / 2], const float (&p)[8][4], uint32_t v, uint32_t zeros,
-                             bool zero_block) {
-  using W = WsForward<D>;
-  uint32_t frag[4][4];
-  a_fragments(frag, p);
-  if (zero_block)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) frag[kk][r] = 0;
-  sm90::fence_accumulators(acc);
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(v, kk);
-    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, frag[kk], desc);
-    else sm90::wgmma_m64n64k16_rs<1>(acc, frag[kk], desc);
-  }
-  sm90::wgmma_commit();
-}
-
-// Whether a value row in [lo, hi) of a swizzled tile is Inf or NaN (0·Inf is NaN on
-// the tensor core, while the reference skips an absent slot): then the block takes
-// the SIMT chain. Every thread of the warpgroup calls it.
-template <int D>
-__device__ bool any_nonfinite_rows(const uint8_t* v, int lo, int hi, int barrier, int thread) {
-  using W = WsForward<D>;
-  bool found = false;
-  lo = max(lo, 0);
-  hi = min(hi, kTile);
-  for (int c = thread; c < (hi - lo) * W::kRowChunks; c += 128) {
-    const uint4 w = *reinterpret_cast<const uint4*>(v + W::chunk(lo + c / W::kRowChunks, c % W::kRowChunks));
-    for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= nonfinite_bf16_pair(x);
-  }
-  return sm90::warpgroup_any(found, barrier);
-}
-
-// One framed chain of the SIMT path on a swizzled value tile: column d gathered into
-// plain order, then framed_chain as framed_block_product runs it. Out of line, so
-// the caller's unrolled loop over its accumulators keeps them in registers.
-template <int D>
-__device__ __noinline__ float swizzled_column_dot(float c, const bf16* p_row, const uint8_t* v, int d, int hi) {
-  bf16 column[kTile];
-  for (int j = 0; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(v + WsForward<D>::offset(j, d));
-  return framed_chain<Sm90Tc>(c, p_row, 1, column, 1, 0, hi, kTile);
-}
-
-// The SIMT chain of a block (framed_block_product's slow path) on a swizzled value tile.
-template <int D>
-__device__ void chain_swizzled(float (&acc)[D / 8][4], const bf16* sp, const uint8_t* v, const BlockRows& br,
-                               const Lane& ln) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (!br.act[i]) continue;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        acc[nt][2 * i + e] =
-            swizzled_column_dot<D>(acc[nt][2 * i + e], sp + ln.row(i) * kPLd, v, ln.col(nt, e), br.vis[i]);
-  }
-}
-
-// The producer: block b's keys and values into stage b % kStages once both
-// consumers have released it. The CTA's last block may reach past the last key any
-// of its rows sees (another sequence's rows, or none): those value rows become +0
-// before the consumers see the block, as absent slots must be for the tensor core.
-template <int D>
-__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map,
-                               const typename WsForward<D>::Barriers& bar, uint8_t* sK, uint8_t* sV, int kvh,
-                               int kv_begin, int last_block, int hi_pos) {
-  using W = WsForward<D>;
-  const int lane = threadIdx.x % 32;
-  for (int b = 0; b <= last_block; ++b) {
-    const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
-    uint8_t *k = sK + st * W::kTileBytes, *v = sV + st * W::kTileBytes;
-    const int past = hi_pos + 1 - b * kTile;  // value rows from here on are past every row's position
-    if (lane == 0) {
-      if (use > 0) sm90::mbarrier_wait(&bar.empty_k[st], (use - 1) & 1);
-      sm90::mbarrier_arrive_expect_tx(&bar.full_k[st], W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x)
-        sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, &bar.full_k[st], 64 * x, kvh, row);
-      if (use > 0) sm90::mbarrier_wait(&bar.empty_v[st], (use - 1) & 1);
-      uint64_t* v_bar = past < kTile ? bar.landed : &bar.full_v[st];
-      sm90::mbarrier_arrive_expect_tx(v_bar, W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
-    }
-    if (past < kTile) {  // only the last block, once: `landed` completes one phase
-      sm90::mbarrier_wait(bar.landed, 0);
-      for (int c = lane; c < (kTile - past) * W::kRowChunks; c += 32)
-        *reinterpret_cast<uint4*>(v + W::chunk(past + c / W::kRowChunks, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
-      sm90::fence_proxy_async();  // the zeros, before wgmma reads them
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&bar.full_v[st]);
-    }
-  }
-}
 
 template <int D, bool kBase2>
 __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
@@ -509,12 +347,8 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   using W = WsForward<D>;
   constexpr int NT = D / 8;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = smem_raw + (1024 - sm90::shared_addr(smem_raw) % 1024) % 1024;
-  uint8_t* sK = base + W::kConsumers * W::kTileBytes;
-  uint8_t* sV = sK + W::kStages * W::kTileBytes;
-  uint8_t* zeros = sV + W::kStages * W::kTileBytes;
-  uint8_t* after_rings = zeros + W::kZeroBytes;
-  const typename W::Barriers bar(reinterpret_cast<uint64_t*>(after_rings + W::kConsumers * (W::kOBytes + W::kPBytes)));
+  const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
+  const typename W::Barriers bar(cta.barriers);
   uint64_t *full_k = bar.full_k, *full_v = bar.full_v, *empty_k = bar.empty_k, *empty_v = bar.empty_v;
 
   const Task task = a.tasks[blockIdx.x];
@@ -522,34 +356,21 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const int kvh = static_cast<int>(blockIdx.y), n_slots = seq.q_len * a.h.G;
   const int cta_hi_pos = seq.past_len + (min(task.slot0 + W::kSlots, n_slots) - 1) / a.h.G;
   const int last_block = cta_hi_pos / kTile;
-  for (int c = threadIdx.x; c < W::kZeroBytes / 16; c += W::kThreads)
-    reinterpret_cast<uint4*>(zeros)[c] = make_uint4(0, 0, 0, 0);
-  sm90::fence_proxy_async();  // the zeros, before wgmma reads them
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < W::kStages; ++st) {
-      sm90::mbarrier_init(&full_k[st], 1);
-      sm90::mbarrier_init(&full_v[st], 1);
-      sm90::mbarrier_init(&empty_k[st], 4 * W::kConsumers);  // every consumer warp
-      sm90::mbarrier_init(&empty_v[st], 4 * W::kConsumers);
-    }
-    sm90::mbarrier_init(bar.landed, 1);
-    sm90::mbarrier_init_fence();
-  }
-  __syncthreads();
+  cta.init();
 
   if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
     sm90::release_registers<40>();
     if (threadIdx.x < 32)
-      produce_blocks<D>(&k_map, &v_map, bar, sK, sV, kvh, seq.kv_begin, last_block, cta_hi_pos);
+      produce_blocks<D, BlockOperand::kValues>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
     return;
   }
   sm90::claim_registers<232>();
 
   const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();
-  uint8_t* sQ = base + consumer * W::kTileBytes;
-  float* sO = reinterpret_cast<float*>(after_rings + consumer * W::kOBytes);
-  bf16* sP = reinterpret_cast<bf16*>(after_rings + W::kConsumers * W::kOBytes + consumer * W::kPBytes);
+  uint8_t* sQ = cta.tiles + consumer * W::kTileBytes;
+  float* sO = reinterpret_cast<float*>(cta.extra + consumer * W::kConsumerExtra);
+  bf16* sP = reinterpret_cast<bf16*>(cta.extra + consumer * W::kConsumerExtra + W::kOBytes);
   const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
   const Lane ln(thread);
   const bool has_rows = tile.valid(0);
@@ -558,12 +379,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 #pragma unroll
   for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
 
-  for (int c = thread; c < kTile * D / 8; c += 128) {
-    const int r = c / (D / 8), d = (c % (D / 8)) * 8;
-    uint8_t* dst = sQ + W::offset(r, d);
-    if (tile.valid(r)) cp_async16(dst, a.q + tile.row_index(r) * D + d);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
+  load_swizzled_tile<D>(sQ, thread, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
   cp_async_commit();
   cp_async_wait<0>();
   sm90::fence_proxy_async();  // Q, before wgmma reads it
@@ -579,15 +395,15 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     if (ln.lane == 0) sm90::mbarrier_arrive(bar);
   };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
-  const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(zeros);
-  auto k_addr = [&](int b) { return sm90::shared_addr(sK + (b % W::kStages) * W::kTileBytes); };
+  const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
+  auto k_addr = [&](int b) { return sm90::shared_addr(cta.k_stage(b)); };
 
   // Block b with its scores in `cur`; issues block b + 1's into `next` first.
   auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
     const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
-    const uint8_t* v = sV + st * W::kTileBytes;
+    const uint8_t* v = cta.v_stage(b);
     if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
-    // Unconditional (see issue_values): past this warpgroup's blocks the scores are
+    // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
     // never used, and past the CTA's a stale stage's dots are not either.
     issue_scores<D>(reinterpret_cast<float(&)[32]>(next), q_addr, k_addr(b + 1));
     const BlockRows br(pos, kb);
@@ -605,15 +421,12 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     sm90::mbarrier_wait(&full_v[st], parity(b));
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
     // Past this warpgroup's blocks acc is no longer read (its last block reset it).
-    issue_values<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr, !mine || slow);
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr,
+                           !mine || slow);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
-    if (slow && br.warp_live) {
-      store_rounded(sP, cur, ln);
-      __syncwarp();
-      chain_swizzled<D>(acc, sP, v, br, ln);
-    }
+    if (slow) chain_swizzled<D>(acc, cur, sP, v, br, ln);
     release(&empty_v[st]);
     if (b + 1 <= last_block) release(&empty_k[next_st]);
     if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {
@@ -715,21 +528,11 @@ void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
     constexpr int D = decltype(d)::value;
     constexpr bool kBase2 = decltype(base2)::value;
     if constexpr (on_warpgroups(decltype(model)::kModel, D, kSplitCtas)) {
-      // Keys and values as [rows][Hkv][D], rows up to the last any sequence reads:
-      // a box past them arrives as zeros.
-      uint64_t rows = 1;
-      for (int s = 0; s < n_seqs; ++s)
-        if (seqs[s].q_len > 0)
-          rows = std::max<uint64_t>(rows, uint64_t(seqs[s].kv_begin) + seqs[s].past_len + seqs[s].q_len);
-      const uint64_t Hkv = static_cast<uint64_t>(dims.Hkv);
-      const uint64_t shape[3] = {uint64_t{D}, Hkv, rows}, strides[2] = {uint64_t{D}, Hkv * D};
-      const uint32_t box[3] = {64, 1, kTile};
-      const CUtensorMap k_map = bf16_tensor_map_3d(args.k, shape, strides, box);
-      const CUtensorMap v_map = bf16_tensor_map_3d(args.v, shape, strides, box);
+      const KvMaps maps = kv_tensor_maps(seqs, n_seqs, dims, args.k, args.v);
       const auto kernel = attn_fwd_ws_kernel<D, kBase2>;
       constexpr size_t smem = WsForward<D>::kSmemBytes;
       BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, k_map, v_map);
+      kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, maps.k, maps.v);
       BP_CUDA_CHECK_LAUNCH();
     } else {
       launch(attn_fwd_kernel<decltype(model), D, kSplitCtas, kBase2>, grid, fwd_smem<D>(kSplitCtas), stream, args);

@@ -1,0 +1,274 @@
+// The warpgroup pieces of attention (sm90-tc, head_dim 64 and 128), shared by the
+// forward (attention_fwd.cu) and the dq pass (attention_bwd.cu). FlashAttention-3's
+// CTA: a producer warpgroup whose first warp copies each 64-key block's keys and
+// values by TMA into a ring of stages, and two consumer warpgroups, each with its own
+// 64-slot query tile of the same sequence and kv head, sharing the blocks. Both
+// products of a block are wgmma: scores Q·Kᵀ from shared memory (D/16 k16 groups
+// from +0) and acc += R(T)·B with R(T) from registers (the score layout is wgmma's
+// A fragment) and B (V in the forward, K in dq) read N-major, 4 groups from the
+// block's first slot. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
+//
+// What the tensor core needs beyond the mma.sync kernels (attention_tile.cuh):
+//   - absent slots: 0·Inf is NaN on the tensor core, while the reference skips the
+//     slot. The producer zeroes the B rows of the CTA's last block past every row's
+//     position; a consumer whose absent slots meet an Inf or NaN B row runs the SIMT
+//     chain for that block (chain_swizzled).
+//   - ptxas serialises every wgmma of a kernel when one is branched around (C7514),
+//     so both issues are unconditional: a block that is not the warpgroup's issues
+//     R(T) = +0 against 1024 zero bytes, which leaves acc as it is.
+#pragma once
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "optimized/cuda/attention_tile.cuh"
+#include "optimized/cuda/tma.h"
+#include "optimized/cuda/wgmma.cuh"
+
+namespace bp::cuda::attn {
+
+template <int D>
+struct WsTile {
+  static constexpr int kConsumers = 2, kStages = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kSlots = kConsumers * kTile;  // query slots a task
+  static constexpr int kBoxes = D / 64;
+  static constexpr uint32_t kBoxBytes = 64 * 64 * sizeof(bf16);
+  static constexpr uint32_t kTileBytes = kBoxes * kBoxBytes;  // one query-side tile, one K or one V block
+  static constexpr size_t kPBytes = sizeof(bf16) * kTile * kPLd;  // R(T) rows for the SIMT chain
+  static constexpr size_t kZeroBytes = 1024;
+  static constexpr size_t kBarriers = 4 * kStages + 1;
+
+  // Shared memory of a CTA whose consumers each hold `tiles` swizzled tiles and
+  // `extra` further bytes (R(T) rows included): the consumers' tiles, the K and V
+  // rings, the zeros, the consumers' extra bytes, the barriers, slack to align to
+  // 1024 bytes (the swizzle is a function of the address bits).
+  static constexpr size_t smem_bytes(int tiles, size_t extra) {
+    return kConsumers * (tiles * size_t{kTileBytes} + extra) + 2 * kStages * size_t{kTileBytes} + kZeroBytes +
+           8 * kBarriers + 1024;
+  }
+
+  // The ring's barriers: per stage, full (the copy landed) and empty (every consumer
+  // warp is done with it) for K and for V; `landed`: the last block's B operand
+  // before the producer clears its absent rows.
+  struct Barriers {
+    uint64_t *full_k, *full_v, *empty_k, *empty_v, *landed;
+    __device__ explicit Barriers(uint64_t* b)
+        : full_k(b), full_v(b + kStages), empty_k(b + 2 * kStages), empty_v(b + 3 * kStages), landed(b + 4 * kStages) {}
+  };
+
+  static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
+  // Byte offset of the c-th stored 16-byte chunk of row r (whichever columns the
+  // swizzle put there): for work on whole rows.
+  __device__ static uint32_t chunk(int r, int c) { return (c / 8) * kBoxBytes + r * 128 + (c % 8) * 16; }
+  // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
+  // 16-byte chunk index XOR row % 8.
+  __device__ static uint32_t offset(int r, int d) {
+    return (d / 64) * kBoxBytes + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2;
+  }
+  // K-major operand (the query side as A, K or V as B of the scores): k16 group kk
+  // is 32 bytes along a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
+  __device__ static uint64_t k_major(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + (kk / 4) * kBoxBytes + (kk % 4) * 32, 16, 1024);
+  }
+  // A block as the N-major B of R(T)·B: group kk is key rows 16kk.., 128 bytes a
+  // key row; the next 64 columns of D are the next box.
+  __device__ static uint64_t n_major(uint32_t tile, int kk) {
+    return sm90::swizzled_descriptor(tile + kk * 16 * 128, kBoxBytes, 1024);
+  }
+};
+
+// Where a CTA's shared memory goes (WsTile::smem_bytes' order).
+template <int D>
+struct WsCta {
+  using W = WsTile<D>;
+  uint8_t *tiles, *sK, *sV, *zeros, *extra;
+  uint64_t* barriers;
+  __device__ WsCta(uint8_t* smem_raw, int tiles_each, size_t extra_each) {
+    tiles = smem_raw + (1024 - sm90::shared_addr(smem_raw) % 1024) % 1024;
+    sK = tiles + W::kConsumers * tiles_each * W::kTileBytes;
+    sV = sK + W::kStages * W::kTileBytes;
+    zeros = sV + W::kStages * W::kTileBytes;
+    extra = zeros + W::kZeroBytes;
+    barriers = reinterpret_cast<uint64_t*>(extra + W::kConsumers * extra_each);
+  }
+  // Zeroes the zero bytes and sets up the ring's barriers; every thread calls it.
+  __device__ void init() const {
+    for (int c = threadIdx.x; c < W::kZeroBytes / 16; c += W::kThreads)
+      reinterpret_cast<uint4*>(zeros)[c] = make_uint4(0, 0, 0, 0);
+    sm90::fence_proxy_async();  // the zeros, before wgmma reads them
+    if (threadIdx.x == 0) {
+      const typename W::Barriers bar(barriers);
+      for (int st = 0; st < W::kStages; ++st) {
+        sm90::mbarrier_init(&bar.full_k[st], 1);
+        sm90::mbarrier_init(&bar.full_v[st], 1);
+        sm90::mbarrier_init(&bar.empty_k[st], 4 * W::kConsumers);  // every consumer warp
+        sm90::mbarrier_init(&bar.empty_v[st], 4 * W::kConsumers);
+      }
+      sm90::mbarrier_init(bar.landed, 1);
+      sm90::mbarrier_init_fence();
+    }
+    __syncthreads();
+  }
+  __device__ uint8_t* k_stage(int b) const { return sK + (b % W::kStages) * W::kTileBytes; }
+  __device__ uint8_t* v_stage(int b) const { return sV + (b % W::kStages) * W::kTileBytes; }
+};
+
+// Rows [0, 64) of a swizzled tile from global memory (16-byte cp.async by the
+// warpgroup's 128 threads), or +0 where src(r) is null. Uncommitted.
+template <int D, class Src>
+__device__ void load_swizzled_tile(uint8_t* tile, int thread, Src src) {
+  for (int c = thread; c < kTile * D / 8; c += 128) {
+    const int r = c / (D / 8), d = (c % (D / 8)) * 8;
+    uint8_t* dst = tile + WsTile<D>::offset(r, d);
+    const bf16* row = src(r);
+    if (row) cp_async16(dst, row + d);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Issues s = A·Bᵀ over D (Q·Kᵀ, dO·Vᵀ), the dot model's chain from +0 (scale-d = 0
+// on the first group), as one commit group.
+template <int D>
+__device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
+  using W = WsTile<D>;
+  sm90::fence_accumulators(s);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(a, kk), W::k_major(b, kk), kk > 0);
+  sm90::wgmma_commit();
+}
+
+// Issues acc += R(t)·B over the block's 64 slots, groups of 16 in increasing order,
+// with B at `b` (a stage of the ring), or, where zero_block, R(t) = +0 against the
+// CTA's zero bytes (descriptor strides 0: every core matrix reads them), which
+// leaves acc as it is. Unconditional (C7514, above).
+template <int D>
+__device__ void issue_block_product(float (&acc)[D / 2], const float (&t)[8][4], uint32_t b, uint32_t zeros,
+                                    bool zero_block) {
+  using W = WsTile<D>;
+  uint32_t frag[4][4];
+  a_fragments(frag, t);
+  if (zero_block)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) frag[kk][r] = 0;
+  sm90::fence_accumulators(acc);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(b, kk);
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, frag[kk], desc);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, frag[kk], desc);
+  }
+  sm90::wgmma_commit();
+}
+
+// Whether a row in [lo, hi) of a swizzled tile is Inf or NaN: then the block takes
+// the SIMT chain. Every thread of the warpgroup calls it.
+template <int D>
+__device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barrier, int thread) {
+  using W = WsTile<D>;
+  bool found = false;
+  lo = max(lo, 0);
+  hi = min(hi, kTile);
+  for (int c = thread; c < (hi - lo) * W::kRowChunks; c += 128) {
+    const uint4 w = *reinterpret_cast<const uint4*>(tile + W::chunk(lo + c / W::kRowChunks, c % W::kRowChunks));
+    for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= nonfinite_bf16_pair(x);
+  }
+  return sm90::warpgroup_any(found, barrier);
+}
+
+// One framed chain of the SIMT path on a swizzled tile: column d gathered into plain
+// order, then framed_chain as framed_block_product runs it. Out of line, so the
+// caller's unrolled loop over its accumulators keeps them in registers.
+template <int D>
+__device__ __noinline__ float swizzled_column_dot(float c, const bf16* t_row, const uint8_t* b, int d, int hi) {
+  bf16 column[kTile];
+  for (int j = 0; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
+  return framed_chain<Sm90Tc>(c, t_row, 1, column, 1, 0, hi, kTile);
+}
+
+// The SIMT chain of a block (framed_block_product's slow path): R(t) stored in st,
+// B a swizzled tile. Every warp of the warpgroup calls it (a warp-level barrier).
+template <int D>
+__device__ void chain_swizzled(float (&acc)[D / 8][4], const float (&t)[8][4], bf16* st, const uint8_t* b,
+                               const BlockRows& br, const Lane& ln) {
+  if (!br.warp_live) return;
+  store_rounded(st, t, ln);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!br.act[i]) continue;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        acc[nt][2 * i + e] =
+            swizzled_column_dot<D>(acc[nt][2 * i + e], st + ln.row(i) * kPLd, b, ln.col(nt, e), br.vis[i]);
+  }
+}
+
+// Which operand of a block the second product reads (and the producer therefore
+// clears past the last position): V in the forward, K in dq.
+enum class BlockOperand { kKeys, kValues };
+
+// The producer: block b's keys and values into stage b % kStages once both
+// consumers have released it. The CTA's last block may reach past the last key any
+// of its rows sees (another sequence's rows, or none): those rows of the `Cleared`
+// operand become +0 before the consumers see the block, as absent slots must be
+// for the tensor core.
+template <int D, BlockOperand Cleared>
+__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, const WsCta<D>& cta, int kvh,
+                               int kv_begin, int last_block, int hi_pos) {
+  using W = WsTile<D>;
+  const typename W::Barriers bar(cta.barriers);
+  const int lane = threadIdx.x % 32;
+  constexpr bool kClearKeys = Cleared == BlockOperand::kKeys;
+  for (int b = 0; b <= last_block; ++b) {
+    const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
+    uint8_t *k = cta.k_stage(b), *v = cta.v_stage(b);
+    const int past = hi_pos + 1 - b * kTile;  // rows from here on are past every row's position
+    const bool clear = past < kTile;           // only the last block, once: `landed` completes one phase
+    if (lane == 0) {
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_k[st], (use - 1) & 1);
+      uint64_t* k_bar = clear && kClearKeys ? bar.landed : &bar.full_k[st];
+      sm90::mbarrier_arrive_expect_tx(k_bar, W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, k_bar, 64 * x, kvh, row);
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_v[st], (use - 1) & 1);
+      uint64_t* v_bar = clear && !kClearKeys ? bar.landed : &bar.full_v[st];
+      sm90::mbarrier_arrive_expect_tx(v_bar, W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
+    }
+    if (clear) {
+      uint8_t* t = kClearKeys ? k : v;
+      sm90::mbarrier_wait(bar.landed, 0);
+      for (int c = lane; c < (kTile - past) * W::kRowChunks; c += 32)
+        *reinterpret_cast<uint4*>(t + W::chunk(past + c / W::kRowChunks, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
+      sm90::fence_proxy_async();  // the zeros, before wgmma reads them
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(kClearKeys ? &bar.full_k[st] : &bar.full_v[st]);
+    }
+  }
+}
+
+// The keys' and values' tensor maps: [rows][Hkv][D], rows up to the last any
+// sequence reads (a box past them arrives as zeros), one head's 64 rows × 64
+// columns a box.
+struct KvMaps {
+  CUtensorMap k, v;
+};
+inline KvMaps kv_tensor_maps(const AttnSeq* seqs, int n_seqs, AttnDims dims, const bf16* k, const bf16* v) {
+  uint64_t rows = 1;
+  for (int s = 0; s < n_seqs; ++s)
+    if (seqs[s].q_len > 0)
+      rows = std::max<uint64_t>(rows, uint64_t(seqs[s].kv_begin) + seqs[s].past_len + seqs[s].q_len);
+  const uint64_t Hkv = static_cast<uint64_t>(dims.Hkv), D = static_cast<uint64_t>(dims.D);
+  const uint64_t shape[3] = {D, Hkv, rows}, strides[2] = {D, Hkv * D};
+  const uint32_t box[3] = {64, 1, kTile};
+  return {bf16_tensor_map_3d(k, shape, strides, box), bf16_tensor_map_3d(v, shape, strides, box)};
+}
+
+}  // namespace bp::cuda::attn
