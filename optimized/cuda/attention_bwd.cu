@@ -250,26 +250,46 @@ struct DqWsArgs {
   bf16* dq;
 };
 
-// dS of one block in place of the raw scores s (reference steps 2 and the dS
-// product; +0 where kMasked and the slot is absent): P = exp(s, m_c) × (1 ÷ l),
-// dS = R(P × (dP − Δ)). Unmasked, every row that sees the block sees all its keys
-// and a row that sees none is never written.
+// Rows of bf16 fragments (a_fragments' layout) into st ([row][kPLd], store_rounded's).
+__device__ inline void store_fragments(bf16* st, const uint32_t (&frag)[4][4], const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint32_t*>(st + ln.row(i) * kPLd + ln.col(nt, 0)) = frag[nt / 2][nt % 2 * 2 + i];
+}
+
+// Element pair (x0, x1) of n8 tile nt into its A fragment word (a_fragments' layout;
+// i: the thread's row). cvt.rn gives R's bits for every non-NaN value, and a NaN
+// operand's payload cannot reach a product (SPEC §2.3.3), so the fragments are R(x).
+__device__ inline void put_fragment(uint32_t (&frag)[4][4], int nt, int i, float x0, float x1) {
+  frag[nt / 2][nt % 2 * 2 + i] = cvt_bf16x2_rn(x0, x1);
+}
+
+// The fragments of R(dS) of one block from the raw scores s and dP (reference step
+// 2 and the dS product; +0 where kMasked and the slot is absent): P = exp(s, m_c) ×
+// (1 ÷ l), dS = P × (dP − Δ). Unmasked, every row that sees the block sees all its
+// keys and a row that sees none is never written. One n8 tile at a time: the scores
+// die as their fragments form. (Waiting for S alone and forming P while dP's product
+// runs was slower: the two tiles' registers then live across the exponentials.)
 template <bool kMasked, bool kBase2>
-__device__ void block_ds(float (&s)[8][4], const float (&dp)[8][4], const ref::SoftmaxRule<kBase2>& rule,
+__device__ void block_ds(const float (&s)[8][4], const float (&dp)[8][4], const ref::SoftmaxRule<kBase2>& rule,
                          const float (&mc)[2], const float (&inv_l)[2], const float (&delta)[2], const BlockRows& br,
-                         const Lane& ln) {
+                         const Lane& ln, uint32_t (&fds)[4][4]) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 8; ++nt) {
+    float x[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = rule.weight_exponent(rule.state_value(s[nt][e]), mc[e / 2]);
-  softmax_exp_in_place<kBase2, 32>(&s[0][0]);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+    for (int e = 0; e < 4; ++e) x[e] = rule.weight_exponent(rule.state_value(s[nt][e]), mc[e / 2]);
+    softmax_exp_in_place<kBase2, 4>(x);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float ds = widen(round_bf16(mul_rn(mul_rn(s[nt][e], inv_l[e / 2]), sub_rn(dp[nt][e], delta[e / 2]))));
-      s[nt][e] = !kMasked || ln.col(nt, e % 2) < br.vis[e / 2] ? ds : 0.0f;
+      const float ds = mul_rn(mul_rn(x[e], inv_l[e / 2]), sub_rn(dp[nt][e], delta[e / 2]));
+      x[e] = !kMasked || ln.col(nt, e % 2) < br.vis[e / 2] ? ds : 0.0f;
     }
+    put_fragment(fds, nt, 0, x[0], x[1]);
+    put_fragment(fds, nt, 1, x[2], x[3]);
+  }
 }
 
 template <int D, bool kBase2>
@@ -337,32 +357,37 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
   for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, kb = b * kTile;
     const uint32_t parity = (b / W::kStages) & 1;
-    const uint8_t* k = cta.k_stage(b);
+    const uint8_t* k = cta.a_stage(b);
     float s[8][4], dp[8][4];
-    sm90::mbarrier_wait(&bar.full_k[st], parity);
+    sm90::mbarrier_wait(&bar.full_a[st], parity);
     issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, sm90::shared_addr(k));
-    sm90::mbarrier_wait(&bar.full_v[st], parity);
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(dp), do_addr, sm90::shared_addr(cta.v_stage(b)));
+    sm90::mbarrier_wait(&bar.full_b[st], parity);
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(dp), do_addr, sm90::shared_addr(cta.b_stage(b)));
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(dp));
-    release(&bar.empty_v[st]);
+    release(&bar.empty_b[st]);
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
     // Keys past the first row's position are absent for some row of the tile.
     const int lo = lo_pos + 1 - kb;
+    uint32_t fds[4][4];
     if (mine) {
-      if (lo < kTile) block_ds<true>(s, dp, rule, mc, inv_l, delta, br, ln);
-      else block_ds<false>(s, dp, rule, mc, inv_l, delta, br, ln);
+      if (lo < kTile) block_ds<true>(s, dp, rule, mc, inv_l, delta, br, ln, fds);
+      else block_ds<false>(s, dp, rule, mc, inv_l, delta, br, ln, fds);
     }
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(k, lo, cta_hi_pos + 1 - kb, barrier, thread);
     // Past this warpgroup's blocks acc is no longer read.
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), s, sm90::shared_addr(k), zero_addr,
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), fds, sm90::shared_addr(k), zero_addr,
                            !mine || slow);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-    if (slow) chain_swizzled<D>(acc, s, sDS, k, br, ln);
-    release(&bar.empty_k[st]);
+    if (slow && br.warp_live) {
+      store_fragments(sDS, fds, ln);
+      __syncwarp();
+      chain_swizzled_rows<D>(acc, sDS, k, {0, 0}, br.vis, br.act, ln);
+    }
+    release(&bar.empty_a[st]);
   }
   write_dq_rows<D>(a.dq, a.h.scale, tile, pos, acc, ln);
 }
@@ -525,6 +550,263 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   }
 }
 
+// --- backward: dk, dv chunk partials on wgmma (sm90-tc, head_dim 64 or 128) ---------
+// A CTA per (128 keys, kv head, query chunk): the producer warp streams the chunk's
+// 64-slot tiles of Q (ring a) and dO (ring b) by TMA, each a 3-D box of 64 / G
+// tokens × G heads × 64 columns (the frame's query-major slot order), with the
+// slots' statistics; each consumer holds its 64 keys' K and V and runs Sᵀ = K·Qᵀ
+// and dPᵀ = V·dOᵀ (wgmma), Pᵀ and dSᵀ in registers, then dv += R(Pᵀ)·dO and
+// dk += R(dSᵀ)·Q with dO and Q read N-major: the slots are the contraction, 4 k16
+// groups a tile from its first slot, as the chunk's sm90-tc chain groups them.
+// A slot tile's statistics, staged with its Q and dO: m_c, 1 ÷ l, Δ and the
+// position (−1: not a slot of the chunk that sees a key of the CTA).
+struct SlotStats {
+  float mc[kTile], inv_l[kTile], delta[kTile];
+  int pos[kTile];
+};
+
+template <int D>
+struct WsKv : WsTile<D> {
+  static constexpr int kKeys = WsTile<D>::kConsumers * kTile;  // keys a CTA
+  // Per consumer: K and V; the R(Pᵀ) and R(dSᵀ) rows. For all: the stages' statistics.
+  static constexpr int kConsumerTiles = 2;
+  static constexpr size_t kConsumerExtra = 2 * WsTile<D>::kPBytes;
+  static constexpr size_t kSharedBytes = WsTile<D>::kStages * sizeof(SlotStats);
+  static constexpr size_t kSmemBytes = WsTile<D>::smem_bytes(kConsumerTiles, kConsumerExtra, kSharedBytes);
+  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
+};
+
+// Which slots of a chunk the CTA's keys meet: the frame's 64-slot tiles
+// [t_begin, t_end), positions [first_pos, end_pos) (the rest of a tile is cleared).
+struct KvChunk {
+  int C, G, chunk_pos0, first_pos, end_pos, t_begin, t_end;
+  __device__ KvChunk(const AttnSeq& s, int C_, int G_, int c, int key0) : C(C_), G(G_) {
+    const int S = s.past_len + s.q_len;
+    chunk_pos0 = c * C;
+    first_pos = max(s.past_len, key0);
+    end_pos = min(S, (c + 1) * C);
+    t_begin = first_pos > chunk_pos0 ? (first_pos - chunk_pos0) * G / kTile : 0;
+    t_end = end_pos > first_pos ? ((end_pos - chunk_pos0) * G + kTile - 1) / kTile : t_begin;
+  }
+  __device__ int pos(int t, int r) const { return chunk_pos0 + (t * kTile + r) / G; }  // slot r of tile t
+  __device__ bool valid(int t, int r) const {
+    const int p = pos(t, r);
+    return p >= first_pos && p < end_pos;
+  }
+};
+
+// The producer: slot tile t of the chunk (the i-th of the CTA) into stage i % kStages
+// with its statistics, once both consumers have released the stage. Rows of slots
+// outside [first_pos, end_pos) (before the CTA's first key, past the chunk or the
+// sequence: another sequence's rows, or none) become +0 before the consumers see
+// the tile, as absent slots must be for the tensor core.
+template <int D, bool kBase2>
+__device__ void produce_slot_tiles(const CUtensorMap* q_map, const CUtensorMap* do_map, const WsCta<D>& cta,
+                                   const KvArgs& a, const KvChunk& ch, int kvh) {
+  using W = WsKv<D>;
+  const typename W::Barriers bar(cta.barriers);
+  const auto rule = a.h.rule<kBase2>();
+  const int lane = threadIdx.x % 32;
+  int clears = 0;
+  for (int t = ch.t_begin; t < ch.t_end; ++t) {
+    const int i = t - ch.t_begin, st = i % W::kStages, use = i / W::kStages;
+    if (lane == 0 && use > 0) sm90::mbarrier_wait(&bar.empty_a[st], (use - 1) & 1);
+    __syncwarp();
+    SlotStats& stats = reinterpret_cast<SlotStats*>(cta.shared)[st];
+    for (int r = lane; r < kTile; r += 32) {
+      const bool valid = ch.valid(t, r);
+      const size_t row = valid ? static_cast<size_t>(a.s.q_begin + ch.pos(t, r) - a.s.past_len) * a.h.Hq +
+                                     kvh * ch.G + r % ch.G
+                               : 0;
+      stats.mc[r] = valid ? rule.scaled_max(a.m[row]) : 0.0f;
+      stats.inv_l[r] = valid ? div_rn(1.0f, a.l[row]) : 0.0f;
+      stats.delta[r] = valid ? a.delta[row - a.delta_row0] : 0.0f;
+      stats.pos[r] = valid ? ch.pos(t, r) : -1;
+    }
+    const bool clear = !ch.valid(t, 0) || !ch.valid(t, kTile - 1);
+    __syncwarp();
+    uint8_t *q = cta.a_stage(i), *dout = cta.b_stage(i);
+    if (lane == 0) {
+      uint64_t* full = clear ? bar.landed : &bar.full_a[st];
+      const int token0 = a.s.q_begin + ch.pos(t, 0) - a.s.past_len;
+      sm90::mbarrier_arrive_expect_tx(full, 2 * W::kTileBytes);
+      for (int x = 0; x < W::kBoxes; ++x) {
+        sm90::tma_load_3d(q + x * W::kBoxBytes, q_map, full, 64 * x, kvh * ch.G, token0);
+        sm90::tma_load_3d(dout + x * W::kBoxBytes, do_map, full, 64 * x, kvh * ch.G, token0);
+      }
+    }
+    if (clear) {
+      sm90::mbarrier_wait(bar.landed, clears++ & 1);
+      for (int c = lane; c < kTile * W::kRowChunks; c += 32) {
+        const int r = c / W::kRowChunks;
+        if (ch.valid(t, r)) continue;
+        *reinterpret_cast<uint4*>(q + W::chunk(r, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dout + W::chunk(r, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
+      }
+      sm90::fence_proxy_async();  // the zeros, before wgmma reads them
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&bar.full_a[st]);
+    }
+  }
+}
+
+// The fragments of R(Pᵀ) and R(dSᵀ) of one slot tile from the raw Sᵀ (s) and dPᵀ
+// (dp), +0 where a slot is absent for the row's key (reference step 2 and dS; a key
+// past the sequence sees no slot). One n8 tile at a time, as block_ds: the tiles die
+// as their fragments form, which keeps dk, dv and both tiles in registers.
+template <bool kBase2>
+__device__ void tile_p_ds(const float (&s)[8][4], const float (&dp)[8][4], const ref::SoftmaxRule<kBase2>& rule,
+                          const SlotStats& stats, const int (&key)[2], const Lane& ln, uint32_t (&fp)[4][4],
+                          uint32_t (&fds)[4][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int col = ln.col(nt, 0);  // and col + 1
+    const float2 mc = *reinterpret_cast<const float2*>(stats.mc + col);
+    const float2 inv_l = *reinterpret_cast<const float2*>(stats.inv_l + col);
+    const float2 delta = *reinterpret_cast<const float2*>(stats.delta + col);
+    const int2 pos = *reinterpret_cast<const int2*>(stats.pos + col);
+    float p[4], ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = rule.weight_exponent(rule.state_value(s[nt][e]), e % 2 ? mc.y : mc.x);
+    softmax_exp_in_place<kBase2, 4>(p);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool present = (e % 2 ? pos.y : pos.x) >= key[e / 2];
+      const float pe = mul_rn(p[e], e % 2 ? inv_l.y : inv_l.x);
+      ds[e] = present ? mul_rn(pe, sub_rn(dp[nt][e], e % 2 ? delta.y : delta.x)) : 0.0f;
+      p[e] = present ? pe : 0.0f;
+    }
+    put_fragment(fp, nt, 0, p[0], p[1]);
+    put_fragment(fp, nt, 1, p[2], p[3]);
+    put_fragment(fds, nt, 0, ds[0], ds[1]);
+    put_fragment(fds, nt, 1, ds[2], ds[3]);
+  }
+}
+
+template <int D, bool kBase2>
+__global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
+    const KvArgs a, const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map) {
+  using W = WsKv<D>;
+  constexpr int NT = D / 8;
+  extern __shared__ uint8_t smem_raw[];
+  const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra, W::kSharedBytes);
+  const typename W::Barriers bar(cta.barriers);
+  const AttnSeq& s = a.s;
+  const int S = s.past_len + s.q_len, kvh = static_cast<int>(blockIdx.y);
+  const int c = a.c_begin + static_cast<int>(blockIdx.z);
+  const KvChunk ch(s, a.C, a.h.G, c, static_cast<int>(blockIdx.x) * W::kKeys);
+  cta.init();
+
+  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
+    sm90::release_registers<24>();
+    if (threadIdx.x < 32) produce_slot_tiles<D, kBase2>(&q_map, &do_map, cta, a, ch, kvh);
+    return;
+  }
+  sm90::claim_registers<240>();
+
+  const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
+  const auto rule = a.h.rule<kBase2>();
+  const int key0 = static_cast<int>(blockIdx.x) * W::kKeys + consumer * kTile, key_last = min(key0 + kTile, S) - 1;
+  uint8_t* sK = cta.tiles + consumer * W::kConsumerTiles * W::kTileBytes;
+  uint8_t* sV = sK + W::kTileBytes;
+  bf16* sP = reinterpret_cast<bf16*>(cta.extra + consumer * W::kConsumerExtra);
+  bf16* sDS = sP + kTile * kPLd;
+  const Lane ln(thread);
+  auto key_row = [&](const bf16* base, int r) {
+    return key0 + r < S ? base + (static_cast<size_t>(s.kv_begin + key0 + r) * a.h.Hkv + kvh) * D : nullptr;
+  };
+  if (ch.t_begin < ch.t_end) {  // else no slot of the chunk sees a key of the CTA: the partials are +0
+    load_swizzled_tile<D>(sK, thread, [&](int r) { return key_row(a.k, r); });
+    load_swizzled_tile<D>(sV, thread, [&](int r) { return key_row(a.v, r); });
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  sm90::fence_proxy_async();  // K and V, before wgmma reads them
+  sm90::warpgroup_sync(barrier);
+
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = key0 + ln.row(i);
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.0f;
+  const uint32_t k_addr = sm90::shared_addr(sK), v_addr = sm90::shared_addr(sV);
+  const uint32_t zero_addr = sm90::shared_addr(cta.zeros);
+  const int own_first_pos = max(ch.first_pos, key0);
+#pragma unroll 1
+  for (int t = ch.t_begin; t < ch.t_end; ++t) {
+    const int i = t - ch.t_begin, st = i % W::kStages;
+    const uint8_t *q = cta.a_stage(i), *dout = cta.b_stage(i);
+    const auto& stats = reinterpret_cast<const SlotStats*>(cta.shared)[st];
+    sm90::mbarrier_wait(&bar.full_a[st], (i / W::kStages) & 1);
+    float sT[8][4], dpT[8][4];
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(sT), k_addr, sm90::shared_addr(q));
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(dpT), v_addr, sm90::shared_addr(dout));
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(sT));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(dpT));
+    // The tile meets this consumer's keys where a slot's position reaches its first key.
+    const bool mine = key0 < S && ch.pos(t, kTile - 1) >= own_first_pos;
+    uint32_t fp[4][4], fds[4][4];
+    if (mine) tile_p_ds<kBase2>(sT, dpT, rule, stats, key, ln, fp, fds);
+    // Loaded slots before the consumer's last key are absent for some key: rows
+    // [first_pos, min(end_pos, key_last)) in positions (the CTA's first position:
+    // the other consumer's slots are loaded too).
+    const int r0 = (ch.first_pos - ch.chunk_pos0) * ch.G - t * kTile;
+    const int r1 = (min(ch.end_pos, key_last) - ch.chunk_pos0) * ch.G - t * kTile;
+    bool slow = false;
+    if (mine && r0 < kTile && r1 > 0) {
+      slow = any_nonfinite_rows<D>(q, r0, r1, barrier, thread);
+      slow = any_nonfinite_rows<D>(dout, r0, r1, barrier, thread) || slow;
+    }
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(dv), fp, sm90::shared_addr(dout), zero_addr,
+                           !mine || slow);
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(dk), fds, sm90::shared_addr(q), zero_addr,
+                           !mine || slow);
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(dv));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(dk));
+    if (slow) {
+      // Present slots of key j: the contiguous run with position >= j.
+      int lo[2], hi[2];
+      bool live[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        lo[k] = kTile;
+        hi[k] = 0;
+        for (int r = 0; r < kTile; ++r)
+          if (stats.pos[r] >= key[k]) {
+            lo[k] = min(lo[k], r);
+            hi[k] = r + 1;
+          }
+        live[k] = key[k] < S && lo[k] < hi[k];
+      }
+      if (__any_sync(kFull, live[0] || live[1])) {
+        store_fragments(sP, fp, ln);
+        store_fragments(sDS, fds, ln);
+        __syncwarp();
+        chain_swizzled_rows<D>(dv, sP, dout, lo, hi, live, ln);
+        chain_swizzled_rows<D>(dk, sDS, q, lo, hi, live, ln);
+      }
+    }
+    __syncwarp();
+    if (ln.lane == 0) sm90::mbarrier_arrive(&bar.empty_a[st]);
+  }
+
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (key[k] >= S) continue;
+    const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[k]) * a.h.Hkv + kvh) * D;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      *reinterpret_cast<float2*>(a.dk_part + at + ln.col(nt, 0)) = make_float2(dk[nt][2 * k], dk[nt][2 * k + 1]);
+      *reinterpret_cast<float2*>(a.dv_part + at + ln.col(nt, 0)) = make_float2(dv[nt][2 * k], dv[nt][2 * k + 1]);
+    }
+  }
+}
+
 // pairwise_tree over n < 2^kCombineLevels values at p[0], p[stride], ...: as a
 // binary counter (merge equal-level neighbours as they arrive, then fold the pending
 // subtrees), which is the same association for every n.
@@ -601,22 +883,35 @@ void launch_slot_delta(const bf16* dout, const bf16* o, size_t row0, size_t rows
   BP_CUDA_CHECK_LAUNCH();
 }
 
-// dq on warpgroups: sm90-tc at head_dim 64 and 128 (as the forward).
-constexpr bool dq_on_warpgroups(DotModel model, int D) { return model == DotModel::Sm90Tc && D >= 64; }
-
-template <int D, bool kBase2>
-void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k, const bf16* v,
-                  const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, cudaStream_t stream) {
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false, WsDq<D>::kSlots);
-  if (tasks.empty()) return;
-  size_t rows = 0;  // Δ of every query row up to the last any sequence has
+// Δ of every query row of the sequences, rows [0, T·Hq) with T past the last token
+// any sequence has: one launch that dq and every sequence's dk/dv partials share.
+DeviceBuffer<float> query_deltas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* dout,
+                                 const bf16* o, cudaStream_t stream) {
+  size_t rows = 0;
   for (int s = 0; s < n_seqs; ++s)
     if (seqs[s].q_len > 0) rows = std::max(rows, static_cast<size_t>(seqs[s].q_begin + seqs[s].q_len) * dims.Hq);
   DeviceBuffer<float> delta(rows, stream);
-  launch_slot_delta<Sm90Tc, D>(dout, o, 0, rows, delta.get(), stream);
+  with_shape(kn, dims.D, [&](auto model, auto d, auto) {
+    launch_slot_delta<decltype(model), decltype(d)::value>(dout, o, 0, rows, delta.get(), stream);
+  });
+  return delta;
+}
+
+// dq and dk/dv on warpgroups: sm90-tc at head_dim 64 and 128 (as the forward); dk/dv
+// also needs a slot tile of whole tokens (G divides 64) and a chunk frame of whole
+// tiles (its TMA boxes are 64 / G tokens × G heads).
+constexpr bool bwd_on_warpgroups(DotModel model, int D) { return model == DotModel::Sm90Tc && D >= 64; }
+bool kv_tiles_whole_tokens(int G, int C) { return kTile % G == 0 && (C * G) % kTile == 0; }
+
+template <int D, bool kBase2>
+void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k, const bf16* v,
+                  const float* m, const float* l, const bf16* dout, const float* delta, bf16* dq,
+                  cudaStream_t stream) {
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false, WsDq<D>::kSlots);
+  if (tasks.empty()) return;
   const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
   const DeviceBuffer<Task> d_tasks(tasks, stream);
-  const DqWsArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, dout, m, l, delta.get(), dq};
+  const DqWsArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, dout, m, l, delta, dq};
   const KvMaps maps = kv_tensor_maps(seqs, n_seqs, dims, k, v);
   const auto kernel = attn_dq_ws_kernel<D, kBase2>;
   constexpr size_t smem = WsDq<D>::kSmemBytes;
@@ -626,19 +921,35 @@ void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
   BP_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+template <int D, bool kBase2>
+void launch_kv_ws(AttnDims dims, const KvArgs& args, int n_chunks, cudaStream_t stream) {
+  const int G = dims.Hq / dims.Hkv, S = args.s.past_len + args.s.q_len;
+  // Q and dO as [tokens][Hq][D] up to the sequence's last (a box past it, or before
+  // the first token, arrives as zeros), 64 / G tokens × G heads × 64 columns a box.
+  const uint64_t shape[3] = {uint64_t(D), uint64_t(dims.Hq), uint64_t(args.s.q_begin + args.s.q_len)};
+  const uint64_t strides[2] = {uint64_t(D), uint64_t(dims.Hq) * D};
+  const uint32_t box[3] = {64, static_cast<uint32_t>(G), static_cast<uint32_t>(kTile / G)};
+  const CUtensorMap q_map = bf16_tensor_map_3d(args.q, shape, strides, box);
+  const CUtensorMap do_map = bf16_tensor_map_3d(args.dout, shape, strides, box);
+  const auto kernel = attn_kv_ws_kernel<D, kBase2>;
+  constexpr size_t smem = WsKv<D>::kSmemBytes;
+  BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>((S + WsKv<D>::kKeys - 1) / WsKv<D>::kKeys), static_cast<unsigned>(dims.Hkv),
+                  static_cast<unsigned>(n_chunks));
+  kernel<<<grid, WsKv<D>::kThreads, smem, stream>>>(args, q_map, do_map);
+  BP_CUDA_CHECK_LAUNCH();
+}
 
-void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
-                      const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq,
-                      cudaStream_t stream) {
-  check_args(kn, dims, seqs, n_seqs);
-  check_aligned({q, k, v, o, dout, dq});
+// attention_bwd_dq with Δ of every query row given (query_deltas).
+void dq_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                    const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
+                    const float* delta, bf16* dq, cudaStream_t stream) {
   with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
     constexpr int D = decltype(d)::value;
     constexpr bool kBase2 = decltype(base2)::value;
-    if constexpr (dq_on_warpgroups(decltype(model)::kModel, D)) {
-      launch_dq_ws<D, kBase2>(dims, seqs, n_seqs, q, k, v, o, m, l, dout, dq, stream);
-    } else {
+    if constexpr (bwd_on_warpgroups(decltype(model)::kModel, D)) {
+      launch_dq_ws<D, kBase2>(dims, seqs, n_seqs, q, k, v, m, l, dout, delta, dq, stream);
+    } else {  // the mma.sync or SIMT kernel forms Δ itself
       const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false);
       if (tasks.empty()) return;
       const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
@@ -650,26 +961,57 @@ void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n
   });
 }
 
+// attention_bwd_kv_partials with Δ given for the sequence's query rows from row
+// delta_row0 on.
+int kv_partials_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
+                            const bf16* v, const float* m, const float* l, const bf16* dout, const float* delta,
+                            size_t delta_row0, float* dk_part, float* dv_part, cudaStream_t stream) {
+  const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
+  const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
+  if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
+  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
+    constexpr int D = decltype(d)::value;
+    constexpr bool kBase2 = decltype(base2)::value;
+    const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
+                      delta, static_cast<long long>(delta_row0), dk_part, dv_part};
+    if constexpr (bwd_on_warpgroups(decltype(model)::kModel, D)) {
+      if (kv_tiles_whole_tokens(dims.Hq / dims.Hkv, C)) {
+        launch_kv_ws<D, kBase2>(dims, args, n_chunks, stream);
+        return;
+      }
+    }
+    const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
+                    static_cast<unsigned>(n_chunks));
+    launch(attn_kv_kernel<decltype(model), D, kBase2>, grid, kv_smem<D>(), stream, args);
+  });
+  return n_chunks;
+}
+
+}  // namespace
+
+void attention_bwd_dq(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
+                      const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq,
+                      cudaStream_t stream) {
+  check_args(kn, dims, seqs, n_seqs);
+  check_aligned({q, k, v, o, dout, dq});
+  const bool needs_deltas = bwd_on_warpgroups(kn.dot, dims.D);
+  const DeviceBuffer<float> delta =
+      needs_deltas ? query_deltas(kn, dims, seqs, n_seqs, dout, o, stream) : DeviceBuffer<float>(0, stream);
+  dq_with_deltas(kn, dims, seqs, n_seqs, q, k, v, o, m, l, dout, delta.get(), dq, stream);
+}
+
 int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
                               const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout,
                               float* dk_part, float* dv_part, cudaStream_t stream) {
   check_args(kn, dims, &seq, 1);
   check_aligned({q, k, v, o, dout});
-  const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
-  const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
-  if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
   const size_t delta_row0 = static_cast<size_t>(seq.q_begin) * dims.Hq, rows = static_cast<size_t>(seq.q_len) * dims.Hq;
   DeviceBuffer<float> delta(rows, stream);
-  with_shape(kn, dims.D, [&](auto model, auto d, auto base2) {
-    constexpr int D = decltype(d)::value;
-    launch_slot_delta<decltype(model), D>(dout, o, delta_row0, rows, delta.get(), stream);
-    const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
-                      delta.get(), static_cast<long long>(delta_row0), dk_part, dv_part};
-    const dim3 grid(static_cast<unsigned>((S + kTile - 1) / kTile), static_cast<unsigned>(dims.Hkv),
-                    static_cast<unsigned>(n_chunks));
-    launch(attn_kv_kernel<decltype(model), D, decltype(base2)::value>, grid, kv_smem<D>(), stream, args);
+  with_shape(kn, dims.D, [&](auto model, auto d, auto) {
+    launch_slot_delta<decltype(model), decltype(d)::value>(dout, o, delta_row0, rows, delta.get(), stream);
   });
-  return n_chunks;
+  return kv_partials_with_deltas(kn, dims, seq, q, k, v, m, l, dout, delta.get(), delta_row0, dk_part, dv_part,
+                                 stream);
 }
 
 // The combine reads no knob: the chunk count and the scale say everything.
@@ -688,7 +1030,10 @@ void attention_bwd_kv_combine(const Knobs& /*kn*/, AttnDims dims, int S, int n_c
 void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,
                    const bf16* v, const bf16* o, const float* m, const float* l, const bf16* dout, bf16* dq, bf16* dk,
                    bf16* dv, cudaStream_t stream) {
-  attention_bwd_dq(kn, dims, seqs, n_seqs, q, k, v, o, m, l, dout, dq, stream);
+  check_args(kn, dims, seqs, n_seqs);
+  check_aligned({q, k, v, o, dout, dq});
+  const DeviceBuffer<float> delta = query_deltas(kn, dims, seqs, n_seqs, dout, o, stream);
+  dq_with_deltas(kn, dims, seqs, n_seqs, q, k, v, o, m, l, dout, delta.get(), dq, stream);
   const int C = kn.grad_token_chunk;
   for (int s = 0; s < n_seqs; ++s) {
     // The sequence's keys see only its queries: chunks before past_len are +0.
@@ -701,8 +1046,8 @@ void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
       BP_CUDA_CHECK(cudaMemsetAsync(dk_part.get(), 0, first * chunk_size * sizeof(float), stream));
       BP_CUDA_CHECK(cudaMemsetAsync(dv_part.get(), 0, first * chunk_size * sizeof(float), stream));
     }
-    attention_bwd_kv_partials(kn, dims, seq, q, k, v, o, m, l, dout, dk_part.get() + first * chunk_size,
-                              dv_part.get() + first * chunk_size, stream);
+    kv_partials_with_deltas(kn, dims, seq, q, k, v, m, l, dout, delta.get(), 0, dk_part.get() + first * chunk_size,
+                            dv_part.get() + first * chunk_size, stream);
     const size_t rows = static_cast<size_t>(seq.kv_begin) * dims.Hkv * dims.D;
     attention_bwd_kv_combine(kn, dims, S, n_chunks, dk_part.get(), dv_part.get(), dk + rows, dv + rows, stream);
   }

@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   extern __shared__ uint8_t smem_raw[];
   const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
   const typename W::Barriers bar(cta.barriers);
-  uint64_t *full_k = bar.full_k, *full_v = bar.full_v, *empty_k = bar.empty_k, *empty_v = bar.empty_v;
+  uint64_t *full_k = bar.full_a, *full_v = bar.full_b, *empty_k = bar.empty_a, *empty_v = bar.empty_b;
 
   const Task task = a.tasks[blockIdx.x];
   const AttnSeq seq = a.seqs[task.seq];
@@ -396,12 +396,12 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
   const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
-  auto k_addr = [&](int b) { return sm90::shared_addr(cta.k_stage(b)); };
+  auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
 
   // Block b with its scores in `cur`; issues block b + 1's into `next` first.
   auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
     const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
-    const uint8_t* v = cta.v_stage(b);
+    const uint8_t* v = cta.b_stage(b);
     if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
     // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
     // never used, and past the CTA's a stale stage's dots are not either.
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
-    if (slow) chain_swizzled<D>(acc, cur, sP, v, br, ln);
+    if (slow) chain_swizzled<D>(acc, cur, sP, v, {0, 0}, br.vis, br.act, ln);
     release(&empty_v[st]);
     if (b + 1 <= last_block) release(&empty_k[next_st]);
     if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {

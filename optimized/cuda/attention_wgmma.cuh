@@ -41,21 +41,23 @@ struct WsTile {
   static constexpr size_t kBarriers = 4 * kStages + 1;
 
   // Shared memory of a CTA whose consumers each hold `tiles` swizzled tiles and
-  // `extra` further bytes (R(T) rows included): the consumers' tiles, the K and V
-  // rings, the zeros, the consumers' extra bytes, the barriers, slack to align to
-  // 1024 bytes (the swizzle is a function of the address bits).
-  static constexpr size_t smem_bytes(int tiles, size_t extra) {
+  // `extra` further bytes (R(T) rows included), and `shared` bytes for all: the
+  // consumers' tiles, the two rings, the zeros, the consumers' extra bytes, the
+  // shared bytes, the barriers, slack to align to 1024 bytes (the swizzle is a
+  // function of the address bits).
+  static constexpr size_t smem_bytes(int tiles, size_t extra, size_t shared = 0) {
     return kConsumers * (tiles * size_t{kTileBytes} + extra) + 2 * kStages * size_t{kTileBytes} + kZeroBytes +
-           8 * kBarriers + 1024;
+           shared + 8 * kBarriers + 1024;
   }
 
   // The ring's barriers: per stage, full (the copy landed) and empty (every consumer
-  // warp is done with it) for K and for V; `landed`: the last block's B operand
-  // before the producer clears its absent rows.
+  // warp is done with it) for each of its two tiles (a: the keys or the queries, b:
+  // the values or the output gradients); `landed`: a stage the producer clears rows
+  // of before the consumers see it.
   struct Barriers {
-    uint64_t *full_k, *full_v, *empty_k, *empty_v, *landed;
+    uint64_t *full_a, *full_b, *empty_a, *empty_b, *landed;
     __device__ explicit Barriers(uint64_t* b)
-        : full_k(b), full_v(b + kStages), empty_k(b + 2 * kStages), empty_v(b + 3 * kStages), landed(b + 4 * kStages) {}
+        : full_a(b), full_b(b + kStages), empty_a(b + 2 * kStages), empty_b(b + 3 * kStages), landed(b + 4 * kStages) {}
   };
 
   static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
@@ -79,19 +81,22 @@ struct WsTile {
   }
 };
 
-// Where a CTA's shared memory goes (WsTile::smem_bytes' order).
+// Where a CTA's shared memory goes (WsTile::smem_bytes' order). The ring streams two
+// tiles a stage: a block's keys (a) and values (b) in the forward and dq, a slot
+// tile's queries (a) and output gradients (b) in dk/dv.
 template <int D>
 struct WsCta {
   using W = WsTile<D>;
-  uint8_t *tiles, *sK, *sV, *zeros, *extra;
+  uint8_t *tiles, *ring_a, *ring_b, *zeros, *extra, *shared;
   uint64_t* barriers;
-  __device__ WsCta(uint8_t* smem_raw, int tiles_each, size_t extra_each) {
+  __device__ WsCta(uint8_t* smem_raw, int tiles_each, size_t extra_each, size_t shared_bytes = 0) {
     tiles = smem_raw + (1024 - sm90::shared_addr(smem_raw) % 1024) % 1024;
-    sK = tiles + W::kConsumers * tiles_each * W::kTileBytes;
-    sV = sK + W::kStages * W::kTileBytes;
-    zeros = sV + W::kStages * W::kTileBytes;
+    ring_a = tiles + W::kConsumers * tiles_each * W::kTileBytes;
+    ring_b = ring_a + W::kStages * W::kTileBytes;
+    zeros = ring_b + W::kStages * W::kTileBytes;
     extra = zeros + W::kZeroBytes;
-    barriers = reinterpret_cast<uint64_t*>(extra + W::kConsumers * extra_each);
+    shared = extra + W::kConsumers * extra_each;
+    barriers = reinterpret_cast<uint64_t*>(shared + shared_bytes);
   }
   // Zeroes the zero bytes and sets up the ring's barriers; every thread calls it.
   __device__ void init() const {
@@ -101,18 +106,18 @@ struct WsCta {
     if (threadIdx.x == 0) {
       const typename W::Barriers bar(barriers);
       for (int st = 0; st < W::kStages; ++st) {
-        sm90::mbarrier_init(&bar.full_k[st], 1);
-        sm90::mbarrier_init(&bar.full_v[st], 1);
-        sm90::mbarrier_init(&bar.empty_k[st], 4 * W::kConsumers);  // every consumer warp
-        sm90::mbarrier_init(&bar.empty_v[st], 4 * W::kConsumers);
+        sm90::mbarrier_init(&bar.full_a[st], 1);
+        sm90::mbarrier_init(&bar.full_b[st], 1);
+        sm90::mbarrier_init(&bar.empty_a[st], 4 * W::kConsumers);  // every consumer warp
+        sm90::mbarrier_init(&bar.empty_b[st], 4 * W::kConsumers);
       }
       sm90::mbarrier_init(bar.landed, 1);
       sm90::mbarrier_init_fence();
     }
     __syncthreads();
   }
-  __device__ uint8_t* k_stage(int b) const { return sK + (b % W::kStages) * W::kTileBytes; }
-  __device__ uint8_t* v_stage(int b) const { return sV + (b % W::kStages) * W::kTileBytes; }
+  __device__ uint8_t* a_stage(int i) const { return ring_a + (i % W::kStages) * W::kTileBytes; }
+  __device__ uint8_t* b_stage(int i) const { return ring_b + (i % W::kStages) * W::kTileBytes; }
 };
 
 // Rows [0, 64) of a swizzled tile from global memory (16-byte cp.async by the
@@ -140,30 +145,34 @@ __device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
   sm90::wgmma_commit();
 }
 
-// Issues acc += R(t)·B over the block's 64 slots, groups of 16 in increasing order,
-// with B at `b` (a stage of the ring), or, where zero_block, R(t) = +0 against the
-// CTA's zero bytes (descriptor strides 0: every core matrix reads them), which
-// leaves acc as it is. Unconditional (C7514, above).
+// Issues acc += A·B over the block's 64 slots, A the bf16 fragments of R(t) (4 k16
+// groups, a_fragments' layout), groups of 16 in increasing order, with B at `b` (a
+// stage of the ring), or, where zero_block, A = +0 against the CTA's zero bytes
+// (descriptor strides 0: every core matrix reads them), which leaves acc as it is.
+// Unconditional (C7514, above).
 template <int D>
-__device__ void issue_block_product(float (&acc)[D / 2], const float (&t)[8][4], uint32_t b, uint32_t zeros,
+__device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, uint32_t zeros,
                                     bool zero_block) {
   using W = WsTile<D>;
-  uint32_t frag[4][4];
-  a_fragments(frag, t);
-  if (zero_block)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) frag[kk][r] = 0;
   sm90::fence_accumulators(acc);
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(b, kk);
-    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, frag[kk], desc);
-    else sm90::wgmma_m64n64k16_rs<1>(acc, frag[kk], desc);
+    uint32_t a[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = zero_block ? 0u : frag[kk][r];
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a, desc);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, a, desc);
   }
   sm90::wgmma_commit();
+}
+template <int D>
+__device__ void issue_block_product(float (&acc)[D / 2], const float (&t)[8][4], uint32_t b, uint32_t zeros,
+                                    bool zero_block) {
+  uint32_t frag[4][4];
+  a_fragments(frag, t);
+  issue_block_product<D>(acc, frag, b, zeros, zero_block);
 }
 
 // Whether a row in [lo, hi) of a swizzled tile is Inf or NaN: then the block takes
@@ -181,34 +190,46 @@ __device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barr
   return sm90::warpgroup_any(found, barrier);
 }
 
-// One framed chain of the SIMT path on a swizzled tile: column d gathered into plain
-// order, then framed_chain as framed_block_product runs it. Out of line, so the
-// caller's unrolled loop over its accumulators keeps them in registers.
+// One framed chain of the SIMT path on a swizzled tile: slots [lo, hi) of column d
+// gathered into plain order, then framed_chain over the 64-slot frame (the
+// reference's block, or one 64-slot piece of a dk/dv chunk, whose sm90-tc groups
+// align to it). Out of line, so the caller's unrolled loop over its accumulators
+// keeps them in registers.
 template <int D>
-__device__ __noinline__ float swizzled_column_dot(float c, const bf16* t_row, const uint8_t* b, int d, int hi) {
+__device__ __noinline__ float swizzled_column_dot(float c, const bf16* t_row, const uint8_t* b, int d, int lo,
+                                                  int hi) {
   bf16 column[kTile];
-  for (int j = 0; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
-  return framed_chain<Sm90Tc>(c, t_row, 1, column, 1, 0, hi, kTile);
+  for (int j = lo; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
+  return framed_chain<Sm90Tc>(c, t_row + lo, 1, column + lo, 1, lo, hi, kTile);
 }
 
-// The SIMT chain of a block (framed_block_product's slow path): R(t) stored in st,
-// B a swizzled tile. Every warp of the warpgroup calls it (a warp-level barrier).
+// The SIMT chain of a block (framed_block_product's slow path) with the rows of R(t)
+// already in st, B a swizzled tile: row i of the thread runs slots [lo_i, hi_i)
+// where live_i.
 template <int D>
-__device__ void chain_swizzled(float (&acc)[D / 8][4], const float (&t)[8][4], bf16* st, const uint8_t* b,
-                               const BlockRows& br, const Lane& ln) {
-  if (!br.warp_live) return;
-  store_rounded(st, t, ln);
-  __syncwarp();
+__device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* st, const uint8_t* b, const int (&lo)[2],
+                                    const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (!br.act[i]) continue;
+    if (!live[i]) continue;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
         acc[nt][2 * i + e] =
-            swizzled_column_dot<D>(acc[nt][2 * i + e], st + ln.row(i) * kPLd, b, ln.col(nt, e), br.vis[i]);
+            swizzled_column_dot<D>(acc[nt][2 * i + e], st + ln.row(i) * kPLd, b, ln.col(nt, e), lo[i], hi[i]);
   }
+}
+
+// The same from R(t) in registers, stored into st first. Every warp of the
+// warpgroup calls it (a warp-level barrier).
+template <int D>
+__device__ void chain_swizzled(float (&acc)[D / 8][4], const float (&t)[8][4], bf16* st, const uint8_t* b,
+                               const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+  if (!__any_sync(kFull, live[0] || live[1])) return;
+  store_rounded(st, t, ln);
+  __syncwarp();
+  chain_swizzled_rows<D>(acc, st, b, lo, hi, live, ln);
 }
 
 // Which operand of a block the second product reads (and the producer therefore
@@ -229,16 +250,16 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
   constexpr bool kClearKeys = Cleared == BlockOperand::kKeys;
   for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
-    uint8_t *k = cta.k_stage(b), *v = cta.v_stage(b);
+    uint8_t *k = cta.a_stage(b), *v = cta.b_stage(b);
     const int past = hi_pos + 1 - b * kTile;  // rows from here on are past every row's position
     const bool clear = past < kTile;           // only the last block, once: `landed` completes one phase
     if (lane == 0) {
-      if (use > 0) sm90::mbarrier_wait(&bar.empty_k[st], (use - 1) & 1);
-      uint64_t* k_bar = clear && kClearKeys ? bar.landed : &bar.full_k[st];
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_a[st], (use - 1) & 1);
+      uint64_t* k_bar = clear && kClearKeys ? bar.landed : &bar.full_a[st];
       sm90::mbarrier_arrive_expect_tx(k_bar, W::kTileBytes);
       for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, k_bar, 64 * x, kvh, row);
-      if (use > 0) sm90::mbarrier_wait(&bar.empty_v[st], (use - 1) & 1);
-      uint64_t* v_bar = clear && !kClearKeys ? bar.landed : &bar.full_v[st];
+      if (use > 0) sm90::mbarrier_wait(&bar.empty_b[st], (use - 1) & 1);
+      uint64_t* v_bar = clear && !kClearKeys ? bar.landed : &bar.full_b[st];
       sm90::mbarrier_arrive_expect_tx(v_bar, W::kTileBytes);
       for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
     }
@@ -249,7 +270,7 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
         *reinterpret_cast<uint4*>(t + W::chunk(past + c / W::kRowChunks, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
       sm90::fence_proxy_async();  // the zeros, before wgmma reads them
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(kClearKeys ? &bar.full_k[st] : &bar.full_v[st]);
+      if (lane == 0) sm90::mbarrier_arrive(kClearKeys ? &bar.full_a[st] : &bar.full_b[st]);
     }
   }
 }
