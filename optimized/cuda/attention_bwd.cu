@@ -568,6 +568,12 @@ struct SlotStats {
 template <int D>
 struct WsKv : WsTile<D> {
   static constexpr int kKeys = WsTile<D>::kConsumers * kTile;  // keys a CTA
+  // The producer warp writes each stage's statistics (and cleared rows) with plain
+  // stores, so every writer arrives on its full barrier after its stores and every
+  // consumer thread on its empty one after its reads (a lane's arrival after
+  // __syncwarp orders only that lane's own accesses for compute-sanitizer).
+  static constexpr uint32_t kFullArrivals = 32;
+  static constexpr uint32_t kEmptyArrivals = 128 * WsTile<D>::kConsumers;
   // Per consumer: K and V; the R(Pᵀ) and R(dSᵀ) rows. For all: the stages' statistics.
   static constexpr int kConsumerTiles = 2;
   static constexpr size_t kConsumerExtra = 2 * WsTile<D>::kPBytes;
@@ -610,8 +616,9 @@ __device__ void produce_slot_tiles(const CUtensorMap* q_map, const CUtensorMap* 
   int clears = 0;
   for (int t = ch.t_begin; t < ch.t_end; ++t) {
     const int i = t - ch.t_begin, st = i % W::kStages, use = i / W::kStages;
-    if (lane == 0 && use > 0) sm90::mbarrier_wait(&bar.empty_a[st], (use - 1) & 1);
-    __syncwarp();
+    // Every lane waits: each writes the stage (statistics, cleared rows) after the
+    // consumers' reads of its previous tile.
+    if (use > 0) sm90::mbarrier_wait(&bar.empty_a[st], (use - 1) & 1);
     SlotStats& stats = reinterpret_cast<SlotStats*>(cta.shared)[st];
     for (int r = lane; r < kTile; r += 32) {
       const bool valid = ch.valid(t, r);
@@ -623,8 +630,9 @@ __device__ void produce_slot_tiles(const CUtensorMap* q_map, const CUtensorMap* 
       stats.delta[r] = valid ? a.delta[row - a.delta_row0] : 0.0f;
       stats.pos[r] = valid ? ch.pos(t, r) : -1;
     }
+    // Every lane arrives on the full barrier after its own writes (kFullArrivals);
+    // lane 0's arrival also announces the copies' bytes.
     const bool clear = !ch.valid(t, 0) || !ch.valid(t, kTile - 1);
-    __syncwarp();
     uint8_t *q = cta.a_stage(i), *dout = cta.b_stage(i);
     if (lane == 0) {
       uint64_t* full = clear ? bar.landed : &bar.full_a[st];
@@ -634,6 +642,8 @@ __device__ void produce_slot_tiles(const CUtensorMap* q_map, const CUtensorMap* 
         sm90::tma_load_3d(q + x * W::kBoxBytes, q_map, full, 64 * x, kvh * ch.G, token0);
         sm90::tma_load_3d(dout + x * W::kBoxBytes, do_map, full, 64 * x, kvh * ch.G, token0);
       }
+    } else if (!clear) {
+      sm90::mbarrier_arrive(&bar.full_a[st]);
     }
     if (clear) {
       sm90::mbarrier_wait(bar.landed, clears++ & 1);
@@ -644,8 +654,7 @@ __device__ void produce_slot_tiles(const CUtensorMap* q_map, const CUtensorMap* 
         *reinterpret_cast<uint4*>(dout + W::chunk(r, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
       }
       sm90::fence_proxy_async();  // the zeros, before wgmma reads them
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&bar.full_a[st]);
+      sm90::mbarrier_arrive(&bar.full_a[st]);
     }
   }
 }
@@ -695,7 +704,7 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   const int S = s.past_len + s.q_len, kvh = static_cast<int>(blockIdx.y);
   const int c = a.c_begin + static_cast<int>(blockIdx.z);
   const KvChunk ch(s, a.C, a.h.G, c, static_cast<int>(blockIdx.x) * W::kKeys);
-  cta.init();
+  cta.init(W::kFullArrivals, W::kEmptyArrivals);
 
   if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
     sm90::release_registers<24>();
@@ -791,8 +800,7 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
         chain_swizzled_rows<D>(dk, sDS, q, lo, hi, live, ln);
       }
     }
-    __syncwarp();
-    if (ln.lane == 0) sm90::mbarrier_arrive(&bar.empty_a[st]);
+    sm90::mbarrier_arrive(&bar.empty_a[st]);
   }
 
 #pragma unroll

@@ -98,18 +98,20 @@ struct WsCta {
     shared = extra + W::kConsumers * extra_each;
     barriers = reinterpret_cast<uint64_t*>(shared + shared_bytes);
   }
-  // Zeroes the zero bytes and sets up the ring's barriers; every thread calls it.
-  __device__ void init() const {
+  // Zeroes the zero bytes and sets up the ring's barriers: a full one completes on
+  // `full_arrivals` arrivals (and its copies' bytes), an empty one on
+  // `empty_arrivals` (by default one a consumer warp). Every thread calls it.
+  __device__ void init(uint32_t full_arrivals = 1, uint32_t empty_arrivals = 4 * W::kConsumers) const {
     for (int c = threadIdx.x; c < W::kZeroBytes / 16; c += W::kThreads)
       reinterpret_cast<uint4*>(zeros)[c] = make_uint4(0, 0, 0, 0);
     sm90::fence_proxy_async();  // the zeros, before wgmma reads them
     if (threadIdx.x == 0) {
       const typename W::Barriers bar(barriers);
       for (int st = 0; st < W::kStages; ++st) {
-        sm90::mbarrier_init(&bar.full_a[st], 1);
-        sm90::mbarrier_init(&bar.full_b[st], 1);
-        sm90::mbarrier_init(&bar.empty_a[st], 4 * W::kConsumers);  // every consumer warp
-        sm90::mbarrier_init(&bar.empty_b[st], 4 * W::kConsumers);
+        sm90::mbarrier_init(&bar.full_a[st], full_arrivals);
+        sm90::mbarrier_init(&bar.full_b[st], full_arrivals);
+        sm90::mbarrier_init(&bar.empty_a[st], empty_arrivals);
+        sm90::mbarrier_init(&bar.empty_b[st], empty_arrivals);
       }
       sm90::mbarrier_init(bar.landed, 1);
       sm90::mbarrier_init_fence();
