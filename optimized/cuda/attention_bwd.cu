@@ -1,12 +1,17 @@
 // The attention backward on the GPU (SPEC.md §5.6; attention_tile.cuh has the tile
-// layout, the dot models and the pieces shared with the forward):
-//   dq       one CTA per (query tile, kv head), key blocks upward, one chain per row.
-//   dk, dv   one CTA per (key tile, kv head, query chunk), all D columns: the chunk's
-//            slots are the contraction dimension, in 64-slot tiles from the chunk's
-//            first slot, with Δ = dot(dout, o) per query row computed once before
-//            (slot_delta_kernel; slot_delta_mma_kernel under sm90-tc); partials go to
-//            global memory and kv_combine runs the pairwise tree over chunks (as a
-//            binary counter: same bits).
+// layout, the dot models and the pieces shared with the forward, attention_wgmma.cuh
+// the warpgroup CTA):
+//   Δ        dot(dout, o) per query row, once per backward (slot_delta_mma_kernel
+//            under sm90-tc, slot_delta_kernel under fma-seq).
+//   dq       one CTA per (query tile, kv head), key blocks upward, one chain per row:
+//            attn_dq_ws_kernel (sm90-tc, head_dim 64 and 128: TMA and wgmma, two
+//            query tiles a CTA) or attn_dq_kernel (the rest).
+//   dk, dv   one CTA per (key tile, kv head, query chunk): the chunk's slots are the
+//            contraction dimension, in 64-slot tiles from the chunk's first slot;
+//            partials go to global memory and kv_combine runs the pairwise tree over
+//            chunks (as a binary counter: same bits). attn_kv_ws_kernel (sm90-tc,
+//            head_dim 64 and 128, slot tiles of whole tokens: two 64-key tiles a CTA)
+//            or attn_kv_kernel (the rest).
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>

@@ -327,6 +327,14 @@ TEST_P(AttentionGpu, OtherSplitAndChunkKnobsMatchReference) {
   expect_matches(kn, p, "split 128, chunk 48");
   EXPECT_FALSE(same_bits(gpu_fwd(kn, p, FwdSchedule::kAuto).o, gpu_fwd(knobs(), p, FwdSchedule::kAuto).o))
       << "the split size should change some output bit";
+  // Chunk frames of one slot tile (C·G = 64: sm90-tc's warpgroup dk/dv with a tile
+  // per chunk) and a GQA group that does not divide 64 (G = 3: the mma.sync dk/dv).
+  kn = knobs();
+  kn.grad_token_chunk = 32;
+  expect_matches(kn, make_problem({4, 2, 64}, packed({{0, 300}, {150, 20}}), 8001), "chunk 32, G 2");
+  kn.grad_token_chunk = 8;
+  expect_matches(kn, make_problem({8, 1, 128}, packed({{0, 200}, {70, 9}}), 8002), "chunk 8, G 8");
+  expect_matches(knobs(), make_problem({6, 2, 64}, packed({{0, 150}, {40, 30}}), 8003), "G 3");
 }
 
 // Every kernel instantiation (both forward schedules, dq, the dk/dv partials and
