@@ -306,27 +306,21 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
   const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
   const typename W::Barriers bar(cta.barriers);
 
-  const Task task = a.tasks[blockIdx.x];
-  const AttnSeq seq = a.seqs[task.seq];
-  const int kvh = static_cast<int>(blockIdx.y), n_slots = seq.q_len * a.h.G;
-  const int cta_hi_pos = seq.past_len + (min(task.slot0 + W::kSlots, n_slots) - 1) / a.h.G;
-  const int last_block = cta_hi_pos / kTile;
+  const WsQueryTask qt(a.seqs, a.tasks, a.h.G, W::kSlots);
+  const AttnSeq& seq = qt.seq;
+  const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
   cta.init();
-
-  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
-    sm90::release_registers<40>();
-    if (threadIdx.x < 32)
-      produce_blocks<D, BlockOperand::kKeys>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
+  if (run_producer<40, 232>([&] {
+        produce_blocks<D, BlockOperand::kKeys>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
+      }))
     return;
-  }
-  sm90::claim_registers<232>();
 
   const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();
   uint8_t* sQ = cta.tiles + consumer * W::kConsumerTiles * W::kTileBytes;
   uint8_t* sdO = sQ + W::kTileBytes;
   bf16* sDS = reinterpret_cast<bf16*>(cta.extra + consumer * W::kConsumerExtra);
-  const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
+  const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, qt.task.slot0 + consumer * kTile, n_slots};
   const Lane ln(thread);
   const int lo_pos = tile.min_pos(), end = tile.valid(0) ? tile.max_pos() / kTile : -1;
   int pos[2];
@@ -710,13 +704,8 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   const int c = a.c_begin + static_cast<int>(blockIdx.z);
   const KvChunk ch(s, a.C, a.h.G, c, static_cast<int>(blockIdx.x) * W::kKeys);
   cta.init(W::kFullArrivals, W::kEmptyArrivals);
-
-  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
-    sm90::release_registers<24>();
-    if (threadIdx.x < 32) produce_slot_tiles<D, kBase2>(&q_map, &do_map, cta, a, ch, kvh);
-    return;
-  }
-  sm90::claim_registers<240>();
+  // dk and dv take 128 registers a consumer thread at D = 128: the producer keeps 24.
+  if (run_producer<24, 240>([&] { produce_slot_tiles<D, kBase2>(&q_map, &do_map, cta, a, ch, kvh); })) return;
 
   const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();

@@ -351,20 +351,15 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const typename W::Barriers bar(cta.barriers);
   uint64_t *full_k = bar.full_a, *full_v = bar.full_b, *empty_k = bar.empty_a, *empty_v = bar.empty_b;
 
-  const Task task = a.tasks[blockIdx.x];
-  const AttnSeq seq = a.seqs[task.seq];
-  const int kvh = static_cast<int>(blockIdx.y), n_slots = seq.q_len * a.h.G;
-  const int cta_hi_pos = seq.past_len + (min(task.slot0 + W::kSlots, n_slots) - 1) / a.h.G;
-  const int last_block = cta_hi_pos / kTile;
+  const WsQueryTask qt(a.seqs, a.tasks, a.h.G, W::kSlots);
+  const Task& task = qt.task;
+  const AttnSeq& seq = qt.seq;
+  const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
   cta.init();
-
-  if (threadIdx.x < 128) {  // the producer warpgroup: one warp copies
-    sm90::release_registers<40>();
-    if (threadIdx.x < 32)
-      produce_blocks<D, BlockOperand::kValues>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
+  if (run_producer<40, 232>([&] {
+        produce_blocks<D, BlockOperand::kValues>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
+      }))
     return;
-  }
-  sm90::claim_registers<232>();
 
   const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();

@@ -277,6 +277,33 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
   }
 }
 
+// A query-side CTA's work (forward, dq): the task's slots of one sequence at kv head
+// blockIdx.y, the last position any of its rows sees, and that position's block.
+struct WsQueryTask {
+  Task task;
+  AttnSeq seq;
+  int kvh, n_slots, hi_pos, last_block;
+  __device__ WsQueryTask(const AttnSeq* seqs, const Task* tasks, int G, int slots)
+      : task(tasks[blockIdx.x]), seq(seqs[task.seq]), kvh(static_cast<int>(blockIdx.y)), n_slots(seq.q_len * G) {
+    hi_pos = seq.past_len + (min(task.slot0 + slots, n_slots) - 1) / G;
+    last_block = hi_pos / kTile;
+  }
+};
+
+// Splits the registers between the warpgroups and runs the producer's part: true
+// for the producer warpgroup's threads (its first warp copies; the caller returns),
+// false for the consumers', which then hold kConsumerRegs each.
+template <int kProducerRegs, int kConsumerRegs, class Produce>
+__device__ bool run_producer(Produce&& produce) {
+  if (threadIdx.x >= 128) {
+    sm90::claim_registers<kConsumerRegs>();
+    return false;
+  }
+  sm90::release_registers<kProducerRegs>();
+  if (threadIdx.x < 32) produce();
+  return true;
+}
+
 // The keys' and values' tensor maps: [rows][Hkv][D], rows up to the last any
 // sequence reads (a box past them arrives as zeros), one head's 64 rows × 64
 // columns a box.
