@@ -584,8 +584,8 @@ struct WsKv : WsTile<D> {
 // Which slots of a chunk the CTA's keys meet: the frame's 64-slot tiles
 // [t_begin, t_end), positions [first_pos, end_pos) (the rest of a tile is cleared).
 struct KvChunk {
-  int C, G, chunk_pos0, first_pos, end_pos, t_begin, t_end;
-  __device__ KvChunk(const AttnSeq& s, int C_, int G_, int c, int key0) : C(C_), G(G_) {
+  int G, chunk_pos0, first_pos, end_pos, t_begin, t_end;
+  __device__ KvChunk(const AttnSeq& s, int C, int G_, int c, int key0) : G(G_) {
     const int S = s.past_len + s.q_len;
     chunk_pos0 = c * C;
     first_pos = max(s.past_len, key0);
