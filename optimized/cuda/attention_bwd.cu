@@ -255,22 +255,6 @@ struct DqWsArgs {
   bf16* dq;
 };
 
-// Rows of bf16 fragments (a_fragments' layout) into st ([row][kPLd], store_rounded's).
-__device__ inline void store_fragments(bf16* st, const uint32_t (&frag)[4][4], const Lane& ln) {
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      *reinterpret_cast<uint32_t*>(st + ln.row(i) * kPLd + ln.col(nt, 0)) = frag[nt / 2][nt % 2 * 2 + i];
-}
-
-// Element pair (x0, x1) of n8 tile nt into its A fragment word (a_fragments' layout;
-// i: the thread's row). cvt.rn gives R's bits for every non-NaN value, and a NaN
-// operand's payload cannot reach a product (SPEC §2.3.3), so the fragments are R(x).
-__device__ inline void put_fragment(uint32_t (&frag)[4][4], int nt, int i, float x0, float x1) {
-  frag[nt / 2][nt % 2 * 2 + i] = cvt_bf16x2_rn(x0, x1);
-}
-
 // The fragments of R(dS) of one block from the raw scores s and dP (reference step
 // 2 and the dS product; +0 where kMasked and the slot is absent): P = exp(s, m_c) ×
 // (1 ÷ l), dS = P × (dP − Δ). Unmasked, every row that sees the block sees all its
@@ -346,10 +330,6 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  auto release = [&](uint64_t* b) {
-    __syncwarp();
-    if (ln.lane == 0) sm90::mbarrier_arrive(b);
-  };
   const uint32_t q_addr = sm90::shared_addr(sQ), do_addr = sm90::shared_addr(sdO);
   const uint32_t zero_addr = sm90::shared_addr(cta.zeros);
 #pragma unroll 1
@@ -365,7 +345,7 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(dp));
-    release(&bar.empty_b[st]);
+    warp_arrive(&bar.empty_b[st], ln);
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
     // Keys past the first row's position are absent for some row of the tile.
@@ -386,7 +366,7 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
       __syncwarp();
       chain_swizzled_rows<D>(acc, sDS, k, {0, 0}, br.vis, br.act, ln);
     }
-    release(&bar.empty_a[st]);
+    warp_arrive(&bar.empty_a[st], ln);
   }
   write_dq_rows<D>(a.dq, a.h.scale, tile, pos, acc, ln);
 }

@@ -385,10 +385,6 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   auto reset_split = [&] { start_split(m, l, acc); };
   reset_split();
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
-  auto release = [&](uint64_t* bar) {
-    __syncwarp();
-    if (ln.lane == 0) sm90::mbarrier_arrive(bar);
-  };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
   const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
   auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
@@ -422,8 +418,8 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
     if (slow) chain_swizzled<D>(acc, cur, sP, v, {0, 0}, br.vis, br.act, ln);
-    release(&empty_v[st]);
-    if (b + 1 <= last_block) release(&empty_k[next_st]);
+    warp_arrive(&empty_v[st], ln);
+    if (b + 1 <= last_block) warp_arrive(&empty_k[next_st], ln);
     if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {
       close_split(rule, (b / a.split_blocks) * a.split_blocks * kTile, pos, M, L, m, l, acc, o_at);
       reset_split();
@@ -437,7 +433,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s0));
   }
-  release(&empty_k[0]);
+  warp_arrive(&empty_k[0], ln);
   // One copy of the step (the instruction cache holds it; two, ping-ponging s0 and
   // s1, stalled on instruction fetch): the next block's scores move into s0.
 #pragma unroll 1

@@ -169,17 +169,30 @@ __device__ void tile_dots(float (&s)[8][4], const bf16* sa, const bf16* sb, cons
   }
 }
 
-// A fragments (4 groups of 16 columns) of the bf16 rounding of a 16 × 64 accumulator
-// slice: the score layout is the A layout of the next mma. One cvt per pair: the
-// fragments only feed the mma, where R and cvt give the same product bits.
+// The pair (x0, x1) of n8 tile nt, row i of the thread, as its A-fragment word: the
+// score layout is the A layout of the next mma (4 k16 groups of 16 columns). One cvt
+// per pair: cvt.rn gives R's bits for every non-NaN value, and a NaN operand's
+// payload cannot reach a product (SPEC §2.3.3), so the fragments are R(x).
+__device__ inline void put_fragment(uint32_t (&a)[4][4], int nt, int i, float x0, float x1) {
+  a[nt / 2][nt % 2 * 2 + i] = cvt_bf16x2_rn(x0, x1);
+}
+
+// The A fragments of the bf16 rounding of a 16 × 64 accumulator slice.
 __device__ inline void a_fragments(uint32_t (&a)[4][4], const float (&p)[8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = cvt_bf16x2_rn(p[2 * kk][0], p[2 * kk][1]);
-    a[kk][1] = cvt_bf16x2_rn(p[2 * kk][2], p[2 * kk][3]);
-    a[kk][2] = cvt_bf16x2_rn(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[kk][3] = cvt_bf16x2_rn(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  for (int nt = 0; nt < 8; ++nt) {
+    put_fragment(a, nt, 0, p[nt][0], p[nt][1]);
+    put_fragment(a, nt, 1, p[nt][2], p[nt][3]);
   }
+}
+
+// The rows of A fragments into st ([row][kPLd], store_rounded's layout).
+__device__ inline void store_fragments(bf16* st, const uint32_t (&a)[4][4], const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint32_t*>(st + ln.row(i) * kPLd + ln.col(nt, 0)) = a[nt / 2][nt % 2 * 2 + i];
 }
 
 // acc (16 rows × 8·NT columns) += A · B over the tile's 64 k slots, groups

@@ -122,6 +122,13 @@ struct WsCta {
   __device__ uint8_t* b_stage(int i) const { return ring_b + (i % W::kStages) * W::kTileBytes; }
 };
 
+// A consumer warp's arrival on a ring barrier, once all its lanes are done with the
+// stage (barriers that count warps).
+__device__ inline void warp_arrive(uint64_t* bar, const Lane& ln) {
+  __syncwarp();
+  if (ln.lane == 0) sm90::mbarrier_arrive(bar);
+}
+
 // Rows [0, 64) of a swizzled tile from global memory (16-byte cp.async by the
 // warpgroup's 128 threads), or +0 where src(r) is null. Uncommitted.
 template <int D, class Src>
