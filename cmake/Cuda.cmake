@@ -40,6 +40,8 @@ function(bp_cuda_target target)
   set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES OFF)
   if(arg_ARCH_SPECIFIC)
     target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>")
+    # A wgmma kernel that ptxas serialised fails the build (cmake/nvcc_guard says why).
+    set_target_properties(${target} PROPERTIES CUDA_COMPILER_LAUNCHER "${PROJECT_SOURCE_DIR}/cmake/nvcc_guard")
   else()
     target_compile_options(${target} PRIVATE
       "$<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90,code=sm_90;-gencode=arch=compute_90a,code=sm_90a>")

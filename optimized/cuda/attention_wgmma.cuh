@@ -163,16 +163,21 @@ template <int D>
 __device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, uint32_t zeros,
                                     bool zero_block) {
   using W = WsTile<D>;
+  // A's registers are chosen before the fence: selected between the wgmmas, ptxas
+  // serialised every wgmma of the kernel (C7520, behind a warpgroup.arrive it put
+  // on a divergent path); cmake/nvcc_guard now fails such a build.
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = zero_block ? 0u : frag[kk][r];
   sm90::fence_accumulators(acc);
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(b, kk);
-    uint32_t a[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = zero_block ? 0u : frag[kk][r];
-    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a, desc);
-    else sm90::wgmma_m64n64k16_rs<1>(acc, a, desc);
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc);
   }
   sm90::wgmma_commit();
 }
