@@ -382,6 +382,10 @@ struct KvArgs {
   const float* delta;     // Δ of the sequence's query rows, from row delta_row0
   long long delta_row0;
   float *dk_part, *dv_part;
+  // Leave the partials of chunks ending at or before the key unwritten: the combine
+  // does not read them (attention_bwd). The public kv_partials writes every row.
+  bool skip_unseen;
+  __device__ bool unseen(int c, int key) const { return skip_unseen && (c + 1) * C <= key; }
 };
 
 template <class Model, int D, bool kBase2>
@@ -405,6 +409,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
   const int S = s.past_len + s.q_len, G = a.h.G, kvh = blockIdx.y;
   const int key0 = blockIdx.x * kTile, key_last = min(key0 + kTile - 1, S - 1);
   const int c = a.c_begin + static_cast<int>(blockIdx.z);
+  if (a.unseen(c, key0)) return;
   const int frame = a.C * G, chunk_pos0 = c * a.C, chunk_end = min(S, (c + 1) * a.C);
   // Slots before this position see no key of the tile (or are not queries): zero rows.
   const int first_pos = max(s.past_len, key0);
@@ -509,7 +514,7 @@ __global__ void __launch_bounds__(kThreads) attn_kv_kernel(const KvArgs a) {
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    if (key[i] >= S) continue;
+    if (key[i] >= S || a.unseen(c, key[i])) continue;
     const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[i]) * a.h.Hkv + kvh) * D;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -682,6 +687,7 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   const AttnSeq& s = a.s;
   const int S = s.past_len + s.q_len, kvh = static_cast<int>(blockIdx.y);
   const int c = a.c_begin + static_cast<int>(blockIdx.z);
+  if (a.unseen(c, static_cast<int>(blockIdx.x) * W::kKeys)) return;  // before any barrier: the whole CTA
   const KvChunk ch(s, a.C, a.h.G, c, static_cast<int>(blockIdx.x) * W::kKeys);
   cta.init(W::kFullArrivals, W::kEmptyArrivals);
   // dk and dv take 128 registers a consumer thread at D = 128: the producer keeps 24.
@@ -779,7 +785,7 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
 
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    if (key[k] >= S) continue;
+    if (key[k] >= S || a.unseen(c, key[k])) continue;
     const size_t at = ((static_cast<size_t>(c - a.c_begin) * S + key[k]) * a.h.Hkv + kvh) * D;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -793,7 +799,8 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
 // binary counter (merge equal-level neighbours as they arrive, then fold the pending
 // subtrees), which is the same association for every n.
 constexpr int kCombineLevels = 16;
-__device__ float chunk_tree(const float* p, size_t stride, int n) {
+// Leaves before `first` are +0 without being read (chunks that end before the key).
+__device__ float chunk_tree(const float* p, size_t stride, int n, int first) {
   // Slot `level` holds a pending subtree of 2^level chunks while bit `level` of the
   // count is set; chunk c merges with the slots of c's trailing ones, lowest first
   // (older subtree on the left), and lands in the first clear one. The unrolled
@@ -816,7 +823,7 @@ __device__ float chunk_tree(const float* p, size_t stride, int n) {
   for (int c0 = 0; c0 < n; c0 += kAhead) {
     float v[kAhead];
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) v[j] = c0 + j < n ? p[(c0 + j) * stride] : 0.0f;
+    for (int j = 0; j < kAhead; ++j) v[j] = c0 + j >= first && c0 + j < n ? p[(c0 + j) * stride] : 0.0f;
 #pragma unroll
     for (int j = 0; j < kAhead; ++j)
       if (c0 + j < n) push(c0 + j, v[j]);
@@ -833,12 +840,14 @@ __device__ float chunk_tree(const float* p, size_t stride, int n) {
   return sum;
 }
 
-__global__ void kv_combine_kernel(size_t n, int n_chunks, float scale, const float* __restrict__ dk_part,
-                                  const float* __restrict__ dv_part, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+__global__ void kv_combine_kernel(size_t n, size_t key_row, int C, int n_chunks, float scale,
+                                  const float* __restrict__ dk_part, const float* __restrict__ dv_part,
+                                  bf16* __restrict__ dk, bf16* __restrict__ dv) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dv[i] = round_bf16(chunk_tree(dv_part + i, n, n_chunks));
-    dk[i] = round_bf16(mul_rn(scale, chunk_tree(dk_part + i, n, n_chunks)));
+    const int seen_from = static_cast<int>(i / key_row) / C;  // chunks before it end at or before the key
+    dv[i] = round_bf16(chunk_tree(dv_part + i, n, n_chunks, seen_from));
+    dk[i] = round_bf16(mul_rn(scale, chunk_tree(dk_part + i, n, n_chunks, seen_from)));
   }
 }
 
@@ -944,10 +953,11 @@ void dq_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
 }
 
 // attention_bwd_kv_partials with Δ given for the sequence's query rows from row
-// delta_row0 on.
+// delta_row0 on; skip_unseen: see KvArgs.
 int kv_partials_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq& seq, const bf16* q, const bf16* k,
                             const bf16* v, const float* m, const float* l, const bf16* dout, const float* delta,
-                            size_t delta_row0, float* dk_part, float* dv_part, cudaStream_t stream) {
+                            size_t delta_row0, float* dk_part, float* dv_part, bool skip_unseen,
+                            cudaStream_t stream) {
   const int C = kn.grad_token_chunk, S = seq.past_len + seq.q_len;
   const int c_begin = seq.past_len / C, c_end = (S + C - 1) / C, n_chunks = c_end - c_begin;
   if (n_chunks <= 0 || S == 0) return std::max(n_chunks, 0);
@@ -955,7 +965,7 @@ int kv_partials_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq& seq, 
     constexpr int D = decltype(d)::value;
     constexpr bool kBase2 = decltype(base2)::value;
     const KvArgs args{seq, heads(dims), C, c_begin, q, k, v, dout, m, l,
-                      delta, static_cast<long long>(delta_row0), dk_part, dv_part};
+                      delta, static_cast<long long>(delta_row0), dk_part, dv_part, skip_unseen};
     if constexpr (bwd_on_warpgroups(decltype(model)::kModel, D)) {
       if (kv_tiles_whole_tokens(dims.Hq / dims.Hkv, C)) {
         launch_kv_ws<D, kBase2>(dims, args, n_chunks, stream);
@@ -993,19 +1003,20 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
     launch_slot_delta<decltype(model), decltype(d)::value>(dout, o, delta_row0, rows, delta.get(), stream);
   });
   return kv_partials_with_deltas(kn, dims, seq, q, k, v, m, l, dout, delta.get(), delta_row0, dk_part, dv_part,
-                                 stream);
+                                 false, stream);
 }
 
-// The combine reads no knob: the chunk count and the scale say everything.
-void attention_bwd_kv_combine(const Knobs& /*kn*/, AttnDims dims, int S, int n_chunks, const float* dk_part,
+void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunks, const float* dk_part,
                               const float* dv_part, bf16* dk, bf16* dv, cudaStream_t stream) {
+  ref::attention_check_args(kn, dims, nullptr, 0);  // the combine reads grad_token_chunk alone
   const size_t n = static_cast<size_t>(S) * dims.Hkv * dims.D;
   if (n == 0) return;
   if (n_chunks >= (1 << kCombineLevels))
     throw std::invalid_argument("attention_bwd_kv_combine (CUDA): at most " + std::to_string((1 << kCombineLevels) - 1) +
                                 " token chunks, got " + std::to_string(n_chunks));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, size_t{1} << 16));
-  kv_combine_kernel<<<blocks, 256, 0, stream>>>(n, n_chunks, ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
+  kv_combine_kernel<<<blocks, 256, 0, stream>>>(n, static_cast<size_t>(dims.Hkv) * dims.D, kn.grad_token_chunk,
+                                                n_chunks, ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
   BP_CUDA_CHECK_LAUNCH();
 }
 
@@ -1029,7 +1040,7 @@ void attention_bwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_se
       BP_CUDA_CHECK(cudaMemsetAsync(dv_part.get(), 0, first * chunk_size * sizeof(float), stream));
     }
     kv_partials_with_deltas(kn, dims, seq, q, k, v, m, l, dout, delta.get(), 0, dk_part.get() + first * chunk_size,
-                            dv_part.get() + first * chunk_size, stream);
+                            dv_part.get() + first * chunk_size, true, stream);
     const size_t rows = static_cast<size_t>(seq.kv_begin) * dims.Hkv * dims.D;
     attention_bwd_kv_combine(kn, dims, S, n_chunks, dk_part.get(), dv_part.get(), dk + rows, dv + rows, stream);
   }

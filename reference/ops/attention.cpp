@@ -412,6 +412,7 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
 
 void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunks, const float* dk_part,
                               const float* dv_part, bf16* dk, bf16* dv) {
+  attention_check_args(kn, dims, nullptr, 0);
   const Geometry g(kn, dims);
   const size_t row = static_cast<size_t>(g.Hkv) * g.D, chunk_stride = static_cast<size_t>(S) * row;
 #pragma omp parallel
@@ -419,9 +420,10 @@ void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunk
     std::vector<float> dk_tree(n_chunks), dv_tree(n_chunks);
 #pragma omp for schedule(static)
     for (size_t i = 0; i < chunk_stride; ++i) {
+      const int seen_from = static_cast<int>(i / row) / kn.grad_token_chunk;  // chunks before end at or before key j
       for (int c = 0; c < n_chunks; ++c) {
-        dk_tree[c] = dk_part[c * chunk_stride + i];
-        dv_tree[c] = dv_part[c * chunk_stride + i];
+        dk_tree[c] = c < seen_from ? 0.0f : dk_part[c * chunk_stride + i];
+        dv_tree[c] = c < seen_from ? 0.0f : dv_part[c * chunk_stride + i];
       }
       dv[i] = round_bf16(pairwise_tree(dv_tree.data(), n_chunks));
       dk[i] = round_bf16(mul_rn(g.scale, pairwise_tree(dk_tree.data(), n_chunks)));

@@ -63,7 +63,8 @@ int attention_bwd_kv_partials(const Knobs& kn, AttnDims dims, const AttnSeq& seq
                               float* dk_part, float* dv_part);
 
 // dk = R(scale · pairwise_tree over chunks), dv = R(pairwise_tree over chunks) from
-// partials [n_chunks][S][Hkv][D], written to S key rows at dk, dv.
+// partials [n_chunks][S][Hkv][D] (chunk c: positions [c·C, (c+1)·C)), written to S
+// key rows at dk, dv. Chunks ending at or before key j are +0 for it and not read.
 void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunks, const float* dk_part,
                               const float* dv_part, bf16* dk, bf16* dv);
 

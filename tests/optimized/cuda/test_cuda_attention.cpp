@@ -284,15 +284,16 @@ TEST_P(AttentionGpu, EdgeValuesMatchReference) {
 }
 
 // The context-parallel stages on their own: a sequence with a prefix (chunks from
-// past_len / C), partials and the combine against the reference's.
+// past_len / C), partials and the combine against the reference's. The combine runs
+// over all ⌈S/C⌉ chunks, those before past_len / C +0 (no query falls in them).
 TEST_P(AttentionGpu, KvPartialsAndCombineMatchReference) {
   for (AttnDims d : {AttnDims{4, 2, 64}, AttnDims{8, 1, 128}}) {
     const Problem p = make_problem(d, packed({{200, 150}}), 7000 + d.D);
     const AttnSeq& s = p.seqs[0];
     const Fwd f = cpu_fwd(knobs(), p);
     const int C = knobs().grad_token_chunk, S = s.past_len + s.q_len;
-    const int n = (S + C - 1) / C - s.past_len / C;
-    const size_t part = size_t(n) * S * d.Hkv * d.D;
+    const int first = s.past_len / C, n = (S + C - 1) / C - first;
+    const size_t chunk = size_t(S) * d.Hkv * d.D, part = size_t(n) * chunk;
     std::vector<float> dk_want(part), dv_want(part);
     ASSERT_EQ(n, ref::attention_bwd_kv_partials(knobs(), d, s, p.q.data(), p.k.data(), p.v.data(), f.o.data(),
                                                 f.m.data(), f.l.data(), p.dout.data(), dk_want.data(),
@@ -302,15 +303,21 @@ TEST_P(AttentionGpu, KvPartialsAndCombineMatchReference) {
     DeviceBuffer<float> dk_part = poisoned<float>(part), dv_part = poisoned<float>(part);
     EXPECT_EQ(n, cuda::attention_bwd_kv_partials(knobs(), d, s, q.get(), k.get(), v.get(), o.get(), m.get(), l.get(),
                                                  dout.get(), dk_part.get(), dv_part.get()));
-    EXPECT_TRUE(same_bits(dk_want, dk_part.download())) << "dk partials D=" << d.D;
-    EXPECT_TRUE(same_bits(dv_want, dv_part.download())) << "dv partials D=" << d.D;
+    std::vector<float> dk_got = dk_part.download(), dv_got = dv_part.download();
+    EXPECT_TRUE(same_bits(dk_want, dk_got)) << "dk partials D=" << d.D;
+    EXPECT_TRUE(same_bits(dv_want, dv_got)) << "dv partials D=" << d.D;
 
+    auto all_chunks = [&](std::vector<float> mine) {
+      mine.insert(mine.begin(), first * chunk, 0.0f);
+      return mine;
+    };
     const size_t keys = size_t(S) * d.Hkv * d.D;
     std::vector<bf16> dk_want_c(keys), dv_want_c(keys);
-    ref::attention_bwd_kv_combine(knobs(), d, S, n, dk_want.data(), dv_want.data(), dk_want_c.data(),
-                                  dv_want_c.data());
+    ref::attention_bwd_kv_combine(knobs(), d, S, first + n, all_chunks(dk_want).data(), all_chunks(dv_want).data(),
+                                  dk_want_c.data(), dv_want_c.data());
+    const DeviceBuffer<float> dk_all(all_chunks(dk_got)), dv_all(all_chunks(dv_got));
     DeviceBuffer<bf16> dk = poisoned<bf16>(keys), dv = poisoned<bf16>(keys);
-    cuda::attention_bwd_kv_combine(knobs(), d, S, n, dk_part.get(), dv_part.get(), dk.get(), dv.get());
+    cuda::attention_bwd_kv_combine(knobs(), d, S, first + n, dk_all.get(), dv_all.get(), dk.get(), dv.get());
     EXPECT_TRUE(same_bits(dk_want_c, dk.download())) << "dk combine D=" << d.D;
     EXPECT_TRUE(same_bits(dv_want_c, dv.download())) << "dv combine D=" << d.D;
   }

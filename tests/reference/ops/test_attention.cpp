@@ -775,6 +775,43 @@ TEST_P(AttentionTest, NegativeControlTokenChunkChangesBits) {
   EXPECT_EQ(backward(kn, x, f, dout).dv[0].bits, 0x3f80);
 }
 
+// The combine reads chunk c for key j only where (c+1)·C > j (SPEC §5.6 step 4):
+// partials of earlier chunks are +0 by definition, so NaN written there changes no
+// bit; the control writes NaN into a chunk that is read (key j's own) and must show.
+TEST_P(AttentionTest, CombineSkipsChunksBeforeTheKey) {
+  Knobs kn = small_variant(knobs());
+  kn.grad_token_chunk = 16;
+  const AttnDims d{4, 2, 64};
+  const Seq x = make_seq(d, 70, 98);
+  const auto dout = random_bf16(x.q.size(), 99, 1.0f);
+  const Fwd f = forward(kn, x);
+  const Bwd want = backward(kn, x, f, dout);
+  const int C = kn.grad_token_chunk, chunks = (x.S + C - 1) / C;
+  const size_t part = kvsize(d, x.S), row = kvsize(d, 1);
+  std::vector<float> dk_part(chunks * part), dv_part(dk_part.size());
+  ASSERT_EQ(chunks, ref::attention_bwd_kv_partials(kn, d, {0, x.S, 0, 0}, x.q.data(), x.k.data(), x.v.data(),
+                                                   f.o.data(), f.m.data(), f.l.data(), dout.data(), dk_part.data(),
+                                                   dv_part.data()));
+  auto combined = [&] {
+    Bwd b{{}, std::vector<bf16>(part), std::vector<bf16>(part)};
+    ref::attention_bwd_kv_combine(kn, d, x.S, chunks, dk_part.data(), dv_part.data(), b.dk.data(), b.dv.data());
+    return b;
+  };
+  auto poison = [&](int c, int j) {
+    const size_t at = c * part + j * row;
+    std::fill(dk_part.begin() + at, dk_part.begin() + at + row, NAN);
+    std::fill(dv_part.begin() + at, dv_part.begin() + at + row, NAN);
+  };
+  for (int j = 0; j < x.S; ++j)
+    for (int c = 0; (c + 1) * C <= j; ++c) poison(c, j);
+  const Bwd skipped = combined();
+  EXPECT_TRUE(same_bits(skipped.dk, want.dk) && same_bits(skipped.dv, want.dv));
+  poison(2, 2 * C + 5);  // key 2C+5 reads its own chunk
+  const Bwd control = combined();
+  EXPECT_FALSE(same_bits(control.dk, want.dk));
+  EXPECT_FALSE(same_bits(control.dv, want.dv));
+}
+
 // ---- edge inputs ----
 
 TEST_P(AttentionTest, SingleTokenAndOneTokenCache) {
