@@ -127,7 +127,7 @@ void finish_sums(RowSums& r, double A, double B, double W_abs, double gamma) {
 // own rounding), and the factors by (1+ε)^(k+1)(1+u)^k. exp2_poly flushes below
 // 2^-125 and products may round in the subnormal range: 2^-124 per level. w's term
 // e·t carries t's error E_v, and its products and fma per level one rounding each.
-void analyse_row_base2(const Knobs& kn, const Inputs& in, int t, RowSums& r, double gamma) {
+void analyse_row_base2(const Knobs& kn, const Inputs& in, RowSums& r, double gamma) {
   const int V = in.V, C = kn.tp_tree_width, n = (V + C - 1) / C;  // fixed chunks (SPEC.md §2.4.1)
   int k = 0;
   while ((1 << k) < C) ++k;
@@ -185,7 +185,7 @@ RowSums analyse_row(const Knobs& kn, const Inputs& in, int t) {
     r.dx_max = std::max(r.dx_max, r.dx[v]);
   }
   if (r.base2) {
-    analyse_row_base2(kn, in, t, r, gamma);
+    analyse_row_base2(kn, in, r, gamma);
     return r;
   }
   double A = 0, B = 0;
