@@ -724,6 +724,8 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   const uint32_t k_addr = sm90::shared_addr(sK), v_addr = sm90::shared_addr(sV);
   const uint32_t zero_addr = sm90::shared_addr(cta.zeros);
   const int own_first_pos = max(ch.first_pos, key0);
+  // The score products take turns (ConsumerTurns): 2 % off this kernel, none off dq's.
+  const ConsumerTurns turns(consumer, ch.t_end - ch.t_begin);
 #pragma unroll 1
   for (int t = ch.t_begin; t < ch.t_end; ++t) {
     const int i = t - ch.t_begin, st = i % W::kStages;
@@ -731,8 +733,10 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
     const auto& stats = reinterpret_cast<const SlotStats*>(cta.shared)[st];
     sm90::mbarrier_wait(&bar.full_a[st], (i / W::kStages) & 1);
     float sT[8][4], dpT[8][4];
+    turns.wait();
     issue_scores<D>(reinterpret_cast<float(&)[32]>(sT), k_addr, sm90::shared_addr(q));
     issue_scores<D>(reinterpret_cast<float(&)[32]>(dpT), v_addr, sm90::shared_addr(dout));
+    turns.pass(t + 1 == ch.t_end);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(sT));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(dpT));

@@ -129,6 +129,25 @@ __device__ inline void warp_arrive(uint64_t* bar, const Lane& ln) {
   if (ln.lane == 0) sm90::mbarrier_arrive(bar);
 }
 
+// Turn-taking between the two consumers (FlashAttention-3's scheduler barriers):
+// each issues its score products only on its turn and hands the turn over right
+// after, so one consumer's exponentials run while the other's products hold the
+// tensor cores, instead of both asking for them at once. Named barriers 3 and 4 (1
+// and 2 are the consumers' own). Both consumers must take the same number of turns.
+struct ConsumerTurns {
+  static constexpr int kFirstBarrier = 3;
+  int consumer;
+  // Consumer 0 takes the first of `turns` turns.
+  __device__ ConsumerTurns(int c, int turns) : consumer(c) {
+    if (consumer == 1 && turns > 0) sm90::two_warpgroups_arrive(kFirstBarrier);
+  }
+  __device__ void wait() const { sm90::two_warpgroups_sync(kFirstBarrier + consumer); }
+  // After the last turn consumer 1 hands over nothing: every arrival meets a wait.
+  __device__ void pass(bool last) const {
+    if (consumer == 0 || !last) sm90::two_warpgroups_arrive(kFirstBarrier + 1 - consumer);
+  }
+};
+
 // Rows [0, 64) of a swizzled tile from global memory (16-byte cp.async by the
 // warpgroup's 128 threads), or +0 where src(r) is null. Uncommitted.
 template <int D, class Src>

@@ -42,6 +42,10 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 // --- named barriers over one warpgroup (ids 1..15; 0 is __syncthreads) ---------------
 __device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// The same over two warpgroups: sync waits for all 256 threads, arrive counts 128 of
+// them without waiting (the other warpgroup's sync completes the barrier).
+__device__ inline void two_warpgroups_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ inline void two_warpgroups_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 // Whether any of the warpgroup's 128 threads has x (a barrier too).
 __device__ inline bool warpgroup_any(bool x, int id) {
   uint32_t r;
