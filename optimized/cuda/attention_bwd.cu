@@ -799,21 +799,24 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   }
 }
 
-// pairwise_tree over n < 2^kCombineLevels values at p[0], p[stride], ...: as a
-// binary counter (merge equal-level neighbours as they arrive, then fold the pending
-// subtrees), which is the same association for every n.
+// pairwise_tree over n < 2^Levels values at p[0], p[stride], ...: as a binary
+// counter (merge equal-level neighbours as they arrive, then fold the pending
+// subtrees), which is the same association for every n. Leaves before `first` are
+// +0 without being read (chunks that end before the key). Every push steps through
+// all Levels slots (predicated, to keep them in registers): the launch picks the
+// fewest levels that hold n (kv_combine), as this bounds the kernel's issue rate.
 constexpr int kCombineLevels = 16;
-// Leaves before `first` are +0 without being read (chunks that end before the key).
+template <int Levels>
 __device__ float chunk_tree(const float* p, size_t stride, int n, int first) {
   // Slot `level` holds a pending subtree of 2^level chunks while bit `level` of the
   // count is set; chunk c merges with the slots of c's trailing ones, lowest first
   // (older subtree on the left), and lands in the first clear one. The unrolled
   // levels keep the slots in registers (a stack indexed by its top lives in local memory).
-  float slot[kCombineLevels] = {};
+  float slot[Levels] = {};
   auto push = [&](int c, float carry) {
     bool merging = true;
 #pragma unroll
-    for (int level = 0; level < kCombineLevels; ++level)
+    for (int level = 0; level < Levels; ++level)
       if (merging) {
         if ((c >> level) & 1) {
           carry = add_rn(slot[level], carry);
@@ -836,7 +839,7 @@ __device__ float chunk_tree(const float* p, size_t stride, int n, int first) {
   float sum = 0.0f;
   bool any = false;
 #pragma unroll
-  for (int level = 0; level < kCombineLevels; ++level)
+  for (int level = 0; level < Levels; ++level)
     if ((n >> level) & 1) {
       sum = any ? add_rn(slot[level], sum) : slot[level];
       any = true;
@@ -844,14 +847,15 @@ __device__ float chunk_tree(const float* p, size_t stride, int n, int first) {
   return sum;
 }
 
+template <int Levels>
 __global__ void kv_combine_kernel(size_t n, size_t key_row, int C, int n_chunks, float scale,
                                   const float* __restrict__ dk_part, const float* __restrict__ dv_part,
                                   bf16* __restrict__ dk, bf16* __restrict__ dv) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int seen_from = static_cast<int>(i / key_row) / C;  // chunks before it end at or before the key
-    dv[i] = round_bf16(chunk_tree(dv_part + i, n, n_chunks, seen_from));
-    dk[i] = round_bf16(mul_rn(scale, chunk_tree(dk_part + i, n, n_chunks, seen_from)));
+    dv[i] = round_bf16(chunk_tree<Levels>(dv_part + i, n, n_chunks, seen_from));
+    dk[i] = round_bf16(mul_rn(scale, chunk_tree<Levels>(dk_part + i, n, n_chunks, seen_from)));
   }
 }
 
@@ -1019,8 +1023,14 @@ void attention_bwd_kv_combine(const Knobs& kn, AttnDims dims, int S, int n_chunk
     throw std::invalid_argument("attention_bwd_kv_combine (CUDA): at most " + std::to_string((1 << kCombineLevels) - 1) +
                                 " token chunks, got " + std::to_string(n_chunks));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, size_t{1} << 16));
-  kv_combine_kernel<<<blocks, 256, 0, stream>>>(n, static_cast<size_t>(dims.Hkv) * dims.D, kn.grad_token_chunk,
-                                                n_chunks, ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
+  const auto launch_levels = [&](auto kernel) {
+    kernel<<<blocks, 256, 0, stream>>>(n, static_cast<size_t>(dims.Hkv) * dims.D, kn.grad_token_chunk, n_chunks,
+                                       ref::attn_scale(dims.D), dk_part, dv_part, dk, dv);
+  };
+  if (n_chunks < (1 << 4)) launch_levels(kv_combine_kernel<4>);
+  else if (n_chunks < (1 << 6)) launch_levels(kv_combine_kernel<6>);
+  else if (n_chunks < (1 << 8)) launch_levels(kv_combine_kernel<8>);
+  else launch_levels(kv_combine_kernel<kCombineLevels>);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -320,6 +321,43 @@ TEST_P(AttentionGpu, KvPartialsAndCombineMatchReference) {
     cuda::attention_bwd_kv_combine(knobs(), d, S, first + n, dk_all.get(), dv_all.get(), dk.get(), dv.get());
     EXPECT_TRUE(same_bits(dk_want_c, dk.download())) << "dk combine D=" << d.D;
     EXPECT_TRUE(same_bits(dv_want_c, dv.download())) << "dv combine D=" << d.D;
+  }
+}
+
+// The combine at every depth of its tree (kv_combine picks 4, 6, 8 or 16 levels by
+// the chunk count) against the reference's, from fp32 partials of mixed signs and
+// magnitudes with some -0: keys 0..2 with chunks of one position, so key j skips j
+// chunks. The control: another chunk size changes which leaves are read.
+TEST_P(AttentionGpu, CombineMatchesReferenceAtEveryTreeDepth) {
+  Knobs kn = knobs();
+  kn.grad_token_chunk = 1;
+  const AttnDims d{2, 1, 64};
+  const int S = 3;
+  const size_t keys = size_t(S) * d.Hkv * d.D;
+  for (int n : {1, 15, 16, 63, 64, 255, 256, 1000}) {
+    std::vector<float> dk_part(n * keys), dv_part(n * keys);
+    for (size_t i = 0; i < dk_part.size(); ++i) {
+      const uint64_t h = counter_hash(0xc0b1 + n, i);
+      const uint32_t bits = (h % 17 == 0) ? 0x80000000u : (uint32_t(h) & 0x807fffffu) | uint32_t(100 + h % 40) << 23;
+      std::memcpy(&dk_part[i], &bits, 4);
+      dv_part[i] = -dk_part[i] * 0.75f;
+    }
+    auto cpu = [&](const Knobs& k) {
+      std::pair<std::vector<bf16>, std::vector<bf16>> out{std::vector<bf16>(keys), std::vector<bf16>(keys)};
+      ref::attention_bwd_kv_combine(k, d, S, n, dk_part.data(), dv_part.data(), out.first.data(), out.second.data());
+      return out;
+    };
+    const auto want = cpu(kn);
+    const DeviceBuffer<float> dk_all(dk_part), dv_all(dv_part);
+    DeviceBuffer<bf16> dk = poisoned<bf16>(keys), dv = poisoned<bf16>(keys);
+    cuda::attention_bwd_kv_combine(kn, d, S, n, dk_all.get(), dv_all.get(), dk.get(), dv.get());
+    EXPECT_TRUE(same_bits(want.first, dk.download())) << "dk, " << n << " chunks";
+    EXPECT_TRUE(same_bits(want.second, dv.download())) << "dv, " << n << " chunks";
+    if (n > 1) {
+      Knobs other = kn;
+      other.grad_token_chunk = 2;
+      EXPECT_FALSE(same_bits(cpu(other).first, want.first)) << "control, " << n << " chunks";
+    }
   }
 }
 
