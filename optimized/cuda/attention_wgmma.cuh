@@ -1,5 +1,5 @@
 // The warpgroup pieces of attention (sm90-tc, head_dim 64 and 128), shared by the
-// forward (attention_fwd.cu) and the dq pass (attention_bwd.cu). FlashAttention-3's
+// forward (attention_fwd.cu) and the dq and dk/dv passes (attention_bwd.cu). FlashAttention-3's
 // CTA: a producer warpgroup whose first warp copies each 64-key block's keys and
 // values by TMA into a ring of stages, and two consumer warpgroups, each with its own
 // 64-slot query tile of the same sequence and kv head, sharing the blocks. Both
