@@ -104,12 +104,6 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
 }
 
 // --- the chunk tree -------------------------------------------------------------
-// Tiles whose chunk tree keeps slot 0 in shared memory, a thread's element i at
-// [i·kNodeStride] from its own first one (the warpgroup engine's chunked tile,
-// whose registers hold two accumulator sets).
-template <class Cfg>
-concept SharedNode = requires { requires Cfg::kNodeStride > 0; };
-
 // reduce.h's pairwise_tree over the chunk partials, folded in as each chunk ends:
 // node l of the tree over chunks [i·2^l, (i+1)·2^l) is complete when chunk
 // (i+1)·2^l − 1 ends, so a binary counter holds at most one pending node per
@@ -118,9 +112,8 @@ concept SharedNode = requires { requires Cfg::kNodeStride > 0; };
 // node, as v[2i] + v[2i+1]); the last chunk then folds the remaining pending nodes
 // from the lowest level up, which is how pairwise_tree moves an odd last node up
 // and adds it later.
-// The node being built lives in slot 0, which is also level 0's pending slot (in
-// registers, or in shared memory where SharedNode<Cfg>); levels 1 .. kRegSlots − 1
-// wait in registers, deeper ones in the global scratch, where each thread keeps
+// The node being built lives in slot 0, which is also level 0's pending slot;
+// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch, where each thread keeps
 // its whole share of the tile, past the problem's edge too (it reads back only
 // what it wrote): [level][tile][i / kStep][thread][kStep], so a warp's accesses
 // are consecutive and a thread's addresses are one pointer plus constants (the
@@ -129,7 +122,7 @@ concept SharedNode = requires { requires Cfg::kNodeStride > 0; };
 // The dot's accumulators are only read: the warpgroup engine's are written by
 // nothing but wgmma, so ptxas need not wait for a wgmma in flight to move them. A
 // single chunk's root is the accumulators themselves; a tile with kRegSlots == 0
-// takes single chunks only (spill_elems refuses more).
+// takes single chunks only (the launchers give it no more).
 template <class Cfg, class Dot>
 struct ChunkTree {
   static constexpr int kSlots = Cfg::kRegSlots;
@@ -137,26 +130,21 @@ struct ChunkTree {
   static constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
   static constexpr int kTileThreads = Cfg::kBM * Cfg::kBN / kAcc;  // the threads holding a tile's accumulators
   static_assert(kTileThreads * kAcc == Cfg::kBM * Cfg::kBN, "the threads' accumulators cover the tile");
-  float slot[kSlots > 0 ? kSlots : 1][kAcc];  // slot 0 unused where SharedNode<Cfg>
-  float* shared_node;  // this thread's element 0 of slot 0, where SharedNode<Cfg>
+  float slot[kSlots > 0 ? kSlots : 1][kAcc];
   float* spill;        // this thread's element 0 of level kSlots in the scratch
   size_t level_stride;  // elements from one level to the next
   int chunks, row0, col0;
 
-  // `thread`: this thread's index among the tile's kTileThreads.
-  __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, float* node0 = nullptr)
-      : shared_node(node0), chunks(p.chunks), row0(r0), col0(c0) {
-    const int col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
-    const size_t tile = static_cast<size_t>(row0 / Cfg::kBM) * col_tiles + col0 / Cfg::kBN;
-    level_stride = static_cast<size_t>((p.m + Cfg::kBM - 1) / Cfg::kBM) * col_tiles * Cfg::kBM * Cfg::kBN;
-    spill = p.spill + tile * Cfg::kBM * Cfg::kBN + thread * kStep;
+  // `thread`: this thread's index among the tile's kTileThreads; the tile's pending
+  // nodes wait in home `home` of the `homes` of every scratch level (ScratchHomes).
+  __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, size_t home, size_t homes)
+      : chunks(p.chunks), row0(r0), col0(c0) {
+    level_stride = homes * Cfg::kBM * Cfg::kBN;
+    spill = p.spill + home * Cfg::kBM * Cfg::kBN + thread * kStep;
   }
 
   // Element i of slot 0.
-  __device__ float& node(int i) {
-    if constexpr (SharedNode<Cfg>) return shared_node[i * Cfg::kNodeStride];
-    else return slot[0][i];
-  }
+  __device__ float& node(int i) { return slot[0][i]; }
 
   // Element i of `level` in the scratch is at [i · kTileThreads].
   __device__ float* spilled(int level) const { return spill + (level - kSlots) * level_stride; }
@@ -263,15 +251,23 @@ inline int tree_levels(int chunks) {
 }
 
 template <class Cfg>
-long long tile_count(const Problem& p) {
+__host__ __device__ long long tile_count(const Problem& p) {
   return static_cast<long long>((p.m + Cfg::kBM - 1) / Cfg::kBM) * ((p.n + Cfg::kBN - 1) / Cfg::kBN);
 }
-
-// Scratch elements for the tree levels Cfg keeps out of registers (whole tiles).
+// The tile at (row0, col0) in p's row-major order of tiles.
 template <class Cfg>
-size_t spill_elems(const Problem& p) {
-  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * tile_count<Cfg>(p) * Cfg::kBM *
-         Cfg::kBN;
+__device__ long long tile_index(const Problem& p, int row0, int col0) {
+  return static_cast<long long>(row0 / Cfg::kBM) * ((p.n + Cfg::kBN - 1) / Cfg::kBN) + col0 / Cfg::kBN;
+}
+
+// Scratch elements for the tree levels Cfg keeps out of registers: `homes` whole
+// tiles per level. The mma.sync engine gives each tile its own home (tile_index);
+// the persistent warpgroup engine one per CTA, reused by the CTA's tiles one after
+// another, so the scratch stays in L2 (132 CTAs × 64 KB a level) instead of
+// streaming each tile's nodes out to device memory and back.
+template <class Cfg>
+size_t spill_elems(const Problem& p, long long homes) {
+  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * homes * Cfg::kBM * Cfg::kBN;
 }
 
 inline int multiprocessors() {
@@ -281,25 +277,36 @@ inline int multiprocessors() {
   return sms;
 }
 
+// A persistent CTA per SM (one fits: the stages fill its shared memory), or per
+// tile where there are fewer.
+inline unsigned persistent_ctas(long long tiles) {
+  return static_cast<unsigned>(std::min<long long>(tiles, multiprocessors()));
+}
+
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// A grouped launch: one CTA per tile of every problem (problem-major), and each
-// problem's chunk-tree scratch, past the registers Cfg keeps, in one buffer.
+// A grouped launch: the tiles of every problem (problem-major) and the chunk-tree
+// scratch past the registers Cfg keeps, in one buffer: a home per tile of each
+// problem (the mma.sync engine: one CTA per tile), or, where `persistent`, a home
+// per CTA of the persistent engine (`ctas` of them), shared by all problems.
 template <class Cfg>
 struct GroupPlan {
   std::vector<Problem> problems;
   std::vector<GroupTile> tiles;
   DeviceBuffer<float> spill;
+  unsigned ctas = 0;
 
-  GroupPlan(std::vector<Problem> ps, cudaStream_t stream) : problems(std::move(ps)) {
+  GroupPlan(std::vector<Problem> ps, cudaStream_t stream, bool persistent = false) : problems(std::move(ps)) {
+    for (size_t g = 0; g < problems.size(); ++g)
+      for (int r = 0; r < problems[g].m; r += Cfg::kBM)
+        for (int c = 0; c < problems[g].n; c += Cfg::kBN) tiles.push_back({static_cast<int>(g), r, c});
+    ctas = persistent ? persistent_ctas(static_cast<long long>(tiles.size())) : static_cast<unsigned>(tiles.size());
     std::vector<size_t> spill_at;
     size_t elems = 0;
-    for (size_t g = 0; g < problems.size(); ++g) {
-      const Problem& p = problems[g];
-      spill_at.push_back(elems);
-      elems += spill_elems<Cfg>(p);
-      for (int r = 0; r < p.m; r += Cfg::kBM)
-        for (int c = 0; c < p.n; c += Cfg::kBN) tiles.push_back({static_cast<int>(g), r, c});
+    for (const Problem& p : problems) {
+      const size_t need = spill_elems<Cfg>(p, persistent ? ctas : tile_count<Cfg>(p));
+      spill_at.push_back(persistent ? 0 : elems);
+      elems = persistent ? std::max(elems, need) : elems + need;
     }
     spill = DeviceBuffer<float>(elems, stream);
     for (size_t g = 0; g < problems.size(); ++g)

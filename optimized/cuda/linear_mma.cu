@@ -257,7 +257,7 @@ __device__ void gemm_tile(const Problem& p, const int row0, const int col0) {
   };
 
   Dot dot;
-  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x);
+  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x, tile_index<Cfg>(p, row0, col0), tile_count<Cfg>(p));
   for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s);
   for (int s = 0; s < stages; ++s) {
     cp_async_wait<Cfg::kStages - 2>();
@@ -299,7 +299,7 @@ void launch(Problem p, cudaStream_t stream) {
   const auto kernel = linear_kernel<Cfg, DotT, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, kSmem);
   BP_CUDA_CHECK(opt_in);
-  DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
+  DeviceBuffer<float> spill(spill_elems<Cfg>(p, tile_count<Cfg>(p)), stream);
   p.spill = spill.get();
   const dim3 grid((p.n + Cfg::kBN - 1) / Cfg::kBN, (p.m + Cfg::kBM - 1) / Cfg::kBM);
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);

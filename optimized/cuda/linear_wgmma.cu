@@ -48,14 +48,17 @@ struct WarpgroupTile {
   static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
   static constexpr uint32_t kABytes = kBM * kWgBK * sizeof(bf16), kBBytes = kBN * kWgBK * sizeof(bf16);
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  // A chunked tile's tree slot 0 (ChunkTree's SharedNode): consumer thread t's
-  // element i at [i][t], so a warp's accesses are 128 consecutive bytes.
-  static constexpr int kNodeStride = RegSlots > 0 ? 128 * kConsumers : 0;
-  static constexpr size_t kNodeBytes = size_t{kAcc} * kNodeStride * sizeof(float);
-  // Stages, the tree's slot 0, the stages' barriers, and slack to align the first
-  // stage to 1024 bytes.
+  // The zero operand of the groups a step does not take (WarpgroupDot::step): one
+  // 128-byte swizzle atom, 1024-byte aligned, which is all that descriptor strides
+  // of 0 read. compute-sanitizer takes an operand's read as its whole extent from
+  // the start (up to kBN × 16 bf16), so the zeros come first and that extent
+  // stays inside the CTA's stages.
+  static constexpr uint32_t kZeroBytes = 1024;
+  static_assert(kZeroBytes + kStageBytes >= kBN * 16 * sizeof(bf16), "the sanitizer's extent of a zero operand");
+  // Zeros, stages, the stages' barriers, and slack to align the zeros to 1024
+  // bytes.
   static constexpr size_t kSmemBytes =
-      size_t{kStages} * kStageBytes + kNodeBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+      size_t{kStages} * kStageBytes + kZeroBytes + 2 * kStages * sizeof(uint64_t) + 1024;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
 };
@@ -63,10 +66,9 @@ struct WarpgroupTile {
 using WgWideTile = WarpgroupTile<256, 0, 4>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
-// Chunked reductions and grouped launches: 128 × 128 with two accumulator sets
-// (consume_chunks), which leave no registers for the tree's slot 0: it and the
-// five stages fill the shared memory (the sixth stage would not fit beside it).
-using WgChunkTile = WarpgroupTile<128, 1, 5>;
+// Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
+// registers beside the accumulators (consume_chunks; level 1 there too spilled).
+using WgChunkTile = WarpgroupTile<128, 1, 7>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
 // 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
@@ -124,15 +126,28 @@ struct WarpgroupDot {
   // Issues the stage's groups kk0 .. kk1 − 1 in increasing order as one commit
   // group; `fresh` (kk0 is its chunk's first group) starts the accumulators from +0
   // by scale-d = 0 (hw_truth: the bits of a +0 accumulator) instead of a clear.
-  __device__ void step(uint32_t tile_a, uint32_t tile_b, int kk0, int kk1, bool fresh) {
+  // All four wgmmas issue every time, straight-line: the groups outside kk0 .. kk1
+  // multiply the CTA's zero bytes (`zeros`, descriptor strides 0), so each adds
+  // only zero products, which take no part (SPEC §2.3: acc stays as it is; those
+  // before a fresh kk0 are discarded by its scale-d = 0). A wgmma under a branch
+  // gets a warpgroup.arrive injected before it (ptxas C7519).
+  __device__ void step(uint32_t tile_a, uint32_t tile_b, uint32_t zeros, int kk0, int kk1, bool fresh) {
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
+    const uint64_t zero = sm90::swizzled_descriptor(zeros, 0, 0);
+    uint64_t desc_a[kWgBK / 16], desc_b[kWgBK / 16];
+    int scale_d[kWgBK / 16];
+#pragma unroll
+    for (int kk = 0; kk < kWgBK / 16; ++kk) {
+      const bool in = kk >= kk0 && kk < kk1;
+      desc_a[kk] = in ? OpA::descriptor(a, kk) : zero;
+      desc_b[kk] = in ? OpB::descriptor(tile_b, kk) : zero;
+      scale_d[kk] = kk == kk0 && fresh ? 0 : 1;
+    }
     sm90::fence_accumulators(acc);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kWgBK / 16; ++kk)
-      if (kk >= kk0 && kk < kk1)
-        wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, OpA::descriptor(a, kk), OpB::descriptor(tile_b, kk),
-                                                      kk == kk0 && fresh ? 0 : 1);
+      wgmma_k16<Cfg::kBN, OpA::kTrans, OpB::kTrans>(acc, desc_a[kk], desc_b[kk], scale_d[kk]);
     sm90::wgmma_commit();
   }
   // After a wgmma wait that completed this dot's groups: the compiler may read acc
@@ -145,23 +160,24 @@ struct WarpgroupDot {
   }
 };
 
-// Shared-memory plan of one CTA: the stages (1024-byte aligned), the chunk tree's
-// slot 0 (chunked tiles), then a "full" barrier per stage (the producer's copies
-// landed) and an "empty" one (every consumer warp is done reading it).
+// Shared-memory plan of one CTA: the zero bytes and the stages (1024-byte
+// aligned), then a "full" barrier per stage (the producer's copies landed) and an
+// "empty" one (every consumer warp is done reading it).
 template <class Cfg>
 struct WarpgroupSmem {
   unsigned char* stages;
-  float* node;
+  unsigned char* zeros;
   uint64_t* full;
   uint64_t* empty;
   __device__ explicit WarpgroupSmem(unsigned char* raw) {
-    stages = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
-    node = reinterpret_cast<float*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
-    full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(node) + Cfg::kNodeBytes);
+    zeros = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
+    stages = zeros + Cfg::kZeroBytes;
+    full = reinterpret_cast<uint64_t*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
     empty = full + Cfg::kStages;
   }
   __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
   __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
+  __device__ uint32_t zero_addr() const { return sm90::shared_addr(zeros); }
 };
 
 // A CTA's stages form one ring over all its tiles: its n-th stage (counting from
@@ -215,7 +231,7 @@ struct StageRelease {
   }
 };
 
-// One chunk (the tiles without tree slots take no more; spill_elems checks): the
+// One chunk (the tiles without tree slots; run_warpgroup gives them no more): the
 // loop only issues and releases, so the accumulators are touched by nothing but
 // wgmma until the end (with the tree's merges and clears in the loop, ptxas
 // injects a wgmma wait where the loop's paths join: C7517).
@@ -227,7 +243,8 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   for (int s = 0; s < stages; ++s) {
     const int slot = ring.slot(s);
     sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
-    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), 0, (p.red - s * kWgBK + 15) / 16, false);
+    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), sm.zero_addr(), 0,
+             (p.red - s * kWgBK + 15) / 16, false);
     dot.template wait<1>();
     stage.keep_only(slot);
   }
@@ -236,66 +253,41 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
 
-// Chunked: chunk c accumulates in accumulator set c % 2, from scale-d = 0, one
-// commit group per stage piece (a stage shared by two chunks is two groups).
-// Chunk c's partial is not drained on its own: chunk c + 1's first piece is
-// issued into the other set, and its wait<1> leaves that piece in flight while
-// chunk c's partial folds into the tree, so the tensor cores run through the
-// merge. The fold reads only the finished set and writes only the tree's
-// registers, so nothing but wgmma writes the accumulators (else ptxas injects a
-// wait for every wgmma in flight: C7517), and chunk c + 2 starts in that set only
-// after the fold. Registers: the two sets, 64 each; the tree's slot 0 is in shared
-// memory (with it in registers too, ptxas spilled at the consumers' 232).
+// Chunked: one accumulator set, each chunk started by scale-d = 0 on its first
+// piece (a stage shared by two chunks is issued as two commit groups). At a
+// chunk's end the consumer waits for its groups and folds the partial into the
+// tree, whose slot 0 is in registers, before the next chunk's first piece: a fold
+// overlapping a wgmma in flight (into a second set) made ptxas serialise every
+// wgmma of the kernel (C7514) once the issue was straight-line, and the second
+// set had pushed slot 0 out to shared memory. Every chunk issues at least one
+// piece: a chunk past the reduction's end (empty) issues zero groups in the last
+// stage, which this consumer still holds (a chunk loop that can skip its pieces
+// is serialised too).
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int consumer,
                                StageRing<Cfg> ring) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
-  Dot even(consumer), odd(consumer);
-  const int thread = threadIdx.x - 128;  // after the producer warpgroup
-  ChunkTree<Cfg, Dot> tree(p, row0, col0, thread, sm.node + thread);
+  Dot dot(consumer);
+  // Thread index after the producer warpgroup; the CTA's own home in the scratch.
+  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x - 128, blockIdx.x, gridDim.x);
   StageRelease<Cfg> stage{sm};
-  bool prev_empty = false;  // chunk c − 1 had no elements: its partial is +0
-  // Chunk c into `cur`, folding chunk c − 1 (in `prev`) once its groups are done.
-  const auto chunk = [&](Dot& cur, Dot& prev, int c) {
+  for (int c = 0; c < p.chunks; ++c) {
     const int begin = min(c * p.chunk, p.red), end = min(begin + p.chunk, p.red);
-    int j = begin;  // the next element to issue
-    // cur's groups of the stage holding element j, as one commit group. A chunk
-    // past the reduction's end (empty) commits an empty group in the last stage,
-    // so chunk c − 1's groups are waited for the same way without a branch around
-    // the wgmma (ptxas serialises wgmma behind a divergent path's injected
-    // warpgroup.arrive: C7520).
-    const auto piece = [&] {
+    int j = begin;
+    do {
       const int s = min(j, p.red - 1) / kWgBK, slot = ring.slot(s), piece_end = min(end, (s + 1) * kWgBK);
       sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
-      cur.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), (j - s * kWgBK + 15) / 16,
-               (piece_end - s * kWgBK + 15) / 16, j == begin);
-      cur.template wait<1>();
+      dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), sm.zero_addr(),
+               (j - s * kWgBK + 15) / 16, (piece_end - s * kWgBK + 15) / 16, j == begin);
+      dot.template wait<1>();
       stage.keep_only(slot);
       j = piece_end;
-    };
-    piece();
-    if (c > 0) {
-      prev.fence();
-      tree.finish_chunk(prev, c - 1, prev_empty);
-    }
-    while (j < end) piece();
-    prev_empty = begin == end;
-  };
-  for (int c = 0; c < p.chunks; c += 2) {
-    chunk(even, odd, c);
-    if (c + 1 < p.chunks) chunk(odd, even, c + 1);
+    } while (j < end);
+    dot.template wait<0>();
+    tree.finish_chunk(dot, c, begin == end);
   }
-  sm90::wgmma_wait<0>();
   stage.all();
-  // The last chunk's set, named in each branch (one chosen at run time would put
-  // both sets in local memory).
-  const auto finish = [&](Dot& last) {
-    last.fence();
-    tree.finish_chunk(last, p.chunks - 1, prev_empty);
-    tree.store_root(p, last);
-  };
-  if ((p.chunks - 1) % 2) finish(odd);
-  else finish(even);
+  tree.store_root(p, dot);
 }
 
 // One tile of the GEMM: its problem, the problem's operand maps and its corner.
@@ -314,6 +306,9 @@ template <class Cfg, Major MA, Major MB, class Jobs>
 __device__ void warpgroup_tiles(int tiles, const Jobs& job) {
   extern __shared__ __align__(128) unsigned char wg_smem_raw[];
   const WarpgroupSmem<Cfg> sm(wg_smem_raw);
+  for (uint32_t c = threadIdx.x; c < Cfg::kZeroBytes / 16; c += Cfg::kThreads)
+    reinterpret_cast<uint4*>(sm.zeros)[c] = make_uint4(0, 0, 0, 0);
+  sm90::fence_proxy_async();  // the zeros, before wgmma reads them
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       sm90::mbarrier_init(&sm.full[s], 1);
@@ -401,20 +396,15 @@ bool rows_first(const Problem& p) {
   return b_bytes > budget && a_bytes <= budget;
 }
 
-// A persistent CTA per SM (one fits: the stages fill its shared memory), or per tile
-// where there are fewer.
-unsigned persistent_ctas(long long tiles) {
-  return static_cast<unsigned>(std::min<long long>(tiles, multiprocessors()));
-}
-
 template <class Cfg, Major MA, Major MB>
 void launch_warpgroup(Problem p, cudaStream_t stream) {
   const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
-  DeviceBuffer<float> spill(spill_elems<Cfg>(p), stream);
+  const unsigned ctas = persistent_ctas(tile_count<Cfg>(p));
+  DeviceBuffer<float> spill(spill_elems<Cfg>(p, ctas), stream);
   p.spill = spill.get();
-  kernel<<<persistent_ctas(tile_count<Cfg>(p)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p, rows_first(p));
   BP_CUDA_CHECK_LAUNCH();
 }
@@ -455,7 +445,7 @@ void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream
   const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
-  GroupPlan<Cfg> plan(std::move(problems), stream);
+  GroupPlan<Cfg> plan(std::move(problems), stream, /*persistent=*/true);
   std::vector<CUtensorMap> maps;
   for (const Problem& p : plan.problems) {
     maps.push_back(operand_map<MA>(p.a, p.red));
@@ -465,8 +455,8 @@ void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream
   const DeviceBuffer<CUtensorMap> d_maps(maps, stream);
   const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
   const int n_tiles = static_cast<int>(plan.tiles.size());
-  kernel<<<persistent_ctas(n_tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(),
-                                                                              d_tiles.get(), n_tiles);
+  kernel<<<plan.ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(), d_tiles.get(),
+                                                                n_tiles);
   BP_CUDA_CHECK_LAUNCH();
 }
 

@@ -260,12 +260,15 @@ TEST_P(LinearGpu, OddSizesFixedChunks) {
 
 // A TP rank's slice of an odd reduction (SPEC.md §2.4.1 "A rank's chunks"): its
 // C/tp chunks at the whole's length, the tail's short or empty — 148 of vocab 300
-// in 4 chunks of 38 (the last 34), 21 of I = 49 in 4 of 7 (the last empty), a
-// warpgroup-sized 1792 in 4 of 512 (the last 256), and decode rows.
+// in 4 chunks of 38 (the last 34), 21 of I = 49 in 4 of 7 (the last empty), 1792
+// in 4 of 512 (the last 256), decode rows, and on the warpgroup chunk tile (48
+// tiles) an empty last chunk after a whole stage (1536 in 4 of 512) and after one
+// that ends inside a stage (1504: the empty chunk's piece starts at group 2).
 TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
   const Which partial_sums{true, false, false, true, false};
   const Problem problems[] = {
-      {5, 148, 148, 4, 38}, {9, 21, 21, 4, 7}, {200, 1792, 256, 4, 512}, {1, 1792, 2048, 4, 512}, {33, 148, 40, 2, 76},
+      {5, 148, 148, 4, 38},  {9, 21, 21, 4, 7},         {200, 1792, 256, 4, 512},  {1, 1792, 2048, 4, 512},
+      {33, 148, 40, 2, 76},  {260, 1536, 2048, 4, 512}, {260, 1504, 2048, 4, 512},
   };
   uint64_t seed = 900;
   for (const Problem& pb : problems)
