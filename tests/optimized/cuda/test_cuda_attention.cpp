@@ -326,13 +326,15 @@ TEST_P(AttentionGpu, KvPartialsAndCombineMatchReference) {
 
 // The combine at every depth of its tree (kv_combine picks 4, 6, 8 or 16 levels by
 // the chunk count) against the reference's, from fp32 partials of mixed signs and
-// magnitudes with some -0: keys 0..2 with chunks of one position, so key j skips j
-// chunks. The control: another chunk size changes which leaves are read.
+// magnitudes with some -0: keys 0..39 with chunks of one position, so key j skips j
+// chunks (the kernel's loads, 8 at a time, start at an aligned chunk before or at
+// the first one read, and past the last one for n <= j). The control: another
+// chunk size changes which leaves are read.
 TEST_P(AttentionGpu, CombineMatchesReferenceAtEveryTreeDepth) {
   Knobs kn = knobs();
   kn.grad_token_chunk = 1;
   const AttnDims d{2, 1, 64};
-  const int S = 3;
+  const int S = 40;
   const size_t keys = size_t(S) * d.Hkv * d.D;
   for (int n : {1, 15, 16, 63, 64, 255, 256, 1000}) {
     std::vector<float> dk_part(n * keys), dv_part(n * keys);
