@@ -1,5 +1,6 @@
-// bench_moe: bp::cuda::moe_experts_fwd on the Qwen3-30B-A3B experts (H 2048, I 768,
-// 128 experts, top-8), both contracts, at T = 128, 1024 and 4096 tokens. The routing
+// bench_moe: bp::cuda::moe_experts_fwd and moe_experts_bwd on the Qwen3-30B-A3B
+// experts (H 2048, I 768, 128 experts, top-8), both contracts, at T = 128, 1024 and
+// 4096 tokens. The routing
 // is a fixed random router: token t takes the 8 experts of highest
 // counter_hash(kRouterSeed, t·128 + e) (reference/common/rng.h; ties to the lower
 // id), which bench/grouped_mm_peer.py regenerates bit for bit, so both time the
@@ -9,7 +10,11 @@
 // before each case, so it counts the shared expert weights, the case's inputs and
 // the call's scratch. CSV on stdout, the columns grouped_mm_peer.py writes too:
 //   op,impl,tokens,top_k,experts,H,I,rows,rows_max,experts_used,time_us,tflops,peak_bytes
-// flops: 2·rows·3·H·I (gate, up and down GEMMs). Exit 125 without a Hopper GPU.
+// flops: experts_fwd 2·rows·3·H·I (gate, up and down GEMMs); experts_bwd twice that
+// (their input and weight gradients; the forward our backward recomputes is not
+// counted, as autograd's saved activations are not). The backward's outputs: the
+// slots' fp32 input gradients, the routing weights' gradients and every expert's
+// fp32 weight gradients. Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,6 +73,28 @@ struct Experts {
   ref::ExpertWeights view() const { return {g.data(), u.data(), d.data()}; }
 };
 
+// Every expert's fp32 weight gradients, written (not accumulated) by each backward.
+struct ExpertGradBuffers {
+  std::vector<cuda::DeviceBuffer<float>> gate, up, down;
+  std::vector<float*> g, u, d;
+  ExpertGradBuffers() {
+    for (int e = 0; e < kE; ++e) {
+      for (auto* v : {&gate, &up, &down}) v->emplace_back(size_t(kH) * kI);
+      g.push_back(gate.back().get());
+      u.push_back(up.back().get());
+      d.push_back(down.back().get());
+    }
+  }
+  ref::ExpertGrads view() const { return {g.data(), u.data(), d.data()}; }
+};
+
+void print_row(const char* op, const std::string& contract, int T, size_t rows, int rows_max, int used, double us,
+               double flops) {
+  std::printf("%s,%s,%d,%d,%d,%d,%d,%zu,%d,%d,%.2f,%.2f,%llu\n", op, contract.c_str(), T, kTopK, kE, kH, kI, rows,
+              rows_max, used, us, flops / us * 1e-6, static_cast<unsigned long long>(cuda::pool_peak_bytes()));
+  std::fflush(stdout);
+}
+
 void bench_case(const Options& opt, const std::string& contract, const Experts& w, int T) {
   const Knobs& kn = find_contract(contract)->knobs;
   const std::vector<int> ids = hash_router(T);
@@ -80,19 +107,31 @@ void bench_case(const Options& opt, const std::string& contract, const Experts& 
     rows_max = std::max(rows_max, offset[e + 1] - offset[e]);
     used += offset[e + 1] > offset[e];
   }
+  const double fwd_flops = 2.0 * double(rows) * 3.0 * kH * kI;
+  cuda::DeviceBuffer<bf16> a(size_t(T) * kH), topk_w(rows);
+  bench::fill(a, 1);
+  bench::fill(topk_w, 2);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::reset_pool_peak();
   {
-    cuda::DeviceBuffer<bf16> a(size_t(T) * kH), topk_w(rows), c(rows * kH);
-    bench::fill(a, 1);
-    bench::fill(topk_w, 2);
+    cuda::DeviceBuffer<bf16> c(rows * kH);
     const double us = bench::median_us(
         opt, [&] { cuda::moe_experts_fwd(kn, plan, 0, kE, a.get(), topk_w.get(), w.view(), c.get(), kTopK, kH, kI); });
     BP_CUDA_CHECK(cudaDeviceSynchronize());
-    const double flops = 2.0 * double(rows) * 3.0 * kH * kI;
-    std::printf("experts_fwd,%s,%d,%d,%d,%d,%d,%zu,%d,%d,%.2f,%.2f,%llu\n", contract.c_str(), T, kTopK, kE, kH, kI,
-                rows, rows_max, used, us, flops / us * 1e-6, static_cast<unsigned long long>(cuda::pool_peak_bytes()));
-    std::fflush(stdout);
+    print_row("experts_fwd", contract, T, rows, rows_max, used, us, fwd_flops);
+  }
+  cuda::reset_pool_peak();
+  {
+    const ExpertGradBuffers dw;
+    cuda::DeviceBuffer<bf16> dout(rows * kH), dtopk_w(rows);
+    cuda::DeviceBuffer<float> da_slot(rows * kH);
+    bench::fill(dout, 3);
+    const double us = bench::median_us(opt, [&] {
+      cuda::moe_experts_bwd(kn, plan, 0, kE, a.get(), topk_w.get(), w.view(), dout.get(), da_slot.get(),
+                            dtopk_w.get(), dw.view(), kTopK, kH, kI);
+    });
+    BP_CUDA_CHECK(cudaDeviceSynchronize());
+    print_row("experts_bwd", contract, T, rows, rows_max, used, us, 2.0 * fwd_flops);
   }
 }
 

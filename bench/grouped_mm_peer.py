@@ -7,12 +7,15 @@ takes the 8 experts of highest counter_hash(30, t*128 + e) (reference/common/rng
 a splitmix64 finaliser; ties to the lower id). The experts' forward is what
 moe_experts_fwd computes, in torch's usual grouped form: the tokens' rows gathered
 in expert order, one grouped GEMM on the concatenated [gate | up] weights, silu(g)*u,
-one grouped GEMM on the down weights, the routing weight applied per row.
+one grouped GEMM on the down weights, the routing weight applied per row. Its
+backward is autograd's through that forward (the gradients of the tokens' rows,
+the routing weights and both weight stacks; weight gradients set, not
+accumulated), timed alone: each timed backward follows an untimed forward.
 Timing as bench_moe: CUDA events around each call, warmup, the median of --reps;
 peak device memory: torch.cuda.max_memory_allocated, reset before each case.
 CSV on stdout with bench_moe's columns:
     op,impl,tokens,top_k,experts,H,I,rows,rows_max,experts_used,time_us,tflops,peak_bytes
-Exit 125 when torch, torch._grouped_mm or a CUDA GPU is missing (the CTest / bisect
+(experts_bwd's flops: twice the forward's, as bench_moe counts them.) Exit 125 when torch, torch._grouped_mm or a CUDA GPU is missing (the CTest / bisect
 skip code).
 """
 import sys
@@ -70,13 +73,36 @@ def bench_case(torch, tokens, w_gate_up, w_down, warmup, reps):
         c[order] = d * topk_w.reshape(-1)[order, None]
         return c
 
-    us = median_us(torch, experts_fwd, warmup, reps)
-    torch.cuda.synchronize()
+    def report(op, impl, us, flops):
+        print(f"{op},{impl},{tokens},{TOP_K},{E},{H},{I},{rows},{max(counts)},"
+              f"{sum(1 for c in counts if c > 0)},{us:.2f},{flops / us * 1e-6:.2f},{torch.cuda.max_memory_allocated()}",
+              flush=True)
+
     flops = 2.0 * rows * 3.0 * H * I
-    print(f"experts_fwd,torch-grouped_mm,{tokens},{TOP_K},{E},{H},{I},{rows},{max(counts)},"
-          f"{sum(1 for c in counts if c > 0)},{us:.2f},{flops / us * 1e-6:.2f},{torch.cuda.max_memory_allocated()}",
-          flush=True)
-    del a, topk_w, flat_ids, offs
+    with torch.no_grad():
+        us = median_us(torch, experts_fwd, warmup, reps)
+    torch.cuda.synchronize()
+    report("experts_fwd", "torch-grouped_mm", us, flops)
+
+    torch.cuda.reset_peak_memory_stats()
+    leaves = (a, topk_w, w_gate_up, w_down)
+    for t in leaves:
+        t.requires_grad_(True)
+    dout = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    graph = {}
+
+    def forward_for_backward():
+        for t in leaves:
+            t.grad = None
+        graph["c"] = experts_fwd()
+
+    us = median_us(torch, lambda: graph["c"].backward(dout), warmup, reps, setup=forward_for_backward)
+    torch.cuda.synchronize()
+    report("experts_bwd", "torch-grouped_mm-autograd", us, 2.0 * flops)
+    for t in leaves:
+        t.requires_grad_(False)
+        t.grad = None
+    del a, topk_w, flat_ids, offs, dout, graph
 
 
 def main():

@@ -31,11 +31,16 @@ def import_torch_with_cuda(name):
     return torch
 
 
-def median_us(torch, call, warmup, reps):
+def median_us(torch, call, warmup, reps, setup=None):
+    """Median of `call`'s CUDA-event time; `setup` (untimed) runs before every call."""
     for _ in range(warmup):
+        if setup:
+            setup()
         call()
     times = []
     for _ in range(reps):
+        if setup:
+            setup()
         start = torch.cuda.Event(enable_timing=True)
         stop = torch.cuda.Event(enable_timing=True)
         start.record()
