@@ -113,9 +113,10 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
 // from the lowest level up, which is how pairwise_tree moves an odd last node up
 // and adds it later.
 // The node being built lives in slot 0, which is also level 0's pending slot;
-// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch, where each thread keeps
-// its whole share of the tile, past the problem's edge too (it reads back only
-// what it wrote): [level][tile][i / kStep][thread][kStep], so a warp's accesses
+// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch,
+// where each thread keeps its whole share of the tile, past the problem's edge too
+// (it reads back only what it wrote): [level][home][i / kStep][thread][kStep]
+// (spill_elems says whose homes), so a warp's accesses
 // are consecutive and a thread's addresses are one pointer plus constants (the
 // output-shaped layout this replaced needed an address and a bounds test per
 // pair, which the compiler hoisted out of the chunk loop into registers).
@@ -136,7 +137,7 @@ struct ChunkTree {
   int chunks, row0, col0;
 
   // `thread`: this thread's index among the tile's kTileThreads; the tile's pending
-  // nodes wait in home `home` of the `homes` of every scratch level (ScratchHomes).
+  // nodes wait in home `home` of the `homes` of every scratch level (spill_elems).
   __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, size_t home, size_t homes)
       : chunks(p.chunks), row0(r0), col0(c0) {
     level_stride = homes * Cfg::kBM * Cfg::kBN;
