@@ -123,7 +123,7 @@ void bench_case(const Options& opt, const std::string& contract, const Experts& 
   cuda::reset_pool_peak();
   {
     const ExpertGradBuffers dw;
-    cuda::DeviceBuffer<bf16> dout(rows * kH), dtopk_w(rows);
+    cuda::DeviceBuffer<bf16> dout(size_t(T) * kH), dtopk_w(rows);  // dout [T][H]: every slot of t gets dout[t]
     cuda::DeviceBuffer<float> da_slot(rows * kH);
     bench::fill(dout, 3);
     const double us = bench::median_us(opt, [&] {
