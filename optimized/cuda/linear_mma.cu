@@ -330,7 +330,7 @@ void launch_grouped(std::vector<Problem> problems, cudaStream_t stream) {
   GroupPlan<Cfg> plan(std::move(problems), stream);
   const DeviceBuffer<Problem> d_problems(plan.problems, stream);
   const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
-  kernel<<<static_cast<unsigned>(plan.tiles.size()), Cfg::kThreads, kSmem, stream>>>(d_problems.get(), d_tiles.get());
+  kernel<<<plan.ctas, Cfg::kThreads, kSmem, stream>>>(d_problems.get(), d_tiles.get());
   BP_CUDA_CHECK_LAUNCH();
 }
 
