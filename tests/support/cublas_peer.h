@@ -1,6 +1,7 @@
-// cuBLAS as the non-bit-defined peer of linear's forward (SPEC.md §3: a speed peer
-// and a negative control, never part of the bit-defined path): row-major
-// y[T][N] = x[T][K] · w[N][K]ᵀ with bf16 inputs and fp32 compute, output fp32 or bf16.
+// cuBLAS as the non-bit-defined peer of linear (SPEC.md §3: a speed peer and a
+// negative control, never part of the bit-defined path), bf16 inputs, fp32 compute:
+// row-major y[T][N] = x[T][K] · w[N][K]ᵀ (output fp32 or bf16), and the two
+// gradients linear_dgrad and linear_wgrad compute.
 #pragma once
 #include <cublas_v2.h>
 
@@ -26,6 +27,20 @@ class CublasPeer {
     check(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
                        &beta, y, y_type, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
+  }
+  // dx[T][K] (bf16) = dy[T][N] · w[N][K]: column-major dxᵀ (K × T) = w' (K × N) · dy' (N × T).
+  void dgrad(const void* dy, const void* w, void* dx, int T, int K, int N) {
+    const float alpha = 1.0f, beta = 0.0f;
+    check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, K, T, N, &alpha, w, CUDA_R_16BF, K, dy, CUDA_R_16BF, N,
+                       &beta, dx, CUDA_R_16BF, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (dgrad)");
+  }
+  // dw[N][K] (fp32) = dy[T][N]ᵀ · x[T][K]: column-major dwᵀ (K × N) = x' (K × T) · op_T(dy' (N × T)).
+  void wgrad(const void* dy, const void* x, float* dw, int T, int K, int N) {
+    const float alpha = 1.0f, beta = 0.0f;
+    check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, K, N, T, &alpha, x, CUDA_R_16BF, K, dy, CUDA_R_16BF, N,
+                       &beta, dw, CUDA_R_32F, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (wgrad)");
   }
 
  private:
