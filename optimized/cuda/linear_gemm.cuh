@@ -77,9 +77,17 @@ constexpr int kDecodeRows = 16;
 template <class Dot>
 concept PairedColumns = requires { typename Dot::PairedColumns; };
 
-// Outputs v (laid out as the dot's accumulators) of the tile at (row0, col0).
-template <class Cfg, class Dot>
-__device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[Cfg::kAcc], int row0, int col0) {
+// Element i of outputs laid out as the dot's accumulators: an array, or a function
+// that computes it.
+template <class V>
+__device__ float output_at(const V& v, int i) {
+  if constexpr (std::is_invocable_v<const V&, int>) return v(i);
+  else return v[i];
+}
+
+// Outputs v (output_at) of the tile at (row0, col0).
+template <class Cfg, class Dot, class V>
+__device__ void store_outputs(const Problem& p, const Dot& d, const V& v, int row0, int col0) {
   constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
   const void* out = p.out_f32 ? static_cast<const void*>(p.out_f32) : static_cast<const void*>(p.out_bf16);
   const bool paired = kStep == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
@@ -89,16 +97,17 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
     if (r >= p.m || c >= p.n) continue;
     const size_t at = static_cast<size_t>(r) * p.n + c;
     if (paired) {
-      if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(v[i], v[i + 1]);
-      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(v[i]).bits |
-                                                           (static_cast<uint32_t>(round_bf16(v[i + 1]).bits) << 16);
+      const float v0 = output_at(v, i), v1 = output_at(v, i + 1);
+      if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(v0, v1);
+      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(v0).bits |
+                                                           (static_cast<uint32_t>(round_bf16(v1).bits) << 16);
       continue;
     }
 #pragma unroll
     for (int e = 0; e < kStep; ++e) {
       if (c + e >= p.n) break;
-      if (p.out_f32) p.out_f32[at + e] = v[i + e];
-      else p.out_bf16[at + e] = round_bf16(v[i + e]);
+      if (p.out_f32) p.out_f32[at + e] = output_at(v, i + e);
+      else p.out_bf16[at + e] = round_bf16(output_at(v, i + e));
     }
   }
 }
@@ -113,42 +122,62 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const float (&v)[C
 // from the lowest level up, which is how pairwise_tree moves an odd last node up
 // and adds it later.
 // The node being built lives in slot 0, which is also level 0's pending slot;
-// levels 1 .. kRegSlots − 1 wait in registers, deeper ones in the global scratch,
-// where each thread keeps its whole share of the tile, past the problem's edge too
-// (it reads back only what it wrote): [level][home][i / kStep][thread][kStep]
-// (spill_elems says whose homes), so a warp's accesses
+// levels 1 .. kRegSlots − 1 wait in registers, the next kSmemLevels (a Cfg may
+// have them: smem_tree_levels) in the CTA's shared memory, deeper ones in the
+// global scratch. In both memories each thread keeps its whole share of the tile,
+// past the problem's edge too (it reads back only what it wrote):
+// [level][home][i / kStep][thread][kStep] (spill_elems says whose homes; shared
+// memory is one home), so a warp's accesses
 // are consecutive and a thread's addresses are one pointer plus constants (the
 // output-shaped layout this replaced needed an address and a bounds test per
 // pair, which the compiler hoisted out of the chunk loop into registers).
 // The dot's accumulators are only read: the warpgroup engine's are written by
 // nothing but wgmma, so ptxas need not wait for a wgmma in flight to move them. A
-// single chunk's root is the accumulators themselves; a tile with kRegSlots == 0
-// takes single chunks only (the launchers give it no more).
+// single chunk's root is the accumulators themselves. A tile with kRegSlots == 0
+// (the warpgroup engine's wide tile, given long chunks only) keeps no copy of the
+// tile: every pending node, level 0 included, is in memory, where a chunk's node is
+// built element by element (build_in_memory), which the tree's independence of
+// elements allows.
+template <class Cfg>
+constexpr int smem_tree_levels() {
+  if constexpr (requires { Cfg::kSmemLevels; }) return Cfg::kSmemLevels;
+  else return 0;
+}
+
 template <class Cfg, class Dot>
 struct ChunkTree {
   static constexpr int kSlots = Cfg::kRegSlots;
+  static constexpr int kSmemLevels = smem_tree_levels<Cfg>();
   static constexpr int kAcc = Cfg::kAcc;
   static constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
   static constexpr int kTileThreads = Cfg::kBM * Cfg::kBN / kAcc;  // the threads holding a tile's accumulators
   static_assert(kTileThreads * kAcc == Cfg::kBM * Cfg::kBN, "the threads' accumulators cover the tile");
   float slot[kSlots > 0 ? kSlots : 1][kAcc];
-  float* spill;        // this thread's element 0 of level kSlots in the scratch
-  size_t level_stride;  // elements from one level to the next
+  float* spill;        // this thread's element 0 of level kSlots + kSmemLevels in the scratch
+  float* shared;       // ... and of level kSlots in shared memory (kSmemLevels > 0)
+  size_t level_stride;  // elements from one level to the next in the scratch
   int chunks, row0, col0;
 
   // `thread`: this thread's index among the tile's kTileThreads; the tile's pending
-  // nodes wait in home `home` of the `homes` of every scratch level (spill_elems).
-  __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, size_t home, size_t homes)
+  // nodes wait in home `home` of the `homes` of every scratch level (spill_elems),
+  // and from level kSlots on in `smem_levels` (kSmemLevels tiles) first.
+  __device__ ChunkTree(const Problem& p, int r0, int c0, int thread, size_t home, size_t homes,
+                       float* smem_levels = nullptr)
       : chunks(p.chunks), row0(r0), col0(c0) {
     level_stride = homes * Cfg::kBM * Cfg::kBN;
     spill = p.spill + home * Cfg::kBM * Cfg::kBN + thread * kStep;
+    shared = smem_levels ? smem_levels + thread * kStep : nullptr;
   }
 
   // Element i of slot 0.
   __device__ float& node(int i) { return slot[0][i]; }
 
-  // Element i of `level` in the scratch is at [i · kTileThreads].
-  __device__ float* spilled(int level) const { return spill + (level - kSlots) * level_stride; }
+  // Element i of `level` (>= kSlots) is at [i · kTileThreads] from here.
+  __device__ float* spilled(int level) const {
+    if constexpr (kSmemLevels > 0)
+      if (level < kSlots + kSmemLevels) return shared + (level - kSlots) * Cfg::kBM * Cfg::kBN;
+    return spill + (level - kSlots - kSmemLevels) * level_stride;
+  }
   __device__ void merge_spilled(int level) {
     const float* s = spilled(level);
 #pragma unroll
@@ -179,11 +208,48 @@ struct ChunkTree {
         for (int i = 0; i < kAcc; ++i) node(i) = add_rn(slot[j][i], node(i));
   }
 
+  // Element i of the pending node at `level` (>= kSlots).
+  __device__ float& pending(int level, int i) const {
+    return spilled(level)[(i - i % kStep) * kTileThreads + i % kStep];
+  }
+  // kSlots == 0: node(level) = pending(from) + node(level), element by element in
+  // memory (no registers held across: the accumulators hold them all).
+  __device__ void merge_in_memory(int from, int level) const {
+#pragma unroll 4
+    for (int i = 0; i < kAcc; ++i) pending(level, i) = add_rn(pending(from, i), pending(level, i));
+  }
+  // kSlots == 0: chunk c's node, built in level 0's place (free for an even c; an odd
+  // c merges level 0's pending node first, element by element in place): then the
+  // pending nodes of c's other trailing one bits and, for the last chunk, every other
+  // pending node from the lowest level up, as the registers' path merges them.
+  // Returns the level the node is pending at (the last chunk's root: 0).
+  __device__ int build_in_memory(const Dot& d, int c, bool empty) const {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const float part = empty ? 0.0f : d.acc[i];
+      pending(0, i) = (c & 1) ? add_rn(pending(0, i), part) : part;
+    }
+    int l = c & 1;
+    for (; (c >> l) & 1; ++l) merge_in_memory(l, 0);
+    if (c == chunks - 1) {
+      for (int h = l + 1; (c >> h) != 0; ++h)
+        if ((c >> h) & 1) merge_in_memory(h, 0);
+      return 0;
+    }
+    if (l > 0)
+#pragma unroll 4
+      for (int i = 0; i < kAcc; ++i) pending(l, i) = pending(0, i);
+    return l;
+  }
+
   // Chunk c's partial is in d.acc, or +0 for an empty chunk (no wgmma wrote it);
   // true when the root is complete (store_root).
   __device__ bool finish_chunk(const Dot& d, int c, bool empty) {
     if (chunks == 1) return true;
-    if constexpr (kSlots > 0) {
+    if constexpr (kSlots == 0) {
+      build_in_memory(d, c, empty);
+      return c == chunks - 1;
+    } else {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
         const float part = empty ? 0.0f : d.acc[i];
@@ -218,6 +284,8 @@ struct ChunkTree {
   // Stores the root once finish_chunk returned true (each branch names its array:
   // choosing one at run time would put both in local memory).
   __device__ void store_root(const Problem& p, const Dot& d) {
+    if constexpr (kSlots == 0)
+      if (chunks > 1) return store_outputs<Cfg>(p, d, [&](int i) { return pending(0, i); }, row0, col0);
     if constexpr (kSlots > 0)
       if (chunks > 1) {
         float root[kAcc];  // slot 0 itself where it is in registers
@@ -268,7 +336,8 @@ __device__ long long tile_index(const Problem& p, int row0, int col0) {
 // streaming each tile's nodes out to device memory and back.
 template <class Cfg>
 size_t spill_elems(const Problem& p, long long homes) {
-  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots)) * homes * Cfg::kBM * Cfg::kBN;
+  return static_cast<size_t>(std::max(0, tree_levels(p.chunks) - Cfg::kRegSlots - smem_tree_levels<Cfg>())) * homes *
+         Cfg::kBM * Cfg::kBN;
 }
 
 inline int multiprocessors() {

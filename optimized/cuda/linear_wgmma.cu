@@ -40,14 +40,16 @@ constexpr int kBox = 64;                               // TMA boxes: 64 × 64 bf
 constexpr uint32_t kBoxBytes = kBox * kBox * sizeof(bf16);
 constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: the SBO of every operand
 
-template <int BN, int RegSlots, int Stages>
+template <int BN, int RegSlots, int Stages, int SmemLevels = 0>
 struct WarpgroupTile {
-  static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages;
+  static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages, kSmemLevels = SmemLevels;
   static constexpr int kConsumers = kBM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
   static constexpr uint32_t kABytes = kBM * kWgBK * sizeof(bf16), kBBytes = kBN * kWgBK * sizeof(bf16);
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // The chunk tree's levels kRegSlots .. kRegSlots + kSmemLevels − 1 (ChunkTree).
+  static constexpr uint32_t kLevelBytes = kSmemLevels * kBM * kBN * sizeof(float);
   // The zero operand of the groups a step does not take (WarpgroupDot::step): one
   // 128-byte swizzle atom, 1024-byte aligned, which is all that descriptor strides
   // of 0 read. compute-sanitizer takes an operand's read as its whole extent from
@@ -55,20 +57,30 @@ struct WarpgroupTile {
   // stays inside the CTA's stages.
   static constexpr uint32_t kZeroBytes = 1024;
   static_assert(kZeroBytes + kStageBytes >= kBN * 16 * sizeof(bf16), "the sanitizer's extent of a zero operand");
-  // Zeros, stages, the stages' barriers, and slack to align the zeros to 1024
-  // bytes.
+  // Zeros, stages, tree levels, the stages' barriers, and slack to align the zeros
+  // to 1024 bytes.
   static constexpr size_t kSmemBytes =
-      size_t{kStages} * kStageBytes + kZeroBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+      size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + 2 * kStages * sizeof(uint64_t) + 1024;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
 };
-// A single chunk and enough tiles: 128 × 256 (128 accumulators per consumer thread).
+// A single chunk, or long ones (long_chunks), and enough tiles: 128 × 256 (128
+// accumulators per consumer thread, so the chunk tree lives in the scratch).
 using WgWideTile = WarpgroupTile<256, 0, 4>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
 using WgChunkTile = WarpgroupTile<128, 1, 7>;
+// Chunked reductions whose tree reaches level 1 (three chunks or more): level 1 in
+// shared memory (64 KB, for two stages), so only levels >= 2 go through the global
+// scratch; and, for chunks of at most two stages (the weight gradients' 128 tokens,
+// the experts' 96), levels 1 and 2 there with three stages. The scratch's L2
+// traffic bound those: lm_head's weight gradient, 32 chunks a tile, had ncu's L2
+// throughput at 95 %. Measured (bench/NOTES.md): the long chunks want the deeper
+// ring, the short ones the shallower tree.
+using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
+using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
 // 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
@@ -161,18 +173,21 @@ struct WarpgroupDot {
 };
 
 // Shared-memory plan of one CTA: the zero bytes and the stages (1024-byte
-// aligned), then a "full" barrier per stage (the producer's copies landed) and an
-// "empty" one (every consumer warp is done reading it).
+// aligned), the chunk tree's shared levels, then a "full" barrier per stage (the
+// producer's copies landed) and an "empty" one (every consumer warp is done reading
+// it).
 template <class Cfg>
 struct WarpgroupSmem {
   unsigned char* stages;
   unsigned char* zeros;
+  float* levels;
   uint64_t* full;
   uint64_t* empty;
   __device__ explicit WarpgroupSmem(unsigned char* raw) {
     zeros = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
     stages = zeros + Cfg::kZeroBytes;
-    full = reinterpret_cast<uint64_t*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    levels = reinterpret_cast<float*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
+    full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(levels) + Cfg::kLevelBytes);
     empty = full + Cfg::kStages;
   }
   __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
@@ -269,7 +284,7 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
   using Dot = WarpgroupDot<Cfg, MA, MB>;
   Dot dot(consumer);
   // Thread index after the producer warpgroup; the CTA's own home in the scratch.
-  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x - 128, blockIdx.x, gridDim.x);
+  ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x - 128, blockIdx.x, gridDim.x, sm.levels);
   StageRelease<Cfg> stage{sm};
   for (int c = 0; c < p.chunks; ++c) {
     const int begin = min(c * p.chunk, p.red), end = min(begin + p.chunk, p.red);
@@ -335,7 +350,8 @@ __device__ void warpgroup_tiles(int tiles, const Jobs& job) {
     const TileJob j = job(t);
     const Problem p = *j.p;
     const int stages = (p.red + kWgBK - 1) / kWgBK;
-    if constexpr (Cfg::kRegSlots == 0) consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring);
+    if (Cfg::kRegSlots == 0 && p.chunks == 1)
+      consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring);
     else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring);
     ring.first += stages;
   }
@@ -423,6 +439,18 @@ bool warpgroup_can_run(const Problem& p) {
 // bytes in flight there).
 bool warpgroup_fits(const Problem& p) { return warpgroup_can_run(p) && p.m > kDecodeRows; }
 
+// Whether p's chunk tree stores a node past level 0 (the tree tiles), and whether
+// its chunks are short enough for the deep one.
+bool needs_tree_levels(const Problem& p) { return tree_levels(p.chunks) > WgChunkTile::kRegSlots; }
+bool short_chunks(const Problem& p) { return p.chunk <= 2 * kWgBK; }
+// Chunks long enough for the wide tile, whose tree has no level in registers: a
+// chunk's node (128 KB) goes to the scratch and comes back once, about as many
+// bytes as the operands of 170 reduction elements (384 bf16 each), so at 4096 and
+// more the scratch adds under 5 % to the L2 traffic, and the wide tile reads a
+// quarter fewer operand bytes per product than the 128 × 128 one (lm_head's input
+// gradient: 8 chunks of 18992).
+bool long_chunks(const Problem& p) { return p.chunks > 1 && p.chunk >= 4096; }
+
 // The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 256
 // for one chunk and at least a wave of tiles, else 128 × 128 if that gives an
 // eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
@@ -433,10 +461,13 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
   const int sms = multiprocessors();
   static_assert(WgNarrowTile::kBM == WgChunkTile::kBM && WgNarrowTile::kBN == WgChunkTile::kBN);
-  if (p.chunks == 1 && tile_count<WgWideTile>(p) >= sms) launch_warpgroup<WgWideTile, MA, MB>(p, stream);
+  if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms)
+    launch_warpgroup<WgWideTile, MA, MB>(p, stream);
   else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
   else if (p.chunks == 1) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
-  else launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
+  else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
+  else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);
+  else launch_warpgroup<WgTreeTile, MA, MB>(p, stream);
   return true;
 }
 
@@ -479,13 +510,19 @@ bool warpgroup_group_fits(const std::vector<Problem>& problems) {
   return 2 * rows >= static_cast<long long>(problems.size()) * WgNarrowTile::kBM;
 }
 
-// On the single-chunk tile where every problem is one chunk (six stages, no tree).
+// On the single-chunk tile where every problem is one chunk (six stages, no tree),
+// a tree tile where one stores a node past level 0 (the deep one where every
+// problem's chunks are short), as run_warpgroup picks.
 void run_wgmma_grouped(Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream) {
-  const bool one_chunk = std::all_of(problems.begin(), problems.end(), [](const Problem& p) { return p.chunks == 1; });
+  const auto all = [&](auto pred) { return std::all_of(problems.begin(), problems.end(), pred); };
+  const bool one_chunk = all([](const Problem& p) { return p.chunks == 1; });
+  const bool levels = std::any_of(problems.begin(), problems.end(), needs_tree_levels);
   with_majors(ma, mb, [&](auto a, auto b) {
     constexpr Major A = decltype(a)::value, B = decltype(b)::value;
     if (one_chunk) launch_warpgroup_grouped<WgNarrowTile, A, B>(std::move(problems), stream);
-    else launch_warpgroup_grouped<WgChunkTile, A, B>(std::move(problems), stream);
+    else if (!levels) launch_warpgroup_grouped<WgChunkTile, A, B>(std::move(problems), stream);
+    else if (all(short_chunks)) launch_warpgroup_grouped<WgDeepTreeTile, A, B>(std::move(problems), stream);
+    else launch_warpgroup_grouped<WgTreeTile, A, B>(std::move(problems), stream);
   });
 }
 

@@ -8,10 +8,12 @@
 // sampled output rows: each output row depends only on its own inputs, so the
 // reference on the sampled rows alone gives exactly those rows' bits.
 // Negative control: cuBLAS (bf16 in, fp32 compute) on the forward GEMMs must
-// differ from the reference somewhere, or the comparison proves nothing.
+// differ from the reference somewhere, or the comparison proves nothing. cuBLAS's
+// gradient calls (bench_linear's peers) are held to float64 truth's error bound.
 // Exit 125 (CTest: skipped) without a Hopper GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -337,6 +339,22 @@ TEST_P(LinearGpu, WarpgroupShapes) {
     for (Fill fill : {Fill::Spread, Fill::Edge}) check_problem(contract(), contract().knobs, pb, fill, seed += 11, 24, {});
 }
 
+// Long chunks on the wide warpgroup tile (128 × 256, its chunk tree wholly in the
+// scratch, built in memory): 144 tiles, chunks of 4096 over K = 12400, four (the
+// last 112) and five (the last empty: level 2's pending node merges into the root),
+// the forward's and the input gradient's majors.
+TEST_P(LinearGpu, WideTileLongChunks) {
+  const Which acc_only{true, false, false, false, false}, dgrad_acc_only{false, false, false, true, false};
+  uint64_t seed = 3100;
+  for (int chunks : {4, 5})
+    for (Fill fill : {Fill::Spread, Fill::Edge}) {
+      check_problem(contract(), contract().knobs, Problem{2200, 12400, 2000, chunks, 4096}, fill, seed += 11, 8,
+                    acc_only);
+      check_problem(contract(), contract().knobs, Problem{2200, 2000, 12400, chunks, 4096}, fill, seed += 11, 8,
+                    dgrad_acc_only);
+    }
+}
+
 // --- grouped launches ----------------------------------------------------------------
 // One group's device inputs and outputs: x [T][K] (dy [T][N] of dgrad's shape), the
 // weight [N][K], and wgrad's dy [T][N].
@@ -444,6 +462,72 @@ TEST_P(LinearGpu, Qwen3Projections) {
   std::printf("%s: cuBLAS differs from the reference in %zu of %zu sampled forward outputs\n",
               contract().name.c_str(), control.mismatches, control.compared);
   EXPECT_GT(control.mismatches, 0u) << "negative control: cuBLAS matched the reference everywhere";
+}
+
+// bench_linear's peers of the gradients compute the GEMMs linear_dgrad and
+// linear_wgrad compute (or their ratios compare unlike work): each cuBLAS output
+// lies within the float64 truth's error bound of an fp32-accumulated dot,
+// |s − S| ≤ γ_n·Σ|a_j·b_j| with γ_n = n·u/(1 − n·u), n the reduction length and
+// u = 2^-23 (the products of bf16 are exact in fp32; u covers an adder that
+// truncates), plus the bf16 output's rounding to nearest, half an ulp: 2^-8·|s| ≤
+// 2^-8·|R(s)| / (1 − 2^-8) (8 significant bits). Control: the same outputs
+// against the truth of other inputs break the bound.
+struct GemmTruth {
+  std::vector<double> value, magnitude;  // S and Σ|a_j·b_j| per output
+};
+// out[r][c] = Σ_j a(r, j)·b(c, j) in float64.
+template <class A, class B>
+GemmTruth gemm_truth(int rows, int cols, int n, A&& a, B&& b) {
+  GemmTruth t{std::vector<double>(size_t(rows) * cols), std::vector<double>(size_t(rows) * cols)};
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      for (int j = 0; j < n; ++j) {
+        const double p = double(a(r, j)) * double(b(c, j));
+        t.value[size_t(r) * cols + c] += p;
+        t.magnitude[size_t(r) * cols + c] += std::fabs(p);
+      }
+  return t;
+}
+size_t outside_bound(const std::vector<float>& got, const GemmTruth& t, int n, bool bf16_out) {
+  const double u = std::ldexp(1.0, -23), gamma = n * u / (1 - n * u);
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - t.value[i]);
+    if (!(err <= gamma * t.magnitude[i] + (bf16_out ? std::ldexp(std::fabs(double(got[i])), -8) / (1 - std::ldexp(1.0, -8)) : 0.0))) ++bad;
+  }
+  return bad;
+}
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
+  return f;
+}
+
+TEST(CublasPeer, ComputesTheGradients) {
+  const int T = 192, K = 160, N = 224;
+  const auto x = make_input(size_t(T) * K, 71, Fill::Uniform), w = make_input(size_t(N) * K, 72, Fill::Uniform),
+             dy = make_input(size_t(T) * N, 73, Fill::Uniform), other = make_input(size_t(T) * N, 74, Fill::Uniform);
+  const DeviceBuffer<bf16> d_x(x), d_w(w), d_dy(dy);
+  DeviceBuffer<bf16> dx(size_t(T) * K);
+  DeviceBuffer<float> dw(size_t(N) * K);
+  test::CublasPeer peer;
+  peer.dgrad(d_dy.get(), d_w.get(), dx.get(), T, K, N);
+  peer.wgrad(d_dy.get(), d_x.get(), dw.get(), T, K, N);
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto at = [](const std::vector<bf16>& v, int ld) { return [&v, ld](int r, int c) { return widen(v[size_t(r) * ld + c]); }; };
+  // dx[t][k] = Σ_n dy[t][n]·w[n][k]; dw[n][k] = Σ_t dy[t][n]·x[t][k].
+  const auto dgrad_truth = [&](const std::vector<bf16>& d) {
+    return gemm_truth(T, K, N, at(d, N), [&](int k, int n) { return widen(w[size_t(n) * K + k]); });
+  };
+  const auto wgrad_truth = [&](const std::vector<bf16>& d) {
+    return gemm_truth(N, K, T, [&](int n, int t) { return widen(d[size_t(t) * N + n]); },
+                      [&](int k, int t) { return widen(x[size_t(t) * K + k]); });
+  };
+  const auto got_dx = widened(dx.download()), got_dw = dw.download();
+  EXPECT_EQ(outside_bound(got_dx, dgrad_truth(dy), N, true), 0u) << "cuBLAS dgrad";
+  EXPECT_EQ(outside_bound(got_dw, wgrad_truth(dy), T, false), 0u) << "cuBLAS wgrad";
+  EXPECT_GT(outside_bound(got_dx, dgrad_truth(other), N, true), got_dx.size() / 2) << "control: dgrad, other inputs";
+  EXPECT_GT(outside_bound(got_dw, wgrad_truth(other), T, false), got_dw.size() / 2) << "control: wgrad, other inputs";
 }
 
 INSTANTIATE_TEST_SUITE_P(Contracts, LinearGpu, ::testing::Values("bf16-sm90tc-v1", "bf16-fmaseq-v1"),
