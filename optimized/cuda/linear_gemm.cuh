@@ -221,9 +221,9 @@ struct ChunkTree {
   // kSlots == 0: chunk c's node, built in level 0's place (free for an even c; an odd
   // c merges level 0's pending node first, element by element in place): then the
   // pending nodes of c's other trailing one bits and, for the last chunk, every other
-  // pending node from the lowest level up, as the registers' path merges them.
-  // Returns the level the node is pending at (the last chunk's root: 0).
-  __device__ int build_in_memory(const Dot& d, int c, bool empty) const {
+  // pending node from the lowest level up, as the registers' path merges them (the
+  // last chunk's root stays in level 0's place).
+  __device__ void build_in_memory(const Dot& d, int c, bool empty) const {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const float part = empty ? 0.0f : d.acc[i];
@@ -234,12 +234,11 @@ struct ChunkTree {
     if (c == chunks - 1) {
       for (int h = l + 1; (c >> h) != 0; ++h)
         if ((c >> h) & 1) merge_in_memory(h, 0);
-      return 0;
+      return;
     }
     if (l > 0)
 #pragma unroll 4
       for (int i = 0; i < kAcc; ++i) pending(l, i) = pending(0, i);
-    return l;
   }
 
   // Chunk c's partial is in d.acc, or +0 for an empty chunk (no wgmma wrote it);

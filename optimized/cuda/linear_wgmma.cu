@@ -78,7 +78,7 @@ using WgChunkTile = WarpgroupTile<128, 1, 7>;
 // the experts' 96), levels 1 and 2 there with three stages. The scratch's L2
 // traffic bound those: lm_head's weight gradient, 32 chunks a tile, had ncu's L2
 // throughput at 95 %. Measured (bench/NOTES.md): the long chunks want the deeper
-// ring, the short ones the shallower tree.
+// ring, the short ones the deeper tree.
 using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
 using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 
