@@ -2,9 +2,10 @@
 // sm90-tc forward GEMMs of decode size (M <= 16 rows of x), which stream the weight
 // once and are bound by its bytes. A warp per strip of 8 output columns and chunk
 // (C times the warps of linear_mma.cu's decode tiles on chunked reductions); the
-// weight goes from global memory straight into the mma B fragments in batches of
-// kBatch k16 groups, two batches in flight per warp (no shared memory for the
-// weight).
+// weight goes from global memory by cp.async into a per-lane ring in shared memory
+// (launches of few warps) and from there into the mma B fragments, in batches of
+// kBatch k16 groups, up to 8 batches (32 KB) in flight per warp; launches of many
+// warps load the batches into registers, two in flight (RegisterBatches).
 //
 //   - Work: a task is one strip of 8 output columns (8 weight rows) × one chunk of
 //     the reduction; one warp runs one task's chain at a time. A unit is a few
@@ -38,6 +39,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/linear_gemm.cuh"
@@ -49,8 +51,9 @@ namespace bp::cuda::gemm {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// k16 groups per batch of weight loads (two registers each); two batches, 8 KB,
-// in flight per warp keep ~2 MB in flight even on 0.6B q_proj's 256 warps.
+// k16 groups per batch of weight loads: 4 KB a warp. Two batches in registers per
+// warp keep 0.5 MB in flight on 30B kv_proj's 64 warps at M = 1, where the copy
+// bandwidth wants several MB: hence the rings of launches of few warps.
 constexpr int kBatch = 16;
 
 // One warp's 16 × 8 mma tile as store_outputs reads it (accumulator i: row
@@ -69,28 +72,84 @@ struct StripTile {
 // half-warp reads (8 bytes per lane, 32 bytes per row) in distinct banks.
 inline int x_stride_elems(int red) { return ((2 * red + 95) / 128 * 128 + 32) / 2; }
 
-// One warp's chain over one chunk of one strip, its weight loads in batches of
-// kBatch groups, two batches in flight: run() waits for batch b (issued a whole
-// batch earlier) while batch b + 1 is on its way, then reissues b's registers for
-// b + 2. A rolling ring (each group's load refilled kDepth groups ahead) ran at one
-// group per memory latency (bench/NOTES.md, session 11): a batch issued back to
-// back and waited for at once needs one wait per batch. Every lane issues every
-// load of a batch (a dead piece reads its row's first 8 bytes and is zeroed where
-// used), so no branch separates the loads.
-struct StripChain {
+// Where a chain's weight batches wait between their loads and their mma. Both take
+// batch b in slot parity P = b % 2 (a compile-time constant at every call, so the
+// registers are never indexed at run time) and a batch's loads end in one commit.
+//   - RegisterBatches: two batches in registers, 8 KB a warp; what the many warps
+//     of chunked launches want (their chains are a batch or two long).
+//   - RingBatches<R>: R batches in the lane's own slots of a ring in shared memory,
+//     filled by cp.async (no barrier: a lane reads back only what it copied), so the
+//     bytes in flight cost no registers and a launch of few warps (30B kv_proj at
+//     M = 1: 64 strips, a warp each) keeps its whole chain's weight on the way.
+//     Every step commits one cp.async group (an empty one past the chain's end), so
+//     "batch b landed" is always wait_group R − 1.
+struct RegisterBatches {
+  static constexpr int kDepth = 2, kCommits = 0;
+  static constexpr size_t kWarpBytes = 0;
   uint2 batch[2][kBatch];
+  __device__ explicit RegisterBatches(uint2*) {}
+  template <int P>
+  __device__ void load(int, int j, const bf16* src) {
+    batch[P][j] = ld_stream8(src);
+  }
+  __device__ void commit() const {}
+  __device__ void wait() const {}
+  template <int P>
+  __device__ uint2 at(int, int j) const {
+    return batch[P][j];
+  }
+  __device__ void reuse() const {}
+};
+
+template <int R>
+struct RingBatches {
+  static_assert(R % 2 == 0, "a slot's parity is its batch's");
+  static constexpr int kDepth = R, kCommits = R;
+  static constexpr size_t kWarpBytes = size_t{R} * kBatch * 32 * sizeof(uint2);
+  uint2* ring;  // this lane's slot 0: slot (b, j) at [((b mod R)·kBatch + j)·32]
+  __device__ explicit RingBatches(uint2* warp_ring) : ring(warp_ring + threadIdx.x % 32) {}
+  __device__ uint2* slot(int b, int j) const { return ring + ((b % R) * kBatch + j) * 32; }
+  template <int P>
+  __device__ void load(int b, int j, const bf16* src) const {
+    cp_async8_stream(slot(b, j), src);
+  }
+  __device__ void commit() const { cp_async_commit(); }
+  __device__ void wait() const { cp_async_wait<R - 1>(); }  // the oldest batch: R − 1 commits came after it
+  template <int P>
+  __device__ uint2 at(int b, int j) const {
+    return *slot(b, j);
+  }
+  __device__ void reuse() const { __syncwarp(); }  // the slots' reads before the copies that refill them
+};
+
+// One warp's chain over one chunk of one strip, its weight loads in batches of
+// kBatch groups, Store::kDepth batches in flight: step b waits for batch b, runs
+// it and reloads its slots with batch b + kDepth. A rolling ring of register loads
+// refilled a group at a time ran at one group per memory latency (bench/NOTES.md,
+// session 11); batches keep one wait per batch. Every lane issues every load of a
+// batch (a dead piece reads its row's first 8 bytes and is zeroed where used), so
+// no branch separates them.
+template <class Store>
+struct StripChain {
+  Store store;
   const bf16* w_row;  // this lane's weight row
   int k;              // this lane's first element in it: the chunk's start + 4t
   int groups, batches, len, t;
 
+  __device__ explicit StripChain(uint2* warp_ring) : store(warp_ring) {}
+
   // Group i's piece of this lane lies inside the chunk (so i < groups).
   __device__ bool live(int i) const { return 16 * i + 4 * t < len; }
-  __device__ void issue(int b, uint2 (&dst)[kBatch]) const {
+  // Batch b's loads (none past the last batch), then one commit.
+  template <int P>
+  __device__ void issue(int b) {
+    if (b < batches)
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = b * kBatch + j;
-      dst[j] = ld_stream8(w_row + (live(i) ? k + 16 * i : 0));
-    }
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = b * kBatch + j;
+        store.template load<P>(b, j, w_row + (live(i) ? k + 16 * i : 0));
+      }
+    store.commit();
   }
 
   __device__ void start(const Problem& p, int col0, int k0) {
@@ -102,14 +161,18 @@ struct StripChain {
     // Columns past N read row N − 1: they reach only outputs that are not stored.
     w_row = p.b.p + static_cast<size_t>(min(col0 + lane / 4, p.n - 1)) * p.b.ld;
     k = k0 + 4 * t;
-    if (batches > 0) issue(0, batch[0]);
-    if (batches > 1) issue(1, batch[1]);
+#pragma unroll 1
+    for (int b = 0; b < Store::kDepth; b += 2) {
+      issue<0>(b);
+      issue<1>(b + 1);
+    }
   }
 
-  // The groups of batch b from src, in increasing order, into acc.
-  __device__ void consume(const Problem& p, int b, const uint2 (&src)[kBatch], const bf16* x_lo, const bf16* x_hi,
-                          float (&acc)[4]) const {
+  // Batch b's groups, in increasing order, into acc, then its slots' next batch.
+  template <int P>
+  __device__ void step(const Problem& p, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
     const bool hi_rows = p.m > 8;
+    store.wait();
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = b * kBatch + j;
@@ -118,9 +181,12 @@ struct StripChain {
       // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}; a dead piece reads k 0..3.
       const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + (in ? 16 * i : 0));
       const uint2 hi = hi_rows ? *reinterpret_cast<const uint2*>(x_hi + (in ? 16 * i : 0)) : make_uint2(0, 0);
+      const uint2 w = store.template at<P>(b, j);
       const uint32_t a[4] = {in ? lo.x : 0u, in ? hi.x : 0u, in ? lo.y : 0u, in ? hi.y : 0u};
-      mma_m16n8k16(acc, a, in ? src[j].x : 0u, in ? src[j].y : 0u);
+      mma_m16n8k16(acc, a, in ? w.x : 0u, in ? w.y : 0u);
     }
+    store.reuse();
+    issue<P>(b + Store::kDepth);
   }
 
   // acc = the chunk's dot from +0; xs: x's rows (row stride x_ld) at the chunk's start.
@@ -133,27 +199,37 @@ struct StripChain {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
     for (int b = 0; b < batches; b += 2) {
-      consume(p, b, batch[0], x_lo, x_hi, acc);
-      if (b + 2 < batches) issue(b + 2, batch[0]);
-      if (b + 1 < batches) {
-        consume(p, b + 1, batch[1], x_lo, x_hi, acc);
-        if (b + 3 < batches) issue(b + 3, batch[1]);
-      }
+      step<0>(p, b, x_lo, x_hi, acc);
+      if (b + 1 < batches) step<1>(p, b + 1, x_lo, x_hi, acc);
     }
+  }
+};
+
+// Shared memory of a CTA: x [m][x_ld] bf16, then (chunks > 1) two buffers of the
+// partials [strip][row < m][8 columns][chunk] fp32, then a ring per warp (RingBatches).
+struct DecodeSmem {
+  size_t x_bytes, part_bytes;
+  __host__ __device__ DecodeSmem(const Problem& p, int unit_strips, int x_ld)
+      : x_bytes((static_cast<size_t>(p.m) * x_ld * sizeof(bf16) + 15) / 16 * 16),
+        part_bytes(p.chunks > 1 ? 2 * sizeof(float) * unit_strips * p.m * 8 * p.chunks : 0) {}
+  template <class Store>
+  __host__ __device__ size_t bytes(int warps) const {
+    return x_bytes + part_bytes + warps * Store::kWarpBytes;
   }
 };
 
 // Units of `unit_strips` consecutive strips (every chunk of each), unit u to CTA
 // u mod gridDim.x: a CTA copies x once and its warps stream unit after unit.
-// Shared memory: x [m][x_ld] bf16, then (chunks > 1) two buffers of the partials
-// [strip][row < m][8 columns][chunk] fp32, units alternating between them, so
-// one barrier per unit both completes a unit's partials and frees the buffer
-// the next unit writes.
+// The partials' two buffers take units in turn, so one barrier per unit both
+// completes a unit's partials and frees the buffer the next unit writes.
+template <class Store>
 __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p, const int unit_strips,
                                                                  const int x_ld) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  const DecodeSmem plan(p, unit_strips, x_ld);
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);
-  float* part = reinterpret_cast<float*>(smem_raw + (static_cast<size_t>(p.m) * x_ld * sizeof(bf16) + 15) / 16 * 16);
+  float* part = reinterpret_cast<float*>(smem_raw + plan.x_bytes);
+  uint2* rings = reinterpret_cast<uint2*>(smem_raw + plan.x_bytes + plan.part_bytes);
   const int part_elems = unit_strips * p.m * 8 * p.chunks;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int all_strips = (p.n + 7) / 8, units = (all_strips + unit_strips - 1) / unit_strips;
@@ -169,13 +245,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
   // The warp's tasks in order: task warp, warp + warps, ... of each of the CTA's
   // units. Each task's weight loads start as the previous task ends (the first
   // while x arrives), before the stores and the barrier between units.
-  StripChain chain;
+  StripChain<Store> chain(rings + warp * Store::kWarpBytes / sizeof(uint2));
   const auto start = [&](int unit, int task) {
-    if (unit < units && task < tasks_of(unit))
-      chain.start(p, (unit * unit_strips + task / p.chunks) * 8, task % p.chunks * p.chunk);
+    const bool has_task = unit < units && task < tasks_of(unit);
+    if (has_task) chain.start(p, (unit * unit_strips + task / p.chunks) * 8, task % p.chunks * p.chunk);
+    return has_task;
   };
-  start(blockIdx.x, warp);
-  cp_async_wait<0>();
+  // x: committed before the batches a start commits.
+  if (start(blockIdx.x, warp)) cp_async_wait<Store::kCommits>();
+  else cp_async_wait<0>();
   __syncthreads();
 
   const StripTile tile{lane};
@@ -223,25 +301,40 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   const int units = (strips + unit_strips - 1) / unit_strips;
   const int warps = std::min(kMaxWarps, unit_strips * p.chunks);
   const int x_ld = x_stride_elems(p.red);
-  const size_t x_bytes = (static_cast<size_t>(p.m) * x_ld * sizeof(bf16) + 15) / 16 * 16;
-  const size_t part_bytes = p.chunks > 1 ? 2 * sizeof(float) * unit_strips * p.m * 8 * p.chunks : 0;
+  const DecodeSmem plan(p, unit_strips, x_ld);
   static const int max_smem = [] {
     int dev = 0, bytes = 0;
     BP_CUDA_CHECK(cudaGetDevice(&dev));
     BP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return bytes;
   }();
-  const size_t smem = x_bytes + part_bytes;
-  if (smem > static_cast<size_t>(max_smem)) return false;
-  static const cudaError_t opt_in = allow_smem(decode_kernel, max_smem);
-  BP_CUDA_CHECK(opt_in);
-  // As many CTAs as fit on the GPU at once (each copies x once), at most one per unit.
-  int per_sm = 0;
-  BP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel, warps * 32, smem));
-  const int ctas = std::min(units, std::max(1, per_sm) * sms);
-  decode_kernel<<<ctas, warps * 32, smem, stream>>>(p, unit_strips, x_ld);
-  BP_CUDA_CHECK_LAUNCH();
-  return true;
+  const auto launch = [&](auto store) {
+    using Store = typename decltype(store)::type;
+    const auto kernel = decode_kernel<Store>;
+    const size_t smem = plan.bytes<Store>(warps);
+    static const cudaError_t opt_in = allow_smem(kernel, max_smem);
+    BP_CUDA_CHECK(opt_in);
+    // As many CTAs as fit on the GPU at once (each copies x once), at most one per unit.
+    int per_sm = 0;
+    BP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem));
+    const int ctas = std::min(units, std::max(1, per_sm) * sms);
+    kernel<<<ctas, warps * 32, smem, stream>>>(p, unit_strips, x_ld);
+    BP_CUDA_CHECK_LAUNCH();
+    return true;
+  };
+  // A launch of few warps (a single chunk over few strips: at most two warps a CTA)
+  // takes the deepest ring whose CTA stays within a third of an SM's shared memory
+  // (two or three CTAs an SM), at least two batches (measured faster than the
+  // registers even so); the many warps of chunked launches and of the lm_heads keep
+  // their batches in registers (a ring measured slower there: fewer CTAs an SM).
+  const size_t third = static_cast<size_t>(max_smem) / 3;
+  const auto fits = [&](size_t bytes) { return bytes <= static_cast<size_t>(max_smem); };
+  const bool ring = p.chunks == 1 && warps <= 2 && fits(plan.bytes<RingBatches<2>>(warps));
+  if (!ring && !fits(plan.bytes<RegisterBatches>(warps))) return false;
+  if (!ring) return launch(std::type_identity<RegisterBatches>{});
+  if (plan.bytes<RingBatches<8>>(warps) <= third) return launch(std::type_identity<RingBatches<8>>{});
+  if (plan.bytes<RingBatches<4>>(warps) <= third) return launch(std::type_identity<RingBatches<4>>{});
+  return launch(std::type_identity<RingBatches<2>>{});
 }
 
 }  // namespace bp::cuda::gemm

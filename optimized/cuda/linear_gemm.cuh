@@ -12,7 +12,7 @@
 //   - linear_mma.cu: tiles of 32 reduction elements through a cp.async pipeline;
 //     sm90-tc on mma.sync.m16n8k16, fma-seq on the SIMT cores;
 //   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16): the weight
-//     from global memory straight into mma.sync fragments, a warp per strip of 8
+//     streamed into mma.sync fragments, a warp per strip of 8
 //     columns and chunk;
 //   - linear_wgmma.cu: sm90-tc where TMA can read both operands and M is past
 //     decode sizes: the same G steps on wgmma with TMA-fed, swizzled stages of 64

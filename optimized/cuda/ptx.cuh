@@ -29,6 +29,11 @@ __device__ inline uint2 ld_stream8(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+// The same 8 bytes into shared memory by cp.async (its bytes in flight cost no
+// registers), with the same L2 prefetch.
+__device__ inline void cp_async8_stream(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
 
 // Four 8×8 matrices of b16 from shared memory (PTX ISA, ldmatrix).
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
