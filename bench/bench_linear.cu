@@ -54,8 +54,8 @@ int weight_copies(size_t weight_bytes) {
 // (chunked by the tree width), wgrad over the tokens (grad_token_chunk).
 enum class Pass { kFwd, kDgrad, kWgrad };
 const char* pass_name(Pass p) { return p == Pass::kFwd ? "fwd" : p == Pass::kDgrad ? "dgrad" : "wgrad"; }
-int pass_chunks(Pass p, const Knobs& kn, const test::LinearShape& s) {
-  if (p == Pass::kWgrad) return 0;  // token chunks: the contract's grad_token_chunk
+int pass_chunks(Pass p, const Knobs& kn, const test::LinearShape& s, int M) {
+  if (p == Pass::kWgrad) return (M + kn.grad_token_chunk - 1) / kn.grad_token_chunk;
   return (p == Pass::kFwd) == s.row_parallel ? kn.tp_tree_width : 1;
 }
 
@@ -73,7 +73,7 @@ void report(const test::LinearShape& s, Pass pass, int M, int chunks, const benc
 
 void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, cudaStream_t stream,
                  double copy_gbps, const test::LinearShape& s, int M, Pass pass) {
-  const int chunks = pass_chunks(pass, kn, s);
+  const int chunks = pass_chunks(pass, kn, s, M);
   const size_t weight_elems = size_t(s.N) * s.K;
   // The forward and dgrad read a weight per call (cycled over copies, as a model
   // reads each layer's once); wgrad writes the fp32 weight gradient instead.
@@ -116,8 +116,7 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
     peer = bench::median_graph_us(opt, stream, [&](cudaStream_t) { cublas.wgrad(dy.get(), x.get(), dw.get(), M, s.K, s.N); });
   }
   BP_CUDA_CHECK(cudaDeviceSynchronize());
-  report(s, pass, M, pass == Pass::kWgrad ? (M + kn.grad_token_chunk - 1) / kn.grad_token_chunk : chunks, ours, peer,
-         bytes, copy_gbps);
+  report(s, pass, M, chunks, ours, peer, bytes, copy_gbps);
 }
 
 int run(const Options& opt) {

@@ -329,9 +329,8 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   // their batches in registers (a ring measured slower there: fewer CTAs an SM).
   const size_t third = static_cast<size_t>(max_smem) / 3;
   const auto fits = [&](size_t bytes) { return bytes <= static_cast<size_t>(max_smem); };
-  const bool ring = p.chunks == 1 && warps <= 2 && fits(plan.bytes<RingBatches<2>>(warps));
-  if (!ring && !fits(plan.bytes<RegisterBatches>(warps))) return false;
-  if (!ring) return launch(std::type_identity<RegisterBatches>{});
+  if (p.chunks > 1 || warps > 2 || !fits(plan.bytes<RingBatches<2>>(warps)))
+    return fits(plan.bytes<RegisterBatches>(warps)) && launch(std::type_identity<RegisterBatches>{});
   if (plan.bytes<RingBatches<8>>(warps) <= third) return launch(std::type_identity<RingBatches<8>>{});
   if (plan.bytes<RingBatches<4>>(warps) <= third) return launch(std::type_identity<RingBatches<4>>{});
   return launch(std::type_identity<RingBatches<2>>{});
