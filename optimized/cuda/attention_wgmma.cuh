@@ -71,13 +71,16 @@ struct WsTile {
   }
   // K-major operand (the query side as A, K or V as B of the scores): k16 group kk
   // is 32 bytes along a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
-  __device__ static uint64_t k_major(uint32_t tile, int kk) {
-    return sm90::swizzled_descriptor(tile + (kk / 4) * kBoxBytes + (kk % 4) * 32, 16, 1024);
+  // Descriptors are built once per tile and moved to each group (descriptor_plus).
+  __device__ static uint64_t k_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, 16, 1024); }
+  __device__ static uint64_t k_major(uint64_t tile_desc, int kk) {
+    return sm90::descriptor_plus(tile_desc, (kk / 4) * kBoxBytes + (kk % 4) * 32);
   }
   // A block as the N-major B of R(T)·B: group kk is key rows 16kk.., 128 bytes a
   // key row; the next 64 columns of D are the next box.
-  __device__ static uint64_t n_major(uint32_t tile, int kk) {
-    return sm90::swizzled_descriptor(tile + kk * 16 * 128, kBoxBytes, 1024);
+  __device__ static uint64_t n_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, kBoxBytes, 1024); }
+  __device__ static uint64_t n_major(uint64_t tile_desc, int kk) {
+    return sm90::descriptor_plus(tile_desc, kk * 16 * 128);
   }
 };
 
@@ -169,7 +172,8 @@ __device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
   sm90::fence_accumulators(s);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(a, kk), W::k_major(b, kk), kk > 0);
+  const uint64_t a0 = W::k_major(a), b0 = W::k_major(b);
+  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(a0, kk), W::k_major(b0, kk), kk > 0);
   sm90::wgmma_commit();
 }
 
@@ -182,21 +186,24 @@ template <int D>
 __device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, uint32_t zeros,
                                     bool zero_block) {
   using W = WsTile<D>;
-  // A's registers are chosen before the fence: selected between the wgmmas, ptxas
+  // A's registers (and the descriptors) are chosen before the fence: selected between the wgmmas, ptxas
   // serialised every wgmma of the kernel (C7520, behind a warpgroup.arrive it put
   // on a divergent path); cmake/nvcc_guard now fails such a build.
   uint32_t a[4][4];
+  uint64_t desc[4];
+  const uint64_t b0 = W::n_major(b), zero_desc = sm90::swizzled_descriptor(zeros, 0, 0);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+  for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[kk][r] = zero_block ? 0u : frag[kk][r];
+    desc[kk] = zero_block ? zero_desc : W::n_major(b0, kk);
+  }
   sm90::fence_accumulators(acc);
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t desc = zero_block ? sm90::swizzled_descriptor(zeros, 0, 0) : W::n_major(b, kk);
-    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc);
-    else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc);
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc[kk]);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc[kk]);
   }
   sm90::wgmma_commit();
 }

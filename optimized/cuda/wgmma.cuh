@@ -117,6 +117,15 @@ __device__ inline uint64_t swizzled_descriptor(uint32_t addr, uint32_t lbo, uint
          (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
 }
 
+// desc with its start address `bytes` further. The address field (bits 0–13, in
+// 16-byte units) takes the offset without a carry while the new address stays
+// below 2^18 (shared memory is smaller), so only the low word changes: one add
+// per wgmma instead of rebuilding the descriptor from the address.
+__device__ inline uint64_t descriptor_plus(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int Pending>
