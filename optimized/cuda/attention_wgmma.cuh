@@ -171,8 +171,8 @@ __device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
   using W = WsTile<D>;
   sm90::fence_accumulators(s);
   sm90::wgmma_fence();
-#pragma unroll
   const uint64_t a0 = W::k_major(a), b0 = W::k_major(b);
+#pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(a0, kk), W::k_major(b0, kk), kk > 0);
   sm90::wgmma_commit();
 }
