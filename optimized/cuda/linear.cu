@@ -12,6 +12,7 @@
 #include "optimized/cuda/linear.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/linear_gemm.cuh"
+#include "optimized/cuda/rows.h"
 #include "reference/numerics/chunked.h"
 
 namespace bp::cuda {
@@ -124,6 +126,34 @@ std::vector<Problem> group_problems(const char* fn, const LinearGroup* groups, i
   return problems;
 }
 
+// Whether the two trees' sum is the one tree over both chunk lists (its root's
+// halves are the two roots): a power-of-two count of chunks that end exactly at
+// the reduction's end, so none straddles the seam.
+bool pair_is_one_tree(int N, int n_chunks, int chunk_len) {
+  return n_chunks > 0 && (n_chunks & (n_chunks - 1)) == 0 && int64_t{n_chunks} * chunk_len == N;
+}
+
+// Two grouped input gradients, the second's into a scratch, and the additions: one
+// per run of pairs whose outputs follow each other in memory (the experts' rows).
+void dgrad_pairs_apart(const Knobs& kn, const DgradPair* pairs, int count, int K, int N, int n_chunks, int chunk_len,
+                       cudaStream_t stream) {
+  std::vector<size_t> at{0};
+  for (int g = 0; g < count; ++g) at.push_back(at.back() + static_cast<size_t>(pairs[g].T) * K);
+  DeviceBuffer<float> second_acc(at.back(), stream);
+  std::vector<Problem> firsts, seconds;
+  for (int g = 0; g < count; ++g) {
+    const DgradPair& q = pairs[g];
+    firsts.push_back(dgrad_problem(q.dy1, q.w1, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len));
+    seconds.push_back(dgrad_problem(q.dy2, q.w2, second_acc.get() + at[g], nullptr, q.T, K, N, n_chunks, chunk_len));
+  }
+  run_grouped<Major::Red, Major::Row>(kn.dot, firsts, stream);
+  run_grouped<Major::Red, Major::Row>(kn.dot, seconds, stream);
+  for (int g = 0, end; g < count; g = end) {
+    for (end = g + 1; end < count && pairs[end].acc == pairs[end - 1].acc + (at[end] - at[end - 1]); ++end) {}
+    if (at[end] > at[g]) add_f32(pairs[g].acc, second_acc.get() + at[g], at[end] - at[g], stream);
+  }
+}
+
 }  // namespace
 
 void linear_acc(const Knobs& kn, const bf16* x, const bf16* w, float* acc, int T, int K, int N, int k_chunks,
@@ -166,6 +196,21 @@ void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count,
     return dgrad_problem(g.x, g.w, g.acc, g.y, g.T, K, N, n_chunks, chunk);
   };
   run_grouped<Major::Red, Major::Row>(kn.dot, group_problems("linear_dgrad_grouped", groups, count, problem), stream);
+}
+
+void linear_dgrad_pair_grouped(const Knobs& kn, const DgradPair* pairs, int count, int K, int N, int n_chunks,
+                               int chunk_len, cudaStream_t stream) {
+  check_chunks(N, n_chunks, chunk_len, "linear_dgrad_pair_grouped", "N");
+  std::vector<gemm::ProblemPair> merged;
+  for (int g = 0; g < count; ++g) {
+    const DgradPair& q = pairs[g];
+    const Problem first = dgrad_problem(q.dy1, q.w1, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
+    const Problem second = dgrad_problem(q.dy2, q.w2, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
+    if (q.T > 0 && K > 0) merged.push_back({first, second});
+  }
+  const bool one_gemm = kn.dot == DotModel::Sm90Tc && N > 0 && pair_is_one_tree(N, n_chunks, chunk_len);
+  if (one_gemm && (merged.empty() || gemm::run_wgmma_pairs(Major::Red, Major::Row, merged, stream))) return;
+  dgrad_pairs_apart(kn, pairs, count, K, N, n_chunks, chunk_len, stream);
 }
 
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,

@@ -49,6 +49,25 @@ void linear_dgrad_acc(const Knobs& kn, const bf16* dy, const bf16* w, float* acc
 void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count, int K, int N, int n_chunks,
                           cudaStream_t stream = 0);
 
+// The input gradient of two linears reading the same input (the MLP's gate and up,
+// SPEC.md §5.7 step 3): acc = linear_dgrad_acc(dy1, w1) + linear_dgrad_acc(dy2, w2)
+// by one fp32 addition, each over N in n_chunks chunks of chunk_len.
+struct DgradPair {
+  const bf16* dy1;
+  const bf16* w1;
+  const bf16* dy2;
+  const bf16* w2;
+  int T;
+  float* acc;
+};
+
+// Every pair's sum in one grouped launch where it can be one GEMM: with n_chunks a
+// power of two and n_chunks · chunk_len = N, the sum is the pairwise tree over the
+// 2·n_chunks chunks of [dy1 | dy2]·[w1 ; w2], which the warpgroup kernel reduces
+// in one pass; elsewhere two grouped GEMMs and the additions.
+void linear_dgrad_pair_grouped(const Knobs& kn, const DgradPair* pairs, int count, int K, int N, int n_chunks,
+                               int chunk_len, cudaStream_t stream = 0);
+
 // dw[n][k] = token-chunked dot over t of dy[t][n] · x[t][k] (grad_token_chunk), fp32.
 void linear_wgrad(const Knobs& kn, const bf16* dy, const bf16* x, float* dw, int T, int K, int N,
                   cudaStream_t stream = 0);

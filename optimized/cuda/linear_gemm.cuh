@@ -59,6 +59,15 @@ struct Problem {
   float* out_f32;  // exactly one of the two outputs is set
   bf16* out_bf16;
   float* spill;  // chunk-tree levels >= kRegSlots (ChunkTree's layout)
+  // > 0: the reduction goes on from here in a second operand pair, [A | A2]·[B ; B2]
+  // (ProblemPair; only the grouped warpgroup kernel reads it).
+  int second_from = 0;
+};
+
+// A problem whose reduction continues into a second one's (same m, n and output):
+// first's chunks, then second's, counted on across the seam.
+struct ProblemPair {
+  Problem first, second;
 };
 
 // One CTA per entry of the tile table: tile (problem, row0, col0) of a grouped launch.
@@ -418,5 +427,8 @@ bool run_wgmma(Major ma, Major mb, const Problem& p, cudaStream_t stream);
 // Whether the warpgroup kernel takes a grouped launch of `problems`, and that launch.
 bool warpgroup_group_fits(const std::vector<Problem>& problems);
 void run_wgmma_grouped(Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream);
+// Each pair as one problem over both reductions in one grouped launch, where the
+// kernel takes them all (the seam on a stage boundary); false: nothing launched.
+bool run_wgmma_pairs(Major ma, Major mb, const std::vector<ProblemPair>& pairs, cudaStream_t stream);
 
 }  // namespace bp::cuda::gemm

@@ -206,18 +206,32 @@ struct StageRing {
   __device__ uint32_t round(int s) const { return (first + s) / Cfg::kStages; }
 };
 
+// One tile of the GEMM: its problem, the problem's operand maps (the second pair's
+// are the first's where it has one pair) and its corner.
+struct TileJob {
+  const Problem* p;
+  const void* map_a;
+  const void* map_b;
+  const void* map_a2;
+  const void* map_b2;
+  int row0, col0;
+};
+
 // Stage s of the tile holds reduction elements [s·kWgBK, (s + 1)·kWgBK), whatever
-// the chunks.
+// the chunks; from the problem's second_from on (a whole stage), of its second pair.
 template <class Cfg, Major MA, Major MB>
-__device__ void warpgroup_producer(const void* map_a, const void* map_b, const WarpgroupSmem<Cfg>& sm, int row0,
-                                   int col0, int stages, StageRing<Cfg> ring) {
+__device__ void warpgroup_producer(const TileJob& job, const WarpgroupSmem<Cfg>& sm, int stages,
+                                   StageRing<Cfg> ring) {
+  const int second = job.p->second_from > 0 ? job.p->second_from / kWgBK : stages;
   for (int s = 0; s < stages; ++s) {
     const int slot = ring.slot(s);
     const uint32_t round = ring.round(s);
     if (round > 0) sm90::mbarrier_wait(&sm.empty[slot], (round - 1) & 1);
     sm90::mbarrier_arrive_expect_tx(&sm.full[slot], Cfg::kStageBytes);
-    SwizzledOperand<MA>::load(sm.a(slot), map_a, &sm.full[slot], row0, s * kWgBK, Cfg::kBM);
-    SwizzledOperand<MB>::load(sm.b(slot), map_b, &sm.full[slot], col0, s * kWgBK, Cfg::kBN);
+    const bool hi = s >= second;
+    const int j0 = (hi ? s - second : s) * kWgBK;
+    SwizzledOperand<MA>::load(sm.a(slot), hi ? job.map_a2 : job.map_a, &sm.full[slot], job.row0, j0, Cfg::kBM);
+    SwizzledOperand<MB>::load(sm.b(slot), hi ? job.map_b2 : job.map_b, &sm.full[slot], job.col0, j0, Cfg::kBN);
   }
 }
 
@@ -305,14 +319,6 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
   tree.store_root(p, dot);
 }
 
-// One tile of the GEMM: its problem, the problem's operand maps and its corner.
-struct TileJob {
-  const Problem* p;
-  const void* map_a;
-  const void* map_b;
-  int row0, col0;
-};
-
 // A persistent CTA: tiles blockIdx.x, blockIdx.x + gridDim.x, ... (job(t) gives
 // tile t), their stages in one ring (StageRing), so a tile's pipeline fill and its
 // problem's loads overlap the previous tile's last stages and stores, and the
@@ -340,7 +346,7 @@ __device__ void warpgroup_tiles(int tiles, const Jobs& job) {
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const TileJob j = job(t);
       const int stages = (j.p->red + kWgBK - 1) / kWgBK;
-      warpgroup_producer<Cfg, MA, MB>(j.map_a, j.map_b, sm, j.row0, j.col0, stages, ring);
+      warpgroup_producer<Cfg, MA, MB>(j, sm, stages, ring);
       ring.first += stages;
     }
     return;
@@ -367,20 +373,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   warpgroup_tiles<Cfg, MA, MB>(row_tiles * col_tiles, [&](int t) {
     const int row_tile = rows_fastest ? t % row_tiles : t / col_tiles;
     const int col_tile = rows_fastest ? t / row_tiles : t % col_tiles;
-    return TileJob{&p, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN};
+    return TileJob{&p, &map_a, &map_b, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN};
   });
 }
 
-// A group: the tile table's entry t; problem g's A and B maps at 2g and 2g + 1
-// (device memory).
+// A group: the tile table's entry t; problem g's maps A, B (and, with two operand
+// pairs, A2, B2) from maps_per · g on (device memory, GroupMaps).
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_grouped_kernel(const Problem* __restrict__ problems, const CUtensorMap* __restrict__ maps,
-                             const GroupTile* __restrict__ tiles, int n_tiles) {
+                             const int maps_per, const GroupTile* __restrict__ tiles, int n_tiles) {
   warpgroup_tiles<Cfg, MA, MB>(n_tiles, [&](int t) {
     const GroupTile tile = tiles[t];
-    return TileJob{&problems[tile.problem], &maps[2 * tile.problem], &maps[2 * tile.problem + 1], tile.row0,
-                   tile.col0};
+    const CUtensorMap* m = &maps[maps_per * tile.problem];
+    return TileJob{&problems[tile.problem], &m[0], &m[1], &m[maps_per - 2], &m[maps_per - 1], tile.row0, tile.col0};
   });
 }
 
@@ -471,24 +477,48 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   return true;
 }
 
+// A grouped launch's operand maps: `per` a problem, in the problems' order.
+struct GroupMaps {
+  std::vector<CUtensorMap> maps;
+  int per;
+};
+
 template <class Cfg, Major MA, Major MB>
-void launch_warpgroup_grouped(std::vector<Problem> problems, cudaStream_t stream) {
+void launch_warpgroup_grouped(std::vector<Problem> problems, const GroupMaps& maps, cudaStream_t stream) {
   const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
   GroupPlan<Cfg> plan(std::move(problems), stream, /*persistent=*/true);
-  std::vector<CUtensorMap> maps;
-  for (const Problem& p : plan.problems) {
-    maps.push_back(operand_map<MA>(p.a, p.red));
-    maps.push_back(operand_map<MB>(p.b, p.red));
-  }
   const DeviceBuffer<Problem> d_problems(plan.problems, stream);
-  const DeviceBuffer<CUtensorMap> d_maps(maps, stream);
+  const DeviceBuffer<CUtensorMap> d_maps(maps.maps, stream);
   const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
   const int n_tiles = static_cast<int>(plan.tiles.size());
-  kernel<<<plan.ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(), d_tiles.get(),
-                                                                n_tiles);
+  kernel<<<plan.ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(), maps.per,
+                                                                d_tiles.get(), n_tiles);
   BP_CUDA_CHECK_LAUNCH();
+}
+
+// On the single-chunk tile where every problem is one chunk (six stages, no tree),
+// a tree tile where one stores a node past level 0 (the deep one where every
+// problem's chunks are short), as run_warpgroup picks.
+template <Major MA, Major MB>
+void launch_grouped_on_its_tile(std::vector<Problem> problems, const GroupMaps& maps, cudaStream_t stream) {
+  const auto all = [&](auto pred) { return std::all_of(problems.begin(), problems.end(), pred); };
+  const bool one_chunk = all([](const Problem& p) { return p.chunks == 1; });
+  const bool levels = std::any_of(problems.begin(), problems.end(), needs_tree_levels);
+  if (one_chunk) launch_warpgroup_grouped<WgNarrowTile, MA, MB>(std::move(problems), maps, stream);
+  else if (!levels) launch_warpgroup_grouped<WgChunkTile, MA, MB>(std::move(problems), maps, stream);
+  else if (all(short_chunks)) launch_warpgroup_grouped<WgDeepTreeTile, MA, MB>(std::move(problems), maps, stream);
+  else launch_warpgroup_grouped<WgTreeTile, MA, MB>(std::move(problems), maps, stream);
+}
+
+// The pair as one problem: second's chunks after first's, its operands from the
+// seam on (where first's chunks end at the seam and both have one chunk length).
+Problem joined(Problem first, const Problem& second) {
+  first.second_from = first.red;
+  first.red += second.red;
+  first.chunks += second.chunks;
+  return first;
 }
 
 }  // namespace
@@ -510,20 +540,38 @@ bool warpgroup_group_fits(const std::vector<Problem>& problems) {
   return 2 * rows >= static_cast<long long>(problems.size()) * WgNarrowTile::kBM;
 }
 
-// On the single-chunk tile where every problem is one chunk (six stages, no tree),
-// a tree tile where one stores a node past level 0 (the deep one where every
-// problem's chunks are short), as run_warpgroup picks.
 void run_wgmma_grouped(Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream) {
-  const auto all = [&](auto pred) { return std::all_of(problems.begin(), problems.end(), pred); };
-  const bool one_chunk = all([](const Problem& p) { return p.chunks == 1; });
-  const bool levels = std::any_of(problems.begin(), problems.end(), needs_tree_levels);
   with_majors(ma, mb, [&](auto a, auto b) {
     constexpr Major A = decltype(a)::value, B = decltype(b)::value;
-    if (one_chunk) launch_warpgroup_grouped<WgNarrowTile, A, B>(std::move(problems), stream);
-    else if (!levels) launch_warpgroup_grouped<WgChunkTile, A, B>(std::move(problems), stream);
-    else if (all(short_chunks)) launch_warpgroup_grouped<WgDeepTreeTile, A, B>(std::move(problems), stream);
-    else launch_warpgroup_grouped<WgTreeTile, A, B>(std::move(problems), stream);
+    GroupMaps maps{{}, 2};
+    for (const Problem& p : problems)
+      maps.maps.insert(maps.maps.end(), {operand_map<A>(p.a, p.red), operand_map<B>(p.b, p.red)});
+    launch_grouped_on_its_tile<A, B>(std::move(problems), maps, stream);
   });
+}
+
+// Where both halves fit the kernel, first's chunks end at the seam and the seam
+// falls on a stage boundary: maps A, B over the first reduction, A2, B2 over the
+// second.
+bool run_wgmma_pairs(Major ma, Major mb, const std::vector<ProblemPair>& pairs, cudaStream_t stream) {
+  std::vector<Problem> problems;
+  for (const ProblemPair& q : pairs) {
+    const bool seam = int64_t{q.first.chunks} * q.first.chunk == q.first.red && q.second.chunk == q.first.chunk &&
+                      q.first.red % kWgBK == 0;
+    if (!seam || !warpgroup_can_run(q.second)) return false;
+    problems.push_back(joined(q.first, q.second));
+  }
+  if (!warpgroup_group_fits(problems)) return false;
+  with_majors(ma, mb, [&](auto a, auto b) {
+    constexpr Major A = decltype(a)::value, B = decltype(b)::value;
+    GroupMaps maps{{}, 4};
+    for (const ProblemPair& q : pairs)
+      maps.maps.insert(maps.maps.end(), {operand_map<A>(q.first.a, q.first.red), operand_map<B>(q.first.b, q.first.red),
+                                         operand_map<A>(q.second.a, q.second.red),
+                                         operand_map<B>(q.second.b, q.second.red)});
+    launch_grouped_on_its_tile<A, B>(std::move(problems), maps, stream);
+  });
+  return true;
 }
 
 }  // namespace bp::cuda::gemm

@@ -23,6 +23,7 @@
 #include "optimized/cuda/moe_router.h"
 #include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
+#include "reference/numerics/chunked.h"
 
 namespace bp::cuda {
 namespace {
@@ -176,8 +177,8 @@ void experts_mlp_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
                      const ExpertGrads& dw, int H, int I, cudaStream_t stream) {
   const size_t n = rows.size();
   DeviceBuffer<bf16> dm(elems(n, I), stream), dg(elems(n, I), stream), du(elems(n, I), stream);
-  DeviceBuffer<float> dx_up(elems(n, H), stream);
-  std::vector<LinearGroup> down_dgrad, gate_dgrad, up_dgrad;
+  std::vector<LinearGroup> down_dgrad;
+  std::vector<DgradPair> gate_up_dgrad;
   std::vector<WgradGroup> down_wgrad, hidden_wgrad;
   for_each_expert_slice(plan, e_begin, e_end, rows, [&](int e, size_t i0, int ne) {
     const bf16* dy = dacc + elems(i0, H);
@@ -186,8 +187,7 @@ void experts_mlp_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
     bf16* du_e = du.get() + elems(i0, I);
     down_dgrad.push_back({dy, w.down[e], ne, nullptr, dm.get() + elems(i0, I)});
     down_wgrad.push_back({dy, f.m.get() + elems(i0, I), ne, dw.down[e]});
-    gate_dgrad.push_back({dg_e, w.gate[e], ne, dx + elems(i0, H), nullptr});
-    up_dgrad.push_back({du_e, w.up[e], ne, dx_up.get() + elems(i0, H), nullptr});
+    gate_up_dgrad.push_back({dg_e, w.gate[e], du_e, w.up[e], ne, dx + elems(i0, H)});
     hidden_wgrad.push_back({dg_e, x, ne, dw.gate[e]});
     hidden_wgrad.push_back({du_e, x, ne, dw.up[e]});
   });
@@ -195,9 +195,8 @@ void experts_mlp_bwd(const Knobs& kn, const MoeDispatch& plan, int e_begin, int 
   linear_dgrad_grouped(kn, down_dgrad.data(), count(down_dgrad), I, H, 1, stream);
   linear_wgrad_grouped(kn, down_wgrad.data(), count(down_wgrad), I, H, stream);
   swiglu_bwd(f.g.get(), f.u.get(), dm.get(), dg.get(), du.get(), static_cast<int>(elems(n, I)), stream);
-  linear_dgrad_grouped(kn, gate_dgrad.data(), count(gate_dgrad), H, I, kn.tp_tree_width, stream);
-  linear_dgrad_grouped(kn, up_dgrad.data(), count(up_dgrad), H, I, kn.tp_tree_width, stream);
-  add_f32(dx, dx_up.get(), elems(n, H), stream);
+  linear_dgrad_pair_grouped(kn, gate_up_dgrad.data(), count(gate_up_dgrad), H, I, kn.tp_tree_width,
+                            fixed_chunk_len(I, kn.tp_tree_width), stream);
   linear_wgrad_grouped(kn, hidden_wgrad.data(), count(hidden_wgrad), H, I, stream);
 }
 

@@ -1,11 +1,10 @@
 // swiglu on the GPU (SPEC.md §5.7): the reference's own per-element functions
 // (swiglu_value, swiglu_grads in reference/ops/swiglu.h are __host__ __device__),
-// one grid-stride thread per element; the dense MLP composed of the CUDA linear,
-// swiglu and add_f32 in the reference's order.
+// one grid-stride thread per element; the dense MLP composed of the CUDA linear
+// and swiglu in the reference's order.
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/linear.h"
-#include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
 #include "reference/numerics/chunked.h"
 #include "reference/ops/swiglu.h"
@@ -81,11 +80,8 @@ void mlp_fwd(const Knobs& kn, const bf16* a, const bf16* wg, const bf16* wu, con
 
 void mlp_input_grad_acc(const Knobs& kn, const bf16* dg, const bf16* du, const bf16* wg, const bf16* wu, float* acc,
                         int T, int H, int I, cudaStream_t stream) {
-  DeviceBuffer<float> from_up(elems(T, H), stream);
-  const int C = kn.tp_tree_width, chunk = fixed_chunk_len(I, C);
-  linear_dgrad_acc(kn, dg, wg, acc, T, H, I, C, chunk, stream);
-  linear_dgrad_acc(kn, du, wu, from_up.get(), T, H, I, C, chunk, stream);
-  add_f32(acc, from_up.get(), elems(T, H), stream);
+  const DgradPair gate_up{dg, wg, du, wu, T, acc};
+  linear_dgrad_pair_grouped(kn, &gate_up, 1, H, I, kn.tp_tree_width, fixed_chunk_len(I, kn.tp_tree_width), stream);
 }
 
 void mlp_down_bwd(const Knobs& kn, const bf16* dy, const bf16* wd, const bf16* m, bf16* dm, float* dwd, int T, int H,

@@ -13,6 +13,7 @@
 // Exit 125 (CTest: skipped) without a Hopper GPU (gpu_test_main.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -434,6 +435,79 @@ TEST_P(LinearGpu, GroupedEqualsEachGroupAlone) {
       }, std::string(grouped ? "linear_wgrad_grouped" : "linear_wgrad alone") + shape);
     };
     expect_identical(wgrad(false), wgrad(true), "linear_wgrad_grouped vs alone" + shape);
+  }
+}
+
+// A pair's input gradient (the MLP's gate and up) is its two trees added by one
+// fp32 addition (SPEC.md §5.7 step 3), where the warpgroup kernel reduces it as one
+// GEMM over the concatenation (chunk counts a power of two ending at N: 768 in 8
+// chunks of 96, a rank's 384 in 4 of 96, 1024 in 8 of 128) and where the pair runs
+// apart (the seam off a stage boundary: 8 chunks of 25 or 125, one of 96; 3 chunks;
+// 8 chunks of 97 past N = 770; apart, one addition per run of adjacent outputs).
+// Groups of 300, 130, 0, 257 and 64 rows, sampled.
+// Negative control: the concatenation in half as many chunks (a leaf's chain
+// running across two) differs.
+TEST_P(LinearGpu, PairedInputGradientIsBothTreesAdded) {
+  const Knobs& kn = contract().knobs;
+  const int K = 512;
+  const std::vector<int> rows = {300, 130, 0, 257, 64};
+  struct Case {
+    int N, chunks, chunk;
+  };
+  uint64_t seed = 5000;
+  const Case cases[] = {{768, 8, 96},    {384, 4, 96}, {1024, 8, 128}, {200, 8, 25},
+                        {1000, 8, 125}, {96, 1, 96},  {768, 3, 256},  {770, 8, 97}};
+  for (const Case& c : cases) {
+    // Every other case lists the pairs backwards, so their outputs do not follow each other.
+    const bool backwards = (&c - cases) % 2 == 1;
+    const std::string what = label(contract(), "linear_dgrad_pair_grouped", 0, K, c.N, c.chunks) +
+                             (backwards ? " backwards" : "");
+    std::vector<GroupData> gate, up;
+    gate.reserve(rows.size());
+    up.reserve(rows.size());
+    for (int T : rows) {
+      gate.emplace_back(T, K, c.N, seed += 5);
+      up.emplace_back(T, K, c.N, seed += 5);
+    }
+    std::vector<size_t> at;
+    const auto got = group_outputs<float>(gate, K, [&](float* out, const std::vector<size_t>& offsets) {
+      at = offsets;
+      std::vector<cuda::DgradPair> pairs;
+      for (size_t g = 0; g < gate.size(); ++g)
+        pairs.push_back({gate[g].dy.get(), gate[g].w.get(), up[g].dy.get(), up[g].w.get(), gate[g].T, out + at[g]});
+      if (backwards) std::reverse(pairs.begin(), pairs.end());
+      cuda::linear_dgrad_pair_grouped(kn, pairs.data(), static_cast<int>(pairs.size()), K, c.N, c.chunks, c.chunk,
+                                      nullptr);
+    }, what);
+    const bool control = c.N == 768 && c.chunks == 8;
+    size_t control_mismatches = 0;
+    for (size_t g = 0; g < gate.size(); ++g) {
+      const std::vector<int> sampled = sample_rows(gate[g].T, 12);
+      const int R = static_cast<int>(sampled.size());
+      const auto dy1 = gather_rows(gate[g].dy.download(), c.N, sampled);
+      const auto dy2 = gather_rows(up[g].dy.download(), c.N, sampled);
+      const auto w1 = gate[g].w.download(), w2 = up[g].w.download();
+      std::vector<float> want(size_t(R) * K), second(size_t(R) * K);
+      ref::linear_dgrad_acc(kn, dy1.data(), w1.data(), want.data(), R, K, c.N, c.chunks, c.chunk);
+      ref::linear_dgrad_acc(kn, dy2.data(), w2.data(), second.data(), R, K, c.N, c.chunks, c.chunk);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += second[i];
+      const std::vector<float> got_g(got.begin() + at[g], got.begin() + at[g] + size_t(gate[g].T) * K);
+      expect_identical(want, gather_rows(got_g, K, sampled), what + " group " + std::to_string(g));
+      if (control) {
+        std::vector<bf16> dy_cat, w_cat(w1);
+        for (int r = 0; r < R; ++r) {
+          dy_cat.insert(dy_cat.end(), dy1.begin() + size_t(r) * c.N, dy1.begin() + size_t(r + 1) * c.N);
+          dy_cat.insert(dy_cat.end(), dy2.begin() + size_t(r) * c.N, dy2.begin() + size_t(r + 1) * c.N);
+        }
+        w_cat.insert(w_cat.end(), w2.begin(), w2.end());
+        std::vector<float> halved(size_t(R) * K);
+        ref::linear_dgrad_acc(kn, dy_cat.data(), w_cat.data(), halved.data(), R, K, 2 * c.N, c.chunks, 2 * c.chunk);
+        control_mismatches += count_mismatches(halved, gather_rows(got_g, K, sampled), "control", false);
+      }
+    }
+    if (control) {
+      EXPECT_GT(control_mismatches, 0u) << "negative control: 8 chunks of 192 over [dy1 | dy2] gave the pair's bits";
+    }
   }
 }
 
