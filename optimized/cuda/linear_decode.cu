@@ -169,24 +169,50 @@ struct StripChain {
   }
 
   // Batch b's groups, in increasing order, into acc, then its slots' next batch.
+  // A batch wholly inside the chunk takes a body without the per-group checks (a
+  // single warp's chain issues every instruction in turn: ncu counted ~40 a group
+  // with them, the chain's time); the last one of a chunk keeps them.
   template <int P>
   __device__ void step(const Problem& p, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
-    const bool hi_rows = p.m > 8;
     store.wait();
+    if (16 * kBatch * (b + 1) > len) partial_batch<P>(p.m > 8, b, x_lo, x_hi, acc);
+    else if (p.m > 8) whole_batch<P, true>(b, x_lo, x_hi, acc);
+    else whole_batch<P, false>(b, x_lo, x_hi, acc);
+    store.reuse();
+    issue<P>(b + Store::kDepth);
+  }
+
+  // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}; with
+  // M <= 8 the mma's rows 8..15 are zero.
+  template <int P, bool HiRows>
+  __device__ void whole_batch(int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
+    const bf16* lo_at = x_lo + 16 * kBatch * b;
+    const bf16* hi_at = x_hi + 16 * kBatch * b;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const uint2 lo = *reinterpret_cast<const uint2*>(lo_at + 16 * j);
+      const uint2 hi = HiRows ? *reinterpret_cast<const uint2*>(hi_at + 16 * j) : make_uint2(0, 0);
+      const uint2 w = store.template at<P>(b, j);
+      const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+      mma_m16n8k16(acc, a, w.x, w.y);
+    }
+  }
+
+  // The same where groups end inside the batch or a lane's piece lies past the
+  // chunk: a dead piece reads k 0..3 and is zero on both operands.
+  template <int P>
+  __device__ void partial_batch(bool hi_rows, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = b * kBatch + j;
       if (i >= groups) break;
       const bool in = live(i);
-      // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}; a dead piece reads k 0..3.
       const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + (in ? 16 * i : 0));
       const uint2 hi = hi_rows ? *reinterpret_cast<const uint2*>(x_hi + (in ? 16 * i : 0)) : make_uint2(0, 0);
       const uint2 w = store.template at<P>(b, j);
       const uint32_t a[4] = {in ? lo.x : 0u, in ? hi.x : 0u, in ? lo.y : 0u, in ? hi.y : 0u};
       mma_m16n8k16(acc, a, in ? w.x : 0u, in ? w.y : 0u);
     }
-    store.reuse();
-    issue<P>(b + Store::kDepth);
   }
 
   // acc = the chunk's dot from +0; xs: x's rows (row stride x_ld) at the chunk's start.
@@ -235,11 +261,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
   const int all_strips = (p.n + 7) / 8, units = (all_strips + unit_strips - 1) / unit_strips;
   const auto tasks_of = [&](int unit) { return min(unit_strips, all_strips - unit * unit_strips) * p.chunks; };
 
-  const int runs_per_row = p.red / 8;
-  for (int v = threadIdx.x; v < p.m * runs_per_row; v += blockDim.x) {
-    const int r = v / runs_per_row, j = (v % runs_per_row) * 8;
-    cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(r) * p.a.ld + j);
-  }
+  // Row by row: a division per 16 bytes was most of the M = 16 launches' instructions.
+  for (int r = 0; r < p.m; ++r)
+    for (int j = 8 * threadIdx.x; j < p.red; j += 8 * blockDim.x)
+      cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(r) * p.a.ld + j);
   cp_async_commit();
 
   // The warp's tasks in order: task warp, warp + warps, ... of each of the CTA's
