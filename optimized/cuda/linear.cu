@@ -128,9 +128,9 @@ std::vector<Problem> group_problems(const char* fn, const LinearGroup* groups, i
 
 // Whether the two trees' sum is the one tree over both chunk lists (its root's
 // halves are the two roots): a power-of-two count of chunks that end exactly at
-// the reduction's end, so none straddles the seam.
+// the reduction's (non-empty) end, so none straddles the seam.
 bool pair_is_one_tree(int N, int n_chunks, int chunk_len) {
-  return n_chunks > 0 && (n_chunks & (n_chunks - 1)) == 0 && int64_t{n_chunks} * chunk_len == N;
+  return N > 0 && (n_chunks & (n_chunks - 1)) == 0 && int64_t{n_chunks} * chunk_len == N;
 }
 
 // Two grouped input gradients, the second's into a scratch, and the additions: one
@@ -201,15 +201,16 @@ void linear_dgrad_grouped(const Knobs& kn, const LinearGroup* groups, int count,
 void linear_dgrad_pair_grouped(const Knobs& kn, const DgradPair* pairs, int count, int K, int N, int n_chunks,
                                int chunk_len, cudaStream_t stream) {
   check_chunks(N, n_chunks, chunk_len, "linear_dgrad_pair_grouped", "N");
-  std::vector<gemm::ProblemPair> merged;
-  for (int g = 0; g < count; ++g) {
-    const DgradPair& q = pairs[g];
-    const Problem first = dgrad_problem(q.dy1, q.w1, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
-    const Problem second = dgrad_problem(q.dy2, q.w2, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
-    if (q.T > 0 && K > 0) merged.push_back({first, second});
+  if (kn.dot == DotModel::Sm90Tc && pair_is_one_tree(N, n_chunks, chunk_len)) {
+    std::vector<gemm::ProblemPair> merged;
+    for (int g = 0; g < count; ++g) {
+      const DgradPair& q = pairs[g];
+      const Problem first = dgrad_problem(q.dy1, q.w1, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
+      const Problem second = dgrad_problem(q.dy2, q.w2, q.acc, nullptr, q.T, K, N, n_chunks, chunk_len);
+      if (q.T > 0 && K > 0) merged.push_back({first, second});
+    }
+    if (merged.empty() || gemm::run_wgmma_pairs(Major::Red, Major::Row, merged, stream)) return;
   }
-  const bool one_gemm = kn.dot == DotModel::Sm90Tc && N > 0 && pair_is_one_tree(N, n_chunks, chunk_len);
-  if (one_gemm && (merged.empty() || gemm::run_wgmma_pairs(Major::Red, Major::Row, merged, stream))) return;
   dgrad_pairs_apart(kn, pairs, count, K, N, n_chunks, chunk_len, stream);
 }
 
