@@ -4,9 +4,9 @@
 //   - linear_wgmma.cu, the warpgroup kernel (wgmma fed by TMA): sm90-tc where TMA
 //     can read both operands, chunks are whole k16 groups, M is past decode sizes
 //     and its tiles give the GPU work;
-//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16)
-//     where both operands allow 16-byte runs, the weight streamed into mma.sync
-//     fragments;
+//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16), and in
+//     16-row blocks up to M = 128 where the warpgroup kernel declines, where both
+//     operands allow 16-byte runs, the weight streamed into mma.sync fragments;
 //   - linear_mma.cu, mma.sync on cp.async tiles for the other sm90-tc GEMMs, and
 //     the SIMT cores for fma-seq.
 #include "optimized/cuda/linear.h"
@@ -31,8 +31,9 @@ using gemm::Major;
 using gemm::Operand;
 using gemm::Problem;
 
-// sm90-tc on the decode or the warpgroup kernel where one takes p, else on
-// mma.sync; fma-seq on the SIMT cores.
+// sm90-tc: decode sizes on the decode engine; past them the warpgroup kernel where
+// its tiles fill the GPU, else the decode engine's 16-row blocks (M <= 128), else
+// mma.sync. fma-seq on the SIMT cores.
 template <Major MA, Major MB>
 void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
@@ -43,8 +44,10 @@ void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
     return;
   }
   if (model == DotModel::Sm90Tc) {
-    if (!gemm::run_decode(MA, MB, p, stream) && !gemm::run_wgmma(MA, MB, p, stream))
-      gemm::run_mma(model, MA, MB, p, stream);
+    const bool done = p.m <= gemm::kDecodeRows
+                          ? gemm::run_decode(MA, MB, p, stream)
+                          : gemm::run_wgmma(MA, MB, p, stream) || gemm::run_decode(MA, MB, p, stream);
+    if (!done) gemm::run_mma(model, MA, MB, p, stream);
   } else {
     gemm::run_mma(model, MA, MB, p, stream);
   }

@@ -1,7 +1,9 @@
 // The decode engine of linear (linear_gemm.cuh says what every GEMM computes):
 // sm90-tc forward GEMMs of decode size (M <= 16 rows of x), which stream the weight
-// once and are bound by its bytes. A warp per strip of 8 output columns and chunk
-// (C times the warps of linear_mma.cu's decode tiles on chunked reductions); the
+// once and are bound by its bytes; and up to 128 rows where the warpgroup kernel's
+// tiles would not fill the GPU, as a grid row per 16-row block. A warp per strip of
+// 8 output columns and chunk (C times the warps of linear_mma.cu's decode tiles on
+// chunked reductions); the
 // weight goes from global memory by cp.async into a per-lane ring in shared memory
 // (launches of few warps) and from there into the mma B fragments, in batches of
 // kBatch k16 groups, up to 8 batches (32 KB) in flight per warp; launches of many
@@ -173,71 +175,60 @@ struct StripChain {
   // single warp's chain issues every instruction in turn: ncu counted ~40 a group
   // with them, the chain's time); the last one of a chunk keeps them.
   template <int P>
-  __device__ void step(const Problem& p, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
+  __device__ void step(int rows, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
     store.wait();
-    if (16 * kBatch * (b + 1) > len) partial_batch<P>(p.m > 8, b, x_lo, x_hi, acc);
-    else if (p.m > 8) whole_batch<P, true>(b, x_lo, x_hi, acc);
-    else whole_batch<P, false>(b, x_lo, x_hi, acc);
+    const bool whole = 16 * kBatch * (b + 1) <= len;
+    if (rows > 8) whole ? batch<P, false, true>(b, x_lo, x_hi, acc) : batch<P, true, true>(b, x_lo, x_hi, acc);
+    else whole ? batch<P, false, false>(b, x_lo, x_hi, acc) : batch<P, true, false>(b, x_lo, x_hi, acc);
     store.reuse();
     issue<P>(b + Store::kDepth);
   }
 
-  // {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..}; with
-  // M <= 8 the mma's rows 8..15 are zero.
-  template <int P, bool HiRows>
-  __device__ void whole_batch(int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
-    const bf16* lo_at = x_lo + 16 * kBatch * b;
-    const bf16* hi_at = x_hi + 16 * kBatch * b;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const uint2 lo = *reinterpret_cast<const uint2*>(lo_at + 16 * j);
-      const uint2 hi = HiRows ? *reinterpret_cast<const uint2*>(hi_at + 16 * j) : make_uint2(0, 0);
-      const uint2 w = store.template at<P>(b, j);
-      const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
-      mma_m16n8k16(acc, a, w.x, w.y);
-    }
-  }
-
-  // The same where groups end inside the batch or a lane's piece lies past the
-  // chunk: a dead piece reads k 0..3 and is zero on both operands.
-  template <int P>
-  __device__ void partial_batch(bool hi_rows, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
+  // A fragments {row g: k 2t.., row g+8: k 2t.., row g: k 2t+8.., row g+8: k 2t+8..};
+  // HiRows: M > 8, else the mma's rows 8..15 are zero. Checked: groups may end
+  // inside the batch and a lane's piece may lie past the chunk (a dead piece reads
+  // k 0..3 and is zero on both operands).
+  template <int P, bool Checked, bool HiRows>
+  __device__ void batch(int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = b * kBatch + j;
-      if (i >= groups) break;
-      const bool in = live(i);
-      const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + (in ? 16 * i : 0));
-      const uint2 hi = hi_rows ? *reinterpret_cast<const uint2*>(x_hi + (in ? 16 * i : 0)) : make_uint2(0, 0);
+      if (Checked && i >= groups) break;
+      const bool in = !Checked || live(i);
+      const int at = in ? 16 * i : 0;
+      const uint2 lo = *reinterpret_cast<const uint2*>(x_lo + at);
+      const uint2 hi = HiRows ? *reinterpret_cast<const uint2*>(x_hi + at) : make_uint2(0, 0);
       const uint2 w = store.template at<P>(b, j);
       const uint32_t a[4] = {in ? lo.x : 0u, in ? hi.x : 0u, in ? lo.y : 0u, in ? hi.y : 0u};
       mma_m16n8k16(acc, a, in ? w.x : 0u, in ? w.y : 0u);
     }
   }
 
-  // acc = the chunk's dot from +0; xs: x's rows (row stride x_ld) at the chunk's start.
-  __device__ void run(const Problem& p, const bf16* xs, int x_ld, float (&acc)[4]) {
+  // acc = the chunk's dot from +0; xs: the block's `rows` rows of x (row stride
+  // x_ld) at the chunk's start.
+  __device__ void run(int rows, const bf16* xs, int x_ld, float (&acc)[4]) {
     const int g = threadIdx.x % 32 / 4;
-    // Rows past M read row M − 1 (their outputs are not stored); with M <= 8 the
-    // mma's rows 8..15 are zero and not read at all.
-    const bf16* x_lo = xs + min(g, p.m - 1) * x_ld + 4 * t;
-    const bf16* x_hi = xs + min(g + 8, p.m - 1) * x_ld + 4 * t;
+    // Rows past the block read its last row (their outputs are not stored); with
+    // <= 8 rows the mma's rows 8..15 are zero and not read at all.
+    const bf16* x_lo = xs + min(g, rows - 1) * x_ld + 4 * t;
+    const bf16* x_hi = xs + min(g + 8, rows - 1) * x_ld + 4 * t;
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
     for (int b = 0; b < batches; b += 2) {
-      step<0>(p, b, x_lo, x_hi, acc);
-      if (b + 1 < batches) step<1>(p, b + 1, x_lo, x_hi, acc);
+      step<0>(rows, b, x_lo, x_hi, acc);
+      if (b + 1 < batches) step<1>(rows, b + 1, x_lo, x_hi, acc);
     }
   }
 };
 
-// Shared memory of a CTA: x [m][x_ld] bf16, then (chunks > 1) two buffers of the
-// partials [strip][row < m][8 columns][chunk] fp32, then a ring per warp (RingBatches).
+// Shared memory of a CTA: its row block of x [rows][x_ld] bf16, then (chunks > 1)
+// two buffers of the partials [strip][row < rows][8 columns][chunk] fp32, then a
+// ring per warp (RingBatches).
 struct DecodeSmem {
   size_t x_bytes, part_bytes;
-  __host__ __device__ DecodeSmem(const Problem& p, int unit_strips, int x_ld)
-      : x_bytes((static_cast<size_t>(p.m) * x_ld * sizeof(bf16) + 15) / 16 * 16),
-        part_bytes(p.chunks > 1 ? 2 * sizeof(float) * unit_strips * p.m * 8 * p.chunks : 0) {}
+  __host__ __device__ DecodeSmem(const Problem& p, int rows, int unit_strips, int x_ld)
+      : x_bytes((static_cast<size_t>(rows) * x_ld * sizeof(bf16) + 15) / 16 * 16),
+        part_bytes(p.chunks > 1 ? 2 * sizeof(float) * unit_strips * rows * 8 * p.chunks : 0) {}
   template <class Store>
   __host__ __device__ size_t bytes(int warps) const {
     return x_bytes + part_bytes + warps * Store::kWarpBytes;
@@ -245,26 +236,30 @@ struct DecodeSmem {
 };
 
 // Units of `unit_strips` consecutive strips (every chunk of each), unit u to CTA
-// u mod gridDim.x: a CTA copies x once and its warps stream unit after unit.
-// The partials' two buffers take units in turn, so one barrier per unit both
-// completes a unit's partials and frees the buffer the next unit writes.
+// u mod gridDim.x: a CTA copies its row block of x once and its warps stream unit
+// after unit. The partials' two buffers take units in turn, so one barrier per unit
+// both completes a unit's partials and frees the buffer the next unit writes.
+// Grid row y takes rows [16y, 16y + 16) of x and the output (past 16 rows, each
+// block reads the weight, from L2 after the first); p itself stays the launch's (a
+// copy offset to the block measured ~8 % slower at M = 1).
 template <class Store>
 __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p, const int unit_strips,
                                                                  const int x_ld) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const DecodeSmem plan(p, unit_strips, x_ld);
+  const int row0 = kDecodeRows * blockIdx.y, rows = min(kDecodeRows, p.m - row0);
+  const DecodeSmem plan(p, rows, unit_strips, x_ld);
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);
   float* part = reinterpret_cast<float*>(smem_raw + plan.x_bytes);
   uint2* rings = reinterpret_cast<uint2*>(smem_raw + plan.x_bytes + plan.part_bytes);
-  const int part_elems = unit_strips * p.m * 8 * p.chunks;
+  const int part_elems = unit_strips * rows * 8 * p.chunks;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int all_strips = (p.n + 7) / 8, units = (all_strips + unit_strips - 1) / unit_strips;
   const auto tasks_of = [&](int unit) { return min(unit_strips, all_strips - unit * unit_strips) * p.chunks; };
 
   // Row by row: a division per 16 bytes was most of the M = 16 launches' instructions.
-  for (int r = 0; r < p.m; ++r)
+  for (int r = 0; r < rows; ++r)
     for (int j = 8 * threadIdx.x; j < p.red; j += 8 * blockDim.x)
-      cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(r) * p.a.ld + j);
+      cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(row0 + r) * p.a.ld + j);
   cp_async_commit();
 
   // The warp's tasks in order: task warp, warp + warps, ... of each of the CTA's
@@ -288,17 +283,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
     float* unit_part = part + buf * part_elems;
     for (int task = warp; task < tasks; task += warps) {
       float acc[4];
-      chain.run(p, xs + task % p.chunks * p.chunk, x_ld, acc);
+      chain.run(rows, xs + task % p.chunks * p.chunk, x_ld, acc);
       if (task + warps < tasks) start(unit, task + warps);
       else start(unit + gridDim.x, warp);
       const int s = task / p.chunks, c = task % p.chunks;
       if (p.chunks == 1) {
-        store_outputs<StripCfg>(p, tile, acc, 0, (strip0 + s) * 8);
+        store_outputs<StripCfg>(p, tile, acc, row0, (strip0 + s) * 8);
         continue;
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (tile.row(i) < p.m) unit_part[((s * p.m + tile.row(i)) * 8 + tile.col(i)) * p.chunks + c] = acc[i];
+        if (tile.row(i) < rows) unit_part[((s * rows + tile.row(i)) * 8 + tile.col(i)) * p.chunks + c] = acc[i];
     }
     if (p.chunks == 1) continue;
     __syncthreads();
@@ -306,10 +301,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
       float v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        v[i] = tile.row(i) < p.m
-                   ? pairwise_tree(unit_part + ((s * p.m + tile.row(i)) * 8 + tile.col(i)) * p.chunks, p.chunks)
+        v[i] = tile.row(i) < rows
+                   ? pairwise_tree(unit_part + ((s * rows + tile.row(i)) * 8 + tile.col(i)) * p.chunks, p.chunks)
                    : 0.0f;
-      store_outputs<StripCfg>(p, tile, v, 0, (strip0 + s) * 8);
+      store_outputs<StripCfg>(p, tile, v, row0, (strip0 + s) * 8);
     }
   }
 }
@@ -317,16 +312,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
 }  // namespace
 
 bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
-  if (ma != Major::Red || mb != Major::Red || p.m > kDecodeRows || !p.a.vec || !p.b.vec) return false;
+  if (ma != Major::Red || mb != Major::Red || p.m > kDecodeBlockedRows || !p.a.vec || !p.b.vec) return false;
+  // Row blocks re-read the weight once a block, which pays where a chain is at least
+  // a batch long; chunks shorter than that run every batch checked (the experts'
+  // chunks of 96 at M = 128: 31 µs on mma.sync, 44 in blocks).
+  if (p.m > kDecodeRows && std::min(p.chunk, p.red) < kBatch * 16) return false;
   const int strips = (p.n + 7) / 8, sms = multiprocessors();
+  const int row_blocks = (p.m + kDecodeRows - 1) / kDecodeRows;
   // A unit is as many strips as the warps hold (every chunk of a strip in one
-  // CTA), fewer while the units would not cover every SM.
+  // CTA), fewer while the units of all row blocks would not cover every SM.
   int unit_strips = std::max(1, kMaxWarps / p.chunks);
-  while (unit_strips > 1 && (strips + unit_strips - 1) / unit_strips < sms) unit_strips /= 2;
+  while (unit_strips > 1 && (strips + unit_strips - 1) / unit_strips * row_blocks < sms) unit_strips /= 2;
   const int units = (strips + unit_strips - 1) / unit_strips;
   const int warps = std::min(kMaxWarps, unit_strips * p.chunks);
   const int x_ld = x_stride_elems(p.red);
-  const DecodeSmem plan(p, unit_strips, x_ld);
+  const DecodeSmem plan(p, std::min(p.m, kDecodeRows), unit_strips, x_ld);
   static const int max_smem = [] {
     int dev = 0, bytes = 0;
     BP_CUDA_CHECK(cudaGetDevice(&dev));
@@ -339,11 +339,12 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
     const size_t smem = plan.bytes<Store>(warps);
     static const cudaError_t opt_in = allow_smem(kernel, max_smem);
     BP_CUDA_CHECK(opt_in);
-    // As many CTAs as fit on the GPU at once (each copies x once), at most one per unit.
+    // As many CTAs as fit on the GPU at once (each copies x once), at most one per
+    // unit, over all row blocks.
     int per_sm = 0;
     BP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem));
-    const int ctas = std::min(units, std::max(1, per_sm) * sms);
-    kernel<<<ctas, warps * 32, smem, stream>>>(p, unit_strips, x_ld);
+    const int ctas = std::min(units, std::max(1, std::max(1, per_sm) * sms / row_blocks));
+    kernel<<<dim3(ctas, row_blocks), warps * 32, smem, stream>>>(p, unit_strips, x_ld);
     BP_CUDA_CHECK_LAUNCH();
     return true;
   };

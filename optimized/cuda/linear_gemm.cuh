@@ -79,6 +79,10 @@ struct GroupTile {
 // engine's decode tiles take it, with more weight bytes in flight than the
 // warpgroup kernel's 128 rows.
 constexpr int kDecodeRows = 16;
+// Past that, up to this many rows, the decode engine runs 16-row blocks where the
+// warpgroup kernel's tiles would not fill the GPU (the mma.sync tiles' whole-K
+// chains measured 0.07–0.14× cuBLAS there: 30B kv_proj at M = 128).
+constexpr int kDecodeBlockedRows = 128;
 
 // --- storing the outputs --------------------------------------------------------
 // Dots whose accumulators i and i + 1 (i even) are adjacent columns of one row
@@ -416,9 +420,10 @@ void run_mma(DotModel model, Major ma, Major mb, const Problem& p, cudaStream_t 
 // One grouped launch of `problems` (each with m, n and chunks > 0) on those tiles.
 void run_mma_grouped(DotModel model, Major ma, Major mb, std::vector<Problem> problems, cudaStream_t stream);
 
-// linear_decode.cu: a decode-sized sm90-tc forward (M <= kDecodeRows, both
-// operands reduction-major with 16-byte runs, x fitting shared memory) with the weight
-// streamed into the mma fragments; false (nothing launched) where it does not apply.
+// linear_decode.cu: an sm90-tc forward of M <= kDecodeBlockedRows (16-row blocks
+// past kDecodeRows; both operands reduction-major with 16-byte runs, 16 rows of x
+// fitting shared memory) with the weight streamed into the mma fragments; false
+// (nothing launched) where it does not apply.
 bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream);
 
 // linear_wgmma.cu: p on the warpgroup kernel where it fits and its tiles give the

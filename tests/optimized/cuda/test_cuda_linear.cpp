@@ -286,9 +286,13 @@ TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
 // the middle of a k16 group after three batches of weight loads),
 // several strips per CTA with their chunk partials side by side (N = 2200 in 4
 // chunks), and more units of strips than CTAs, so a CTA's units alternate between
-// its two partial buffers (N = 20000 in 8 chunks).
+// its two partial buffers (N = 20000 in 8 chunks). Past 16 rows, where the
+// warpgroup kernel's tiles are too few, the 16-row blocks: 100 rows (the last
+// block of 4) in 2 chunks, and 128 over a chunk ending inside a k16 group (a
+// chunk shorter than a weight batch, 256 elements, goes to mma.sync instead).
 TEST_P(LinearGpu, DecodeShapes) {
-  const Problem problems[] = {{11, 88, 44, 12}, {13, 1032, 1001, 1}, {5, 256, 2200, 4}, {3, 128, 20000, 8}};
+  const Problem problems[] = {{11, 88, 44, 12}, {13, 1032, 1001, 1}, {5, 256, 2200, 4},
+                              {3, 128, 20000, 8}, {100, 512, 200, 2},  {128, 264, 1001, 1}};
   uint64_t seed = 800;
   for (const Problem& pb : problems)
     for (Fill fill : {Fill::Uniform, Fill::Spread, Fill::Edge})
