@@ -8,7 +8,10 @@
 // swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
 // run wgmma on them while the next stages arrive. The CTAs are persistent (one
 // per SM, walking the tiles), so the next tile's stages arrive during the
-// current one's last stages and stores. The stages cut the reduction
+// current one's last stages and stores. The 128 × 256 tile runs on CTA pairs
+// (2-CTA clusters) where its row tiles pair up: the pair takes two row tiles of
+// one column tile, and each CTA copies half of B's boxes into both (TMA
+// multicast), so B is read from L2 once for two tiles. The stages cut the reduction
 // into consecutive 64-element pieces whatever the chunks (a chunk of 96 is 1.5
 // stages, and no element is copied twice); a consumer issues each stage's groups
 // chunk by chunk, so no group straddles two chunks as long as chunks are whole
@@ -40,9 +43,14 @@ constexpr int kBox = 64;                               // TMA boxes: 64 × 64 bf
 constexpr uint32_t kBoxBytes = kBox * kBox * sizeof(bf16);
 constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: the SBO of every operand
 
-template <int BN, int RegSlots, int Stages, int SmemLevels = 0>
+// Cluster > 1: the CTAs of a cluster take row tiles next to each other of one
+// column tile and share B's stages, each copying its part of the boxes into all of
+// them (TMA multicast): one L2 read of B feeds Cluster tiles.
+template <int BN, int RegSlots, int Stages, int SmemLevels = 0, int Cluster = 1>
 struct WarpgroupTile {
   static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages, kSmemLevels = SmemLevels;
+  static constexpr int kCluster = Cluster;
+  static_assert((BN / 64) % Cluster == 0, "B's boxes split evenly over the cluster");
   static constexpr int kConsumers = kBM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kAcc = BN / 2;  // a consumer thread's share of its 64 × BN tile
@@ -67,6 +75,14 @@ struct WarpgroupTile {
 // A single chunk, or long ones (long_chunks), and enough tiles: 128 × 256 (128
 // accumulators per consumer thread, so the chunk tree lives in the scratch).
 using WgWideTile = WarpgroupTile<256, 0, 4>;
+// The same on CTA pairs sharing B, where the row tiles pair up and make three waves
+// or more: the 128 × 256 tile reads 85 FLOP per L2 byte, ~97 % of the L2's
+// throughput at the full tensor rate; the pair reads 128 (ncu, 30B q_proj 4096: L2
+// 59 → 46 %). Launches with a cluster attribute measured 1–2 µs slower (even with
+// clusters of one CTA), which fewer tiles do not win back (30B expert_gate_up at
+// 4096 tokens, 192 tiles: 32.6 → 35.7 µs in pairs); the 128 × 128 tiles measured
+// 2–7 % slower in pairs.
+using WgWidePairTile = WarpgroupTile<256, 0, 4, 0, 2>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
@@ -95,12 +111,18 @@ struct SwizzledOperand {
   __device__ static uint64_t descriptor(uint32_t tile, int kk) {
     return sm90::swizzled_descriptor(tile + group_offset(kk), kLbo, kSwizzleGroupBytes);
   }
-  // Copies rows [row0, row0 + rows) × reduction [j0, j0 + kWgBK) as rows / 64 boxes.
-  __device__ static void load(void* tile, const void* map, uint64_t* bar, int row0, int j0, int rows) {
-    for (int b = 0; b < rows / kBox; ++b) {
+  // Copies rows [row0, row0 + rows) × reduction [j0, j0 + kWgBK) as rows / 64 boxes;
+  // shared by a cluster of Of CTAs, this one (rank) copies its Of-th of the boxes
+  // into all of them.
+  template <int Of = 1>
+  __device__ static void load(void* tile, const void* map, uint64_t* bar, int row0, int j0, int rows,
+                              int rank = 0) {
+    const int boxes = rows / kBox / Of;
+    for (int b = rank * boxes; b < (rank + 1) * boxes; ++b) {
       void* dst = static_cast<char*>(tile) + b * kBoxBytes;
-      if constexpr (M == Major::Red) sm90::tma_load_2d(dst, map, bar, j0, row0 + b * kBox);
-      else sm90::tma_load_2d(dst, map, bar, row0 + b * kBox, j0);
+      const int inner = M == Major::Red ? j0 : row0 + b * kBox, outer = M == Major::Red ? row0 + b * kBox : j0;
+      if constexpr (Of == 1) sm90::tma_load_2d(dst, map, bar, inner, outer);
+      else sm90::tma_load_2d_multicast(dst, map, bar, inner, outer, (1u << Of) - 1);
     }
   }
 };
@@ -219,9 +241,11 @@ struct TileJob {
 
 // Stage s of the tile holds reduction elements [s·kWgBK, (s + 1)·kWgBK), whatever
 // the chunks; from the problem's second_from on (a whole stage), of its second pair.
+// In a cluster the stage's full barrier expects all of B, this CTA's part and its
+// peers'; a slot is refilled once every CTA's consumers released it.
 template <class Cfg, Major MA, Major MB>
 __device__ void warpgroup_producer(const TileJob& job, const WarpgroupSmem<Cfg>& sm, int stages,
-                                   StageRing<Cfg> ring) {
+                                   StageRing<Cfg> ring, int rank) {
   const int second = job.p->second_from > 0 ? job.p->second_from / kWgBK : stages;
   for (int s = 0; s < stages; ++s) {
     const int slot = ring.slot(s);
@@ -231,7 +255,19 @@ __device__ void warpgroup_producer(const TileJob& job, const WarpgroupSmem<Cfg>&
     const bool hi = s >= second;
     const int j0 = (hi ? s - second : s) * kWgBK;
     SwizzledOperand<MA>::load(sm.a(slot), hi ? job.map_a2 : job.map_a, &sm.full[slot], job.row0, j0, Cfg::kBM);
-    SwizzledOperand<MB>::load(sm.b(slot), hi ? job.map_b2 : job.map_b, &sm.full[slot], job.col0, j0, Cfg::kBN);
+    SwizzledOperand<MB>::template load<Cfg::kCluster>(sm.b(slot), hi ? job.map_b2 : job.map_b, &sm.full[slot],
+                                                      job.col0, j0, Cfg::kBN, rank);
+  }
+}
+
+// A clustered CTA's producer, after its last stage: waits until the last fill of
+// every slot was released by the consumers of every CTA, so no peer's arrival can
+// reach this CTA's barriers after it exits.
+template <class Cfg>
+__device__ void wait_ring_released(const WarpgroupSmem<Cfg>& sm, int filled) {
+  for (int slot = 0; slot < min(filled, Cfg::kStages); ++slot) {
+    const int fills = (filled - slot + Cfg::kStages - 1) / Cfg::kStages;
+    sm90::mbarrier_wait(&sm.empty[slot], (fills - 1) & 1);
   }
 }
 
@@ -242,9 +278,13 @@ struct StageRelease {
   const WarpgroupSmem<Cfg>& sm;
   int unreleased = -1;  // the slot whose wgmma may still read it
   // One arrival per consumer warp: its wgmma wait (.sync.aligned) has passed on
-  // every lane, and 256 arrivals per stage on one barrier would queue.
+  // every lane, and 256 arrivals per stage on one barrier would queue. In a
+  // cluster, on the slot's barrier in every CTA (each one's producer copies into it).
   __device__ void release(int slot) const {
-    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&sm.empty[slot]);
+    if (threadIdx.x % 32 != 0) return;
+    if constexpr (Cfg::kCluster == 1) sm90::mbarrier_arrive(&sm.empty[slot]);
+    else
+      for (int rank = 0; rank < Cfg::kCluster; ++rank) sm90::mbarrier_arrive_cluster(&sm.empty[slot], rank);
   }
   // After wait<1>: every slot but `slot` (the newest group's) is free. A stage
   // shared by two chunks is issued as two groups: the second keeps it.
@@ -319,12 +359,13 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
   tree.store_root(p, dot);
 }
 
-// A persistent CTA: tiles blockIdx.x, blockIdx.x + gridDim.x, ... (job(t) gives
-// tile t), their stages in one ring (StageRing), so a tile's pipeline fill and its
+// A persistent CTA: units u = c, c + clusters, ... of its cluster c (a unit is a
+// tile, or a cluster's row of Cfg::kCluster tiles; job(u) gives this CTA's tile of
+// it), their stages in one ring (StageRing), so a tile's pipeline fill and its
 // problem's loads overlap the previous tile's last stages and stores, and the
 // barriers are set up once.
 template <class Cfg, Major MA, Major MB, class Jobs>
-__device__ void warpgroup_tiles(int tiles, const Jobs& job) {
+__device__ void warpgroup_tiles(int units, const Jobs& job) {
   extern __shared__ __align__(128) unsigned char wg_smem_raw[];
   const WarpgroupSmem<Cfg> sm(wg_smem_raw);
   for (uint32_t c = threadIdx.x; c < Cfg::kZeroBytes / 16; c += Cfg::kThreads)
@@ -333,27 +374,31 @@ __device__ void warpgroup_tiles(int tiles, const Jobs& job) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       sm90::mbarrier_init(&sm.full[s], 1);
-      sm90::mbarrier_init(&sm.empty[s], 4 * Cfg::kConsumers);  // a consumer warp each
+      sm90::mbarrier_init(&sm.empty[s], 4 * Cfg::kConsumers * Cfg::kCluster);  // a consumer warp each
     }
     sm90::mbarrier_init_fence();
   }
-  __syncthreads();
+  if constexpr (Cfg::kCluster > 1) sm90::cluster_sync();
+  else __syncthreads();
   const int group = threadIdx.x / 128;
+  const int first_unit = blockIdx.x / Cfg::kCluster, unit_stride = gridDim.x / Cfg::kCluster;
   StageRing<Cfg> ring{0};
   if (group == 0) {
     sm90::release_registers<40>();
     if (threadIdx.x != 0) return;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const TileJob j = job(t);
+    const int rank = Cfg::kCluster > 1 ? static_cast<int>(sm90::cluster_rank()) : 0;
+    for (int u = first_unit; u < units; u += unit_stride) {
+      const TileJob j = job(u);
       const int stages = (j.p->red + kWgBK - 1) / kWgBK;
-      warpgroup_producer<Cfg, MA, MB>(j, sm, stages, ring);
+      warpgroup_producer<Cfg, MA, MB>(j, sm, stages, ring, rank);
       ring.first += stages;
     }
+    if constexpr (Cfg::kCluster > 1) wait_ring_released(sm, ring.first);
     return;
   }
   sm90::claim_registers<232>();
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const TileJob j = job(t);
+  for (int u = first_unit; u < units; u += unit_stride) {
+    const TileJob j = job(u);
     const Problem p = *j.p;
     const int stages = (p.red + kWgBK - 1) / kWgBK;
     if (Cfg::kRegSlots == 0 && p.chunks == 1)
@@ -363,16 +408,20 @@ __device__ void warpgroup_tiles(int tiles, const Jobs& job) {
   }
 }
 
-// One problem: tile t at (t % row_tiles, t / row_tiles) where rows_fastest
-// (rows_first), else (t / col_tiles, t % col_tiles).
+// One problem, its row tiles in units of Cfg::kCluster (a cluster's CTAs take a
+// unit's tiles by rank): unit u at (u % row_units, u / row_units) where
+// rows_fastest (rows_first), else (u / col_tiles, u % col_tiles).
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const __grid_constant__ Problem p, const bool rows_fastest) {
-  const int row_tiles = (p.m + Cfg::kBM - 1) / Cfg::kBM, col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
-  warpgroup_tiles<Cfg, MA, MB>(row_tiles * col_tiles, [&](int t) {
-    const int row_tile = rows_fastest ? t % row_tiles : t / col_tiles;
-    const int col_tile = rows_fastest ? t / row_tiles : t % col_tiles;
+  const int row_units = (p.m + Cfg::kBM * Cfg::kCluster - 1) / (Cfg::kBM * Cfg::kCluster);
+  const int col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
+  const int rank = Cfg::kCluster > 1 ? static_cast<int>(sm90::cluster_rank()) : 0;
+  warpgroup_tiles<Cfg, MA, MB>(row_units * col_tiles, [&](int u) {
+    const int row_unit = rows_fastest ? u % row_units : u / col_tiles;
+    const int col_tile = rows_fastest ? u / row_units : u % col_tiles;
+    const int row_tile = row_unit * Cfg::kCluster + rank;
     return TileJob{&p, &map_a, &map_b, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN};
   });
 }
@@ -418,18 +467,54 @@ bool rows_first(const Problem& p) {
   return b_bytes > budget && a_bytes <= budget;
 }
 
+// A launch of `ctas` CTAs of Cfg, in clusters of Cfg::kCluster (no cluster
+// attribute for one: clusters of one CTA measured 1–2 µs slower than none).
+template <class Cfg>
+cudaLaunchConfig_t launch_config(unsigned ctas, cudaStream_t stream, cudaLaunchAttribute& cluster) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Cfg::kCluster;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = Cfg::kCluster > 1 ? 1 : 0;
+  return config;
+}
+
+// Persistent CTAs for `units` units of work: one per SM; in clusters, as many
+// clusters as fit at once (a cluster's SMs share a GPC, so that can be fewer than
+// SMs / kCluster, and a cluster left over would wait for a whole wave).
+template <class Cfg, class Kernel>
+unsigned persistent_cluster_ctas(Kernel kernel, long long units) {
+  if constexpr (Cfg::kCluster == 1) return persistent_ctas(units);
+  static const long long fit = [&] {
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = launch_config<Cfg>(Cfg::kCluster * multiprocessors(), nullptr, cluster);
+    int clusters = 0;
+    BP_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    return static_cast<long long>(clusters);
+  }();
+  return static_cast<unsigned>(Cfg::kCluster * std::min(units, fit));
+}
+
 template <class Cfg, Major MA, Major MB>
 void launch_warpgroup(Problem p, cudaStream_t stream) {
   const auto kernel = warpgroup_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
-  const unsigned ctas = persistent_ctas(tile_count<Cfg>(p));
+  const unsigned ctas = persistent_cluster_ctas<Cfg>(kernel, tile_count<Cfg>(p) / Cfg::kCluster);
   DeviceBuffer<float> spill(spill_elems<Cfg>(p, ctas), stream);
   p.spill = spill.get();
-  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p, rows_first(p));
-  BP_CUDA_CHECK_LAUNCH();
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = launch_config<Cfg>(ctas, stream, cluster);
+  BP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p,
+                                   rows_first(p)));
 }
+
+
 
 // TMA reads an operand in place when its base is 16-byte aligned and its rows
 // are whole 16-byte units apart.
@@ -467,9 +552,11 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
   const int sms = multiprocessors();
   static_assert(WgNarrowTile::kBM == WgChunkTile::kBM && WgNarrowTile::kBN == WgChunkTile::kBN);
-  if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms)
-    launch_warpgroup<WgWideTile, MA, MB>(p, stream);
-  else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
+  const bool pairs = (p.m + WgWideTile::kBM - 1) / WgWideTile::kBM % 2 == 0 && tile_count<WgWideTile>(p) >= 3 * sms;
+  if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms) {
+    if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
+    else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
+  } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
   else if (p.chunks == 1) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
   else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
   else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);

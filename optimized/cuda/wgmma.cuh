@@ -87,6 +87,55 @@ __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uin
       : "memory");
 }
 
+// --- clusters: the warpgroup GEMM's CTA pairs, the decode engine's shared x ------------
+__device__ inline uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA in the cluster meets here (after the barriers' init:
+// a peer's copies and arrivals may reach this CTA's barriers from then on).
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// An arrival on the barrier at bar's offset in the shared memory of the cluster's
+// CTA `rank`, with the default release at CTA scope: what it orders (a stage's wgmma
+// reads, completed by a wgmma wait) needs no cluster-scope fence, and
+// `.release.cluster` put a MEMBAR before every arrival (ncu: 10 of the consumer
+// warps' 19 cycles per instruction stalled on it, the clustered GEMM 2-3x slower).
+__device__ inline void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(shared_addr(bar)),
+      "r"(rank)
+      : "memory");
+}
+__device__ inline uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+// bulk_load into dst's offset of every CTA of the cluster in `ctas` (a bit per
+// rank), each copy completing on the barrier at bar's offset in its CTA.
+__device__ inline void bulk_load_multicast(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                           uint16_t ctas) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1], %2, [%3], %4;\n" ::"r"(shared_addr(dst)),
+      "l"(src), "r"(bytes), "r"(shared_addr(bar)), "h"(ctas)
+      : "memory");
+}
+// tma_load_2d into dst's offset of every CTA of the cluster in `ctas` (a bit per
+// rank), each copy completing on the barrier at bar's offset in its CTA.
+__device__ inline void tma_load_2d_multicast(void* dst, const void* map, uint64_t* bar, int inner, int outer,
+                                             uint16_t ctas) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(shared_addr(dst)),
+      "l"(map), "r"(shared_addr(bar)), "r"(inner), "r"(outer), "h"(ctas)
+      : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async)
 // before later async-proxy accesses (wgmma operand reads, TMA writes) of the same bytes.
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -360,6 +360,24 @@ TEST_P(LinearGpu, WideTileLongChunks) {
     }
 }
 
+// The wide tile on CTA pairs sharing B (two row tiles, three waves of tiles: the
+// pairs' rule), each CTA copying half of B's boxes into both; and unpaired where
+// the row tiles are odd (three of them, the same tile count). Reductions that end
+// inside a k16 group (200), the forward's (B reduction-major) and the input
+// gradient's (B row-major) majors.
+TEST_P(LinearGpu, WideTilePairs) {
+  const Which acc_only{true, false, false, false, false}, dgrad_acc_only{false, false, false, true, false};
+  int sms = 0;
+  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint64_t seed = 3200;
+  for (const int T : {256, 384})
+    for (Fill fill : {Fill::Spread, Fill::Edge}) {
+      const int cols = 3 * sms / ((T + 127) / 128) * 256;
+      check_problem(contract(), contract().knobs, Problem{T, 200, cols, 1}, fill, seed += 11, 8, acc_only);
+      check_problem(contract(), contract().knobs, Problem{T, cols, 200, 1}, fill, seed += 11, 8, dgrad_acc_only);
+    }
+}
+
 // --- grouped launches ----------------------------------------------------------------
 // One group's device inputs and outputs: x [T][K] (dy [T][N] of dgrad's shape), the
 // weight [N][K], and wgrad's dy [T][N].
