@@ -13,8 +13,10 @@
 //     the reduction; one warp runs one task's chain at a time. A unit is a few
 //     consecutive strips with all their chunks (at most kMaxWarps tasks), so the
 //     chunk tree runs inside the CTA; a CTA takes unit after unit.
-//   - x (<= 16 rows × K) is copied once per CTA into shared memory (cp.async); the
-//     warps issue their first weight loads before they wait for it.
+//   - x (<= 16 rows × K) is copied into shared memory once per CTA at M = 1
+//     (cp.async) and once per pair of CTAs past it (a 2-CTA cluster, TMA
+//     multicast: copy_x_to_pair); the warps issue their first weight loads
+//     before they wait for it.
 //   - The chain: per chunk, the k16 groups in increasing order, one
 //     mma.sync.m16n8k16 each from a +0 accumulator, x as A (16 rows) and the strip
 //     as B — the chain linear_mma.cu's TensorCoreDot runs, group for group.
@@ -46,6 +48,7 @@
 #include "optimized/cuda/common.h"
 #include "optimized/cuda/linear_gemm.cuh"
 #include "optimized/cuda/ptx.cuh"
+#include "optimized/cuda/wgmma.cuh"
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/reduce.h"
 
@@ -53,6 +56,10 @@ namespace bp::cuda::gemm {
 namespace {
 
 constexpr int kMaxWarps = 8;
+// CTAs that share x's copy past M = 1 (copy_x_to_pair). Measured on the H100 at
+// M = 16: pairs 5–20 % faster than one copy a CTA (30B q_proj 13.2 → 11.7 µs,
+// kv_proj 10.5 → 8.4); clusters of four slower on the chunked shapes (fewer fit).
+constexpr int kXCluster = 2;
 // k16 groups per batch of weight loads: 4 KB a warp. Two batches in registers per
 // warp keep 0.5 MB in flight on 30B kv_proj's 64 warps at M = 1, where the copy
 // bandwidth wants several MB: hence the rings of launches of few warps.
@@ -221,13 +228,15 @@ struct StripChain {
   }
 };
 
-// Shared memory of a CTA: its row block of x [rows][x_ld] bf16, then (chunks > 1)
-// two buffers of the partials [strip][row < rows][8 columns][chunk] fp32, then a
-// ring per warp (RingBatches).
+// Shared memory of a CTA: where CTAs share x, the barrier its copies complete on
+// (16 bytes); its row block of x [rows][x_ld] bf16, then (chunks > 1) two buffers
+// of the partials [strip][row < rows][8 columns][chunk] fp32, then a ring per warp
+// (RingBatches).
 struct DecodeSmem {
-  size_t x_bytes, part_bytes;
-  __host__ __device__ DecodeSmem(const Problem& p, int rows, int unit_strips, int x_ld)
-      : x_bytes((static_cast<size_t>(rows) * x_ld * sizeof(bf16) + 15) / 16 * 16),
+  size_t bar_bytes, x_bytes, part_bytes;
+  __host__ __device__ DecodeSmem(const Problem& p, int rows, int unit_strips, int x_ld, bool shared_x)
+      : bar_bytes(shared_x ? 16 : 0),
+        x_bytes(bar_bytes + (static_cast<size_t>(rows) * x_ld * sizeof(bf16) + 15) / 16 * 16),
         part_bytes(p.chunks > 1 ? 2 * sizeof(float) * unit_strips * rows * 8 * p.chunks : 0) {}
   template <class Store>
   __host__ __device__ size_t bytes(int warps) const {
@@ -235,20 +244,52 @@ struct DecodeSmem {
   }
 };
 
+// The block's x rows into xs by cp.async, one commit group. Row by row: a division
+// per 16 bytes was most of the M = 16 launches' instructions.
+__device__ void copy_x(const Problem& p, int row0, int rows, bf16* xs, int x_ld) {
+  for (int r = 0; r < rows; ++r)
+    for (int j = 8 * threadIdx.x; j < p.red; j += 8 * blockDim.x)
+      cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(row0 + r) * p.a.ld + j);
+  cp_async_commit();
+}
+
+// The same for a cluster's CTAs, completing on x_arrived: rank r copies rows r,
+// r + n, ... into every CTA of the cluster (a bulk copy a row, TMA multicast), so x
+// is read from L2 once a cluster (at M = 16 the 256 CTAs of 30B q_proj each copying
+// 64 KB read as many bytes as the 16 MB weight). Every CTA copies its rows, whether
+// or not it has a unit: its peers wait for them.
+__device__ void copy_x_to_pair(const Problem& p, int row0, int rows, bf16* xs, int x_ld, uint64_t* x_arrived) {
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(x_arrived, 1);
+    sm90::mbarrier_init_fence();
+  }
+  sm90::cluster_sync();  // every CTA's barrier is set before a peer's copy lands on it
+  if (threadIdx.x != 0) return;
+  const uint32_t row_bytes = p.red * sizeof(bf16), ctas = sm90::cluster_size(), rank = sm90::cluster_rank();
+  sm90::mbarrier_arrive_expect_tx(x_arrived, rows * row_bytes);
+  for (int r = rank; r < rows; r += ctas)
+    sm90::bulk_load_multicast(xs + r * x_ld, p.a.p + static_cast<size_t>(row0 + r) * p.a.ld, row_bytes, x_arrived,
+                              (1u << ctas) - 1);
+}
+
 // Units of `unit_strips` consecutive strips (every chunk of each), unit u to CTA
 // u mod gridDim.x: a CTA copies its row block of x once and its warps stream unit
 // after unit. The partials' two buffers take units in turn, so one barrier per unit
 // both completes a unit's partials and frees the buffer the next unit writes.
 // Grid row y takes rows [16y, 16y + 16) of x and the output (past 16 rows, each
 // block reads the weight, from L2 after the first); p itself stays the launch's (a
-// copy offset to the block measured ~8 % slower at M = 1).
-template <class Store>
+// copy offset to the block measured ~8 % slower at M = 1). SharedX: launched in
+// clusters whose CTAs share x's copy (copy_x_to_pair); the other instances hold no
+// cluster instruction (a kernel with one ran M = 1 1–2 µs slower even in clusters
+// of one).
+template <class Store, bool SharedX>
 __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p, const int unit_strips,
                                                                  const int x_ld) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int row0 = kDecodeRows * blockIdx.y, rows = min(kDecodeRows, p.m - row0);
-  const DecodeSmem plan(p, rows, unit_strips, x_ld);
-  bf16* xs = reinterpret_cast<bf16*>(smem_raw);
+  const DecodeSmem plan(p, rows, unit_strips, x_ld, SharedX);
+  uint64_t* x_arrived = reinterpret_cast<uint64_t*>(smem_raw);
+  bf16* xs = reinterpret_cast<bf16*>(smem_raw + plan.bar_bytes);
   float* part = reinterpret_cast<float*>(smem_raw + plan.x_bytes);
   uint2* rings = reinterpret_cast<uint2*>(smem_raw + plan.x_bytes + plan.part_bytes);
   const int part_elems = unit_strips * rows * 8 * p.chunks;
@@ -256,11 +297,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
   const int all_strips = (p.n + 7) / 8, units = (all_strips + unit_strips - 1) / unit_strips;
   const auto tasks_of = [&](int unit) { return min(unit_strips, all_strips - unit * unit_strips) * p.chunks; };
 
-  // Row by row: a division per 16 bytes was most of the M = 16 launches' instructions.
-  for (int r = 0; r < rows; ++r)
-    for (int j = 8 * threadIdx.x; j < p.red; j += 8 * blockDim.x)
-      cp_async16(xs + r * x_ld + j, p.a.p + static_cast<size_t>(row0 + r) * p.a.ld + j);
-  cp_async_commit();
+  if constexpr (SharedX) copy_x_to_pair(p, row0, rows, xs, x_ld, x_arrived);
+  else copy_x(p, row0, rows, xs, x_ld);
 
   // The warp's tasks in order: task warp, warp + warps, ... of each of the CTA's
   // units. Each task's weight loads start as the previous task ends (the first
@@ -271,10 +309,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
     if (has_task) chain.start(p, (unit * unit_strips + task / p.chunks) * 8, task % p.chunks * p.chunk);
     return has_task;
   };
-  // x: committed before the batches a start commits.
-  if (start(blockIdx.x, warp)) cp_async_wait<Store::kCommits>();
-  else cp_async_wait<0>();
-  __syncthreads();
+  // x: committed before the batches a start commits (or on its barrier).
+  const bool has_task = start(blockIdx.x, warp);
+  if constexpr (SharedX) {
+    sm90::mbarrier_wait(x_arrived, 0);
+  } else {
+    if (has_task) cp_async_wait<Store::kCommits>();
+    else cp_async_wait<0>();
+    __syncthreads();
+  }
 
   const StripTile tile{lane};
   int buf = 0;
@@ -309,6 +352,43 @@ __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p,
   }
 }
 
+// A launch of decode_kernel<Store, SharedX>: as many CTAs as fit on the GPU at
+// once, at most one per unit, over all row blocks; where SharedX in clusters of
+// kXCluster (a cluster's SMs share a GPC, so fewer may fit than the SMs allow).
+struct DecodeLaunch {
+  const Problem& p;
+  int warps, units, row_blocks, unit_strips, x_ld;
+  size_t smem;
+  template <class Store, bool SharedX>
+  void run(int max_smem, cudaStream_t stream) const {
+    const auto kernel = decode_kernel<Store, SharedX>;
+    static const cudaError_t opt_in = allow_smem(kernel, max_smem);
+    BP_CUDA_CHECK(opt_in);
+    constexpr int kCluster = SharedX ? kXCluster : 1;
+    const int sms = multiprocessors();
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kCluster;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(kCluster * sms, row_blocks);
+    config.blockDim = dim3(warps * 32);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = SharedX ? 1 : 0;
+    int fit = 0;  // clusters, or CTAs
+    if constexpr (SharedX) {
+      BP_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
+    } else {
+      BP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, warps * 32, smem));
+      fit *= sms;
+    }
+    config.gridDim.x = kCluster * std::min((units + kCluster - 1) / kCluster, std::max(1, fit / row_blocks));
+    BP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, unit_strips, x_ld));
+  }
+};
+
 }  // namespace
 
 bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
@@ -326,7 +406,10 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   const int units = (strips + unit_strips - 1) / unit_strips;
   const int warps = std::min(kMaxWarps, unit_strips * p.chunks);
   const int x_ld = x_stride_elems(p.red);
-  const DecodeSmem plan(p, std::min(p.m, kDecodeRows), unit_strips, x_ld);
+  // Past M = 1, CTA pairs share x's copy (4 KB at M = 1 does not win back a
+  // cluster launch's 1–2 µs).
+  const bool shared_x = p.m > 1 && units > 1;
+  const DecodeSmem plan(p, std::min(p.m, kDecodeRows), unit_strips, x_ld, shared_x);
   static const int max_smem = [] {
     int dev = 0, bytes = 0;
     BP_CUDA_CHECK(cudaGetDevice(&dev));
@@ -335,17 +418,9 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   }();
   const auto launch = [&](auto store) {
     using Store = typename decltype(store)::type;
-    const auto kernel = decode_kernel<Store>;
-    const size_t smem = plan.bytes<Store>(warps);
-    static const cudaError_t opt_in = allow_smem(kernel, max_smem);
-    BP_CUDA_CHECK(opt_in);
-    // As many CTAs as fit on the GPU at once (each copies x once), at most one per
-    // unit, over all row blocks.
-    int per_sm = 0;
-    BP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem));
-    const int ctas = std::min(units, std::max(1, std::max(1, per_sm) * sms / row_blocks));
-    kernel<<<dim3(ctas, row_blocks), warps * 32, smem, stream>>>(p, unit_strips, x_ld);
-    BP_CUDA_CHECK_LAUNCH();
+    const DecodeLaunch on{p, warps, units, row_blocks, unit_strips, x_ld, plan.bytes<Store>(warps)};
+    if (shared_x) on.run<Store, true>(max_smem, stream);
+    else on.run<Store, false>(max_smem, stream);
     return true;
   };
   // A launch of few warps (a single chunk over few strips: at most two warps a CTA)
