@@ -366,17 +366,9 @@ struct DecodeLaunch {
     BP_CUDA_CHECK(opt_in);
     constexpr int kCluster = SharedX ? kXCluster : 1;
     const int sms = multiprocessors();
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(kCluster * sms, row_blocks);
-    config.blockDim = dim3(warps * 32);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = SharedX ? 1 : 0;
+    cudaLaunchAttribute cluster;
+    cudaLaunchConfig_t config =
+        cluster_launch_config(dim3(kCluster * sms, row_blocks), warps * 32, smem, stream, kCluster, cluster);
     int fit = 0;  // clusters, or CTAs
     if constexpr (SharedX) {
       BP_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));

@@ -359,6 +359,26 @@ inline int multiprocessors() {
   return sms;
 }
 
+// A launch of `grid` CTAs of `threads` threads and `smem` bytes of shared memory, in
+// clusters of `cluster` CTAs along x; `attr` holds the cluster attribute the
+// config points to. No attribute for clusters of one: launches with one, even of
+// one CTA, measured 1–2 µs slower (bench/NOTES.md, session 21).
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                                                int cluster, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
+
 // A persistent CTA per SM (one fits: the stages fill its shared memory), or per
 // tile where there are fewer.
 inline unsigned persistent_ctas(long long tiles) {

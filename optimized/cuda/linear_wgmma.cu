@@ -467,23 +467,6 @@ bool rows_first(const Problem& p) {
   return b_bytes > budget && a_bytes <= budget;
 }
 
-// A launch of `ctas` CTAs of Cfg, in clusters of Cfg::kCluster (no cluster
-// attribute for one: clusters of one CTA measured 1–2 µs slower than none).
-template <class Cfg>
-cudaLaunchConfig_t launch_config(unsigned ctas, cudaStream_t stream, cudaLaunchAttribute& cluster) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Cfg::kCluster;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = Cfg::kCluster > 1 ? 1 : 0;
-  return config;
-}
-
 // Persistent CTAs for `units` units of work: one per SM; in clusters, as many
 // clusters as fit at once (a cluster's SMs share a GPC, so that can be fewer than
 // SMs / kCluster, and a cluster left over would wait for a whole wave).
@@ -492,7 +475,8 @@ unsigned persistent_cluster_ctas(Kernel kernel, long long units) {
   if constexpr (Cfg::kCluster == 1) return persistent_ctas(units);
   static const long long fit = [&] {
     cudaLaunchAttribute cluster;
-    const cudaLaunchConfig_t config = launch_config<Cfg>(Cfg::kCluster * multiprocessors(), nullptr, cluster);
+    const cudaLaunchConfig_t config = cluster_launch_config(dim3(Cfg::kCluster * multiprocessors()), Cfg::kThreads,
+                                                            Cfg::kSmemBytes, nullptr, Cfg::kCluster, cluster);
     int clusters = 0;
     BP_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     return static_cast<long long>(clusters);
@@ -509,11 +493,11 @@ void launch_warpgroup(Problem p, cudaStream_t stream) {
   DeviceBuffer<float> spill(spill_elems<Cfg>(p, ctas), stream);
   p.spill = spill.get();
   cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t config = launch_config<Cfg>(ctas, stream, cluster);
+  const cudaLaunchConfig_t config =
+      cluster_launch_config(dim3(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream, Cfg::kCluster, cluster);
   BP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p,
                                    rows_first(p)));
 }
-
 
 
 // TMA reads an operand in place when its base is 16-byte aligned and its rows
