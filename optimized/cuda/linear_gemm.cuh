@@ -11,9 +11,9 @@
 // the tree as they finish (ChunkTree). Three engines run it:
 //   - linear_mma.cu: tiles of 32 reduction elements through a cp.async pipeline;
 //     sm90-tc on mma.sync.m16n8k16, fma-seq on the SIMT cores;
-//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16): the weight
-//     streamed into mma.sync fragments, a warp per strip of 8
-//     columns and chunk;
+//   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16, and up to
+//     128 in 16-row blocks): the weight streamed into mma.sync fragments, a warp
+//     per strip of 8 columns and chunk;
 //   - linear_wgmma.cu: sm90-tc where TMA can read both operands and M is past
 //     decode sizes: the same G steps on wgmma with TMA-fed, swizzled stages of 64
 //     reduction elements.
@@ -60,7 +60,7 @@ struct Problem {
   bf16* out_bf16;
   float* spill;  // chunk-tree levels >= kRegSlots (ChunkTree's layout)
   // > 0: the reduction goes on from here in a second operand pair, [A | A2]·[B ; B2]
-  // (ProblemPair; only the grouped warpgroup kernel reads it).
+  // (ProblemPair; only grouped warpgroup launches set it).
   int second_from = 0;
 };
 
