@@ -909,7 +909,7 @@ template <int D, bool kBase2>
 void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k, const bf16* v,
                   const float* m, const float* l, const bf16* dout, const float* delta, bf16* dq,
                   cudaStream_t stream) {
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false, WsDq<D>::kSlots);
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, WsDq<D>::kSlots);
   if (tasks.empty()) return;
   const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
   const DeviceBuffer<Task> d_tasks(tasks, stream);
@@ -952,7 +952,7 @@ void dq_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
     if constexpr (bwd_on_warpgroups(decltype(model)::kModel, D)) {
       launch_dq_ws<D, kBase2>(dims, seqs, n_seqs, q, k, v, m, l, dout, delta, dq, stream);
     } else {  // the mma.sync or SIMT kernel forms Δ itself
-      const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, 1, false);
+      const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv);
       if (tasks.empty()) return;
       const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
       const DeviceBuffer<Task> d_tasks(tasks, stream);

@@ -6,13 +6,15 @@
 //   lives in registers, the split merge in shared memory. Flash-decoding schedule:
 //   one CTA per (tile, kv head, split) writes the split's (m, l, acc) and
 //   fwd_combine merges splits in order per row.
-// Two kernels: attn_fwd_ws_kernel (sm90-tc at head_dim 64 and 128, merged schedule:
-// TMA and wgmma in warpgroups, two query tiles a CTA) and attn_fwd_kernel (the rest:
-// mma.sync or the SIMT chain); launch_fwd picks.
+// Three kernels: attn_fwd_ws_kernel (sm90-tc at head_dim 64 and 128, merged schedule:
+// TMA and wgmma in warpgroups, two query tiles a CTA), attn_decode_kernel (sm90-tc
+// at head_dim 64 and 128, flash-decoding: 16-slot tiles, four warps sharing each
+// block) and attn_fwd_kernel (the rest: mma.sync or the SIMT chain); launch_fwd picks.
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "optimized/cuda/attention_tile.cuh"
@@ -33,13 +35,16 @@ using ref::max_num;
 
 struct FwdArgs {
   const AttnSeq* seqs;
-  const Task* tasks;
   Heads h;
   int split_blocks;
   const bf16 *q, *k, *v;
   bf16* o;
   float *m, *l;
-  float* part_acc;  // flash-decoding: [T·Hq][max_splits][D]
+  const Task* tasks;  // merged schedule: a CTA's tile
+  // Flash-decoding: the split plan (split_task), the splits' partials.
+  const SplitTile* split_tiles;
+  int n_split_tiles;
+  float* part_acc;  // [T·Hq][max_splits][D]
   float* part_ml;   // [T·Hq][max_splits][2]: m, l
   int max_splits;
 };
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
   bf16* sP = sV + kTile * LD;                                // R(P) rows for the SIMT contraction
   float* sO = reinterpret_cast<float*>(sP + kTile * kPLd);  // merged O, thread-private (merged schedule)
 
-  const Task task = a.tasks[blockIdx.x];
+  const Task task = kSplitCtas ? split_task(a.split_tiles, a.n_split_tiles, blockIdx.x) : a.tasks[blockIdx.x];
   const SlotTile tile = slot_tile(a.seqs, task, a.h);
   const Lane ln;
   const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
@@ -324,6 +329,186 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
     }
   }
   write_rows<kSplitCtas, D>(a, tile, task, ln, pos, first * kTile, m, l, acc, M, L, o_at);
+}
+
+// --- flash-decoding on four warps (sm90-tc, head_dim 64 and 128) ------------------
+// A decode tile holds G slots a query (8 for Qwen3), so attn_fwd_kernel's split CTA
+// has one live warp of four and the other three wait at its barriers (v1's longer
+// exp made that warp the bound: 64 × 32k 1.98 → 1.77 ms here; v2 was already at
+// the 84 % of DRAM peak both kernels reach). Here a CTA of
+// four warps takes a tile of 16 slots and shares each block among them: warp w
+// computes the scores of keys 16w … 16w + 15 and P·V for head columns
+// [w·D/4, (w + 1)·D/4); the block maximum and the top two levels of the sum tree
+// cross the warps in shared memory. The blocks stream through a ring of
+// kDecodeStages cp.async stages, kDecodeStages − 1 of them in flight. Every score,
+// maximum, exponential, tree level and k16 group is the one attn_fwd_kernel
+// computes, so the bits are the same.
+constexpr int kDecodeSlots = 16, kDecodeStages = 3;
+
+template <int D>
+struct DecodeSmem {
+  bf16 q[kDecodeSlots * kLd<D>];
+  bf16 kv[kDecodeStages][2][kTile * kLd<D>];  // K and V of one block a stage
+  bf16 p[kDecodeSlots * kPLd];                // R(P) of the block, all 64 keys
+  int32_t max_key[4][kDecodeSlots];           // each warp's block maximum (total_order_key)
+  float sum[4][kDecodeSlots];                 // each warp's level-4 sums (its two n8 tiles)
+};
+
+// Whether a split-CTA launch runs attn_decode_kernel (16-slot tiles) rather than
+// attn_fwd_kernel (64-slot tiles).
+constexpr bool on_decode_warps(DotModel model, int D) { return model == DotModel::Sm90Tc && D >= 64; }
+
+template <int D, bool kBase2>
+__global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) {
+  using Model = Sm90Tc;
+  const auto rule = a.h.rule<kBase2>();
+  constexpr int LD = kLd<D>, NT = D / 32, kCols = D / 4;  // the warp's n8 tiles and columns of P·V
+  extern __shared__ uint4 smem[];
+  auto& sm = *reinterpret_cast<DecodeSmem<D>*>(smem);
+  const int warp = threadIdx.x / 32;
+  const Lane ln(threadIdx.x % 32);  // every warp holds the tile's 16 rows: row(i) = g + 8i
+
+  // The kv heads of a task are neighbouring CTAs: together they read whole key rows
+  // (Hkv · D contiguous bf16) at about the same time.
+  const Task task = split_task(a.split_tiles, a.n_split_tiles, blockIdx.x / a.h.Hkv);
+  const AttnSeq seq = a.seqs[task.seq];
+  const SlotTile tile{seq, a.h.G, a.h.Hq, static_cast<int>(blockIdx.x % a.h.Hkv), task.slot0,
+                      min(seq.q_len * a.h.G, task.slot0 + kDecodeSlots)};  // the tile ends after 16 slots
+  const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
+  int pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
+  const int first = task.split * a.split_blocks, end = min(hi_pos / kTile, first + a.split_blocks - 1);
+
+  constexpr int kChunks = D / 8;
+  for (int v = threadIdx.x; v < kDecodeSlots * kChunks; v += kThreads) {
+    const int r = v / kChunks, c = (v % kChunks) * 8;
+    bf16* dst = sm.q + r * LD + c;
+    if (tile.valid(r)) cp_async16(dst, a.q + tile.row_index(r) * D + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  auto load_block = [&](int b) {  // one commit group a block, empty past the split
+    if (b <= end) {
+      bf16(&stage)[2][kTile * LD] = sm.kv[(b - first) % kDecodeStages];
+      load_key_block<D>(stage[0], a.k, tile, a.h.Hkv, b, hi_pos);
+      load_key_block<D>(stage[1], a.v, tile, a.h.Hkv, b, hi_pos);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kDecodeStages - 1; ++s) load_block(first + s);  // Q joins the first group
+
+  uint32_t qf[D / 16][4];  // Q's A fragments, the same for every block
+  float m[2], l[2], acc[NT][4];
+  start_split(m, l, acc);
+  for (int b = first; b <= end; ++b) {
+    cp_async_wait<kDecodeStages - 2>();  // block b (and Q)
+    __syncthreads();                     // and every warp is done with block b − 1's stage
+    load_block(b + kDecodeStages - 1);
+    if (b == first) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sm.q + (ln.lane % 16) * LD + (ln.lane / 16) * 8 + kk * 16);
+    }
+    const bf16* sK = sm.kv[(b - first) % kDecodeStages][0];
+    const bf16* sV = sm.kv[(b - first) % kDecodeStages][1];
+    const int kb = b * kTile, key0 = 16 * warp;
+    const BlockRows br(pos, kb);
+
+    // The scores of the warp's 16 keys: n8 tiles 2·warp and 2·warp + 1 of tile_dots.
+    float s[2][4] = {};
+    const bf16* b_row = sK + (key0 + (ln.lane / 16) * 8 + ln.lane % 8) * LD + ((ln.lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t k_frag[4];
+      ldmatrix_x4(k_frag, b_row + kk * 16);
+      mma_m16n8k16(s[0], qf[kk], k_frag[0], k_frag[1]);
+      mma_m16n8k16(s[1], qf[kk], k_frag[2], k_frag[3]);
+    }
+
+    // softmax_block's steps, the maximum and the sum crossing the warps.
+    bool visible[2][4];
+    int32_t key[2] = {total_order_key(neg_inf()), total_order_key(neg_inf())};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        visible[nt][e] = key0 + ln.col(nt, e % 2) < br.vis[e / 2];
+        const float x = visible[nt][e] ? rule.state_value(s[nt][e]) : neg_inf();
+        s[nt][e] = x;
+        key[e / 2] = max(key[e / 2], is_nan(x) ? INT32_MIN : total_order_key(x));
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      key[i] = max(key[i], __shfl_xor_sync(kFull, key[i], 1));
+      key[i] = max(key[i], __shfl_xor_sync(kFull, key[i], 2));
+      if (ln.t == 0) sm.max_key[warp][ln.row(i)] = key[i];
+    }
+    __syncthreads();
+    float m_new[2], mc_new[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = ln.row(i);
+      const int32_t k = max(max(sm.max_key[0][r], sm.max_key[1][r]), max(sm.max_key[2][r], sm.max_key[3][r]));
+      const float bmax = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(k)))));
+      m_new[i] = max_num(m[i], bmax);
+      mc_new[i] = rule.scaled_max(m_new[i]);
+      alpha[i] = br.act[i] ? rule.factor_exponent(rule.scaled_max(m[i]), mc_new[i]) : 0.0f;
+    }
+    softmax_exp_in_place<kBase2, 2>(alpha);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = visible[nt][e] ? rule.weight_exponent(s[nt][e], mc_new[e / 2]) : neg_inf();
+    softmax_exp_in_place<kBase2, 8>(&s[0][0]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float u[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        u[nt] = add_rn(s[nt][2 * i], s[nt][2 * i + 1]);
+        u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 1));
+        u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 2));
+        *reinterpret_cast<uint32_t*>(sm.p + ln.row(i) * kPLd + key0 + ln.col(nt, 0)) =
+            pack_bf16(s[nt][2 * i], s[nt][2 * i + 1]);
+      }
+      if (ln.t == 0) sm.sum[warp][ln.row(i)] = add_rn(u[0], u[1]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = ln.row(i);
+      const float sum = add_rn(add_rn(sm.sum[0][r], sm.sum[1][r]), add_rn(sm.sum[2][r], sm.sum[3][r]));
+      if (br.act[i]) {
+        l[i] = fma_rn(alpha[i], l[i], sum);
+        m[i] = m_new[i];
+      }
+    }
+    rescale(acc, alpha, br);
+
+    // acc += R(P) · V over the warp's columns (framed_block_product's two paths).
+    const int v_first = max(lo_pos + 1 - kb, 0), v_last = min(hi_pos + 1 - kb, kTile);
+    const bool slow = v_first < v_last && any_nonfinite<D>(sV, v_first, v_last);
+    if (!slow) {
+      uint32_t p_frag[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ldmatrix_x4(p_frag[kk], sm.p + (ln.lane % 16) * kPLd + (ln.lane / 16) * 8 + kk * 16);
+      mma_tile(acc, p_frag, sV + warp * kCols, LD, ln);
+    } else {
+      chain_tile<Model, true>(acc, sm.p, sV + warp * kCols, LD, {0, 0}, br.vis, br.act, ln);
+    }
+  }
+
+  // The split's partial (write_rows' flash-decoding branch) for the warp's columns.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pos[i] < first * kTile) continue;  // an invalid row, or one this split does not reach
+    const size_t at = tile.row_index(ln.row(i)) * a.max_splits + task.split;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      *reinterpret_cast<float2*>(a.part_acc + at * D + warp * kCols + ln.col(nt, 0)) =
+          make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
+    if (warp == 0 && ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
+  }
 }
 
 // --- the forward on wgmma (sm90-tc, head_dim 64 or 128, merged schedule) --------
@@ -502,14 +687,15 @@ bool prefer_split_ctas(const AttnSeq* seqs, int n_seqs, AttnDims dims, int split
 }
 
 // The forward kernel of the shape: on warpgroups for sm90-tc at head_dim 64 and 128
-// in the merged schedule, else on mma.sync (head_dim 32, decode splits) or SIMT
-// (fma-seq). Flash-decoding tiles are mostly empty slots (a decode step fills G of
-// 64): the mma.sync kernel skips their warps, which the warpgroup's products cannot.
+// in the merged schedule, else on mma.sync (head_dim 32 and the decode splits) or
+// SIMT (fma-seq). Flash-decoding tiles are mostly empty slots (a decode step fills
+// G of them), which the warpgroup's 64-row products cannot skip.
 constexpr bool on_warpgroups(DotModel model, int D, bool split_ctas) {
   return model == DotModel::Sm90Tc && D >= 64 && !split_ctas;
 }
 constexpr int task_slots(DotModel model, int D, bool split_ctas) {
-  return on_warpgroups(model, D, split_ctas) ? WsForward<128>::kSlots : kTile;
+  if (on_warpgroups(model, D, split_ctas)) return WsForward<128>::kSlots;
+  return split_ctas && on_decode_warps(model, D) ? kDecodeSlots : kTile;
 }
 
 template <bool kSplitCtas>
@@ -525,35 +711,46 @@ void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
       BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, maps.k, maps.v);
       BP_CUDA_CHECK_LAUNCH();
+    } else if constexpr (kSplitCtas && on_decode_warps(decltype(model)::kModel, D)) {
+      launch(attn_decode_kernel<D, kBase2>, dim3(grid.x * grid.y), sizeof(DecodeSmem<D>), stream, args);
     } else {
       launch(attn_fwd_kernel<decltype(model), D, kSplitCtas, kBase2>, grid, fwd_smem<D>(kSplitCtas), stream, args);
     }
   });
 }
 
-}  // namespace
-
-void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
-                             const bf16* k, const bf16* v, bf16* o, float* m, float* l, FwdSchedule schedule,
-                             cudaStream_t stream) {
-  check_args(kn, dims, seqs, n_seqs);
-  check_aligned({q, k, v, o});
-  const int split_blocks = kn.attn_kv_split / kn.attn_kv_block, G = dims.Hq / dims.Hkv;
-  const bool split_ctas = schedule == FwdSchedule::kSplitCtas ||
-                          (schedule == FwdSchedule::kAuto && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
-  const std::vector<Task> tasks =
-      plan_tiles(seqs, n_seqs, G, split_blocks, split_ctas, task_slots(kn.dot, dims.D, split_ctas));
+// The merged schedule: one CTA per query tile (and kv head) runs all its splits.
+void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args, cudaStream_t stream) {
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false));
   if (tasks.empty()) return;
   const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
   const DeviceBuffer<Task> d_tasks(tasks, stream);
-  FwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), split_blocks, q, k, v, o, m, l, nullptr, nullptr, 0};
-  const dim3 grid(static_cast<unsigned>(tasks.size()), static_cast<unsigned>(dims.Hkv));
+  args.seqs = d_seqs.get();
+  args.tasks = d_tasks.get();
+  launch_fwd<false>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), stream, args);
+}
 
-  if (!split_ctas) {
-    launch_fwd<false>(kn, dims, seqs, n_seqs, grid, stream, args);
-    return;
-  }
-  // Flash-decoding: per-token positions for the combine, split partials per row.
+// Appends n records made of ints to a table of them; returns where they start.
+template <class T>
+size_t append_words(std::vector<int32_t>& table, const T* records, size_t n) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % sizeof(int32_t) == 0 && alignof(T) == alignof(int32_t),
+                "a record of ints");
+  const size_t at = table.size();
+  const auto* words = reinterpret_cast<const int32_t*>(records);
+  table.insert(table.end(), words, words + n * sizeof(T) / sizeof(int32_t));
+  return at;
+}
+
+// Flash-decoding: one CTA per (split, tile, kv head) writes the split's partial and
+// fwd_combine merges each row's splits. The sequences, the split plan and each
+// token's position (the combine's) go up in one upload: a decode call's host time
+// before its first kernel was 190 µs at 64 × 32k keys with a task table, most of it
+// the plan's 4096 per-split records (session 22).
+void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args,
+                    cudaStream_t stream) {
+  const SplitPlan plan =
+      plan_split_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, args.split_blocks, task_slots(kn.dot, dims.D, true));
+  if (plan.n_tasks == 0) return;
   int T = 0, max_pos = 0;
   for (int s = 0; s < n_seqs; ++s)
     if (seqs[s].q_len > 0) {
@@ -563,18 +760,44 @@ void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs
   std::vector<int> token_pos(T, -1);
   for (int s = 0; s < n_seqs; ++s)
     for (int i = 0; i < seqs[s].q_len; ++i) token_pos[seqs[s].q_begin + i] = seqs[s].past_len + i;
-  args.max_splits = max_pos / kTile / split_blocks + 1;
-  const size_t rows = static_cast<size_t>(T) * dims.Hq;
-  DeviceBuffer<float> part_acc(rows * args.max_splits * dims.D, stream), part_ml(rows * args.max_splits * 2, stream);
-  const DeviceBuffer<int> d_token_pos(token_pos, stream);
-  args.part_acc = part_acc.get();
-  args.part_ml = part_ml.get();
-  launch_fwd<true>(kn, dims, seqs, n_seqs, grid, stream, args);
+  std::vector<int32_t> table;
+  const size_t seqs_at = append_words(table, seqs, n_seqs);
+  const size_t tiles_at = append_words(table, plan.tiles.data(), plan.tiles.size());
+  const size_t pos_at = append_words(table, token_pos.data(), token_pos.size());
+  const DeviceBuffer<int32_t> d_table(table, stream);
+  args.seqs = reinterpret_cast<const AttnSeq*>(d_table.get() + seqs_at);
+  args.split_tiles = reinterpret_cast<const SplitTile*>(d_table.get() + tiles_at);
+  args.n_split_tiles = static_cast<int>(plan.tiles.size());
+  args.max_splits = max_pos / kTile / args.split_blocks + 1;
+  const size_t slots = static_cast<size_t>(T) * dims.Hq * args.max_splits;  // rows × splits
+  DeviceBuffer<float> partials(slots * (dims.D + 2), stream);
+  args.part_acc = partials.get();
+  args.part_ml = partials.get() + slots * dims.D;
+  launch_fwd<true>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(plan.n_tasks), dims.Hkv), stream, args);
   const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
   combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D,
-            sizeof(MergeFactors) * args.max_splits, stream>>>(
-      d_token_pos.get(), args.h, dims.D, split_blocks, args.max_splits, part_acc.get(), part_ml.get(), o, m, l);
+            sizeof(MergeFactors) * args.max_splits, stream>>>(d_table.get() + pos_at, args.h, dims.D,
+                                                              args.split_blocks, args.max_splits, args.part_acc,
+                                                              args.part_ml, args.o, args.m, args.l);
   BP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
+                             const bf16* k, const bf16* v, bf16* o, float* m, float* l, FwdSchedule schedule,
+                             cudaStream_t stream) {
+  check_args(kn, dims, seqs, n_seqs);
+  check_aligned({q, k, v, o});
+  const int split_blocks = kn.attn_kv_split / kn.attn_kv_block;
+  FwdArgs args{};
+  args.h = heads(dims);
+  args.split_blocks = split_blocks;
+  args.q = q, args.k = k, args.v = v, args.o = o, args.m = m, args.l = l;
+  const bool split_ctas = schedule == FwdSchedule::kSplitCtas ||
+                          (schedule == FwdSchedule::kAuto && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
+  if (split_ctas) fwd_split_ctas(kn, dims, seqs, n_seqs, args, stream);
+  else fwd_merged(kn, dims, seqs, n_seqs, args, stream);
 }
 
 void attention_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q, const bf16* k,

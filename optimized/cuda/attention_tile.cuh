@@ -374,27 +374,60 @@ inline int tile_max_pos(const AttnSeq& s, int G, int slot0, int slots = kTile) {
   return s.past_len + (std::min(slot0 + slots, s.q_len * G) - 1) / G;
 }
 
-// The query tiles of every sequence, `slots` slots a task (one task per split in
-// the flash-decoding schedule), the longest first so that the causal tail does not
-// idle the GPU.
-inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, bool per_split,
-                                    int slots = kTile) {
+// The query tiles of every sequence, `slots` slots a task, the longest first so that
+// the causal tail does not idle the GPU.
+inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int slots = kTile) {
   std::vector<std::pair<int, Task>> work;
   for (int s = 0; s < n_seqs; ++s)
     for (int tile = 0; tile < sequence_tiles(seqs[s], G, slots); ++tile) {
-      const int slot0 = tile * slots, blocks = tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1;
-      if (!per_split) {
-        work.push_back({blocks, {s, slot0, -1}});
-        continue;
-      }
-      for (int sp = 0; sp * split_blocks < blocks; ++sp)
-        work.push_back({std::min(split_blocks, blocks - sp * split_blocks), {s, slot0, sp}});
+      const int slot0 = tile * slots;
+      work.push_back({tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1, {s, slot0, -1}});
     }
   std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   std::vector<Task> tasks;
   tasks.reserve(work.size());
   for (const auto& w : work) tasks.push_back(w.second);
   return tasks;
+}
+
+// The flash-decoding schedule's tiles: tile i runs tasks task0 … task0 + splits − 1,
+// one a split, the tiles with the most splits first. The CTAs find their task in
+// this list (split_task), so a call plans and uploads one record a tile instead of
+// one a split (a decode step: one a sequence instead of 64 at 32k keys).
+struct SplitTile {
+  int seq, slot0, task0;
+};
+struct SplitPlan {
+  std::vector<SplitTile> tiles;
+  int n_tasks = 0;
+};
+inline SplitPlan plan_split_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, int slots) {
+  std::vector<std::pair<int, SplitTile>> work;  // (splits, tile)
+  for (int s = 0; s < n_seqs; ++s)
+    for (int tile = 0; tile < sequence_tiles(seqs[s], G, slots); ++tile) {
+      const int slot0 = tile * slots, blocks = tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1;
+      work.push_back({(blocks + split_blocks - 1) / split_blocks, {s, slot0, 0}});
+    }
+  std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  SplitPlan plan;
+  plan.tiles.reserve(work.size());
+  for (auto& [splits, tile] : work) {
+    tile.task0 = plan.n_tasks;
+    plan.n_tasks += splits;
+    plan.tiles.push_back(tile);
+  }
+  return plan;
+}
+
+// Task `index` of a split plan: the last tile whose first task is at most index.
+__device__ inline Task split_task(const SplitTile* tiles, int n_tiles, int index) {
+  int lo = 0, hi = n_tiles - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tiles[mid].task0 <= index) lo = mid;
+    else hi = mid - 1;
+  }
+  return {tiles[lo].seq, tiles[lo].slot0, index - tiles[lo].task0};
 }
 
 }  // namespace bp::cuda::attn
