@@ -177,12 +177,19 @@ __device__ void rescale(float (&acc)[NT][4], const float (&alpha)[2], const Bloc
 struct MergeFactors {
   float a, b;
 };
+// The factors of merging a split whose maximum is m into a state whose maximum is
+// M; m_new = max_num(M, m).
 template <bool kBase2>
-__device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float& M, float& L, float m, float l) {
-  const float m_new = max_num(M, m), mc_new = rule.scaled_max(m_new);
+__device__ MergeFactors merge_factors(const ref::SoftmaxRule<kBase2>& rule, float M, float m, float m_new) {
+  const float mc_new = rule.scaled_max(m_new);
   float x[2] = {rule.factor_exponent(rule.scaled_max(M), mc_new), rule.factor_exponent(rule.scaled_max(m), mc_new)};
   softmax_exp_in_place<kBase2, 2>(x);
-  const MergeFactors f{x[0], x[1]};
+  return {x[0], x[1]};
+}
+template <bool kBase2>
+__device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float& M, float& L, float m, float l) {
+  const float m_new = max_num(M, m);
+  const MergeFactors f = merge_factors(rule, M, m, m_new);
   L = fma_rn(f.a, L, mul_rn(f.b, l));
   M = m_new;
   return f;
@@ -633,35 +640,60 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 }
 
 // Flash-decoding combine: row (t, h) merges its splits in increasing order (the
-// first is the merged state as it is), then o = R(O ÷ L). One block a row, one thread
-// per d. The (M, L) chain and its merge factors are the same for every d: thread 0
-// runs it once into shared memory (the rest of the block would repeat it), then each
-// thread folds its O_d through the factors.
+// first is the merged state as it is), then o = R(O ÷ L). One block a row, one
+// thread per d. merge_split's chain comes apart: the running maximum M_s is one
+// max_num a split (thread 0); each split's factors need only M_{s−1}, M_s and m_s,
+// and b_s·l_s only those, so the threads form them side by side; what stays a chain
+// is L_s = fma(a_s, L_{s−1}, b_s·l_s), one fma a split (thread 0). Then each thread
+// folds its O_d through the factors, its first kCombineAhead loads issued before all that.
+constexpr int kCombineAhead = 16;
+constexpr size_t combine_smem(int max_splits) { return (sizeof(MergeFactors) + 3 * sizeof(float)) * max_splits; }
+
 template <bool kBase2>
 __global__ void fwd_combine_kernel(const int* __restrict__ token_pos, Heads h, int D, int split_blocks, int max_splits,
                                    const float* __restrict__ part_acc, const float* __restrict__ part_ml, bf16* o,
                                    float* m, float* l) {
-  extern __shared__ MergeFactors factors[];  // [max_splits]; entry s merges split s
+  extern __shared__ MergeFactors factors[];  // [max_splits]: entry s merges split s; entry 0 holds the final (M, L)
+  float* split_m = reinterpret_cast<float*>(factors + max_splits);  // m_s
+  float* running_m = split_m + max_splits;                          // M_s
+  float* split_l = running_m + max_splits;                          // l_s, then b_s·l_s
   const auto rule = h.rule<kBase2>();
-  const int Hq = h.Hq;
   const int p = token_pos[blockIdx.x];
   if (p < 0) return;  // a token of no sequence
-  const size_t row = static_cast<size_t>(blockIdx.x) * Hq + blockIdx.y, base = row * max_splits;
+  const size_t row = static_cast<size_t>(blockIdx.x) * h.Hq + blockIdx.y, base = row * max_splits;
   const int d = threadIdx.x, splits = p / kTile / split_blocks + 1;
+  float ahead[kCombineAhead];
+#pragma unroll
+  for (int s = 0; s < kCombineAhead; ++s) ahead[s] = s < splits ? part_acc[(base + s) * D + d] : 0.0f;
+  for (int s = d; s < splits; s += blockDim.x) {
+    split_m[s] = part_ml[2 * (base + s)];
+    split_l[s] = part_ml[2 * (base + s) + 1];
+  }
+  __syncthreads();
   if (d == 0) {
-    float M = part_ml[2 * base], L = part_ml[2 * base + 1];
-    for (int s = 1; s < splits; ++s) {
-      const size_t at = base + s;
-      factors[s] = merge_split(rule, M, L, part_ml[2 * at], part_ml[2 * at + 1]);
-    }
-    factors[0] = {M, L};  // slot 0 is never a merge: it carries the row's final (M, L)
-    m[row] = M;
+    float M = split_m[0];
+    for (int s = 0; s < splits; ++s) running_m[s] = M = max_num(M, split_m[s]);
+  }
+  __syncthreads();
+  for (int s = max(d, 1); s < splits; s += blockDim.x) {
+    factors[s] = merge_factors(rule, running_m[s - 1], split_m[s], running_m[s]);
+    split_l[s] = mul_rn(factors[s].b, split_l[s]);
+  }
+  __syncthreads();
+  if (d == 0) {
+    float L = split_l[0];
+    for (int s = 1; s < splits; ++s) L = fma_rn(factors[s].a, L, split_l[s]);
+    factors[0] = {running_m[splits - 1], L};
+    m[row] = running_m[splits - 1];
     l[row] = L;
   }
   __syncthreads();
-  float O = part_acc[base * D + d];
+  float O = ahead[0];
+#pragma unroll
+  for (int s = 1; s < kCombineAhead; ++s)
+    if (s < splits) O = merged(factors[s], O, ahead[s]);
 #pragma unroll 8  // the loads of 8 splits ahead of their merges
-  for (int s = 1; s < splits; ++s) O = merged(factors[s], O, part_acc[(base + s) * D + d]);
+  for (int s = kCombineAhead; s < splits; ++s) O = merged(factors[s], O, part_acc[(base + s) * D + d]);
   o[row * D + d] = round_bf16(div_rn(O, factors[0].b));
 }
 
@@ -775,10 +807,12 @@ void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
   args.part_ml = partials.get() + slots * dims.D;
   launch_fwd<true>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(plan.n_tasks), dims.Hkv), stream, args);
   const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
-  combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D,
-            sizeof(MergeFactors) * args.max_splits, stream>>>(d_table.get() + pos_at, args.h, dims.D,
-                                                              args.split_blocks, args.max_splits, args.part_acc,
-                                                              args.part_ml, args.o, args.m, args.l);
+  const size_t smem = combine_smem(args.max_splits);
+  if (smem > 48 * 1024)  // contexts past 1.2 M keys at splits of 512
+    BP_CUDA_CHECK(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  combine<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(dims.Hq)), dims.D, smem, stream>>>(
+      d_table.get() + pos_at, args.h, dims.D, args.split_blocks, args.max_splits, args.part_acc, args.part_ml, args.o,
+      args.m, args.l);
   BP_CUDA_CHECK_LAUNCH();
 }
 

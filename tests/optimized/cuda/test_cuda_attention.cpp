@@ -169,7 +169,7 @@ TEST_P(AttentionGpu, PrefixCacheAndRaggedBatchesMatchReference) {
 }
 
 // q_len 1 with caches up to 4097 keys (GQA 8 over 128 dims is Qwen3-30B-A3B's
-// kv head), alone and as a batch.
+// kv head), alone, as a batch and in more splits.
 TEST_P(AttentionGpu, DecodeMatchesReference) {
   uint64_t seed = 3000;
   for (AttnDims d : {AttnDims{8, 1, 128}, AttnDims{4, 2, 64}})
@@ -177,6 +177,10 @@ TEST_P(AttentionGpu, DecodeMatchesReference) {
       expect_matches(knobs(), make_problem(d, packed({{past, 1}}), ++seed), "decode");
   expect_matches(knobs(), make_problem({32, 4, 128}, packed({{700, 1}, {40, 1}, {2049, 1}, {0, 1}}), ++seed),
                  "decode batch");
+  // More splits than the forward combine loads ahead of its merges (16): 33 of 128 keys.
+  Knobs kn = knobs();
+  kn.attn_kv_split = 128;
+  expect_matches(kn, make_problem({8, 1, 128}, packed({{4096, 1}, {1000, 1}}), ++seed), "decode, 33 splits");
 }
 
 // Qwen3-30B-A3B attention (32 q / 4 kv heads of 128), whole layers.
