@@ -95,7 +95,7 @@ __device__ void load_rows(bf16* tile, const bf16* row0, size_t stride, int n_row
 #pragma unroll
   for (int r = threadIdx.x / kChunks; r < kTile; r += kRowStep) {
     bf16* dst = tile + r * kLd<D> + c;
-    if (r < n_rows) cp_async16(dst, row0 + r * stride + c);
+    if (r < n_rows) cp_async16_stream(dst, row0 + r * stride + c);
     else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 }

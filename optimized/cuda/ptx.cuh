@@ -14,6 +14,11 @@ __device__ inline void cp_async16(void* dst, const void* src, int src_bytes = 16
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// The same for rows streamed once (keys, values): a miss fetches the surrounding 256
+// bytes into L2 (a whole key row of head_dim 128), one DRAM burst for the row.
+__device__ inline void cp_async16_stream(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ inline void cp_async_wait() {
