@@ -92,6 +92,30 @@ __device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
   }
 }
 
+// Levels 1-3 of the pairwise tree over one row's 8 columns of an n8 tile: the
+// thread's pair (2t, 2t + 1), then the quad's t ^ 1 and t ^ 2 (addition is
+// commutative, so both lanes of a pair hold the same sum).
+__device__ inline float n8_tile_sum(float x0, float x1) {
+  const float u = add_rn(x0, x1);
+  const float v = add_rn(u, __shfl_xor_sync(kFull, u, 1));
+  return add_rn(v, __shfl_xor_sync(kFull, v, 2));
+}
+
+// Reference steps 2-3 on the thread's rows, given the block maximum bmax: the new
+// running maximum, its scaled form, and α = exp(scaled old − scaled new). exp(+0) = 1
+// is α of a row that does not see the block (for exp2_poly too).
+template <bool kBase2>
+__device__ void new_maximum(const ref::SoftmaxRule<kBase2>& rule, const float (&m)[2], const float (&bmax)[2],
+                            const BlockRows& br, float (&m_new)[2], float (&mc_new)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_new[i] = max_num(m[i], bmax[i]);
+    mc_new[i] = rule.scaled_max(m_new[i]);
+    alpha[i] = br.act[i] ? rule.factor_exponent(rule.scaled_max(m[i]), mc_new[i]) : 0.0f;
+  }
+  softmax_exp_in_place<kBase2, 2>(alpha);
+}
+
 // The online-softmax step of one block on the thread's two rows (reference
 // softmax_block, steps 1-4 and 6, under the contract's SoftmaxRule): s holds the raw
 // dots and becomes P (+0 in absent slots); returns α per row (1 for rows that do
@@ -112,18 +136,10 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       const float x = rule.state_value(s[nt][e]);
       s[nt][e] = visible[nt][e] ? x : neg_inf();
     }
-  float bmax[2];
+  float bmax[2], m_new[2], mc_new[2];
   block_max(bmax, s);
-  // exp(+0) = 1 is α of a row that does not see the block; exp(−Inf) = +0 is P of
-  // an absent slot (both for exp2_poly too).
-  float m_new[2], mc_new[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    m_new[i] = max_num(m[i], bmax[i]);
-    mc_new[i] = rule.scaled_max(m_new[i]);
-    alpha[i] = br.act[i] ? rule.factor_exponent(rule.scaled_max(m[i]), mc_new[i]) : 0.0f;
-  }
-  softmax_exp_in_place<kBase2, 2>(alpha);
+  new_maximum(rule, m, bmax, br, m_new, mc_new, alpha);
+  // exp(−Inf) = +0 is P of an absent slot (for exp2_poly too).
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -134,18 +150,13 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
         p = visible[nt][2 * i + e] ? rule.weight_exponent(p, mc_new[i]) : neg_inf();
       }
   softmax_exp_in_place<kBase2, 32>(&s[0][0]);
-  // pairwise_tree over the 64 slots: level 1 pairs columns (2t, 2t+1) in the thread,
-  // levels 2 and 3 pair t ^ 1 and t ^ 2 (addition is commutative), levels 4-6 pair
-  // the n8 tiles in the thread.
+  // pairwise_tree over the 64 slots: levels 1-3 within each n8 tile (n8_tile_sum),
+  // levels 4-6 pair the n8 tiles in the thread.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float u[8];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      u[nt] = add_rn(s[nt][2 * i], s[nt][2 * i + 1]);
-      u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 1));
-      u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 2));
-    }
+    for (int nt = 0; nt < 8; ++nt) u[nt] = n8_tile_sum(s[nt][2 * i], s[nt][2 * i + 1]);
 #pragma unroll
     for (int level = 0; level < 3; ++level)  // widths 4, 2, 1
 #pragma unroll
@@ -451,17 +462,14 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
       if (ln.t == 0) sm.max_key[warp][ln.row(i)] = key[i];
     }
     __syncthreads();
-    float m_new[2], mc_new[2], alpha[2];
+    float bmax[2], m_new[2], mc_new[2], alpha[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = ln.row(i);
       const int32_t k = max(max(sm.max_key[0][r], sm.max_key[1][r]), max(sm.max_key[2][r], sm.max_key[3][r]));
-      const float bmax = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(k)))));
-      m_new[i] = max_num(m[i], bmax);
-      mc_new[i] = rule.scaled_max(m_new[i]);
-      alpha[i] = br.act[i] ? rule.factor_exponent(rule.scaled_max(m[i]), mc_new[i]) : 0.0f;
+      bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(k)))));
     }
-    softmax_exp_in_place<kBase2, 2>(alpha);
+    new_maximum(rule, m, bmax, br, m_new, mc_new, alpha);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -472,9 +480,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
       float u[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        u[nt] = add_rn(s[nt][2 * i], s[nt][2 * i + 1]);
-        u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 1));
-        u[nt] = add_rn(u[nt], __shfl_xor_sync(kFull, u[nt], 2));
+        u[nt] = n8_tile_sum(s[nt][2 * i], s[nt][2 * i + 1]);
         *reinterpret_cast<uint32_t*>(sm.p + ln.row(i) * kPLd + key0 + ln.col(nt, 0)) =
             pack_bf16(s[nt][2 * i], s[nt][2 * i + 1]);
       }
@@ -751,17 +757,6 @@ void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
   });
 }
 
-// The merged schedule: one CTA per query tile (and kv head) runs all its splits.
-void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args, cudaStream_t stream) {
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false));
-  if (tasks.empty()) return;
-  const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
-  const DeviceBuffer<Task> d_tasks(tasks, stream);
-  args.seqs = d_seqs.get();
-  args.tasks = d_tasks.get();
-  launch_fwd<false>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), stream, args);
-}
-
 // Appends n records made of ints to a table of them; returns where they start.
 template <class T>
 size_t append_words(std::vector<int32_t>& table, const T* records, size_t n) {
@@ -771,6 +766,20 @@ size_t append_words(std::vector<int32_t>& table, const T* records, size_t n) {
   const auto* words = reinterpret_cast<const int32_t*>(records);
   table.insert(table.end(), words, words + n * sizeof(T) / sizeof(int32_t));
   return at;
+}
+
+// The merged schedule: one CTA per query tile (and kv head) runs all its splits.
+// The sequences and the tiles go up in one upload (each pageable upload costs the
+// call several µs of host time before its kernel).
+void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args, cudaStream_t stream) {
+  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false));
+  if (tasks.empty()) return;
+  std::vector<int32_t> table;
+  const size_t seqs_at = append_words(table, seqs, n_seqs), tasks_at = append_words(table, tasks.data(), tasks.size());
+  const DeviceBuffer<int32_t> d_table(table, stream);
+  args.seqs = reinterpret_cast<const AttnSeq*>(d_table.get() + seqs_at);
+  args.tasks = reinterpret_cast<const Task*>(d_table.get() + tasks_at);
+  launch_fwd<false>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), stream, args);
 }
 
 // Flash-decoding: one CTA per (split, tile, kv head) writes the split's partial and
