@@ -263,7 +263,7 @@ __device__ void copy_x_to_pair(const Problem& p, int row0, int rows, bf16* xs, i
     sm90::mbarrier_init(x_arrived, 1);
     sm90::mbarrier_init_fence();
   }
-  sm90::cluster_sync();  // every CTA's barrier is set before a peer's copy lands on it
+  sm90::cluster_sync_after_barrier_init();  // every CTA's barrier is set before a peer's copy lands on it
   if (threadIdx.x != 0) return;
   const uint32_t row_bytes = p.red * sizeof(bf16), ctas = sm90::cluster_size(), rank = sm90::cluster_rank();
   sm90::mbarrier_arrive_expect_tx(x_arrived, rows * row_bytes);

@@ -378,8 +378,8 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
     }
     sm90::mbarrier_init_fence();
   }
-  if constexpr (Cfg::kCluster > 1) sm90::cluster_sync();
-  else __syncthreads();
+  __syncthreads();  // the zeros
+  if constexpr (Cfg::kCluster > 1) sm90::cluster_sync_after_barrier_init();
   const int group = threadIdx.x / 128;
   const int first_unit = blockIdx.x / Cfg::kCluster, unit_stride = gridDim.x / Cfg::kCluster;
   StageRing<Cfg> ring{0};
