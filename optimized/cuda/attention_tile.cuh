@@ -374,26 +374,33 @@ inline int tile_max_pos(const AttnSeq& s, int G, int slot0, int slots = kTile) {
   return s.past_len + (std::min(slot0 + slots, s.q_len * G) - 1) / G;
 }
 
-// The query tiles of every sequence, `slots` slots a task, the longest first so that
-// the causal tail does not idle the GPU.
-inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int slots = kTile) {
-  std::vector<std::pair<int, Task>> work;
+// The query tiles of every sequence, `slots` slots each, with their key blocks, the
+// longest first so that the causal tail does not idle the GPU.
+struct QueryTile {
+  int blocks, seq, slot0;
+};
+inline std::vector<QueryTile> tiles_longest_first(const AttnSeq* seqs, int n_seqs, int G, int slots) {
+  std::vector<QueryTile> tiles;
   for (int s = 0; s < n_seqs; ++s)
     for (int tile = 0; tile < sequence_tiles(seqs[s], G, slots); ++tile) {
       const int slot0 = tile * slots;
-      work.push_back({tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1, {s, slot0, -1}});
+      tiles.push_back({tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1, s, slot0});
     }
-  std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::stable_sort(tiles.begin(), tiles.end(), [](const auto& x, const auto& y) { return x.blocks > y.blocks; });
+  return tiles;
+}
+
+// One task a query tile (the merged schedule and the backward).
+inline std::vector<Task> plan_tiles(const AttnSeq* seqs, int n_seqs, int G, int slots = kTile) {
   std::vector<Task> tasks;
-  tasks.reserve(work.size());
-  for (const auto& w : work) tasks.push_back(w.second);
+  for (const QueryTile& t : tiles_longest_first(seqs, n_seqs, G, slots)) tasks.push_back({t.seq, t.slot0, -1});
   return tasks;
 }
 
 // The flash-decoding schedule's tiles: tile i runs tasks task0 … task0 + splits − 1,
-// one a split, the tiles with the most splits first. The CTAs find their task in
-// this list (split_task), so a call plans and uploads one record a tile instead of
-// one a split (a decode step: one a sequence instead of 64 at 32k keys).
+// one a split. The CTAs find their task in this list (split_task), so a call plans
+// and uploads one record a tile instead of one a split (a decode step: one a
+// sequence instead of 64 at 32k keys).
 struct SplitTile {
   int seq, slot0, task0;
 };
@@ -402,19 +409,10 @@ struct SplitPlan {
   int n_tasks = 0;
 };
 inline SplitPlan plan_split_tiles(const AttnSeq* seqs, int n_seqs, int G, int split_blocks, int slots) {
-  std::vector<std::pair<int, SplitTile>> work;  // (splits, tile)
-  for (int s = 0; s < n_seqs; ++s)
-    for (int tile = 0; tile < sequence_tiles(seqs[s], G, slots); ++tile) {
-      const int slot0 = tile * slots, blocks = tile_max_pos(seqs[s], G, slot0, slots) / kTile + 1;
-      work.push_back({(blocks + split_blocks - 1) / split_blocks, {s, slot0, 0}});
-    }
-  std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   SplitPlan plan;
-  plan.tiles.reserve(work.size());
-  for (auto& [splits, tile] : work) {
-    tile.task0 = plan.n_tasks;
-    plan.n_tasks += splits;
-    plan.tiles.push_back(tile);
+  for (const QueryTile& t : tiles_longest_first(seqs, n_seqs, G, slots)) {
+    plan.tiles.push_back({t.seq, t.slot0, plan.n_tasks});
+    plan.n_tasks += (t.blocks + split_blocks - 1) / split_blocks;
   }
   return plan;
 }
