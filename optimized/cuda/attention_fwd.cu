@@ -681,7 +681,7 @@ __global__ void fwd_combine_kernel(const int* __restrict__ token_pos, Heads h, i
     for (int s = 0; s < splits; ++s) running_m[s] = M = max_num(M, split_m[s]);
   }
   __syncthreads();
-  for (int s = max(d, 1); s < splits; s += blockDim.x) {
+  for (int s = 1 + d; s < splits; s += blockDim.x) {  // split 0 is the state as it is
     factors[s] = merge_factors(rule, running_m[s - 1], split_m[s], running_m[s]);
     split_l[s] = mul_rn(factors[s].b, split_l[s]);
   }

@@ -177,10 +177,12 @@ TEST_P(AttentionGpu, DecodeMatchesReference) {
       expect_matches(knobs(), make_problem(d, packed({{past, 1}}), ++seed), "decode");
   expect_matches(knobs(), make_problem({32, 4, 128}, packed({{700, 1}, {40, 1}, {2049, 1}, {0, 1}}), ++seed),
                  "decode batch");
-  // More splits than the forward combine loads ahead of its merges (16): 33 of 128 keys.
+  // More splits than the forward combine loads ahead of its merges (16) and than it
+  // has threads (head_dim 64): 33 and 67 splits of 128 keys.
   Knobs kn = knobs();
   kn.attn_kv_split = 128;
   expect_matches(kn, make_problem({8, 1, 128}, packed({{4096, 1}, {1000, 1}}), ++seed), "decode, 33 splits");
+  expect_matches(kn, make_problem({8, 1, 64}, packed({{8500, 1}, {200, 1}}), ++seed), "decode, 67 splits");
 }
 
 // Qwen3-30B-A3B attention (32 q / 4 kv heads of 128), whole layers.
