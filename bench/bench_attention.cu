@@ -5,9 +5,11 @@
 //   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
 //           tokens, from the forward's own o, m and l.
 // Each time is the median of --reps event-timed calls after --warmup calls (the
-// call includes its host planning and task upload: that is the API's cost). Inputs
-// random, never zeros. CSV on stdout, the columns bench/sdpa_peer.py writes too:
-//   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
+// call includes its host planning and task upload: that is the API's cost);
+// host_us is the median host time inside one call issued to an idle GPU
+// (bench::host_us). Inputs random, never zeros. CSV on stdout, the columns
+// bench/sdpa_peer.py writes too:
+//   kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes,host_us
 // flops count the causal QK^T and PV products (4·Hq·D per visible (query, key));
 // the backward counts 2.5 times that (QK^T, dP = dO·V^T, dV, dK and dQ: the
 // convention of FlashAttention and of sdpa_peer.py). bytes are q, k, v read once
@@ -60,16 +62,20 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
   };
   const bool backward = std::string(kind) == "backward";
   bench::Measured run{};
+  double host_us = 0;
   if (backward) {
     cuda::DeviceBuffer<bf16> dout(q_elems), dq(q_elems), dk(kv_elems), dv(kv_elems);
     bench::fill(dout, 4);
     forward();
-    run = bench::measure(opt, [&] {
+    auto backward_call = [&] {
       cuda::attention_bwd(kn, kDims, seqs.data(), batch, q.get(), k.get(), v.get(), o.get(), m.get(), l.get(),
                           dout.get(), dq.get(), dk.get(), dv.get());
-    });
+    };
+    run = bench::measure(opt, backward_call);
+    host_us = bench::host_us(opt, backward_call);
   } else {
     run = bench::measure(opt, forward);
+    host_us = bench::host_us(opt, forward);
   }
   const double us = run.us;
   BP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -77,15 +83,15 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
   const double pairs = double(batch) * q_len * (kv_len - q_len) + double(batch) * q_len * (q_len + 1) / 2;
   const double flops = (backward ? 10.0 : 4.0) * kDims.Hq * kDims.D * pairs;
   const double bytes = backward ? 2.0 * (4.0 * q_elems + 4.0 * kv_elems) : 2.0 * (2.0 * q_elems + 2.0 * kv_elems);
-  std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f,%llu\n", kind, contract.c_str(), batch, q_len, kv_len,
-              kDims.Hq, kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3,
-              static_cast<unsigned long long>(run.peak_bytes));
+  std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%.2f,%.0f,%.1f,%llu,%.1f\n", kind, contract.c_str(), batch, q_len,
+              kv_len, kDims.Hq, kDims.Hkv, kDims.D, us, flops / us * 1e-6, bytes, bytes / us * 1e-3,
+              static_cast<unsigned long long>(run.peak_bytes), host_us);
   std::fflush(stdout);
 }
 
 int run(const Options& opt) {
   bench::require_hopper("bench_attention", opt);
-  std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes\n");
+  std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes,host_us\n");
   // v2 beside v1 (SPEC.md §1.3); fma-seq has no speed target.
   for (const char* c : {"bf16-sm90tc-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v1"}) {
     for (int batch : {1, 8})

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +130,23 @@ double median_us(const Options& opt, F&& launch) {
     for (int b = 0; b < batch; ++b) launch();
     us.push_back(timer.stop_us() / batch);
   }
+  return median_of(std::move(us));
+}
+
+// Median host time inside one `launch`, the GPU idle before each: what a caller
+// waits for the call to return and, with nothing queued, how long the GPU idles
+// before the call's first kernel (a part of median_us's time for a call longer
+// than its batch, as decode's was: session 22, bench/NOTES.md).
+template <class F>
+double host_us(const Options& opt, F&& launch) {
+  std::vector<double> us;
+  for (int i = 0; i < opt.reps; ++i) {
+    BP_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    launch();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  BP_CUDA_CHECK(cudaDeviceSynchronize());
   return median_of(std::move(us));
 }
 

@@ -1,9 +1,11 @@
 """What the PyTorch peers of the benchmarks share: their options, the CUDA-event
-timing bench_util.cuh uses (warmup, then the median of --reps), and the skip (exit
+timing bench_util.cuh uses (warmup, then the median of --reps), the host time inside
+a call (host_us), and the skip (exit
 125, the CTest / bisect skip code) where torch or a CUDA GPU is missing."""
 import argparse
 import statistics
 import sys
+import time
 
 EXIT_CANNOT_TEST = 125
 
@@ -29,6 +31,19 @@ def import_torch_with_cuda(name):
         print(f"{name}: no CUDA GPU: skipped", file=sys.stderr)
         return None
     return torch
+
+
+def host_us(torch, call, reps):
+    """Median host time inside `call`, the GPU idle before each (bench_util.cuh's host_us):
+    what the caller waits for the call to return."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def median_us(torch, call, warmup, reps, setup=None):

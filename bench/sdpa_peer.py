@@ -8,8 +8,9 @@ Timing as bench_attention: CUDA events around each call, warmup, the median of -
 peak device memory of the reported backend's calls: torch.cuda.max_memory_allocated,
 reset before them, so it counts q, k, v (allocated before, as bench_attention's
 inputs are) and what each call allocates.
+host_us: the median host time inside one call of the reported backend, the GPU idle before it.
 CSV on stdout with bench_attention's columns:
-    kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes
+    kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes,host_us
 Extend is causal over the whole sequence; decode is one query per sequence attending
 to all kv_len cached keys (no mask needed); backward times torch.autograd.grad of a
 causal extend's output (dq, dk, dv from a fixed dout, the forward run once before),
@@ -19,7 +20,7 @@ Exit 125 when torch or a CUDA GPU is missing (the CTest / bisect skip code).
 """
 import sys
 
-from peer_util import EXIT_CANNOT_TEST, import_torch_with_cuda, median_us, parse_timing_args
+from peer_util import EXIT_CANNOT_TEST, host_us, import_torch_with_cuda, median_us, parse_timing_args
 
 HQ, HKV, D = 32, 4, 128
 
@@ -73,22 +74,23 @@ def bench_case(torch, kind, batch, q_len, kv_len, warmup, reps):
                 else:
                     call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
                 us = median_us(torch, call, warmup, reps)
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated()
+                host = host_us(torch, call, reps)
         except RuntimeError:
             continue  # this backend does not take the case
         if best is None or us < best[1]:
-            best = (name, us, peak)
+            best = (name, us, peak, host)
     if best is None:
         print(f"sdpa_peer: no SDPA backend ran {kind} batch {batch} kv {kv_len}", file=sys.stderr)
         return
-    name, us, peak = best
+    name, us, peak, host = best
     pairs = batch * q_len * (kv_len - q_len) + batch * q_len * (q_len + 1) / 2
     flops = (10.0 if backward else 4.0) * HQ * D * pairs
     per_side = 4 if backward else 2  # q, o (+ dout, dq) and k, v (+ dk, dv)
     bytes_moved = 2.0 * (per_side * batch * q_len * HQ * D + per_side * batch * kv_len * HKV * D)
     print(f"{kind},sdpa-{name},{batch},{q_len},{kv_len},{HQ},{HKV},{D},{us:.2f},{flops / us * 1e-6:.2f},"
-          f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f},{peak}", flush=True)
+          f"{bytes_moved:.0f},{bytes_moved / us * 1e-3:.1f},{peak},{host:.1f}", flush=True)
     del q, k, v
     torch.cuda.empty_cache()
 
@@ -99,7 +101,7 @@ def main():
     if torch is None:
         return EXIT_CANNOT_TEST
     print(f"sdpa_peer: torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
-    print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes")
+    print("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes,host_us")
     for kind, batch, q_len, kv_len in cases():
         bench_case(torch, kind, batch, q_len, kv_len, args.warmup, args.reps)
     return 0
