@@ -49,6 +49,13 @@ struct FwdArgs {
   int max_splits;
 };
 
+// maximumNumber as an integer max: a float's key (a NaN the least, so ignored) and
+// the float of the largest key (the key map is its own inverse).
+__device__ inline int32_t max_key(float x) { return is_nan(x) ? INT32_MIN : total_order_key(x); }
+__device__ inline float of_max_key(int32_t key) {
+  return float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
+}
+
 // The block maximum of the thread's rows by maximumNumber (reference step 1, over
 // the state values s, −Inf in absent slots), seeded with −Inf. maximumNumber is
 // associative and commutative, so any tree gives the reference's sequential bits.
@@ -76,10 +83,7 @@ __device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
   for (int i = 0; i < 2; ++i) {
     int32_t t[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float x = s[j / 2][2 * i + j % 2];
-      t[j] = is_nan(x) ? INT32_MIN : total_order_key(x);
-    }
+    for (int j = 0; j < 16; ++j) t[j] = max_key(s[j / 2][2 * i + j % 2]);
 #pragma unroll
     for (int level = 0; level < 4; ++level)
 #pragma unroll
@@ -88,7 +92,7 @@ __device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
     int32_t key = max(t[0], total_order_key(neg_inf()));
     key = max(key, __shfl_xor_sync(kFull, key, 1));
     key = max(key, __shfl_xor_sync(kFull, key, 2));
-    bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
+    bmax[i] = of_max_key(key);
   }
 }
 
@@ -249,6 +253,19 @@ __device__ void close_split(const ref::SoftmaxRule<kBase2>& rule, int split_key,
   }
 }
 
+// Row i's part of a split's partial (flash-decoding): acc's columns col0 + ln.col(nt, ·)
+// and, where `with_ml`, the row's (m, l).
+template <int D, int NT>
+__device__ void store_split_partial(const FwdArgs& a, size_t row, int split, int col0, int i, const Lane& ln,
+                                    const float (&acc)[NT][4], float m, float l, bool with_ml) {
+  const size_t at = row * a.max_splits + split;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    *reinterpret_cast<float2*>(a.part_acc + at * D + col0 + ln.col(nt, 0)) =
+        make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
+  if (with_ml) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m, l);
+}
+
 // The thread's rows that reach first_key: o = R(O ÷ L), m and l (merged schedule),
 // or the split's (acc, m, l) partial (flash-decoding).
 template <bool kSplitCtas, int D, class OAt>
@@ -261,12 +278,7 @@ __device__ void write_rows(const FwdArgs& a, const SlotTile& tile, const Task& t
     if (pos[i] < first_key) continue;  // invalid row, or (decode schedule) a row this split does not reach
     const size_t row = tile.row_index(ln.row(i));
     if constexpr (kSplitCtas) {
-      const size_t at = row * a.max_splits + task.split;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        *reinterpret_cast<float2*>(a.part_acc + at * D + ln.col(nt, 0)) =
-            make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
-      if (ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
+      store_split_partial<D>(a, row, task.split, 0, i, ln, acc, m[i], l[i], ln.t == 0);
     } else {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -405,11 +417,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
     if (tile.valid(r)) cp_async16(dst, a.q + tile.row_index(r) * D + c);
     else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
+  auto stage = [&](int b) -> bf16(&)[2][kTile * LD] { return sm.kv[(b - first) % kDecodeStages]; };
   auto load_block = [&](int b) {  // one commit group a block, empty past the split
     if (b <= end) {
-      bf16(&stage)[2][kTile * LD] = sm.kv[(b - first) % kDecodeStages];
-      load_key_block<D>(stage[0], a.k, tile, a.h.Hkv, b, hi_pos);
-      load_key_block<D>(stage[1], a.v, tile, a.h.Hkv, b, hi_pos);
+      load_key_block<D>(stage(b)[0], a.k, tile, a.h.Hkv, b, hi_pos);
+      load_key_block<D>(stage(b)[1], a.v, tile, a.h.Hkv, b, hi_pos);
     }
     cp_async_commit();
   };
@@ -427,8 +439,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sm.q + (ln.lane % 16) * LD + (ln.lane / 16) * 8 + kk * 16);
     }
-    const bf16* sK = sm.kv[(b - first) % kDecodeStages][0];
-    const bf16* sV = sm.kv[(b - first) % kDecodeStages][1];
+    const bf16* sK = stage(b)[0];
+    const bf16* sV = stage(b)[1];
     const int kb = b * kTile, key0 = 16 * warp;
     const BlockRows br(pos, kb);
 
@@ -453,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
         visible[nt][e] = key0 + ln.col(nt, e % 2) < br.vis[e / 2];
         const float x = visible[nt][e] ? rule.state_value(s[nt][e]) : neg_inf();
         s[nt][e] = x;
-        key[e / 2] = max(key[e / 2], is_nan(x) ? INT32_MIN : total_order_key(x));
+        key[e / 2] = max(key[e / 2], max_key(x));
       }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -466,8 +478,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = ln.row(i);
-      const int32_t k = max(max(sm.max_key[0][r], sm.max_key[1][r]), max(sm.max_key[2][r], sm.max_key[3][r]));
-      bmax[i] = float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(k)))));
+      bmax[i] = of_max_key(max(max(sm.max_key[0][r], sm.max_key[1][r]), max(sm.max_key[2][r], sm.max_key[3][r])));
     }
     new_maximum(rule, m, bmax, br, m_new, mc_new, alpha);
 #pragma unroll
@@ -511,16 +522,12 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
     }
   }
 
-  // The split's partial (write_rows' flash-decoding branch) for the warp's columns.
+  // The split's partial for the warp's columns.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (pos[i] < first * kTile) continue;  // an invalid row, or one this split does not reach
-    const size_t at = tile.row_index(ln.row(i)) * a.max_splits + task.split;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-      *reinterpret_cast<float2*>(a.part_acc + at * D + warp * kCols + ln.col(nt, 0)) =
-          make_float2(acc[nt][2 * i], acc[nt][2 * i + 1]);
-    if (warp == 0 && ln.t == 0) *reinterpret_cast<float2*>(a.part_ml + at * 2) = make_float2(m[i], l[i]);
+    store_split_partial<D>(a, tile.row_index(ln.row(i)), task.split, warp * kCols, i, ln, acc, m[i], l[i],
+                           warp == 0 && ln.t == 0);
   }
 }
 
