@@ -410,13 +410,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
   for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
   const int first = task.split * a.split_blocks, end = min(hi_pos / kTile, first + a.split_blocks - 1);
 
-  constexpr int kChunks = D / 8;
-  for (int v = threadIdx.x; v < kDecodeSlots * kChunks; v += kThreads) {
-    const int r = v / kChunks, c = (v % kChunks) * 8;
-    bf16* dst = sm.q + r * LD + c;
-    if (tile.valid(r)) cp_async16(dst, a.q + tile.row_index(r) * D + c);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
+  load_tile<D, kDecodeSlots>(sm.q, [&](int r) { return tile.valid(r) ? a.q + tile.row_index(r) * D : nullptr; });
   auto stage = [&](int b) -> bf16(&)[2][kTile * LD] { return sm.kv[(b - first) % kDecodeStages]; };
   auto load_block = [&](int b) {  // one commit group a block, empty past the split
     if (b <= end) {

@@ -72,11 +72,11 @@ struct Lane {
 };
 // Accumulator element [nt][2i + e] is (row(i), col(nt, e)) of its 16 × 8·NT slice.
 
-// Rows [0, 64) of a tile from global memory (16-byte cp.async), or +0 where src(r) is null.
-template <int D, class Src>
+// Rows [0, Rows) of a tile from global memory (16-byte cp.async), or +0 where src(r) is null.
+template <int D, int Rows = kTile, class Src>
 __device__ void load_tile(bf16* tile, Src src) {
   constexpr int kChunks = D / 8;
-  for (int v = threadIdx.x; v < kTile * kChunks; v += kThreads) {
+  for (int v = threadIdx.x; v < Rows * kChunks; v += kThreads) {
     const int r = v / kChunks, c = (v % kChunks) * 8;
     const bf16* row = src(r);
     bf16* dst = tile + r * kLd<D> + c;
