@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "optimized/cuda/common.h"
+#include "optimized/cuda/ptx.cuh"
 #include "reference/numerics/bf16.h"
 #include "reference/numerics/dot.h"
 #include "reference/numerics/fp.h"
@@ -112,8 +113,7 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const V& v, int ro
     if (paired) {
       const float v0 = output_at(v, i), v1 = output_at(v, i + 1);
       if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + at) = make_float2(v0, v1);
-      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16(v0).bits |
-                                                           (static_cast<uint32_t>(round_bf16(v1).bits) << 16);
+      else *reinterpret_cast<uint32_t*>(p.out_bf16 + at) = round_bf16x2(v0, v1);
       continue;
     }
 #pragma unroll
