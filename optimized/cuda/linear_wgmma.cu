@@ -58,6 +58,13 @@ struct WarpgroupTile {
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // The chunk tree's levels kRegSlots .. kRegSlots + kSmemLevels − 1 (ChunkTree).
   static constexpr uint32_t kLevelBytes = kSmemLevels * kBM * kBN * sizeof(float);
+  // The tiles without a tree store bf16 outputs through shared memory by TMA
+  // (store_by_tma): each consumer warp its 16 rows, kOutCols columns at a time, as
+  // 64-column boxes of the output map (128-byte swizzle, 16 rows: 2 KB).
+  static constexpr int kOutCols = BN < 128 ? BN : 128;
+  static constexpr uint32_t kOutBoxBytes = 16 * 64 * sizeof(bf16);
+  static constexpr uint32_t kOutWarpBytes = kOutCols / 64 * kOutBoxBytes;
+  static constexpr uint32_t kOutBytes = RegSlots == 0 && SmemLevels == 0 ? 4 * kConsumers * kOutWarpBytes : 0;
   // The zero operand of the groups a step does not take (WarpgroupDot::step): one
   // 128-byte swizzle atom, 1024-byte aligned, which is all that descriptor strides
   // of 0 read. compute-sanitizer takes an operand's read as its whole extent from
@@ -65,11 +72,12 @@ struct WarpgroupTile {
   // stays inside the CTA's stages.
   static constexpr uint32_t kZeroBytes = 1024;
   static_assert(kZeroBytes + kStageBytes >= kBN * 16 * sizeof(bf16), "the sanitizer's extent of a zero operand");
-  // Zeros, stages, tree levels, the stages' barriers, and slack to align the zeros
-  // to 1024 bytes.
+  // Zeros, stages, tree levels, the outputs' boxes, the stages' barriers, and slack
+  // to align the zeros to 1024 bytes.
   static constexpr size_t kSmemBytes =
-      size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + 2 * kStages * sizeof(uint64_t) + 1024;
-  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every operand tile stays 1024-byte aligned");
+      size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + kOutBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0 && kLevelBytes % 1024 == 0,
+                "every operand tile and output box stays 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
 };
 // A single chunk, or long ones (long_chunks), and enough tiles: 128 × 256 (128
@@ -168,13 +176,14 @@ struct WarpgroupDot {
   __device__ void step(uint32_t tile_a, uint32_t tile_b, uint32_t zeros, int kk0, int kk1, bool fresh) {
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
     const uint64_t zero = sm90::swizzled_descriptor(zeros, 0, 0);
+    const uint64_t a0 = OpA::descriptor(a, 0), b0 = OpB::descriptor(tile_b, 0);
     uint64_t desc_a[kWgBK / 16], desc_b[kWgBK / 16];
     int scale_d[kWgBK / 16];
 #pragma unroll
     for (int kk = 0; kk < kWgBK / 16; ++kk) {
       const bool in = kk >= kk0 && kk < kk1;
-      desc_a[kk] = in ? OpA::descriptor(a, kk) : zero;
-      desc_b[kk] = in ? OpB::descriptor(tile_b, kk) : zero;
+      desc_a[kk] = in ? sm90::descriptor_plus(a0, OpA::group_offset(kk)) : zero;
+      desc_b[kk] = in ? sm90::descriptor_plus(b0, OpB::group_offset(kk)) : zero;
       scale_d[kk] = kk == kk0 && fresh ? 0 : 1;
     }
     sm90::fence_accumulators(acc);
@@ -195,9 +204,12 @@ struct WarpgroupDot {
 };
 
 // Shared-memory plan of one CTA: the zero bytes and the stages (1024-byte
-// aligned), the chunk tree's shared levels, then a "full" barrier per stage (the
-// producer's copies landed) and an "empty" one (every consumer warp is done reading
-// it).
+// aligned), the chunk tree's shared levels, the outputs' boxes, then a "full"
+// barrier per stage (the producer's copies landed) and an "empty" one (every
+// consumer warp is done reading it).
+// The consumers' loops take the stages and full barriers by shared-memory address
+// (a_at, b_at, full_at), computed from two kept at the start: converting the
+// pointers each stage cost a dozen instructions of its ~130 (ncu, 128 × 256 tile).
 template <class Cfg>
 struct WarpgroupSmem {
   unsigned char* stages;
@@ -205,16 +217,24 @@ struct WarpgroupSmem {
   float* levels;
   uint64_t* full;
   uint64_t* empty;
+  uint32_t stages_at, zeros_at, out_at, full0_at;
   __device__ explicit WarpgroupSmem(unsigned char* raw) {
     zeros = raw + ((1024 - sm90::shared_addr(raw) % 1024) % 1024);
     stages = zeros + Cfg::kZeroBytes;
     levels = reinterpret_cast<float*>(stages + size_t{Cfg::kStages} * Cfg::kStageBytes);
-    full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(levels) + Cfg::kLevelBytes);
+    unsigned char* out = reinterpret_cast<unsigned char*>(levels) + Cfg::kLevelBytes;
+    full = reinterpret_cast<uint64_t*>(out + Cfg::kOutBytes);
     empty = full + Cfg::kStages;
+    zeros_at = sm90::shared_addr(zeros);
+    stages_at = zeros_at + Cfg::kZeroBytes;
+    out_at = sm90::shared_addr(out);
+    full0_at = sm90::shared_addr(full);
   }
   __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
   __device__ unsigned char* b(int slot) const { return a(slot) + Cfg::kABytes; }
-  __device__ uint32_t zero_addr() const { return sm90::shared_addr(zeros); }
+  __device__ uint32_t a_at(int slot) const { return stages_at + slot * Cfg::kStageBytes; }
+  __device__ uint32_t b_at(int slot) const { return a_at(slot) + Cfg::kABytes; }
+  __device__ uint32_t full_at(int slot) const { return full0_at + slot * sizeof(uint64_t); }
 };
 
 // A CTA's stages form one ring over all its tiles: its n-th stage (counting from
@@ -229,13 +249,15 @@ struct StageRing {
 };
 
 // One tile of the GEMM: its problem, the problem's operand maps (the second pair's
-// are the first's where it has one pair) and its corner.
+// are the first's where it has one pair), the output's map where its bf16 outputs
+// go by TMA (null: store_outputs), and its corner.
 struct TileJob {
   const Problem* p;
   const void* map_a;
   const void* map_b;
   const void* map_a2;
   const void* map_b2;
+  const void* map_out;
   int row0, col0;
 };
 
@@ -300,25 +322,65 @@ struct StageRelease {
   }
 };
 
+// A consumer warp's 16 rows of the tile's bf16 outputs through shared memory and
+// TMA: kOutCols columns at a time, rounded, put into its kOutWarpBytes with stmatrix
+// (8 × 8 blocks of mma's C layout: two n8 blocks of 16 rows an instruction) in the
+// 128-byte swizzle of the output map's boxes, then stored by its lane 0; TMA leaves
+// out what lies past the output's edge. Stored from registers instead (store_outputs:
+// 64 four-byte stores a thread, each over 8 rows), the 128 × 256 tile's consumers
+// waited on the store queue (lg_throttle) a quarter of their time (ncu, 30B q_proj
+// at M = 4096), with the tensor cores idle.
+template <class Cfg, class Dot>
+__device__ void store_by_tma(const Dot& d, const void* map_out, uint32_t buf, int row0, int col0) {
+  constexpr int kBlocks = Cfg::kOutCols / 8;  // n8 blocks at a time
+  const int lane = threadIdx.x % 32;
+  const int row = lane % 8 + 8 * (lane / 8 % 2);  // of the warp's 16, where this lane's stmatrix rows go
+#pragma unroll
+  for (int part = 0; part < Cfg::kBN / Cfg::kOutCols; ++part) {
+    if (lane == 0) sm90::bulk_wait_read();  // the previous part's boxes have left the buffer
+    __syncwarp();
+#pragma unroll
+    for (int jj = 0; jj < kBlocks; jj += 2) {
+      const float* a = d.acc + 4 * (part * kBlocks + jj);  // n8 blocks jj and jj + 1: rows g, g + 8 each
+      const int chunk = jj % 8 + lane / 16;               // the 16-byte chunk of the box row
+      sm90::stmatrix_x4(buf + jj / 8 * Cfg::kOutBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16),
+                        round_bf16x2(a[0], a[1]), round_bf16x2(a[2], a[3]), round_bf16x2(a[4], a[5]),
+                        round_bf16x2(a[6], a[7]));
+    }
+    sm90::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int box = 0; box < Cfg::kOutCols / 64; ++box)
+        sm90::tma_store_2d(map_out, buf + box * Cfg::kOutBoxBytes, col0 + part * Cfg::kOutCols + box * 64,
+                           row0 + d.row_base);
+      sm90::bulk_commit();
+    }
+  }
+}
+
 // One chunk (the tiles without tree slots; run_warpgroup gives them no more): the
 // loop only issues and releases, so the accumulators are touched by nothing but
 // wgmma until the end (with the tree's merges and clears in the loop, ptxas
 // injects a wgmma wait where the loop's paths join: C7517).
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int stages,
-                                  int consumer, StageRing<Cfg> ring) {
+                                  int consumer, StageRing<Cfg> ring, const void* map_out) {
   WarpgroupDot<Cfg, MA, MB> dot(consumer);
   StageRelease<Cfg> stage{sm};
   for (int s = 0; s < stages; ++s) {
     const int slot = ring.slot(s);
-    sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
-    dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), sm.zero_addr(), 0,
+    sm90::mbarrier_wait(sm.full_at(slot), ring.round(s) & 1);
+    dot.step(sm.a_at(slot), sm.b_at(slot), sm.zeros_at, 0,
              (p.red - s * kWgBK + 15) / 16, false);
     dot.template wait<1>();
     stage.keep_only(slot);
   }
   dot.template wait<0>();
   stage.all();
+  if constexpr (Cfg::kOutBytes > 0)
+    if (map_out) return store_by_tma<Cfg>(dot, map_out, sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpBytes,
+                                          row0, col0);
   store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
 
@@ -345,8 +407,8 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
     int j = begin;
     do {
       const int s = min(j, p.red - 1) / kWgBK, slot = ring.slot(s), piece_end = min(end, (s + 1) * kWgBK);
-      sm90::mbarrier_wait(&sm.full[slot], ring.round(s) & 1);
-      dot.step(sm90::shared_addr(sm.a(slot)), sm90::shared_addr(sm.b(slot)), sm.zero_addr(),
+      sm90::mbarrier_wait(sm.full_at(slot), ring.round(s) & 1);
+      dot.step(sm.a_at(slot), sm.b_at(slot), sm.zeros_at,
                (j - s * kWgBK + 15) / 16, (piece_end - s * kWgBK + 15) / 16, j == begin);
       dot.template wait<1>();
       stage.keep_only(slot);
@@ -402,10 +464,11 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
     const Problem p = *j.p;
     const int stages = (p.red + kWgBK - 1) / kWgBK;
     if (Cfg::kRegSlots == 0 && p.chunks == 1)
-      consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring);
+      consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring, j.map_out);
     else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring);
     ring.first += stages;
   }
+  if (Cfg::kOutBytes > 0 && threadIdx.x % 32 == 0) sm90::bulk_wait();  // the buffer stays until the stores are done
 }
 
 // One problem, its row tiles in units of Cfg::kCluster (a cluster's CTAs take a
@@ -414,7 +477,8 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const __grid_constant__ Problem p, const bool rows_fastest) {
+                     const __grid_constant__ CUtensorMap map_out, const __grid_constant__ Problem p,
+                     const bool rows_fastest, const bool out_by_tma) {
   const int row_units = (p.m + Cfg::kBM * Cfg::kCluster - 1) / (Cfg::kBM * Cfg::kCluster);
   const int col_tiles = (p.n + Cfg::kBN - 1) / Cfg::kBN;
   const int rank = Cfg::kCluster > 1 ? static_cast<int>(sm90::cluster_rank()) : 0;
@@ -422,7 +486,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int row_unit = rows_fastest ? u % row_units : u / col_tiles;
     const int col_tile = rows_fastest ? u / row_units : u % col_tiles;
     const int row_tile = row_unit * Cfg::kCluster + rank;
-    return TileJob{&p, &map_a, &map_b, &map_a, &map_b, row_tile * Cfg::kBM, col_tile * Cfg::kBN};
+    return TileJob{&p,        &map_a, &map_b, &map_a, &map_b, out_by_tma ? &map_out : nullptr, row_tile * Cfg::kBM,
+                   col_tile * Cfg::kBN};
   });
 }
 
@@ -435,7 +500,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   warpgroup_tiles<Cfg, MA, MB>(n_tiles, [&](int t) {
     const GroupTile tile = tiles[t];
     const CUtensorMap* m = &maps[maps_per * tile.problem];
-    return TileJob{&problems[tile.problem], &m[0], &m[1], &m[maps_per - 2], &m[maps_per - 1], tile.row0, tile.col0};
+    return TileJob{&problems[tile.problem], &m[0], &m[1], &m[maps_per - 2], &m[maps_per - 1], nullptr, tile.row0,
+                   tile.col0};
   });
 }
 
@@ -447,6 +513,14 @@ CUtensorMap operand_map(const Operand& op, int red) {
   if constexpr (M == Major::Red) return bf16_tensor_map(op.p, red, op.rows, op.ld, kBox, kBox);
   else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
 }
+
+// One chunk of bf16 outputs that TMA can write in place (base 16-byte aligned, rows
+// whole 16-byte units apart, a box's width of columns) goes out by TMA, through
+// the output map of 64 × 16 boxes (store_by_tma).
+bool stores_by_tma(const Problem& p) {
+  return p.chunks == 1 && p.out_bf16 && aligned16(p.out_bf16) && p.n % 8 == 0 && p.n >= 64;
+}
+CUtensorMap output_map(const Problem& p) { return bf16_tensor_map(p.out_bf16, p.n, p.m, p.n, 64, 16); }
 
 // The order of the tiles. The persistent CTAs take them in index order (each
 // strides by the CTA count), so the ones in flight share the operand whose tiles
@@ -492,11 +566,13 @@ void launch_warpgroup(Problem p, cudaStream_t stream) {
   const unsigned ctas = persistent_cluster_ctas<Cfg>(kernel, tile_count<Cfg>(p) / Cfg::kCluster);
   DeviceBuffer<float> spill(spill_elems<Cfg>(p, ctas), stream);
   p.spill = spill.get();
+  const bool out_by_tma = Cfg::kOutBytes > 0 && stores_by_tma(p);
+  const CUtensorMap map_out = out_by_tma ? output_map(p) : CUtensorMap{};
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config =
       cluster_launch_config(dim3(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream, Cfg::kCluster, cluster);
-  BP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), p,
-                                   rows_first(p)));
+  BP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, operand_map<MA>(p.a, p.red), operand_map<MB>(p.b, p.red), map_out,
+                                   p, rows_first(p), out_by_tma));
 }
 
 

@@ -26,8 +26,9 @@ __device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_addr(bar)), "r"(bytes)
                : "memory");
 }
-// Waits until the phase of the given parity has completed.
-__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+// Waits until the phase of the given parity has completed; the barrier by its
+// shared-memory address (a loop that keeps it saves the conversion each time).
+__device__ inline void mbarrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
@@ -35,10 +36,11 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(shared_addr(bar)), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
 }
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) { mbarrier_wait(shared_addr(bar), parity); }
 
 // --- named barriers over one warpgroup (ids 1..15; 0 is __syncthreads) ---------------
 __device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
@@ -143,6 +145,28 @@ __device__ inline void tma_load_2d_multicast(void* dst, const void* map, uint64_
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async)
 // before later async-proxy accesses (wgmma operand reads, TMA writes) of the same bytes.
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// One 2-D box from shared memory (at `src`) into `map` at (inner, outer), in this
+// thread's current bulk group; the parts of the box outside the tensor are not written.
+__device__ inline void tma_store_2d(const void* map, uint32_t src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map), "r"(src),
+               "r"(inner), "r"(outer)
+               : "memory");
+}
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's bulk groups have read their shared memory (it may be written again).
+__device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until they have completed.
+__device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Four 8 × 8 b16 matrices into shared memory: matrix q from register rq (thread T
+// holds row T / 4, elements 2·(T % 4) and + 1, mma's C layout), its row r at the
+// address lane 8q + r gives.
+__device__ inline void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 
 // --- registers --------------------------------------------------------------------
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them.
