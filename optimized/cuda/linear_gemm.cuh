@@ -293,19 +293,24 @@ struct ChunkTree {
     }
     return false;
   }
-  // Stores the root once finish_chunk returned true (each branch names its array:
-  // choosing one at run time would put both in local memory).
-  __device__ void store_root(const Problem& p, const Dot& d) {
+  // Stores the root once finish_chunk returned true, by store(values) (output_at
+  // reads them; each branch names its array: choosing one at run time would put
+  // both in local memory).
+  template <class Store>
+  __device__ void store_root(const Dot& d, const Store& store) {
     if constexpr (kSlots == 0)
-      if (chunks > 1) return store_outputs<Cfg>(p, d, [&](int i) { return pending(0, i); }, row0, col0);
+      if (chunks > 1) return store([&](int i) { return pending(0, i); });
     if constexpr (kSlots > 0)
       if (chunks > 1) {
         float root[kAcc];  // slot 0 itself where it is in registers
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) root[i] = node(i);
-        return store_outputs<Cfg>(p, d, root, row0, col0);
+        return store(root);
       }
-    store_outputs<Cfg>(p, d, d.acc, row0, col0);
+    store(d.acc);
+  }
+  __device__ void store_root(const Problem& p, const Dot& d) {
+    store_root(d, [&](const auto& v) { store_outputs<Cfg>(p, d, v, row0, col0); });
   }
 };
 

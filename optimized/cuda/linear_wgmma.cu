@@ -322,7 +322,8 @@ struct StageRelease {
   }
 };
 
-// A consumer warp's 16 rows of the tile's bf16 outputs through shared memory and
+// A consumer warp's 16 rows of the tile's bf16 outputs v (output_at: the dot's
+// accumulators, or the chunk tree's root) through shared memory and
 // TMA: kOutCols columns at a time, rounded, put into its kOutWarpBytes with stmatrix
 // (8 × 8 blocks of mma's C layout: two n8 blocks of 16 rows an instruction) in the
 // 128-byte swizzle of the output map's boxes, then stored by its lane 0; TMA leaves
@@ -330,8 +331,8 @@ struct StageRelease {
 // 64 four-byte stores a thread, each over 8 rows), the 128 × 256 tile's consumers
 // waited on the store queue (lg_throttle) a quarter of their time (ncu, 30B q_proj
 // at M = 4096), with the tensor cores idle.
-template <class Cfg, class Dot>
-__device__ void store_by_tma(const Dot& d, const void* map_out, uint32_t buf, int row0, int col0) {
+template <class Cfg, class Dot, class V>
+__device__ void store_by_tma(const Dot& d, const V& v, const void* map_out, uint32_t buf, int row0, int col0) {
   constexpr int kBlocks = Cfg::kOutCols / 8;  // n8 blocks at a time
   const int lane = threadIdx.x % 32;
   const int row = lane % 8 + 8 * (lane / 8 % 2);  // of the warp's 16, where this lane's stmatrix rows go
@@ -341,11 +342,11 @@ __device__ void store_by_tma(const Dot& d, const void* map_out, uint32_t buf, in
     __syncwarp();
 #pragma unroll
     for (int jj = 0; jj < kBlocks; jj += 2) {
-      const float* a = d.acc + 4 * (part * kBlocks + jj);  // n8 blocks jj and jj + 1: rows g, g + 8 each
-      const int chunk = jj % 8 + lane / 16;               // the 16-byte chunk of the box row
-      sm90::stmatrix_x4(buf + jj / 8 * Cfg::kOutBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16),
-                        round_bf16x2(a[0], a[1]), round_bf16x2(a[2], a[3]), round_bf16x2(a[4], a[5]),
-                        round_bf16x2(a[6], a[7]));
+      const int i = 4 * (part * kBlocks + jj);  // n8 blocks jj and jj + 1: rows g, g + 8 each
+      const int chunk = jj % 8 + lane / 16;     // the 16-byte chunk of the box row
+      const auto pair = [&](int k) { return round_bf16x2(output_at(v, i + k), output_at(v, i + k + 1)); };
+      sm90::stmatrix_x4(buf + jj / 8 * Cfg::kOutBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16), pair(0), pair(2),
+                        pair(4), pair(6));
     }
     sm90::fence_proxy_async();
     __syncwarp();
@@ -363,6 +364,12 @@ __device__ void store_by_tma(const Dot& d, const void* map_out, uint32_t buf, in
 // loop only issues and releases, so the accumulators are touched by nothing but
 // wgmma until the end (with the tree's merges and clears in the loop, ptxas
 // injects a wgmma wait where the loop's paths join: C7517).
+// This consumer warp's share of the outputs' boxes.
+template <class Cfg>
+__device__ uint32_t out_buffer(const WarpgroupSmem<Cfg>& sm) {
+  return sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpBytes;
+}
+
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int stages,
                                   int consumer, StageRing<Cfg> ring, const void* map_out) {
@@ -379,8 +386,7 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   dot.template wait<0>();
   stage.all();
   if constexpr (Cfg::kOutBytes > 0)
-    if (map_out) return store_by_tma<Cfg>(dot, map_out, sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpBytes,
-                                          row0, col0);
+    if (map_out) return store_by_tma<Cfg>(dot, dot.acc, map_out, out_buffer(sm), row0, col0);
   store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
 
@@ -396,7 +402,7 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
 // is serialised too).
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int consumer,
-                               StageRing<Cfg> ring) {
+                               StageRing<Cfg> ring, const void* map_out) {
   using Dot = WarpgroupDot<Cfg, MA, MB>;
   Dot dot(consumer);
   // Thread index after the producer warpgroup; the CTA's own home in the scratch.
@@ -418,6 +424,9 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
     tree.finish_chunk(dot, c, begin == end);
   }
   stage.all();
+  if constexpr (Cfg::kOutBytes > 0)
+    if (map_out)
+      return tree.store_root(dot, [&](const auto& v) { store_by_tma<Cfg>(dot, v, map_out, out_buffer(sm), row0, col0); });
   tree.store_root(p, dot);
 }
 
@@ -465,7 +474,7 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
     const int stages = (p.red + kWgBK - 1) / kWgBK;
     if (Cfg::kRegSlots == 0 && p.chunks == 1)
       consume_one_chunk<Cfg, MA, MB>(p, sm, j.row0, j.col0, stages, group - 1, ring, j.map_out);
-    else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring);
+    else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring, j.map_out);
     ring.first += stages;
   }
   if (Cfg::kOutBytes > 0 && threadIdx.x % 32 == 0) sm90::bulk_wait();  // the buffer stays until the stores are done
@@ -514,12 +523,10 @@ CUtensorMap operand_map(const Operand& op, int red) {
   else return bf16_tensor_map(op.p, op.rows, red, op.ld, kBox, kBox);
 }
 
-// One chunk of bf16 outputs that TMA can write in place (base 16-byte aligned, rows
-// whole 16-byte units apart, a box's width of columns) goes out by TMA, through
-// the output map of 64 × 16 boxes (store_by_tma).
-bool stores_by_tma(const Problem& p) {
-  return p.chunks == 1 && p.out_bf16 && aligned16(p.out_bf16) && p.n % 8 == 0 && p.n >= 64;
-}
+// bf16 outputs that TMA can write in place (base 16-byte aligned, rows whole 16-byte
+// units apart, a box's width of columns) go out by TMA, through the output map of
+// 64 × 16 boxes (store_by_tma), on the tiles with room for the boxes.
+bool stores_by_tma(const Problem& p) { return p.out_bf16 && aligned16(p.out_bf16) && p.n % 8 == 0 && p.n >= 64; }
 CUtensorMap output_map(const Problem& p) { return bf16_tensor_map(p.out_bf16, p.n, p.m, p.n, 64, 16); }
 
 // The order of the tiles. The persistent CTAs take them in index order (each

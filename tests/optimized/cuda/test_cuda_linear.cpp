@@ -347,9 +347,12 @@ TEST_P(LinearGpu, WarpgroupShapes) {
 // Long chunks on the wide warpgroup tile (128 × 256, its chunk tree wholly in the
 // scratch, built in memory): 144 tiles, chunks of 4096 over K = 12400, four (the
 // last 112) and five (the last empty: level 2's pending node merges into the root),
-// the forward's and the input gradient's majors.
+// the forward's and the input gradient's majors; and with bf16 outputs, whose root
+// leaves by TMA (store_by_tma): four chunks of 4096, and three of 4112 (the last
+// 4110, ending inside a k16 group).
 TEST_P(LinearGpu, WideTileLongChunks) {
   const Which acc_only{true, false, false, false, false}, dgrad_acc_only{false, false, false, true, false};
+  const Which fwd_only{false, true, false, false, false}, dgrad_only{false, false, true, false, false};
   uint64_t seed = 3100;
   for (int chunks : {4, 5})
     for (Fill fill : {Fill::Spread, Fill::Edge}) {
@@ -358,6 +361,10 @@ TEST_P(LinearGpu, WideTileLongChunks) {
       check_problem(contract(), contract().knobs, Problem{2200, 2000, 12400, chunks, 4096}, fill, seed += 11, 8,
                     dgrad_acc_only);
     }
+  for (Fill fill : {Fill::Spread, Fill::Edge}) {
+    check_problem(contract(), contract().knobs, Problem{2200, 16384, 2000, 4}, fill, seed += 11, 8, fwd_only);
+    check_problem(contract(), contract().knobs, Problem{2200, 2000, 12334, 3}, fill, seed += 11, 8, dgrad_only);
+  }
 }
 
 // The wide tile on CTA pairs sharing B (two row tiles, three waves of tiles: the
