@@ -500,17 +500,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   });
 }
 
-// A group: the tile table's entry t; problem g's maps A, B (and, with two operand
-// pairs, A2, B2) from maps_per · g on (device memory, GroupMaps).
+// A group: the tile table's entry t; problem g's maps from maps_per · g on (device
+// memory): A, B (and, with two operand pairs, A2, B2), then its output's where
+// out_by_tma.
 template <class Cfg, Major MA, Major MB>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_grouped_kernel(const Problem* __restrict__ problems, const CUtensorMap* __restrict__ maps,
-                             const int maps_per, const GroupTile* __restrict__ tiles, int n_tiles) {
+                             const int maps_per, const bool out_by_tma, const GroupTile* __restrict__ tiles,
+                             int n_tiles) {
+  const int operands = maps_per - (out_by_tma ? 1 : 0);
   warpgroup_tiles<Cfg, MA, MB>(n_tiles, [&](int t) {
     const GroupTile tile = tiles[t];
     const CUtensorMap* m = &maps[maps_per * tile.problem];
-    return TileJob{&problems[tile.problem], &m[0], &m[1], &m[maps_per - 2], &m[maps_per - 1], nullptr, tile.row0,
-                   tile.col0};
+    return TileJob{&problems[tile.problem], &m[0], &m[1], &m[operands - 2], &m[operands - 1],
+                   out_by_tma ? &m[operands] : nullptr, tile.row0, tile.col0};
   });
 }
 
@@ -635,6 +638,16 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
 struct GroupMaps {
   std::vector<CUtensorMap> maps;
   int per;
+
+  // The same with each problem's output map after its operands' (store_by_tma).
+  std::vector<CUtensorMap> with_outputs(const std::vector<Problem>& problems) const {
+    std::vector<CUtensorMap> all;
+    for (size_t g = 0; g < problems.size(); ++g) {
+      all.insert(all.end(), maps.begin() + g * per, maps.begin() + (g + 1) * per);
+      all.push_back(output_map(problems[g]));
+    }
+    return all;
+  }
 };
 
 template <class Cfg, Major MA, Major MB>
@@ -642,13 +655,14 @@ void launch_warpgroup_grouped(std::vector<Problem> problems, const GroupMaps& ma
   const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
+  const bool out_by_tma = Cfg::kOutBytes > 0 && std::all_of(problems.begin(), problems.end(), stores_by_tma);
+  const DeviceBuffer<CUtensorMap> d_maps(out_by_tma ? maps.with_outputs(problems) : maps.maps, stream);
   GroupPlan<Cfg> plan(std::move(problems), stream, /*persistent=*/true);
   const DeviceBuffer<Problem> d_problems(plan.problems, stream);
-  const DeviceBuffer<CUtensorMap> d_maps(maps.maps, stream);
   const DeviceBuffer<GroupTile> d_tiles(plan.tiles, stream);
   const int n_tiles = static_cast<int>(plan.tiles.size());
-  kernel<<<plan.ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d_problems.get(), d_maps.get(), maps.per,
-                                                                d_tiles.get(), n_tiles);
+  kernel<<<plan.ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      d_problems.get(), d_maps.get(), maps.per + (out_by_tma ? 1 : 0), out_by_tma, d_tiles.get(), n_tiles);
   BP_CUDA_CHECK_LAUNCH();
 }
 
