@@ -58,13 +58,6 @@ struct WarpgroupTile {
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // The chunk tree's levels kRegSlots .. kRegSlots + kSmemLevels − 1 (ChunkTree).
   static constexpr uint32_t kLevelBytes = kSmemLevels * kBM * kBN * sizeof(float);
-  // The tiles without a tree store bf16 outputs through shared memory by TMA
-  // (store_by_tma): each consumer warp its 16 rows, kOutCols columns at a time, as
-  // 64-column boxes of the output map (128-byte swizzle, 16 rows: 2 KB).
-  static constexpr int kOutCols = BN < 128 ? BN : 128;
-  static constexpr uint32_t kOutBoxBytes = 16 * 64 * sizeof(bf16);
-  static constexpr uint32_t kOutWarpBytes = kOutCols / 64 * kOutBoxBytes;
-  static constexpr uint32_t kOutBytes = RegSlots == 0 && SmemLevels == 0 ? 4 * kConsumers * kOutWarpBytes : 0;
   // The zero operand of the groups a step does not take (WarpgroupDot::step): one
   // 128-byte swizzle atom, 1024-byte aligned, which is all that descriptor strides
   // of 0 read. compute-sanitizer takes an operand's read as its whole extent from
@@ -72,10 +65,19 @@ struct WarpgroupTile {
   // stays inside the CTA's stages.
   static constexpr uint32_t kZeroBytes = 1024;
   static_assert(kZeroBytes + kStageBytes >= kBN * 16 * sizeof(bf16), "the sanitizer's extent of a zero operand");
-  // Zeros, stages, tree levels, the outputs' boxes, the stages' barriers, and slack
-  // to align the zeros to 1024 bytes.
-  static constexpr size_t kSmemBytes =
-      size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + kOutBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  // The tiles with room for them store bf16 outputs through shared memory by TMA
+  // (store_by_tma): each consumer warp its 16 rows, kOutCols columns at a time, as
+  // 64-column boxes of the output map (128-byte swizzle, 16 rows: 2 KB).
+  static constexpr int kOutCols = BN < 128 ? BN : 128;
+  static constexpr uint32_t kOutBoxBytes = 16 * 64 * sizeof(bf16);
+  static constexpr uint32_t kOutWarpBytes = kOutCols / 64 * kOutBoxBytes;
+  static constexpr uint32_t kOutBoxesBytes = 4 * kConsumers * kOutWarpBytes;
+  // Zeros, stages, tree levels, the stages' barriers, and slack to align the zeros
+  // to 1024 bytes; then the outputs' boxes where they fit.
+  static constexpr size_t kBaseBytes =
+      size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+  static constexpr uint32_t kOutBytes = kBaseBytes + kOutBoxesBytes <= 227 * 1024 ? kOutBoxesBytes : 0;
+  static constexpr size_t kSmemBytes = kBaseBytes + kOutBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0 && kLevelBytes % 1024 == 0,
                 "every operand tile and output box stays 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
@@ -95,15 +97,18 @@ using WgWidePairTile = WarpgroupTile<256, 0, 4, 0, 2>;
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
-using WgChunkTile = WarpgroupTile<128, 1, 7>;
+// Six stages and the outputs' boxes (store_by_tma) measured faster than seven
+// stages without them.
+using WgChunkTile = WarpgroupTile<128, 1, 6>;
 // Chunked reductions whose tree reaches level 1 (three chunks or more): level 1 in
 // shared memory (64 KB, for two stages), so only levels >= 2 go through the global
 // scratch; and, for chunks of at most two stages (the weight gradients' 128 tokens,
 // the experts' 96), levels 1 and 2 there with three stages. The scratch's L2
 // traffic bound those: lm_head's weight gradient, 32 chunks a tile, had ncu's L2
 // throughput at 95 %. Measured (bench/NOTES.md): the long chunks want the deeper
-// ring, the short ones the deeper tree.
-using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
+// ring, the short ones the deeper tree; and four stages with the outputs' boxes
+// beat five without (0.6B lm_head's input gradient 0.74 → 0.85× cuBLAS).
+using WgTreeTile = WarpgroupTile<128, 1, 4, 1>;
 using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
