@@ -68,7 +68,7 @@ struct WarpgroupTile {
   // The tiles with room for them store bf16 outputs through shared memory by TMA
   // (store_by_tma): each consumer warp its 16 rows, kOutCols columns at a time, as
   // 64-column boxes of the output map (128-byte swizzle, 16 rows: 2 KB).
-  static constexpr int kOutCols = BN < 128 ? BN : 128;
+  static constexpr int kOutCols = BN % 128 == 0 ? 128 : BN;
   static constexpr uint32_t kOutBoxBytes = 16 * 64 * sizeof(bf16);
   static constexpr uint32_t kOutWarpBytes = kOutCols / 64 * kOutBoxBytes;
   static constexpr uint32_t kOutBoxesBytes = 4 * kConsumers * kOutWarpBytes;
@@ -95,6 +95,9 @@ using WgWideTile = WarpgroupTile<256, 0, 4>;
 using WgWidePairTile = WarpgroupTile<256, 0, 4, 0, 2>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
+// A single chunk whose 128 × 192 tiles make fewer waves of work than the others
+// (mid_tiles_win): four stages of 40 KB and the outputs' 48 KB of boxes.
+using WgMidTile = WarpgroupTile<192, 0, 4>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
 // Six stages and the outputs' boxes (store_by_tma) measured faster than seven
@@ -143,6 +146,7 @@ struct SwizzledOperand {
 template <int N, int TransA, int TransB>
 __device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
   if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b, scale_d);
+  else if constexpr (N == 192) sm90::wgmma_m64n192k16<TransA, TransB>(d, a, b, scale_d);
   else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b, scale_d);
 }
 
@@ -622,10 +626,27 @@ bool long_chunks(const Problem& p) { return p.chunks > 1 && p.chunk >= 4096; }
 // eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
 // measured on these shapes, so even a partial wave wins); false leaves p to the
 // mma.sync kernels.
+// A tile's work per SM in waves of its tiles times its width: the 128 × 192 tile
+// takes a single chunk where that is the least (30B's experts' gate_up at 4096
+// tokens: 128 tiles, one wave, where the 128 × 128 tile makes 1.5 and the 128 × 256
+// leaves a quarter of the SMs idle).
+template <class Cfg>
+long long wave_columns(const Problem& p, int sms) {
+  return (tile_count<Cfg>(p) + sms - 1) / sms * Cfg::kBN;
+}
+bool mid_tiles_win(const Problem& p, int sms) {
+  return p.chunks == 1 && wave_columns<WgMidTile>(p, sms) <
+                              std::min(wave_columns<WgWideTile>(p, sms), wave_columns<WgNarrowTile>(p, sms));
+}
+
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
   const int sms = multiprocessors();
+  if (mid_tiles_win(p, sms)) {
+    launch_warpgroup<WgMidTile, MA, MB>(p, stream);
+    return true;
+  }
   static_assert(WgNarrowTile::kBM == WgChunkTile::kBM && WgNarrowTile::kBN == WgChunkTile::kBN);
   const bool pairs = (p.m + WgWideTile::kBM - 1) / WgWideTile::kBM % 2 == 0 && tile_count<WgWideTile>(p) >= 3 * sms;
   if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms) {

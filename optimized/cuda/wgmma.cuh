@@ -236,6 +236,24 @@ __device__ inline void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_
 }
 
 template <int TransA, int TransB>
+__device__ inline void wgmma_m64n192k16(float (&d)[96], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+      "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+      : BP_WGMMA_D8(d, 0), BP_WGMMA_D8(d, 8), BP_WGMMA_D8(d, 16), BP_WGMMA_D8(d, 24),
+        BP_WGMMA_D8(d, 32), BP_WGMMA_D8(d, 40), BP_WGMMA_D8(d, 48), BP_WGMMA_D8(d, 56),
+        BP_WGMMA_D8(d, 64), BP_WGMMA_D8(d, 72), BP_WGMMA_D8(d, 80), BP_WGMMA_D8(d, 88)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransA), "n"(TransB));
+}
+
+template <int TransA, int TransB>
 __device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"

@@ -367,6 +367,23 @@ TEST_P(LinearGpu, WideTileLongChunks) {
   }
 }
 
+// The 128 × 192 tile (mid_tiles_win: a single chunk whose 128 × 192 tiles make one
+// wave where the 128 × 128 ones make two and the 128 × 256 ones leave SMs idle):
+// a quarter of the SMs' count of row tiles (the last one 104 rows) and 760 columns
+// (four column tiles, the last 184 wide); bf16 outputs (by TMA) and fp32 ones, the
+// forward's and the input gradient's majors, reductions ending inside a k16 group.
+TEST_P(LinearGpu, MidTile) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
+  int sms = 0;
+  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int T = sms / 4 * 128 - 24;
+  uint64_t seed = 3300;
+  for (Fill fill : {Fill::Spread, Fill::Edge}) {
+    check_problem(contract(), contract().knobs, Problem{T, 200, 760, 1}, fill, seed += 11, 8, fwd_acc);
+    check_problem(contract(), contract().knobs, Problem{T, 760, 200, 1}, fill, seed += 11, 8, dgrad_only);
+  }
+}
+
 // The wide tile on CTA pairs sharing B (two row tiles, three waves of tiles: the
 // pairs' rule), each CTA copying half of B's boxes into both; and unpaired where
 // the row tiles are odd (three of them, the same tile count). Reductions that end
