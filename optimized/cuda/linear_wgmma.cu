@@ -6,9 +6,10 @@
 // the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
 // (one thread) copies 64-element reduction stages of both operands into 128-byte-
 // swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
-// run wgmma on them while the next stages arrive. The CTAs are persistent (one
-// per SM, walking the tiles), so the next tile's stages arrive during the
-// current one's last stages and stores. The 128 × 256 tile runs on CTA pairs
+// run wgmma on them while the next stages arrive; bf16 outputs leave through
+// shared memory by TMA stores where the tile has room (store_by_tma). The CTAs
+// are persistent (one per SM, walking the tiles), so the next tile's stages
+// arrive during the current one's last stages and stores. The 128 × 256 tile runs on CTA pairs
 // (2-CTA clusters) where its row tiles pair up: the pair takes two row tiles of
 // one column tile, and each CTA copies half of B's boxes into both (TMA
 // multicast), so B is read from L2 once for two tiles. The stages cut the reduction
@@ -369,16 +370,16 @@ __device__ void store_by_tma(const Dot& d, const V& v, const void* map_out, uint
   }
 }
 
-// One chunk (the tiles without tree slots; run_warpgroup gives them no more): the
-// loop only issues and releases, so the accumulators are touched by nothing but
-// wgmma until the end (with the tree's merges and clears in the loop, ptxas
-// injects a wgmma wait where the loop's paths join: C7517).
 // This consumer warp's share of the outputs' boxes.
 template <class Cfg>
 __device__ uint32_t out_buffer(const WarpgroupSmem<Cfg>& sm) {
   return sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpBytes;
 }
 
+// One chunk (the tiles without tree slots; run_warpgroup gives them no more): the
+// loop only issues and releases, so the accumulators are touched by nothing but
+// wgmma until the end (with the tree's merges and clears in the loop, ptxas
+// injects a wgmma wait where the loop's paths join: C7517).
 template <class Cfg, Major MA, Major MB>
 __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm, int row0, int col0, int stages,
                                   int consumer, StageRing<Cfg> ring, const void* map_out) {
@@ -621,11 +622,6 @@ bool short_chunks(const Problem& p) { return p.chunk <= 2 * kWgBK; }
 // gradient: 8 chunks of 18992).
 bool long_chunks(const Problem& p) { return p.chunks > 1 && p.chunk >= 4096; }
 
-// The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 256
-// for one chunk and at least a wave of tiles, else 128 × 128 if that gives an
-// eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
-// measured on these shapes, so even a partial wave wins); false leaves p to the
-// mma.sync kernels.
 // A tile's work per SM in waves of its tiles times its width: the 128 × 192 tile
 // takes a single chunk where that is the least (30B's experts' gate_up at 4096
 // tokens: 128 tiles, one wave, where the 128 × 128 tile makes 1.5 and the 128 × 256
@@ -639,6 +635,12 @@ bool mid_tiles_win(const Problem& p, int sms) {
                               std::min(wave_columns<WgWideTile>(p, sms), wave_columns<WgNarrowTile>(p, sms));
 }
 
+// The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
+// for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
+// least a wave of tiles, else 128 × 128 if that gives an
+// eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
+// measured on these shapes, so even a partial wave wins); false leaves p to the
+// mma.sync kernels.
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
