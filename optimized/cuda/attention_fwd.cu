@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
       for (int nt = 0; nt < 2; ++nt) {
         u[nt] = n8_tile_sum(s[nt][2 * i], s[nt][2 * i + 1]);
         *reinterpret_cast<uint32_t*>(sm.p + ln.row(i) * kPLd + key0 + ln.col(nt, 0)) =
-            pack_bf16(s[nt][2 * i], s[nt][2 * i + 1]);
+            round_bf16x2(s[nt][2 * i], s[nt][2 * i + 1]);
       }
       if (ln.t == 0) sm.sum[warp][ln.row(i)] = add_rn(u[0], u[1]);
     }

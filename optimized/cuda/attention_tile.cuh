@@ -57,9 +57,6 @@ constexpr int kLd = D + 8;
 __device__ inline float neg_inf() { return float_of(0xff800000u); }
 
 __device__ inline uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-  return round_bf16(lo).bits | (static_cast<uint32_t>(round_bf16(hi).bits) << 16);
-}
 
 // --- the thread's place in the tile ----------------------------------------------
 struct Lane {
@@ -216,7 +213,7 @@ __device__ inline void store_rounded(bf16* sp, const float (&x)[8][4], const Lan
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      *reinterpret_cast<uint32_t*>(sp + ln.row(i) * kPLd + ln.col(nt, 0)) = pack_bf16(x[nt][2 * i], x[nt][2 * i + 1]);
+      *reinterpret_cast<uint32_t*>(sp + ln.row(i) * kPLd + ln.col(nt, 0)) = round_bf16x2(x[nt][2 * i], x[nt][2 * i + 1]);
 }
 
 // The SIMT contraction: for each live row i, acc continues over the slots [lo_i, hi_i)
