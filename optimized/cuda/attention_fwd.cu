@@ -59,11 +59,13 @@ __device__ inline float of_max_key(int32_t key) {
 // The block maximum of the thread's rows by maximumNumber (reference step 1, over
 // the state values s, −Inf in absent slots), seeded with −Inf. maximumNumber is
 // associative and commutative, so any tree gives the reference's sequential bits.
-// fmaxf (one FMNMX) ignores a NaN as maximumNumber does and is exact wherever the
-// maximum is not a zero; its sign of zero is not specified, so a row whose maximum
-// is ±0, or all NaN, takes the exact tree on total_order_key integers instead (a
-// NaN gets the least key; the key map is its own inverse).
-__device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
+// The fast tree is fmax_nan's (one FMNMX a node): exact wherever no input is NaN and
+// the maximum is not a zero (the sign of zero of FMNMX is not specified). A warp any
+// of whose rows has a NaN or a ±0 maximum redoes it on the total-order keys (a NaN
+// gets the least key, so it is ignored; the key map is its own inverse).
+// Returns whether the block is tame: for every row of the warp no state value is NaN
+// and |maximum| < 2^30 (softmax_block's exponents are then ≤ 128 and not NaN).
+__device__ inline bool block_max(float (&bmax)[2], const float (&s)[8][4]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float t[16];
@@ -73,27 +75,30 @@ __device__ inline void block_max(float (&bmax)[2], const float (&s)[8][4]) {
     for (int level = 0; level < 4; ++level)  // widths 8, 4, 2, 1: constant trip counts keep t in registers
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        if (j < (8 >> level)) t[j] = fmaxf(t[j], t[j + (8 >> level)]);
-    float r = fmaxf(t[0], __shfl_xor_sync(kFull, t[0], 1));
-    bmax[i] = fmaxf(r, __shfl_xor_sync(kFull, r, 2));
+        if (j < (8 >> level)) t[j] = fmax_nan(t[j], t[j + (8 >> level)]);
+    float r = fmax_nan(t[0], __shfl_xor_sync(kFull, t[0], 1));
+    bmax[i] = fmax_nan(r, __shfl_xor_sync(kFull, r, 2));
   }
+  const bool tame = fabsf(bmax[0]) < 0x1p30f && fabsf(bmax[1]) < 0x1p30f;  // false for NaN
   const bool inexact = bmax[0] == 0.0f || bmax[1] == 0.0f || is_nan(bmax[0]) || is_nan(bmax[1]);
-  if (!__any_sync(kFull, inexact)) return;
+  if (__any_sync(kFull, inexact)) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    int32_t t[16];
+    for (int i = 0; i < 2; ++i) {
+      int32_t t[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) t[j] = max_key(s[j / 2][2 * i + j % 2]);
+      for (int j = 0; j < 16; ++j) t[j] = max_key(s[j / 2][2 * i + j % 2]);
 #pragma unroll
-    for (int level = 0; level < 4; ++level)
+      for (int level = 0; level < 4; ++level)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < (8 >> level)) t[j] = max(t[j], t[j + (8 >> level)]);
-    int32_t key = max(t[0], total_order_key(neg_inf()));
-    key = max(key, __shfl_xor_sync(kFull, key, 1));
-    key = max(key, __shfl_xor_sync(kFull, key, 2));
-    bmax[i] = of_max_key(key);
+        for (int j = 0; j < 8; ++j)
+          if (j < (8 >> level)) t[j] = max(t[j], t[j + (8 >> level)]);
+      int32_t key = max(t[0], total_order_key(neg_inf()));
+      key = max(key, __shfl_xor_sync(kFull, key, 1));
+      key = max(key, __shfl_xor_sync(kFull, key, 2));
+      bmax[i] = of_max_key(key);
+    }
   }
+  return __all_sync(kFull, tame);
 }
 
 // Levels 1-3 of the pairwise tree over one row's 8 columns of an n8 tile: the
@@ -141,7 +146,7 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
       s[nt][e] = visible[nt][e] ? x : neg_inf();
     }
   float bmax[2], m_new[2], mc_new[2];
-  block_max(bmax, s);
+  const bool tame = block_max(bmax, s);
   new_maximum(rule, m, bmax, br, m_new, mc_new, alpha);
   // exp(−Inf) = +0 is P of an absent slot (for exp2_poly too).
 #pragma unroll
@@ -153,7 +158,18 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
         float& p = s[nt][2 * i + e];
         p = visible[nt][2 * i + e] ? rule.weight_exponent(p, mc_new[i]) : neg_inf();
       }
-  softmax_exp_in_place<kBase2, 32>(&s[0][0]);
+  // On a tame block (block_max) every visible value z is finite or −Inf and at most
+  // the row's m_new ≥ bmax, so the exponent fma(z, c, −RN(m_new·c)) is at most
+  // bmax·c − RN(bmax·c), half an ulp of a number below 2^31 (c < 1.45): ≤ 128, and
+  // never NaN (m_new is finite or +Inf); an absent slot's is −Inf. There
+  // exp2_poly_core equals exp2_poly (math.h) without its clamp and NaN select: 3
+  // instructions a score fewer.
+  if (kBase2 && tame) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) (&s[0][0])[j] = math::exp2_poly_core((&s[0][0])[j]);
+  } else {
+    softmax_exp_in_place<kBase2, 32>(&s[0][0]);
+  }
   // pairwise_tree over the 64 slots: levels 1-3 within each n8 tile (n8_tile_sum),
   // levels 4-6 pair the n8 tiles in the thread.
 #pragma unroll
@@ -211,14 +227,17 @@ __device__ MergeFactors merge_split(const ref::SoftmaxRule<kBase2>& rule, float&
 }
 __device__ inline float merged(MergeFactors f, float O, float acc) { return fma_rn(f.a, O, mul_rn(f.b, acc)); }
 
-// A split's state before its first block: m = −Inf, l = +0, acc = +0.
-template <int NT>
-__device__ void start_split(float (&m)[2], float (&l)[2], float (&acc)[NT][4]) {
+// A split's state before its first block: m = −Inf, l = +0 (start_split_ml), acc = +0.
+__device__ inline void start_split_ml(float (&m)[2], float (&l)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     m[i] = neg_inf();
     l[i] = 0.0f;
   }
+}
+template <int NT>
+__device__ void start_split(float (&m)[2], float (&l)[2], float (&acc)[NT][4]) {
+  start_split_ml(m, l);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -581,13 +600,13 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
 
   float m[2], l[2], M[2] = {0.0f, 0.0f}, L[2] = {0.0f, 0.0f};
   float acc[NT][4];
-  auto reset_split = [&] { start_split(m, l, acc); };
-  reset_split();
+  start_split(m, l, acc);
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
   const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
   auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
 
+  int split_first = 0;  // the first block of the split that block b lies in (no division a block)
   // Block b with its scores in `cur`; issues block b + 1's into `next` first.
   auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
     const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
@@ -598,6 +617,10 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     issue_scores<D>(reinterpret_cast<float(&)[32]>(next), q_addr, k_addr(b + 1));
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
+    // A split's first block starts acc from +0 in its product (scale-d = 0), instead of
+    // acc being zeroed at the split's end: zeroed under that condition, acc made
+    // ptxas move half of it out and back around it on every block (32 IMAD.MOV each way).
+    const bool fresh = b == split_first;
     // Keys past the first row's position are absent for some row of the tile.
     const int lo = lo_pos + 1 - kb;
     if (mine) {
@@ -606,23 +629,25 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       float alpha[2];
       if (lo < kTile) softmax_block<true>(cur, m, l, alpha, br, rule, ln);
       else softmax_block<false>(cur, m, l, alpha, br, rule, ln);
-      rescale(acc, alpha, br);
+      if (!fresh) rescale(acc, alpha, br);
     }
     sm90::mbarrier_wait(&full_v[st], parity(b));
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
-    // Past this warpgroup's blocks acc is no longer read (its last block reset it).
+    // Past this warpgroup's blocks acc is no longer read.
     issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr,
-                           !mine || slow);
+                           !mine || slow, fresh);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
     if (slow) chain_swizzled<D>(acc, cur, sP, v, {0, 0}, br.vis, br.act, ln);
     warp_arrive(&empty_v[st], ln);
     if (b + 1 <= last_block) warp_arrive(&empty_k[next_st], ln);
-    if (mine && (b == end || (b + 1) % a.split_blocks == 0)) {
-      close_split(rule, (b / a.split_blocks) * a.split_blocks * kTile, pos, M, L, m, l, acc, o_at);
-      reset_split();
+    const bool split_ends = b + 1 - split_first == a.split_blocks;
+    if (mine && (b == end || split_ends)) {
+      close_split(rule, split_first * kTile, pos, M, L, m, l, acc, o_at);
+      start_split_ml(m, l);
     }
+    if (split_ends) split_first = b + 1;
   };
 
   float s0[8][4], s1[8][4];

@@ -181,10 +181,11 @@ __device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
 // groups, a_fragments' layout), groups of 16 in increasing order, with B at `b` (a
 // stage of the ring), or, where zero_block, A = +0 against the CTA's zero bytes
 // (descriptor strides 0: every core matrix reads them), which leaves acc as it is.
-// Unconditional (C7514, above).
+// Where from_zero, the chain starts from +0 instead of acc (scale-d = 0 on the first
+// group, as issue_scores'). Unconditional (C7514, above).
 template <int D>
 __device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, uint32_t zeros,
-                                    bool zero_block) {
+                                    bool zero_block, bool from_zero = false) {
   using W = WsTile<D>;
   // A's registers (and the descriptors) are chosen before the fence: selected between the wgmmas, ptxas
   // serialised every wgmma of the kernel (C7520, behind a warpgroup.arrive it put
@@ -202,17 +203,18 @@ __device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc[kk]);
-    else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc[kk]);
+    const int scale_d = kk > 0 || !from_zero;
+    if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc[kk], scale_d);
+    else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc[kk], scale_d);
   }
   sm90::wgmma_commit();
 }
 template <int D>
 __device__ void issue_block_product(float (&acc)[D / 2], const float (&t)[8][4], uint32_t b, uint32_t zeros,
-                                    bool zero_block) {
+                                    bool zero_block, bool from_zero = false) {
   uint32_t frag[4][4];
   a_fragments(frag, t);
-  issue_block_product<D>(acc, frag, b, zeros, zero_block);
+  issue_block_product<D>(acc, frag, b, zeros, zero_block, from_zero);
 }
 
 // Whether a row in [lo, hi) of a swizzled tile is Inf or NaN: then the block takes
@@ -230,35 +232,46 @@ __device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barr
   return sm90::warpgroup_any(found, barrier);
 }
 
-// One framed chain of the SIMT path on a swizzled tile: slots [lo, hi) of column d
-// gathered into plain order, then framed_chain over the 64-slot frame (the
+// The SIMT chains of a block (framed_block_product's slow path) with the rows of R(t)
+// in st, B a swizzled tile, on acc ([D / 8][4], the accumulators' layout) in local
+// memory: row i of the thread runs slots [lo_i, hi_i) where live_i, each column's
+// slots gathered into plain order, then framed_chain over the 64-slot frame (the
 // reference's block, or one 64-slot piece of a dk/dv chunk, whose sm90-tc groups
-// align to it). Out of line, so the caller's unrolled loop over its accumulators
-// keeps them in registers.
+// align to it). Out of line and called once, on acc in local memory: one call site in
+// each warpgroup kernel instead of one per accumulator (64), and no accumulator
+// register live across a call.
 template <int D>
-__device__ __noinline__ float swizzled_column_dot(float c, const bf16* t_row, const uint8_t* b, int d, int lo,
-                                                  int hi) {
-  bf16 column[kTile];
-  for (int j = lo; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
-  return framed_chain<Sm90Tc>(c, t_row + lo, 1, column + lo, 1, lo, hi, kTile);
+__device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* st, const uint8_t* b, int lo0, int hi0,
+                                                      int lo1, int hi1, int live_rows, Lane ln) {
+  for (int i = 0; i < 2; ++i) {
+    if (!(live_rows >> i & 1)) continue;
+    const int lo = i == 0 ? lo0 : lo1, hi = i == 0 ? hi0 : hi1;
+    const bf16* t_row = st + ln.row(i) * kPLd;
+    for (int nt = 0; nt < D / 8; ++nt)
+      for (int e = 0; e < 2; ++e) {
+        bf16 column[kTile];
+        const int d = ln.col(nt, e);
+        for (int j = lo; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
+        float& c = acc[nt * 4 + 2 * i + e];
+        c = framed_chain<Sm90Tc>(c, t_row + lo, 1, column + lo, 1, lo, hi, kTile);
+      }
+  }
 }
 
-// The SIMT chain of a block (framed_block_product's slow path) with the rows of R(t)
-// already in st, B a swizzled tile: row i of the thread runs slots [lo_i, hi_i)
-// where live_i.
+// The same on acc in registers, passed through local memory (the slow path only).
 template <int D>
 __device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* st, const uint8_t* b, const int (&lo)[2],
                                     const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+  float in_memory[D / 8 * 4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (!live[i]) continue;
+  for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
+    for (int e = 0; e < 4; ++e) in_memory[nt * 4 + e] = acc[nt][e];
+  chain_swizzled_in_memory<D>(in_memory, st, b, lo[0], hi[0], lo[1], hi[1], int{live[0]} | int{live[1]} << 1, ln);
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        acc[nt][2 * i + e] =
-            swizzled_column_dot<D>(acc[nt][2 * i + e], st + ln.row(i) * kPLd, b, ln.col(nt, e), lo[i], hi[i]);
-  }
+  for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = in_memory[nt * 4 + e];
 }
 
 // The same from R(t) in registers, stored into st first. Every warp of the

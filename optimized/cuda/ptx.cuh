@@ -77,6 +77,14 @@ __device__ inline uint32_t round_bf16x2(float lo, float hi) {
   return d;
 }
 
+// max(a, b), NaN where either is (max.NaN, one FMNMX.NAN): a tree of it tells whether
+// any of its inputs was NaN, where fmaxf's ignores them.
+__device__ inline float fmax_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
 // d = d + A·B for one 16 × 8 tile and one group of 16: one G step of sm90-tc per output.
 __device__ inline void mma_m16n8k16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
