@@ -99,6 +99,10 @@ using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // A single chunk whose 128 × 192 tiles make fewer waves of work than the others
 // (mid_tiles_win): four stages of 40 KB and the outputs' 48 KB of boxes.
 using WgMidTile = WarpgroupTile<192, 0, 4>;
+// A single chunk whose 128 × 128 tiles leave most SMs idle (slim_tiles_win: 30B's
+// kv_proj at 1024 tokens makes 32 of them): 128 × 64, twice the tiles, eight
+// stages of 24 KB for the longer walk each makes alone.
+using WgSlimTile = WarpgroupTile<64, 0, 8>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
 // Six stages and the outputs' boxes (store_by_tma) measured faster than seven
@@ -148,7 +152,8 @@ template <int N, int TransA, int TransB>
 __device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
   if constexpr (N == 256) sm90::wgmma_m64n256k16<TransA, TransB>(d, a, b, scale_d);
   else if constexpr (N == 192) sm90::wgmma_m64n192k16<TransA, TransB>(d, a, b, scale_d);
-  else sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b, scale_d);
+  else if constexpr (N == 128) sm90::wgmma_m64n128k16<TransA, TransB>(d, a, b, scale_d);
+  else sm90::wgmma_m64n64k16<TransA, TransB>(d, a, b, scale_d);
 }
 
 // A consumer warpgroup's 64 × kBN accumulators: warp w of the group holds rows
@@ -635,10 +640,14 @@ bool mid_tiles_win(const Problem& p, int sms) {
                               std::min(wave_columns<WgWideTile>(p, sms), wave_columns<WgNarrowTile>(p, sms));
 }
 
+bool slim_tiles_win(const Problem& p, int sms) {
+  return p.chunks == 1 && wave_columns<WgSlimTile>(p, sms) < wave_columns<WgNarrowTile>(p, sms);
+}
+
 // The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
 // for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
-// least a wave of tiles, else 128 × 128 if that gives an
-// eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
+// least a wave of tiles, else 128 × 128 (128 × 64 for one chunk where
+// slim_tiles_win) if that gives an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
 // measured on these shapes, so even a partial wave wins); false leaves p to the
 // mma.sync kernels.
 template <Major MA, Major MB>
@@ -655,6 +664,7 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
     if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
   } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
+  else if (slim_tiles_win(p, sms)) launch_warpgroup<WgSlimTile, MA, MB>(p, stream);
   else if (p.chunks == 1) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
   else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
   else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);

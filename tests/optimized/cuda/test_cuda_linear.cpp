@@ -384,6 +384,23 @@ TEST_P(LinearGpu, MidTile) {
   }
 }
 
+// The 128 × 64 tile (slim_tiles_win): an eighth of the SMs' count of row tiles (the
+// last one 104 rows) and 200 columns, which the 128 × 128 tile makes two column
+// tiles of and this one four (the last 8 wide); bf16 outputs (by TMA) and fp32
+// ones, the forward's and the input gradient's majors, reductions ending inside a
+// k16 group.
+TEST_P(LinearGpu, SlimTile) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
+  int sms = 0;
+  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int T = (sms + 7) / 8 * 128 - 24;
+  uint64_t seed = 3400;
+  for (Fill fill : {Fill::Spread, Fill::Edge}) {
+    check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, fwd_acc);
+    check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, dgrad_only);
+  }
+}
+
 // The wide tile on CTA pairs sharing B (two row tiles, three waves of tiles: the
 // pairs' rule), each CTA copying half of B's boxes into both; and unpaired where
 // the row tiles are odd (three of them, the same tile count). Reductions that end
