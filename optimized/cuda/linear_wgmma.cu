@@ -47,9 +47,10 @@ constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: t
 // Cluster > 1: the CTAs of a cluster take row tiles next to each other of one
 // column tile and share B's stages, each copying its part of the boxes into all of
 // them (TMA multicast): one L2 read of B feeds Cluster tiles.
-template <int BN, int RegSlots, int Stages, int SmemLevels = 0, int Cluster = 1>
+// BM = 64: one consumer warpgroup.
+template <int BN, int RegSlots, int Stages, int SmemLevels = 0, int Cluster = 1, int BM = 128>
 struct WarpgroupTile {
-  static constexpr int kBM = 128, kBN = BN, kRegSlots = RegSlots, kStages = Stages, kSmemLevels = SmemLevels;
+  static constexpr int kBM = BM, kBN = BN, kRegSlots = RegSlots, kStages = Stages, kSmemLevels = SmemLevels;
   static constexpr int kCluster = Cluster;
   static_assert((BN / 64) % Cluster == 0, "B's boxes split evenly over the cluster");
   static constexpr int kConsumers = kBM / 64;
@@ -99,10 +100,12 @@ using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // A single chunk whose 128 × 192 tiles make fewer waves of work than the others
 // (mid_tiles_win): four stages of 40 KB and the outputs' 48 KB of boxes.
 using WgMidTile = WarpgroupTile<192, 0, 4>;
-// A single chunk whose 128 × 128 tiles leave most SMs idle (slim_tiles_win: 30B's
-// kv_proj at 1024 tokens makes 32 of them): 128 × 64, twice the tiles, eight
-// stages of 24 KB for the longer walk each makes alone.
+// A single chunk whose 128 × 128 tiles leave most SMs idle (few_tiles: 30B's kv_proj
+// at 1024 tokens makes 32 of them): 128 × 64, twice the tiles, eight stages of 24
+// KB for the longer walk each makes alone; and 64 × 64, four times the tiles (one
+// consumer warpgroup), eight of 16 KB.
 using WgSlimTile = WarpgroupTile<64, 0, 8>;
+using WgSmallTile = WarpgroupTile<64, 0, 8, 0, 1, 64>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
 // Six stages and the outputs' boxes (store_by_tma) measured faster than seven
@@ -627,29 +630,35 @@ bool short_chunks(const Problem& p) { return p.chunk <= 2 * kWgBK; }
 // gradient: 8 chunks of 18992).
 bool long_chunks(const Problem& p) { return p.chunks > 1 && p.chunk >= 4096; }
 
-// A tile's work per SM in waves of its tiles times its width: the 128 × 192 tile
-// takes a single chunk where that is the least (30B's experts' gate_up at 4096
-// tokens: 128 tiles, one wave, where the 128 × 128 tile makes 1.5 and the 128 × 256
-// leaves a quarter of the SMs idle).
+// A tile's work per SM: its waves of tiles times its area. The 128 × 192 tile takes
+// a single chunk where that is the least (30B's experts' gate_up at 4096 tokens: 128
+// tiles, one wave, where the 128 × 128 tile makes 1.5 and the 128 × 256 leaves a
+// quarter of the SMs idle).
 template <class Cfg>
-long long wave_columns(const Problem& p, int sms) {
-  return (tile_count<Cfg>(p) + sms - 1) / sms * Cfg::kBN;
+long long wave_area(const Problem& p, int sms) {
+  return (tile_count<Cfg>(p) + sms - 1) / sms * Cfg::kBM * Cfg::kBN;
 }
 bool mid_tiles_win(const Problem& p, int sms) {
-  return p.chunks == 1 && wave_columns<WgMidTile>(p, sms) <
-                              std::min(wave_columns<WgWideTile>(p, sms), wave_columns<WgNarrowTile>(p, sms));
+  return p.chunks == 1 &&
+         wave_area<WgMidTile>(p, sms) < std::min(wave_area<WgWideTile>(p, sms), wave_area<WgNarrowTile>(p, sms));
 }
 
-bool slim_tiles_win(const Problem& p, int sms) {
-  return p.chunks == 1 && wave_columns<WgSlimTile>(p, sms) < wave_columns<WgNarrowTile>(p, sms);
+// A single chunk that the wide and mid tiles left: of 128 × 128, 128 × 64 and 64 × 64,
+// the one whose wave_area is least (the larger on a tie).
+template <Major MA, Major MB>
+void launch_few_tiles(const Problem& p, int sms, cudaStream_t stream) {
+  const long long narrow = wave_area<WgNarrowTile>(p, sms), slim = wave_area<WgSlimTile>(p, sms);
+  if (wave_area<WgSmallTile>(p, sms) < std::min(narrow, slim)) launch_warpgroup<WgSmallTile, MA, MB>(p, stream);
+  else if (slim < narrow) launch_warpgroup<WgSlimTile, MA, MB>(p, stream);
+  else launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
 }
 
 // The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
 // for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
-// least a wave of tiles, else 128 × 128 (128 × 64 for one chunk where
-// slim_tiles_win) if that gives an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync rate
-// measured on these shapes, so even a partial wave wins); false leaves p to the
-// mma.sync kernels.
+// least a wave of tiles, else 128 × 128 (for one chunk, launch_few_tiles' choice) if
+// that gives an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync
+// rate measured on these shapes, so even a partial wave wins); false leaves p to
+// the mma.sync kernels.
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
@@ -664,8 +673,7 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
     if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
   } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
-  else if (slim_tiles_win(p, sms)) launch_warpgroup<WgSlimTile, MA, MB>(p, stream);
-  else if (p.chunks == 1) launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
+  else if (p.chunks == 1) launch_few_tiles<MA, MB>(p, sms, stream);
   else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
   else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);
   else launch_warpgroup<WgTreeTile, MA, MB>(p, stream);

@@ -384,7 +384,7 @@ TEST_P(LinearGpu, MidTile) {
   }
 }
 
-// The 128 × 64 tile (slim_tiles_win): an eighth of the SMs' count of row tiles (the
+// The 128 × 64 tile (launch_few_tiles): an eighth of the SMs' count of row tiles (the
 // last one 104 rows) and 200 columns, which the 128 × 128 tile makes two column
 // tiles of and this one four (the last 8 wide); bf16 outputs (by TMA) and fp32
 // ones, the forward's and the input gradient's majors, reductions ending inside a
@@ -398,6 +398,22 @@ TEST_P(LinearGpu, SlimTile) {
   for (Fill fill : {Fill::Spread, Fill::Edge}) {
     check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, fwd_acc);
     check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, dgrad_only);
+  }
+}
+
+// The 64 × 64 tile (launch_few_tiles): a sixteenth of the SMs' count of 128-row tiles
+// (1000 rows on 132 SMs: sixteen 64-row tiles, the last 40 rows) and 456 columns,
+// eight 64-column tiles (the last 8 wide): one wave where the 128 × 64 tile makes half
+// as many tiles; as SlimTile's outputs and majors.
+TEST_P(LinearGpu, SmallTile) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
+  int sms = 0;
+  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int T = sms / 16 * 128 - 24;
+  uint64_t seed = 3500;
+  for (Fill fill : {Fill::Spread, Fill::Edge}) {
+    check_problem(contract(), contract().knobs, Problem{T, 200, 456, 1}, fill, seed += 11, 8, fwd_acc);
+    check_problem(contract(), contract().knobs, Problem{T, 456, 200, 1}, fill, seed += 11, 8, dgrad_only);
   }
 }
 
