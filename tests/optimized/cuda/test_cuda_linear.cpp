@@ -367,55 +367,40 @@ TEST_P(LinearGpu, WideTileLongChunks) {
   }
 }
 
-// The 128 × 192 tile (mid_tiles_win: a single chunk whose 128 × 192 tiles make one
-// wave where the 128 × 128 ones make two and the 128 × 256 ones leave SMs idle):
-// a quarter of the SMs' count of row tiles (the last one 104 rows) and 760 columns
-// (four column tiles, the last 184 wide); bf16 outputs (by TMA) and fp32 ones, the
-// forward's and the input gradient's majors, reductions ending inside a k16 group.
-TEST_P(LinearGpu, MidTile) {
-  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
+int multiprocessor_count() {
   int sms = 0;
   BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int T = sms / 4 * 128 - 24;
-  uint64_t seed = 3300;
+  return sms;
+}
+
+// A single-chunk tile's case: T rows, the forward of K = 200 into `cols` columns
+// (bf16 outputs by TMA and fp32 ones) and the input gradient into `cols` columns
+// from 200 (the other majors), on spread and edge values. 200 ends inside a k16
+// group.
+void check_tile_case(const Contract& c, int T, int cols, uint64_t seed) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
   for (Fill fill : {Fill::Spread, Fill::Edge}) {
-    check_problem(contract(), contract().knobs, Problem{T, 200, 760, 1}, fill, seed += 11, 8, fwd_acc);
-    check_problem(contract(), contract().knobs, Problem{T, 760, 200, 1}, fill, seed += 11, 8, dgrad_only);
+    check_problem(c, c.knobs, Problem{T, 200, cols, 1}, fill, seed += 11, 8, fwd_acc);
+    check_problem(c, c.knobs, Problem{T, cols, 200, 1}, fill, seed += 11, 8, dgrad_only);
   }
 }
 
+// The 128 × 192 tile (mid_tiles_win: a single chunk whose 128 × 192 tiles make one
+// wave where the 128 × 128 ones make two and the 128 × 256 ones leave SMs idle):
+// a quarter of the SMs' count of row tiles (the last one 104 rows) and 760 columns
+// (four column tiles, the last 184 wide).
+TEST_P(LinearGpu, MidTile) { check_tile_case(contract(), multiprocessor_count() / 4 * 128 - 24, 760, 3300); }
+
 // The 128 × 64 tile (launch_few_tiles): an eighth of the SMs' count of row tiles (the
 // last one 104 rows) and 200 columns, which the 128 × 128 tile makes two column
-// tiles of and this one four (the last 8 wide); bf16 outputs (by TMA) and fp32
-// ones, the forward's and the input gradient's majors, reductions ending inside a
-// k16 group.
-TEST_P(LinearGpu, SlimTile) {
-  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
-  int sms = 0;
-  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int T = (sms + 7) / 8 * 128 - 24;
-  uint64_t seed = 3400;
-  for (Fill fill : {Fill::Spread, Fill::Edge}) {
-    check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, fwd_acc);
-    check_problem(contract(), contract().knobs, Problem{T, 200, 200, 1}, fill, seed += 11, 8, dgrad_only);
-  }
-}
+// tiles of and this one four (the last 8 wide).
+TEST_P(LinearGpu, SlimTile) { check_tile_case(contract(), (multiprocessor_count() + 7) / 8 * 128 - 24, 200, 3400); }
 
 // The 64 × 64 tile (launch_few_tiles): a sixteenth of the SMs' count of 128-row tiles
 // (1000 rows on 132 SMs: sixteen 64-row tiles, the last 40 rows) and 456 columns,
 // eight 64-column tiles (the last 8 wide): one wave where the 128 × 64 tile makes half
-// as many tiles; as SlimTile's outputs and majors.
-TEST_P(LinearGpu, SmallTile) {
-  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
-  int sms = 0;
-  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int T = sms / 16 * 128 - 24;
-  uint64_t seed = 3500;
-  for (Fill fill : {Fill::Spread, Fill::Edge}) {
-    check_problem(contract(), contract().knobs, Problem{T, 200, 456, 1}, fill, seed += 11, 8, fwd_acc);
-    check_problem(contract(), contract().knobs, Problem{T, 456, 200, 1}, fill, seed += 11, 8, dgrad_only);
-  }
-}
+// as many tiles.
+TEST_P(LinearGpu, SmallTile) { check_tile_case(contract(), multiprocessor_count() / 16 * 128 - 24, 456, 3500); }
 
 // The wide tile on CTA pairs sharing B (two row tiles, three waves of tiles: the
 // pairs' rule), each CTA copying half of B's boxes into both; and unpaired where
@@ -424,8 +409,7 @@ TEST_P(LinearGpu, SmallTile) {
 // gradient's (B row-major) majors.
 TEST_P(LinearGpu, WideTilePairs) {
   const Which acc_only{true, false, false, false, false}, dgrad_acc_only{false, false, false, true, false};
-  int sms = 0;
-  BP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = multiprocessor_count();
   uint64_t seed = 3200;
   for (const int T : {256, 384})
     for (Fill fill : {Fill::Spread, Fill::Edge}) {
