@@ -5,8 +5,8 @@
 // k16 is one G step per output, K groups walked upward, one CTA per output tile,
 // the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
 // (one thread) copies 64-element reduction stages of both operands into 128-byte-
-// swizzled shared memory with TMA, and two consumer warpgroups, 64 rows each,
-// run wgmma on them while the next stages arrive; bf16 outputs leave through
+// swizzled shared memory with TMA, and a consumer warpgroup per 64 rows of the
+// tile (two; one in the 64 × 64 tile) runs wgmma on them while the next stages arrive; bf16 outputs leave through
 // shared memory by TMA stores where the tile has room (store_by_tma). The CTAs
 // are persistent (one per SM, walking the tiles), so the next tile's stages
 // arrive during the current one's last stages and stores. The 128 × 256 tile runs on CTA pairs
@@ -47,7 +47,7 @@ constexpr uint32_t kSwizzleGroupBytes = 8 * 128;       // 8 rows of 128 bytes: t
 // Cluster > 1: the CTAs of a cluster take row tiles next to each other of one
 // column tile and share B's stages, each copying its part of the boxes into all of
 // them (TMA multicast): one L2 read of B feeds Cluster tiles.
-// BM = 64: one consumer warpgroup.
+// BM = 64 (the 64 × 64 tile): one consumer warpgroup.
 template <int BN, int RegSlots, int Stages, int SmemLevels = 0, int Cluster = 1, int BM = 128>
 struct WarpgroupTile {
   static constexpr int kBM = BM, kBN = BN, kRegSlots = RegSlots, kStages = Stages, kSmemLevels = SmemLevels;
@@ -100,7 +100,7 @@ using WgNarrowTile = WarpgroupTile<128, 0, 6>;
 // A single chunk whose 128 × 192 tiles make fewer waves of work than the others
 // (mid_tiles_win): four stages of 40 KB and the outputs' 48 KB of boxes.
 using WgMidTile = WarpgroupTile<192, 0, 4>;
-// A single chunk whose 128 × 128 tiles leave most SMs idle (few_tiles: 30B's kv_proj
+// A single chunk whose 128 × 128 tiles leave most SMs idle (launch_few_tiles: 30B's kv_proj
 // at 1024 tokens makes 32 of them): 128 × 64, twice the tiles, eight stages of 24
 // KB for the longer walk each makes alone; and 64 × 64, four times the tiles (one
 // consumer warpgroup), eight of 16 KB.
