@@ -7,7 +7,7 @@
 //   one CTA per (tile, kv head, split) writes the split's (m, l, acc) and
 //   fwd_combine merges splits in order per row.
 // Three kernels: attn_fwd_ws_kernel (sm90-tc at head_dim 64 and 128, merged schedule:
-// TMA and wgmma in warpgroups, two query tiles a CTA), attn_decode_kernel (sm90-tc
+// TMA and wgmma in warpgroups, three query tiles a CTA), attn_decode_kernel (sm90-tc
 // at head_dim 64 and 128, flash-decoding: 16-slot tiles, four warps sharing each
 // block) and attn_fwd_kernel (the rest: mma.sync or the SIMT chain); launch_fwd picks.
 #include "optimized/cuda/attention.h"
@@ -545,18 +545,26 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
 }
 
 // --- the forward on wgmma (sm90-tc, head_dim 64 or 128, merged schedule) --------
-// attention_wgmma.cuh's CTA with the per-row steps of attn_fwd_kernel: a consumer's
-// products are S = Q·Kᵀ and acc += R(P)·V; S(b + 1) is issued before block b's
-// softmax, so the tensor cores work while the softmax runs. Each consumer keeps its
-// merged split state O in shared memory.
+// attention_wgmma.cuh's CTA with three consumers and the per-row steps of
+// attn_fwd_kernel: a consumer's products are S = Q·Kᵀ and acc += R(P)·V. The
+// softmax is issue-bound (exp2_poly's Horner chain and the trees), so the CTA
+// hides a consumer's waits behind the other consumers' softmax (twelve consumer
+// warps a SM) rather than behind a second score array of its own: S(b + 1) goes
+// into the score registers as soon as block b's are packed into R(P) fragments,
+// and runs beside acc's rescale and the P·V product. Each consumer keeps its
+// merged split state O in shared memory; R(P) rows for the SIMT chain are
+// gathered from the fragments (gather_fragment_rows), so the three fit in 227 KB.
 template <int D>
-struct WsForward : WsTile<D> {
+struct WsForward : WsTile<D, 3> {
+  using Tile = WsTile<D, 3>;
   static constexpr size_t kOBytes = sizeof(float) * kTile * D;
-  // Per consumer: Q; O and the R(P) rows.
+  // Per consumer: Q; O.
   static constexpr int kConsumerTiles = 1;
-  static constexpr size_t kConsumerExtra = kOBytes + WsTile<D>::kPBytes;
-  static constexpr size_t kSmemBytes = WsTile<D>::smem_bytes(kConsumerTiles, kConsumerExtra);
+  static constexpr size_t kConsumerExtra = kOBytes;
+  static constexpr size_t kSmemBytes = Tile::smem_bytes(kConsumerTiles, kConsumerExtra);
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
+  // 65536 registers a SM: 128 × 32 for the producer, 384 × 160 for the consumers.
+  static constexpr int kProducerRegs = 32, kConsumerRegs = 160;
 };
 
 template <int D, bool kBase2>
@@ -565,7 +573,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   using W = WsForward<D>;
   constexpr int NT = D / 8;
   extern __shared__ uint8_t smem_raw[];
-  const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
+  const WsCta<D, W::kConsumers> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
   const typename W::Barriers bar(cta.barriers);
   uint64_t *full_k = bar.full_a, *full_v = bar.full_b, *empty_k = bar.empty_a, *empty_v = bar.empty_b;
 
@@ -574,7 +582,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const AttnSeq& seq = qt.seq;
   const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
   cta.init();
-  if (run_producer<40, 232>([&] {
+  if (run_producer<W::kProducerRegs, W::kConsumerRegs>([&] {
         produce_blocks<D, BlockOperand::kValues>(&k_map, &v_map, cta, kvh, seq.kv_begin, last_block, cta_hi_pos);
       }))
     return;
@@ -583,7 +591,6 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const auto rule = a.h.rule<kBase2>();
   uint8_t* sQ = cta.tiles + consumer * W::kTileBytes;
   float* sO = reinterpret_cast<float*>(cta.extra + consumer * W::kConsumerExtra);
-  bf16* sP = reinterpret_cast<bf16*>(cta.extra + consumer * W::kConsumerExtra + W::kOBytes);
   const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
   const Lane ln(thread);
   const bool has_rows = tile.valid(0);
@@ -606,15 +613,20 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
   auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
 
+  float s[8][4];  // block b's scores, then block b + 1's
+  sm90::mbarrier_wait(&full_k[0], 0);
+  if (end >= 0) {
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(0));
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
+  }
+  warp_arrive(&empty_k[0], ln);
+
   int split_first = 0;  // the first block of the split that block b lies in (no division a block)
-  // Block b with its scores in `cur`; issues block b + 1's into `next` first.
-  auto step = [&](int b, float (&cur)[8][4], float (&next)[8][4]) {
+#pragma unroll 1
+  for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
     const uint8_t* v = cta.b_stage(b);
-    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
-    // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
-    // never used, and past the CTA's a stale stage's dots are not either.
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(next), q_addr, k_addr(b + 1));
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
     // A split's first block starts acc from +0 in its product (scale-d = 0), instead of
@@ -623,23 +635,32 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     const bool fresh = b == split_first;
     // Keys past the first row's position are absent for some row of the tile.
     const int lo = lo_pos + 1 - kb;
+    float alpha[2];
     if (mine) {
       // Every warp runs the softmax (the products are the warpgroup's): a row that
       // does not see the block gets P = +0 and α = 1.
-      float alpha[2];
-      if (lo < kTile) softmax_block<true>(cur, m, l, alpha, br, rule, ln);
-      else softmax_block<false>(cur, m, l, alpha, br, rule, ln);
-      if (!fresh) rescale(acc, alpha, br);
+      if (lo < kTile) softmax_block<true>(s, m, l, alpha, br, rule, ln);
+      else softmax_block<false>(s, m, l, alpha, br, rule, ln);
     }
+    uint32_t p[4][4];
+    a_fragments(p, s);
+    // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
+    // never used, and past the CTA's a stale stage's dots are not either.
+    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(b + 1));
+    if (mine && !fresh) rescale(acc, alpha, br);
     sm90::mbarrier_wait(&full_v[st], parity(b));
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
+    uint32_t slow_rows[2][kTile / 2];  // R(P)'s rows for the SIMT chain, gathered before p's registers are reused
+    if (slow) gather_fragment_rows(slow_rows, p, ln);
     // Past this warpgroup's blocks acc is no longer read.
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), cur, sm90::shared_addr(v), zero_addr,
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, sm90::shared_addr(v), zero_addr,
                            !mine || slow, fresh);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(next));
-    if (slow) chain_swizzled<D>(acc, cur, sP, v, {0, 0}, br.vis, br.act, ln);
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
+    if (slow)
+      chain_swizzled_rows<D>(acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, {0, 0}, br.vis, br.act, ln);
     warp_arrive(&empty_v[st], ln);
     if (b + 1 <= last_block) warp_arrive(&empty_k[next_st], ln);
     const bool split_ends = b + 1 - split_first == a.split_blocks;
@@ -648,25 +669,6 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       start_split_ml(m, l);
     }
     if (split_ends) split_first = b + 1;
-  };
-
-  float s0[8][4], s1[8][4];
-  sm90::mbarrier_wait(&full_k[0], 0);
-  if (end >= 0) {
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(s0), q_addr, k_addr(0));
-    sm90::wgmma_wait<0>();
-    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s0));
-  }
-  warp_arrive(&empty_k[0], ln);
-  // One copy of the step (the instruction cache holds it; two, ping-ponging s0 and
-  // s1, stalled on instruction fetch): the next block's scores move into s0.
-#pragma unroll 1
-  for (int b = 0; b <= last_block; ++b) {
-    step(b, s0, s1);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s0[nt][e] = s1[nt][e];
   }
   write_rows<false, D>(a, tile, task, ln, pos, 0, m, l, acc, M, L, o_at);
 }

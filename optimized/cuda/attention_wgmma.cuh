@@ -1,8 +1,9 @@
 // The warpgroup pieces of attention (sm90-tc, head_dim 64 and 128), shared by the
 // forward (attention_fwd.cu) and the dq and dk/dv passes (attention_bwd.cu). FlashAttention-3's
 // CTA: a producer warpgroup whose first warp copies each 64-key block's keys and
-// values by TMA into a ring of stages, and two consumer warpgroups, each with its own
-// 64-slot query tile of the same sequence and kv head, sharing the blocks. Both
+// values by TMA into a ring of stages, and consumer warpgroups (two; three in the
+// forward), each with its own 64-slot query tile of the same sequence and kv head,
+// sharing the blocks. Both
 // products of a block are wgmma: scores Q·Kᵀ from shared memory (D/16 k16 groups
 // from +0) and acc += R(T)·B with R(T) from registers (the score layout is wgmma's
 // A fragment) and B (V in the forward, K in dq) read N-major, 4 groups from the
@@ -12,7 +13,7 @@
 //   - absent slots: 0·Inf is NaN on the tensor core, while the reference skips the
 //     slot. The producer zeroes the B rows of the CTA's last block past every row's
 //     position; a consumer whose absent slots meet an Inf or NaN B row runs the SIMT
-//     chain for that block (chain_swizzled).
+//     chain for that block (chain_swizzled_rows).
 //   - ptxas serialises every wgmma of a kernel when one is branched around (C7514),
 //     so both issues are unconditional: a block that is not the warpgroup's issues
 //     R(T) = +0 against 1024 zero bytes, which leaves acc as it is.
@@ -28,9 +29,9 @@
 
 namespace bp::cuda::attn {
 
-template <int D>
+template <int D, int Consumers = 2>
 struct WsTile {
-  static constexpr int kConsumers = 2, kStages = 2;
+  static constexpr int kConsumers = Consumers, kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kSlots = kConsumers * kTile;  // query slots a task
   static constexpr int kBoxes = D / 64;
@@ -87,9 +88,9 @@ struct WsTile {
 // Where a CTA's shared memory goes (WsTile::smem_bytes' order). The ring streams two
 // tiles a stage: a block's keys (a) and values (b) in the forward and dq, a slot
 // tile's queries (a) and output gradients (b) in dk/dv.
-template <int D>
+template <int D, int Consumers = 2>
 struct WsCta {
-  using W = WsTile<D>;
+  using W = WsTile<D, Consumers>;
   uint8_t *tiles, *ring_a, *ring_b, *zeros, *extra, *shared;
   uint64_t* barriers;
   __device__ WsCta(uint8_t* smem_raw, int tiles_each, size_t extra_each, size_t shared_bytes = 0) {
@@ -232,21 +233,21 @@ __device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barr
   return sm90::warpgroup_any(found, barrier);
 }
 
-// The SIMT chains of a block (framed_block_product's slow path) with the rows of R(t)
-// in st, B a swizzled tile, on acc ([D / 8][4], the accumulators' layout) in local
-// memory: row i of the thread runs slots [lo_i, hi_i) where live_i, each column's
-// slots gathered into plain order, then framed_chain over the 64-slot frame (the
-// reference's block, or one 64-slot piece of a dk/dv chunk, whose sm90-tc groups
-// align to it). Out of line and called once, on acc in local memory: one call site in
-// each warpgroup kernel instead of one per accumulator (64), and no accumulator
-// register live across a call.
+// The SIMT chains of a block (framed_block_product's slow path) with the thread's
+// rows of R(t) at t_rows and t_rows + t_stride, B a swizzled tile, on acc
+// ([D / 8][4], the accumulators' layout) in local memory: row i of the thread runs
+// slots [lo_i, hi_i) where live_i, each column's slots gathered into plain order,
+// then framed_chain over the 64-slot frame (the reference's block, or one 64-slot
+// piece of a dk/dv chunk, whose sm90-tc groups align to it). Out of line and called
+// once, on acc in local memory: one call site in each warpgroup kernel instead of
+// one per accumulator (64), and no accumulator register live across a call.
 template <int D>
-__device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* st, const uint8_t* b, int lo0, int hi0,
-                                                      int lo1, int hi1, int live_rows, Lane ln) {
+__device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* t_rows, int t_stride, const uint8_t* b,
+                                                      int lo0, int hi0, int lo1, int hi1, int live_rows, Lane ln) {
   for (int i = 0; i < 2; ++i) {
     if (!(live_rows >> i & 1)) continue;
     const int lo = i == 0 ? lo0 : lo1, hi = i == 0 ? hi0 : hi1;
-    const bf16* t_row = st + ln.row(i) * kPLd;
+    const bf16* t_row = t_rows + i * t_stride;
     for (int nt = 0; nt < D / 8; ++nt)
       for (int e = 0; e < 2; ++e) {
         bf16 column[kTile];
@@ -260,44 +261,55 @@ __device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* st
 
 // The same on acc in registers, passed through local memory (the slow path only).
 template <int D>
-__device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* st, const uint8_t* b, const int (&lo)[2],
-                                    const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+__device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* t_rows, int t_stride, const uint8_t* b,
+                                    const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
   float in_memory[D / 8 * 4];
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) in_memory[nt * 4 + e] = acc[nt][e];
-  chain_swizzled_in_memory<D>(in_memory, st, b, lo[0], hi[0], lo[1], hi[1], int{live[0]} | int{live[1]} << 1, ln);
+  chain_swizzled_in_memory<D>(in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
+                              int{live[0]} | int{live[1]} << 1, ln);
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = in_memory[nt * 4 + e];
 }
 
-// The same from R(t) in registers, stored into st first. Every warp of the
-// warpgroup calls it (a warp-level barrier).
+// The same with the rows of R(t) in st ([row][kPLd], store_fragments' layout).
 template <int D>
-__device__ void chain_swizzled(float (&acc)[D / 8][4], const float (&t)[8][4], bf16* st, const uint8_t* b,
-                               const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
-  if (!__any_sync(kFull, live[0] || live[1])) return;
-  store_rounded(st, t, ln);
-  __syncwarp();
-  chain_swizzled_rows<D>(acc, st, b, lo, hi, live, ln);
+__device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* st, const uint8_t* b, const int (&lo)[2],
+                                    const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+  chain_swizzled_rows<D>(acc, st + ln.row(0) * kPLd, (ln.row(1) - ln.row(0)) * kPLd, b, lo, hi, live, ln);
+}
+
+// The thread's two rows of R(t) from the warp's A fragments, for
+// chain_swizzled_rows without shared memory: slot 8·nt + 2·t + e of a row is lane
+// t's pair nt in the quad. Every lane of the warp calls it.
+__device__ inline void gather_fragment_rows(uint32_t (&rows)[2][kTile / 2], const uint32_t (&frag)[4][4],
+                                            const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        rows[i][4 * nt + t] = __shfl_sync(kFull, frag[nt / 2][nt % 2 * 2 + i], (ln.lane & ~3) | t);
 }
 
 // Which operand of a block the second product reads (and the producer therefore
 // clears past the last position): V in the forward, K in dq.
 enum class BlockOperand { kKeys, kValues };
 
-// The producer: block b's keys and values into stage b % kStages once both
-// consumers have released it. The CTA's last block may reach past the last key any
+// The producer: block b's keys and values into stage b % kStages once every
+// consumer has released it. The CTA's last block may reach past the last key any
 // of its rows sees (another sequence's rows, or none): those rows of the `Cleared`
 // operand become +0 before the consumers see the block, as absent slots must be
 // for the tensor core.
-template <int D, BlockOperand Cleared>
-__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, const WsCta<D>& cta, int kvh,
-                               int kv_begin, int last_block, int hi_pos) {
-  using W = WsTile<D>;
+template <int D, BlockOperand Cleared, int Consumers>
+__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, const WsCta<D, Consumers>& cta,
+                               int kvh, int kv_begin, int last_block, int hi_pos) {
+  using W = WsTile<D, Consumers>;
   const typename W::Barriers bar(cta.barriers);
   const int lane = threadIdx.x % 32;
   constexpr bool kClearKeys = Cleared == BlockOperand::kKeys;
