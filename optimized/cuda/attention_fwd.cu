@@ -162,11 +162,11 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
   // the row's m_new ≥ bmax, so the exponent fma(z, c, −RN(m_new·c)) is at most
   // bmax·c − RN(bmax·c), half an ulp of a number below 2^31 (c < 1.45): ≤ 128, and
   // never NaN (m_new is finite or +Inf); an absent slot's is −Inf. There
-  // exp2_poly_core equals exp2_poly (math.h) without its clamp and NaN select: 3
-  // instructions a score fewer.
+  // exp2_poly_core equals exp2_poly (math.h) without its clamp and NaN select, and
+  // exp2_poly_core_floor equals it with one instruction fewer: 4 a score fewer.
   if (kBase2 && tame) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) (&s[0][0])[j] = math::exp2_poly_core((&s[0][0])[j]);
+    for (int j = 0; j < 32; ++j) (&s[0][0])[j] = exp2_poly_core_floor((&s[0][0])[j]);
   } else {
     softmax_exp_in_place<kBase2, 32>(&s[0][0]);
   }

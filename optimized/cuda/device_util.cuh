@@ -77,6 +77,16 @@ __device__ inline void exp_in_place(float* x) {
     if ((below >> j) & 1u) x[j] = math::exp(x[j]);
 }
 
+// math::exp2_poly_core with t split by one round-to-integer: j = ⌊t⌋ (FRND.FLOOR),
+// f = t − j, r = j + 1.5·2^23, three instructions where the core's split takes four
+// FADDs. The two splits differ only at an odd integer t, taken as (t, 0) here and
+// (t − 1, 1) there, and p(0) = 1, p(1) = 2 exactly; hw_truth's exp2_poly_floor row
+// compares the bits with math::exp2_poly's over all 2^32 inputs. For t ≤ 128, not NaN.
+__device__ inline float exp2_poly_core_floor(float t) {
+  const float j = floorf(t);
+  return math::detail::exp2_poly_of_split(t, add_rn(j, math::detail::kRoundShift), sub_rn(t, j));
+}
+
 // The softmax exponential of a contract generation over N values in place: v1's
 // exp (exp_in_place, whose bits are math::exp's) or v2's exp2_poly (kBase2:
 // branch-free, no slow path).

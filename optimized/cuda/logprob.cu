@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kMaxTeamThreads)
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
         t[j] = ref::exponent_base2(temp.logit(pack[j]), mc);
-        e[j] = decltype(bounded)::value ? math::exp2_poly_core(t[j]) : math::exp2_poly(t[j]);
+        e[j] = decltype(bounded)::value ? exp2_poly_core_floor(t[j]) : math::exp2_poly(t[j]);
       }
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {

@@ -345,13 +345,13 @@ BP_HD inline float exp2(float x) {
 // exp2_poly_core is exp2_poly without its clamp and NaN select: equal to it for every
 // t ≤ 128 that is not NaN (−Inf included: +0), for kernels whose exponents are known
 // to lie there (the log-softmax of a chunk with a finite or −Inf maximum).
-BP_HD inline float exp2_poly_core(float t) {
+namespace detail {
+// exp2_poly_core after its split of t: 2^f by the polynomial, j (the low bits of
+// r = j + 1.5·2^23) into the exponent field, the flush below −125. A kernel may
+// split t by other instructions where they give the same j and f (device_util.cuh).
+BP_HD inline float exp2_poly_of_split(float t, float r, float f) {
   constexpr float c1 = 0x1.62e42cp-1f, c2 = 0x1.ebfd3ap-3f, c3 = 0x1.c68af6p-5f, c4 = 0x1.3cfd82p-7f,
                   c5 = 0x1.473738p-10f, c6 = 0x1.c44580p-13f;
-  // r = RN(t − 1/2) rounded to an integer (|t| < 2^22): ⌊t⌋, or t itself for an even
-  // integer t, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
-  const float r = add_rn(sub_rn(t, 0.5f), detail::kRoundShift);
-  const float f = sub_rn(t, sub_rn(r, detail::kRoundShift));  // exact; in [0, 1] but for |t| < 2^-25
   float p = fma_rn(c6, f, c5);
   p = fma_rn(p, f, c4);
   p = fma_rn(p, f, c3);
@@ -361,6 +361,15 @@ BP_HD inline float exp2_poly_core(float t) {
   // bits(r) = 0x4B400000 + j, and 0x4B400000 << 23 vanishes modulo 2^32.
   const float y = float_of(bits_of(p) + (bits_of(r) << 23));
   return t < -125.0f ? 0.0f : y;  // t ≥ −125: j ≥ −125, a normal result (one select: no branch)
+}
+}  // namespace detail
+
+BP_HD inline float exp2_poly_core(float t) {
+  // r = RN(t − 1/2) rounded to an integer (|t| < 2^22): ⌊t⌋, or t itself for an even
+  // integer t, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
+  const float r = add_rn(sub_rn(t, 0.5f), detail::kRoundShift);
+  const float f = sub_rn(t, sub_rn(r, detail::kRoundShift));  // exact; in [0, 1] but for |t| < 2^-25
+  return detail::exp2_poly_of_split(t, r, f);
 }
 
 BP_HD inline float exp2_poly(float x) {

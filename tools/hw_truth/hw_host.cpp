@@ -384,8 +384,10 @@ namespace {
 using MathFn = float (*)(float);
 #define BP_HW_NAME(f) #f,
 #define BP_HW_PTR(f) &bp::math::f,
-const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME) "exp_batch", "bf16_cvt"};
-const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR) & bp::math::exp, &widened_round_bf16};
+const std::vector<std::string> kMathNames = {BP_HW_MATH_FUNCTIONS(BP_HW_NAME) "exp_batch", "bf16_cvt",
+                                             "exp2_poly_floor"};
+const std::vector<MathFn> kMathPtrs = {BP_HW_MATH_FUNCTIONS(BP_HW_PTR) & bp::math::exp, &widened_round_bf16,
+                                       &bp::math::exp2_poly};
 #undef BP_HW_NAME
 #undef BP_HW_PTR
 }  // namespace

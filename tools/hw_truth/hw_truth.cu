@@ -198,6 +198,14 @@ struct CvtBf16 {
   __device__ float operator()(float x) const { return __uint_as_float(bp::cuda::cvt_bf16x2_rn(x, 0.0f) << 16); }
 };
 
+// exp2_poly_floor: math::exp2_poly with the kernels' core (device_util.cuh
+// exp2_poly_core_floor), its clamp and NaN select around it.
+struct Exp2PolyFloor {
+  __device__ float operator()(float x) const {
+    return x != x ? bp::math::detail::canonical_nan() : bp::cuda::exp2_poly_core_floor(fminf(x, 128.0f));
+  }
+};
+
 // exp_batch: math::exp as the kernels evaluate it, 32 values per thread through
 // exp_in_place (the branch-free common case and the subnormal redo); n % 32 == 0.
 constexpr int kExpBatch = 32;
@@ -221,7 +229,8 @@ void launch_math(int fn, uint32_t first, uint32_t step, uint32_t n, uint32_t* ou
   BP_HW_MATH_FUNCTIONS(BP_HW_LAUNCH)
 #undef BP_HW_LAUNCH
   if (fn == id++) exp_batch_kernel<<<1024, 256>>>(first, step, n, out);
-  else math_kernel<CvtBf16><<<4096, 256>>>(first, step, n, out);
+  else if (fn == id++) math_kernel<CvtBf16><<<4096, 256>>>(first, step, n, out);
+  else math_kernel<Exp2PolyFloor><<<4096, 256>>>(first, step, n, out);
 }
 
 // ---------------------------------------------------------------------------

@@ -69,10 +69,12 @@ struct Results {
 // --- bp::math, host build ---------------------------------------------------
 // The functions compared, in one list for both sides (index = function id).
 #define BP_HW_MATH_FUNCTIONS(X) X(exp) X(exp2) X(exp2_poly) X(log) X(rsqrt) X(sigmoid) X(silu) X(sin) X(cos)
-// Two more, after those: "exp_batch", the kernels' exp (optimized/cuda/device_util.cuh
-// exp_in_place, 32 values per thread) on the device against the host's math::exp, and
+// Three more, after those: "exp_batch", the kernels' exp (optimized/cuda/device_util.cuh
+// exp_in_place, 32 values per thread) on the device against the host's math::exp;
 // "bf16_cvt", cvt.rn.bf16x2.f32 (ptx.cuh cvt_bf16x2_rn, attention's mma operands)
-// against the host's R, both widened back to fp32 (NaNs compare canonicalised).
+// against the host's R, both widened back to fp32 (NaNs compare canonicalised); and
+// "exp2_poly_floor", exp2_poly with the kernels' core (device_util.cuh
+// exp2_poly_core_floor) against the host's math::exp2_poly.
 float widened_round_bf16(float x);
 const std::vector<std::string>& math_functions();
 // out[i] = bits of f(float_of(first + i * step)) for i < n, computed with OpenMP.
