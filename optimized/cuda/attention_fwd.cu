@@ -549,9 +549,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
 // attn_fwd_kernel: a consumer's products are S = Q·Kᵀ and acc += R(P)·V. The
 // softmax is issue-bound (exp2_poly's Horner chain and the trees), so the CTA
 // hides a consumer's waits behind the other consumers' softmax (twelve consumer
-// warps a SM) rather than behind a second score array of its own: S(b + 1) goes
-// into the score registers as soon as block b's are packed into R(P) fragments,
-// and runs beside acc's rescale and the P·V product. Each consumer keeps its
+// warps a SM) rather than behind a second score array of its own: block b − 1's
+// P·V product runs on while block b's scores are issued. Each consumer keeps its
 // merged split state O in shared memory; R(P) rows for the SIMT chain are
 // gathered from the fragments (gather_fragment_rows), so the three fit in 227 KB.
 template <int D>
@@ -613,20 +612,36 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
   auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
 
-  float s[8][4];  // block b's scores, then block b + 1's
-  sm90::mbarrier_wait(&full_k[0], 0);
-  if (end >= 0) {
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(0));
-    sm90::wgmma_wait<0>();
-    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
-  }
-  warp_arrive(&empty_k[0], ln);
-
+  float s[8][4];  // block b's scores
   int split_first = 0;  // the first block of the split that block b lies in (no division a block)
+  // Block b's end once its P·V product is done: its stage of values goes back, and its
+  // split closes where the split or this warpgroup's rows end there.
+  auto finish_block = [&](int b) {
+    warp_arrive(&empty_v[b % W::kStages], ln);
+    const bool split_ends = b + 1 - split_first == a.split_blocks;
+    if (b <= end && (b == end || split_ends)) {
+      close_split(rule, split_first * kTile, pos, M, L, m, l, acc, o_at);
+      start_split_ml(m, l);
+    }
+    if (split_ends) split_first = b + 1;
+  };
+  // The scores are issued and used within a block, so they have one home: the
+  // wgmma's registers (carried from one block to the next, ptxas copied them out, 32
+  // moves a block). Block b − 1's P·V product is still in flight when block b's
+  // scores are issued; one wait takes both.
 #pragma unroll 1
   for (int b = 0; b <= last_block; ++b) {
-    const int st = b % W::kStages, next_st = (b + 1) % W::kStages, kb = b * kTile;
+    const int st = b % W::kStages, kb = b * kTile;
     const uint8_t* v = cta.b_stage(b);
+    // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
+    // never used.
+    sm90::mbarrier_wait(&full_k[st], parity(b));
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(b));
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
+    warp_arrive(&empty_k[st], ln);
+    if (b > 0) finish_block(b - 1);
     const BlockRows br(pos, kb);
     const bool mine = b <= end;
     // A split's first block starts acc from +0 in its product (scale-d = 0), instead of
@@ -644,10 +659,6 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     }
     uint32_t p[4][4];
     a_fragments(p, s);
-    // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
-    // never used, and past the CTA's a stale stage's dots are not either.
-    if (b + 1 <= last_block) sm90::mbarrier_wait(&full_k[next_st], parity(b + 1));
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(b + 1));
     if (mine && !fresh) rescale(acc, alpha, br);
     sm90::mbarrier_wait(&full_v[st], parity(b));
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
@@ -656,20 +667,15 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     // Past this warpgroup's blocks acc is no longer read.
     issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, sm90::shared_addr(v), zero_addr,
                            !mine || slow, fresh);
-    sm90::wgmma_wait<0>();
-    sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
-    if (slow)
+    if (slow) {
+      sm90::wgmma_wait<0>();
+      sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
       chain_swizzled_rows<D>(acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, {0, 0}, br.vis, br.act, ln);
-    warp_arrive(&empty_v[st], ln);
-    if (b + 1 <= last_block) warp_arrive(&empty_k[next_st], ln);
-    const bool split_ends = b + 1 - split_first == a.split_blocks;
-    if (mine && (b == end || split_ends)) {
-      close_split(rule, split_first * kTile, pos, M, L, m, l, acc, o_at);
-      start_split_ml(m, l);
     }
-    if (split_ends) split_first = b + 1;
   }
+  sm90::wgmma_wait<0>();
+  sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
+  finish_block(last_block);
   write_rows<false, D>(a, tile, task, ln, pos, 0, m, l, acc, M, L, o_at);
 }
 
