@@ -3,11 +3,10 @@
 // CTA: a producer warpgroup whose first warp copies each 64-key block's keys and
 // values by TMA into a ring of stages, and consumer warpgroups (two; three in the
 // forward), each with its own 64-slot query tile of the same sequence and kv head,
-// sharing the blocks. Both
-// products of a block are wgmma: scores Q·Kᵀ from shared memory (D/16 k16 groups
-// from +0) and acc += R(T)·B with R(T) from registers (the score layout is wgmma's
-// A fragment) and B (V in the forward, K in dq) read N-major, 4 groups from the
-// block's first slot. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
+// sharing the blocks. Both products of a block are wgmma: scores Q·Kᵀ from shared
+// memory (D/16 k16 groups from +0) and acc += R(T)·B with R(T) from registers (the
+// score layout is wgmma's A fragment) and B (V in the forward, K in dq) read
+// N-major, 4 groups from the block's first slot. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
 //
 // What the tensor core needs beyond the mma.sync kernels (attention_tile.cuh):
 //   - absent slots: 0·Inf is NaN on the tensor core, while the reference skips the
