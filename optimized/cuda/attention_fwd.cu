@@ -625,10 +625,10 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     }
     if (split_ends) split_first = b + 1;
   };
-  // The scores are issued and used within a block, so they have one home: the
-  // wgmma's registers (carried from one block to the next, ptxas copied them out, 32
-  // moves a block). Block b − 1's P·V product is still in flight when block b's
-  // scores are issued; one wait takes both.
+  // Block b's scores are issued and used within block b's step, so ptxas keeps them
+  // in the wgmma's registers (carried across blocks, they were copied out: 32 moves
+  // a block). What stays in flight across blocks is block b − 1's P·V product; the
+  // wait after block b's scores takes both.
 #pragma unroll 1
   for (int b = 0; b <= last_block; ++b) {
     const int st = b % W::kStages, kb = b * kTile;

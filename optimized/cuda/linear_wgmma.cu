@@ -6,19 +6,19 @@
 // the chunk tree unchanged — on Hopper's asynchronous path: one producer warpgroup
 // (one thread) copies 64-element reduction stages of both operands into 128-byte-
 // swizzled shared memory with TMA, and a consumer warpgroup per 64 rows of the
-// tile (two; one in the 64 × 64 tile) runs wgmma on them while the next stages arrive; bf16 outputs leave through
-// shared memory by TMA stores where the tile has room (store_by_tma). The CTAs
-// are persistent (one per SM, walking the tiles), so the next tile's stages
-// arrive during the current one's last stages and stores. The 128 × 256 tile runs on CTA pairs
-// (2-CTA clusters) where its row tiles pair up: the pair takes two row tiles of
-// one column tile, and each CTA copies half of B's boxes into both (TMA
-// multicast), so B is read from L2 once for two tiles. The stages cut the reduction
-// into consecutive 64-element pieces whatever the chunks (a chunk of 96 is 1.5
-// stages, and no element is copied twice); a consumer issues each stage's groups
-// chunk by chunk, so no group straddles two chunks as long as chunks are whole
-// groups (chunk % 16 == 0, or a single chunk); the part of a stage past the
-// reduction's end arrives as zeros, exactly the padding of gemm_tile
-// (linear_mma.cu).
+// tile (two; one in the 64 × 64 tile) runs wgmma on them while the next stages
+// arrive; bf16 outputs leave through shared memory by TMA stores where the tile has
+// room (store_by_tma). The CTAs are persistent (one per SM, walking the tiles), so
+// the next tile's stages arrive during the current one's last stages and stores.
+// The 128 × 256 tile runs on CTA pairs (2-CTA clusters) where its row tiles pair
+// up: the pair takes two row tiles of one column tile, and each CTA copies half of
+// B's boxes into both (TMA multicast), so B is read from L2 once for two tiles.
+// The stages cut the reduction into consecutive 64-element pieces whatever the
+// chunks (a chunk of 96 is 1.5 stages, and no element is copied twice); a consumer
+// issues each stage's groups chunk by chunk, so no group straddles two chunks as
+// long as chunks are whole groups (chunk % 16 == 0, or a single chunk); the part of
+// a stage past the reduction's end arrives as zeros, exactly the padding of
+// gemm_tile (linear_mma.cu).
 //
 // It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
 // whole k16 groups, M is past decode sizes and its tiles give the GPU work

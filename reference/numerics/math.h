@@ -342,9 +342,6 @@ BP_HD inline float exp2(float x) {
 // cannot decrease where j steps either. The coefficients are tools/fit_exp2_poly.py's:
 // a relative-error minimax fit on [0, 1], rounded to fp32 one coefficient at a time
 // from c1 up, the higher ones refitted after each.
-// exp2_poly_core is exp2_poly without its clamp and NaN select: equal to it for every
-// t ≤ 128 that is not NaN (−Inf included: +0), for kernels whose exponents are known
-// to lie there (the log-softmax of a chunk with a finite or −Inf maximum).
 namespace detail {
 // exp2_poly_core after its split of t: 2^f by the polynomial, j (the low bits of
 // r = j + 1.5·2^23) into the exponent field, the flush below −125. A kernel may
@@ -364,6 +361,9 @@ BP_HD inline float exp2_poly_of_split(float t, float r, float f) {
 }
 }  // namespace detail
 
+// exp2_poly_core is exp2_poly without its clamp and NaN select: equal to it for every
+// t ≤ 128 that is not NaN (−Inf included: +0), for kernels whose exponents are known
+// to lie there (the log-softmax of a chunk with a finite or −Inf maximum).
 BP_HD inline float exp2_poly_core(float t) {
   // r = RN(t − 1/2) rounded to an integer (|t| < 2^22): ⌊t⌋, or t itself for an even
   // integer t, which then takes f = 0 instead of f = 1. j sits in the low bits of r.
