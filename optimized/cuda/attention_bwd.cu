@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(const BwdArgs a) {
   float* sInvL = sM + kTile;
   float* sDelta = sInvL + kTile;
 
-  const SlotTile tile = slot_tile(a.seqs, a.tasks[blockIdx.x], a.h);
+  const SlotTile tile = slot_tile(a.seqs, a.tasks[cta_task(a.h)], a.h);
   const Lane ln;
   const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
   int pos[2];
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
   const WsCta<D> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
   const typename W::Barriers bar(cta.barriers);
 
-  const WsQueryTask qt(a.seqs, a.tasks, a.h.G, W::kSlots);
+  const WsQueryTask qt(a.seqs, a.tasks, a.h, W::kSlots);
   const AttnSeq& seq = qt.seq;
   const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
   cta.init();
@@ -357,8 +357,8 @@ __global__ void __launch_bounds__(WsDq<D>::kThreads, 1) attn_dq_ws_kernel(
     }
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(k, lo, cta_hi_pos + 1 - kb, barrier, thread);
     // Past this warpgroup's blocks acc is no longer read.
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), fds, sm90::shared_addr(k), zero_addr,
-                           !mine || slow);
+    issue_block_product_or_zero<D>(reinterpret_cast<float(&)[D / 2]>(acc), fds, sm90::shared_addr(k), zero_addr,
+                                   !mine || slow);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     if (slow && br.warp_live) {
@@ -754,10 +754,10 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
       slow = any_nonfinite_rows<D>(q, r0, r1, barrier, thread);
       slow = any_nonfinite_rows<D>(dout, r0, r1, barrier, thread) || slow;
     }
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(dv), fp, sm90::shared_addr(dout), zero_addr,
-                           !mine || slow);
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(dk), fds, sm90::shared_addr(q), zero_addr,
-                           !mine || slow);
+    issue_block_product_or_zero<D>(reinterpret_cast<float(&)[D / 2]>(dv), fp, sm90::shared_addr(dout), zero_addr,
+                                   !mine || slow);
+    issue_block_product_or_zero<D>(reinterpret_cast<float(&)[D / 2]>(dk), fds, sm90::shared_addr(q), zero_addr,
+                                   !mine || slow);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(dv));
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(dk));
@@ -918,8 +918,7 @@ void launch_dq_ws(AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
   const auto kernel = attn_dq_ws_kernel<D, kBase2>;
   constexpr size_t smem = WsDq<D>::kSmemBytes;
   BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), WsDq<D>::kThreads, smem, stream>>>(args, maps.k,
-                                                                                                   maps.v);
+  kernel<<<query_grid(tasks.size(), dims.Hkv), WsDq<D>::kThreads, smem, stream>>>(args, maps.k, maps.v);
   BP_CUDA_CHECK_LAUNCH();
 }
 
@@ -957,8 +956,7 @@ void dq_with_deltas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
       const DeviceBuffer<AttnSeq> d_seqs(std::vector<AttnSeq>(seqs, seqs + n_seqs), stream);
       const DeviceBuffer<Task> d_tasks(tasks, stream);
       const BwdArgs args{d_seqs.get(), d_tasks.get(), heads(dims), q, k, v, o, dout, m, l, dq};
-      launch(attn_dq_kernel<decltype(model), D, kBase2>, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv),
-             dq_smem<D>(), stream, args);
+      launch(attn_dq_kernel<decltype(model), D, kBase2>, query_grid(tasks.size(), dims.Hkv), dq_smem<D>(), stream, args);
     }
   });
 }

@@ -110,6 +110,37 @@ __device__ inline float n8_tile_sum(float x0, float x1) {
   return add_rn(v, __shfl_xor_sync(kFull, v, 2));
 }
 
+// pairwise_tree over the 64 slots of each of the thread's two rows, both sums in
+// every lane of the quad: level 1 pairs a lane's two columns of an n8 tile, levels
+// 2-3 the quad's lanes t ^ 1 and t ^ 2, levels 4-6 the n8 tiles. The quad shares the
+// adds instead of each lane doing all of them: at level 2 lane t keeps row t & 1
+// and hands the other row to its partner, at level 3 it keeps tiles 4·(t >> 1) ..
+// + 3 of that row, adds their levels 4-5 and meets the other four tiles at level 6
+// across t ^ 2; a last shuffle brings the other row's sum. Addition is
+// commutative, so which lane adds a pair does not change the bits. 72 instructions
+// a thread where n8_tile_sum on every tile took 94.
+__device__ inline void block_row_sums(const float (&p)[8][4], const Lane& ln, float (&u)[2]) {
+  const bool odd = ln.t & 1, upper = ln.t & 2;
+  float w[8];  // level 2 of row t & 1, tile by tile
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const float r0 = add_rn(p[nt][0], p[nt][1]), r1 = add_rn(p[nt][2], p[nt][3]);
+    const float keep = odd ? r1 : r0, send = odd ? r0 : r1;
+    w[nt] = add_rn(keep, __shfl_xor_sync(kFull, send, 1));
+  }
+  float x[4];  // level 3: tile 4·upper + k
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float keep = upper ? w[4 + k] : w[k], send = upper ? w[k] : w[4 + k];
+    x[k] = add_rn(keep, __shfl_xor_sync(kFull, send, 2));
+  }
+  const float half = add_rn(add_rn(x[0], x[1]), add_rn(x[2], x[3]));
+  const float mine = add_rn(half, __shfl_xor_sync(kFull, half, 2));
+  const float other = __shfl_xor_sync(kFull, mine, 1);
+  u[0] = odd ? other : mine;
+  u[1] = odd ? mine : other;
+}
+
 // Reference steps 2-3 on the thread's rows, given the block maximum bmax: the new
 // running maximum, its scaled form, and α = exp(scaled old − scaled new). exp(+0) = 1
 // is α of a row that does not see the block (for exp2_poly too).
@@ -170,23 +201,14 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
   } else {
     softmax_exp_in_place<kBase2, 32>(&s[0][0]);
   }
-  // pairwise_tree over the 64 slots: levels 1-3 within each n8 tile (n8_tile_sum),
-  // levels 4-6 pair the n8 tiles in the thread.
+  float u[2];
+  block_row_sums(s, ln, u);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float u[8];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) u[nt] = n8_tile_sum(s[nt][2 * i], s[nt][2 * i + 1]);
-#pragma unroll
-    for (int level = 0; level < 3; ++level)  // widths 4, 2, 1
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (j < (4 >> level)) u[j] = add_rn(u[2 * j], u[2 * j + 1]);
+  for (int i = 0; i < 2; ++i)
     if (br.act[i]) {
-      l[i] = fma_rn(alpha[i], l[i], u[0]);
+      l[i] = fma_rn(alpha[i], l[i], u[i]);
       m[i] = m_new[i];
     }
-  }
 }
 
 // Reference step 5's acc × α for the rows that see the block. Skipped where every
@@ -302,8 +324,7 @@ __device__ void write_rows(const FwdArgs& a, const SlotTile& tile, const Task& t
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
         *reinterpret_cast<uint32_t*>(a.o + row * D + ln.col(nt, 0)) =
-            round_bf16(div_rn(o_at(nt, 2 * i), L[i])).bits |
-            (static_cast<uint32_t>(round_bf16(div_rn(o_at(nt, 2 * i + 1), L[i])).bits) << 16);
+            round_bf16x2(div_rn(o_at(nt, 2 * i), L[i]), div_rn(o_at(nt, 2 * i + 1), L[i]));
       if (ln.t == 0) {
         a.m[row] = M[i];
         a.l[row] = L[i];
@@ -323,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
   bf16* sP = sV + kTile * LD;                                // R(P) rows for the SIMT contraction
   float* sO = reinterpret_cast<float*>(sP + kTile * kPLd);  // merged O, thread-private (merged schedule)
 
-  const Task task = kSplitCtas ? split_task(a.split_tiles, a.n_split_tiles, blockIdx.x) : a.tasks[blockIdx.x];
+  const Task task = kSplitCtas ? split_task(a.split_tiles, a.n_split_tiles, cta_task(a.h)) : a.tasks[cta_task(a.h)];
   const SlotTile tile = slot_tile(a.seqs, task, a.h);
   const Lane ln;
   const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
@@ -417,11 +438,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
   const int warp = threadIdx.x / 32;
   const Lane ln(threadIdx.x % 32);  // every warp holds the tile's 16 rows: row(i) = g + 8i
 
-  // The kv heads of a task are neighbouring CTAs: together they read whole key rows
-  // (Hkv · D contiguous bf16) at about the same time.
-  const Task task = split_task(a.split_tiles, a.n_split_tiles, blockIdx.x / a.h.Hkv);
+  // The kv heads of a task are neighbouring CTAs (query_grid): together they read
+  // whole key rows (Hkv · D contiguous bf16) at about the same time.
+  const Task task = split_task(a.split_tiles, a.n_split_tiles, cta_task(a.h));
   const AttnSeq seq = a.seqs[task.seq];
-  const SlotTile tile{seq, a.h.G, a.h.Hq, static_cast<int>(blockIdx.x % a.h.Hkv), task.slot0,
+  const SlotTile tile{seq, a.h.G, a.h.Hq, cta_kv_head(a.h), task.slot0,
                       min(seq.q_len * a.h.G, task.slot0 + kDecodeSlots)};  // the tile ends after 16 slots
   const int lo_pos = tile.min_pos(), hi_pos = tile.max_pos();
   int pos[2];
@@ -576,7 +597,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const typename W::Barriers bar(cta.barriers);
   uint64_t *full_k = bar.full_a, *full_v = bar.full_b, *empty_k = bar.empty_a, *empty_v = bar.empty_b;
 
-  const WsQueryTask qt(a.seqs, a.tasks, a.h.G, W::kSlots);
+  const WsQueryTask qt(a.seqs, a.tasks, a.h, W::kSlots);
   const Task& task = qt.task;
   const AttnSeq& seq = qt.seq;
   const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
@@ -609,7 +630,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   start_split(m, l, acc);
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
-  const uint32_t q_addr = sm90::shared_addr(sQ), zero_addr = sm90::shared_addr(cta.zeros);
+  const uint32_t q_addr = sm90::shared_addr(sQ);
   auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
 
   float s[8][4];  // block b's scores
@@ -662,15 +683,24 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     if (mine && !fresh) rescale(acc, alpha, br);
     sm90::mbarrier_wait(&full_v[st], parity(b));
     const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
-    uint32_t slow_rows[2][kTile / 2];  // R(P)'s rows for the SIMT chain, gathered before p's registers are reused
-    if (slow) gather_fragment_rows(slow_rows, p, ln);
-    // Past this warpgroup's blocks acc is no longer read.
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, sm90::shared_addr(v), zero_addr,
-                           !mine || slow, fresh);
+    // The SIMT chain's operands, taken before the product: R(P)'s rows (p's
+    // registers are reused) and acc as the block starts (+0 for a split's first).
+    uint32_t slow_rows[2][kTile / 2];
+    float slow_acc[D / 2];
+    if (slow) {
+      gather_fragment_rows(slow_rows, p, ln);
+      acc_to_memory(slow_acc, acc, fresh);
+    }
+    // Unconditional, on whatever p holds: past this warpgroup's blocks acc is no longer
+    // read, and a slow block's product is replaced by the chain's. (A select of +0
+    // operands for those blocks cost 20 instructions a block on the fast path.)
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, sm90::shared_addr(v), fresh);
     if (slow) {
       sm90::wgmma_wait<0>();
       sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-      chain_swizzled_rows<D>(acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, {0, 0}, br.vis, br.act, ln);
+      chain_swizzled_in_memory<D>(slow_acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, 0, br.vis[0], 0,
+                                  br.vis[1], int{br.act[0]} | int{br.act[1]} << 1, ln);
+      acc_from_memory(acc, slow_acc);
     }
   }
   sm90::wgmma_wait<0>();
@@ -784,7 +814,7 @@ void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
       kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, maps.k, maps.v);
       BP_CUDA_CHECK_LAUNCH();
     } else if constexpr (kSplitCtas && on_decode_warps(decltype(model)::kModel, D)) {
-      launch(attn_decode_kernel<D, kBase2>, dim3(grid.x * grid.y), sizeof(DecodeSmem<D>), stream, args);
+      launch(attn_decode_kernel<D, kBase2>, grid, sizeof(DecodeSmem<D>), stream, args);
     } else {
       launch(attn_fwd_kernel<decltype(model), D, kSplitCtas, kBase2>, grid, fwd_smem<D>(kSplitCtas), stream, args);
     }
@@ -813,7 +843,7 @@ void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
   const DeviceBuffer<int32_t> d_table(table, stream);
   args.seqs = reinterpret_cast<const AttnSeq*>(d_table.get() + seqs_at);
   args.tasks = reinterpret_cast<const Task*>(d_table.get() + tasks_at);
-  launch_fwd<false>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(tasks.size()), dims.Hkv), stream, args);
+  launch_fwd<false>(kn, dims, seqs, n_seqs, query_grid(tasks.size(), dims.Hkv), stream, args);
 }
 
 // Flash-decoding: one CTA per (split, tile, kv head) writes the split's partial and
@@ -848,7 +878,7 @@ void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
   DeviceBuffer<float> partials(slots * (dims.D + 2), stream);
   args.part_acc = partials.get();
   args.part_ml = partials.get() + slots * dims.D;
-  launch_fwd<true>(kn, dims, seqs, n_seqs, dim3(static_cast<unsigned>(plan.n_tasks), dims.Hkv), stream, args);
+  launch_fwd<true>(kn, dims, seqs, n_seqs, query_grid(plan.n_tasks, dims.Hkv), stream, args);
   const auto combine = kn.softmax_exp == SoftmaxExp::kExp2Poly ? fwd_combine_kernel<true> : fwd_combine_kernel<false>;
   const size_t smem = combine_smem(args.max_splits);
   if (smem > 48 * 1024)  // contexts past 1.2 M keys at splits of 512

@@ -274,9 +274,17 @@ struct Heads {
 };
 
 
+// A query-side grid: one CTA a (task, kv head), a task's kv heads side by side, so
+// the tasks' longest-first order (tiles_longest_first) holds across the heads. With
+// the heads as the grid's y, every head's longest tasks started only after the
+// previous head's shortest, and the last head's made the tail.
+inline dim3 query_grid(size_t n_tasks, int Hkv) { return dim3(static_cast<unsigned>(n_tasks * Hkv)); }
+__device__ inline int cta_task(const Heads& h) { return static_cast<int>(blockIdx.x) / h.Hkv; }
+__device__ inline int cta_kv_head(const Heads& h) { return static_cast<int>(blockIdx.x) % h.Hkv; }
+
 __device__ inline SlotTile slot_tile(const AttnSeq* seqs, const Task& task, const Heads& h) {
   const AttnSeq s = seqs[task.seq];
-  return {s, h.G, h.Hq, static_cast<int>(blockIdx.y), task.slot0, s.q_len * h.G};
+  return {s, h.G, h.Hq, cta_kv_head(h), task.slot0, s.q_len * h.G};
 }
 
 // Block b of the sequence's keys (or values) at kv head kvh; keys past `last` are

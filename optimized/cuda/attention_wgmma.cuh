@@ -15,7 +15,9 @@
 //     chain for that block (chain_swizzled_rows).
 //   - ptxas serialises every wgmma of a kernel when one is branched around (C7514),
 //     so both issues are unconditional: a block that is not the warpgroup's issues
-//     R(T) = +0 against 1024 zero bytes, which leaves acc as it is.
+//     its product on whatever its registers hold where acc is no longer read (the
+//     forward), or R(T) = +0 against 1024 zero bytes, which leaves acc as it is
+//     (dq, dk/dv: acc is read after such blocks).
 #pragma once
 #include <cuda.h>
 
@@ -177,28 +179,17 @@ __device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
   sm90::wgmma_commit();
 }
 
-// Issues acc += A·B over the block's 64 slots, A the bf16 fragments of R(t) (4 k16
-// groups, a_fragments' layout), groups of 16 in increasing order, with B at `b` (a
-// stage of the ring), or, where zero_block, A = +0 against the CTA's zero bytes
-// (descriptor strides 0: every core matrix reads them), which leaves acc as it is.
-// Where from_zero, the chain starts from +0 instead of acc (scale-d = 0 on the first
-// group, as issue_scores'). Unconditional (C7514, above).
+// Issues acc += A·B over the block's 64 slots as one commit group: A's bf16
+// fragments (4 k16 groups, a_fragments' layout) and B's group descriptors given,
+// groups of 16 in increasing order. Where from_zero, the chain starts from +0
+// instead of acc (scale-d = 0 on the first group, as issue_scores').
+// Unconditional (C7514, above). A's registers and the descriptors are chosen before
+// the fence: selected between the wgmmas, ptxas serialised every wgmma of the kernel
+// (C7520, behind a warpgroup.arrive it put on a divergent path); cmake/nvcc_guard
+// fails such a build.
 template <int D>
-__device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, uint32_t zeros,
-                                    bool zero_block, bool from_zero = false) {
-  using W = WsTile<D>;
-  // A's registers (and the descriptors) are chosen before the fence: selected between the wgmmas, ptxas
-  // serialised every wgmma of the kernel (C7520, behind a warpgroup.arrive it put
-  // on a divergent path); cmake/nvcc_guard now fails such a build.
-  uint32_t a[4][4];
-  uint64_t desc[4];
-  const uint64_t b0 = W::n_major(b), zero_desc = sm90::swizzled_descriptor(zeros, 0, 0);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[kk][r] = zero_block ? 0u : frag[kk][r];
-    desc[kk] = zero_block ? zero_desc : W::n_major(b0, kk);
-  }
+__device__ void issue_fragment_product(float (&acc)[D / 2], const uint32_t (&a)[4][4], const uint64_t (&desc)[4],
+                                       bool from_zero) {
   sm90::fence_accumulators(acc);
   sm90::wgmma_fence();
 #pragma unroll
@@ -209,12 +200,36 @@ __device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[
   }
   sm90::wgmma_commit();
 }
+
+// acc += R(t)·B with B at `b` (a stage of the ring), A the fragments of R(t).
 template <int D>
-__device__ void issue_block_product(float (&acc)[D / 2], const float (&t)[8][4], uint32_t b, uint32_t zeros,
-                                    bool zero_block, bool from_zero = false) {
-  uint32_t frag[4][4];
-  a_fragments(frag, t);
-  issue_block_product<D>(acc, frag, b, zeros, zero_block, from_zero);
+__device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, bool from_zero) {
+  using W = WsTile<D>;
+  uint64_t desc[4];
+  const uint64_t b0 = W::n_major(b);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) desc[kk] = W::n_major(b0, kk);
+  issue_fragment_product<D>(acc, frag, desc, from_zero);
+}
+
+// The same, or, where zero_block, A = +0 against the CTA's zero bytes (descriptor
+// strides 0: every core matrix reads them), which leaves acc as it is: 20 selects a
+// block on the fast path, for kernels that read acc after a block they may not
+// multiply (the SIMT chain redoes it).
+template <int D>
+__device__ void issue_block_product_or_zero(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b,
+                                            uint32_t zeros, bool zero_block) {
+  using W = WsTile<D>;
+  uint32_t a[4][4];
+  uint64_t desc[4];
+  const uint64_t b0 = W::n_major(b), zero_desc = sm90::swizzled_descriptor(zeros, 0, 0);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = zero_block ? 0u : frag[kk][r];
+    desc[kk] = zero_block ? zero_desc : W::n_major(b0, kk);
+  }
+  issue_fragment_product<D>(acc, a, desc, false);
 }
 
 // Whether a row in [lo, hi) of a swizzled tile is Inf or NaN: then the block takes
@@ -258,21 +273,31 @@ __device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* t_
   }
 }
 
+// acc to and from chain_swizzled_in_memory's copy (+0 where from_zero).
+template <int NT>
+__device__ void acc_to_memory(float* in_memory, const float (&acc)[NT][4], bool from_zero = false) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) in_memory[nt * 4 + e] = from_zero ? 0.0f : acc[nt][e];
+}
+template <int NT>
+__device__ void acc_from_memory(float (&acc)[NT][4], const float* in_memory) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = in_memory[nt * 4 + e];
+}
+
 // The same on acc in registers, passed through local memory (the slow path only).
 template <int D>
 __device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* t_rows, int t_stride, const uint8_t* b,
                                     const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
   float in_memory[D / 8 * 4];
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) in_memory[nt * 4 + e] = acc[nt][e];
+  acc_to_memory(in_memory, acc);
   chain_swizzled_in_memory<D>(in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
                               int{live[0]} | int{live[1]} << 1, ln);
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = in_memory[nt * 4 + e];
+  acc_from_memory(acc, in_memory);
 }
 
 // The same with the rows of R(t) in st ([row][kPLd], store_fragments' layout).
@@ -339,15 +364,15 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
   }
 }
 
-// A query-side CTA's work (forward, dq): the task's slots of one sequence at kv head
-// blockIdx.y, the last position any of its rows sees, and that position's block.
+// A query-side CTA's work (forward, dq): its task's slots of one sequence at its kv
+// head (query_grid), the last position any of its rows sees, and that position's block.
 struct WsQueryTask {
   Task task;
   AttnSeq seq;
   int kvh, n_slots, hi_pos, last_block;
-  __device__ WsQueryTask(const AttnSeq* seqs, const Task* tasks, int G, int slots)
-      : task(tasks[blockIdx.x]), seq(seqs[task.seq]), kvh(static_cast<int>(blockIdx.y)), n_slots(seq.q_len * G) {
-    hi_pos = seq.past_len + (min(task.slot0 + slots, n_slots) - 1) / G;
+  __device__ WsQueryTask(const AttnSeq* seqs, const Task* tasks, const Heads& h, int slots)
+      : task(tasks[cta_task(h)]), seq(seqs[task.seq]), kvh(cta_kv_head(h)), n_slots(seq.q_len * h.G) {
+    hi_pos = seq.past_len + (min(task.slot0 + slots, n_slots) - 1) / h.G;
     last_block = hi_pos / kTile;
   }
 };

@@ -294,6 +294,21 @@ TEST_P(AttentionGpu, EdgeValuesMatchReference) {
   }
 }
 
+// A non-finite value that a row of the diagonal block must not see sends the block
+// to the SIMT chain (0·Inf is NaN on the tensor core). Where that block starts a
+// split after the first, the chain starts from +0: the warpgroup forward carries
+// acc across the split's end and starts each split in the product instead.
+TEST_P(AttentionGpu, NonFiniteValueInASplitsFirstBlockMatchesReference) {
+  Knobs kn = knobs();
+  kn.attn_kv_split = 128;  // block 2 (keys 128..191) starts the second split
+  uint64_t seed = 6100;
+  for (AttnDims d : {AttnDims{4, 2, 64}, AttnDims{8, 1, 128}}) {
+    Problem p = make_problem(d, packed({{0, 150}}), ++seed);
+    p.v[size_t(140) * d.Hkv * d.D + 1].bits = 0x7f80;  // value 140, kv head 0: +Inf
+    expect_matches(kn, p, "Inf value in the second split's first block");
+  }
+}
+
 // The context-parallel stages on their own: a sequence with a prefix (chunks from
 // past_len / C), partials and the combine against the reference's. The combine runs
 // over all ⌈S/C⌉ chunks, those before past_len / C +0 (no query falls in them).
