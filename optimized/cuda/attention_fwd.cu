@@ -607,7 +607,10 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       }))
     return;
 
-  const int consumer = threadIdx.x / 128 - 1, barrier = 1 + consumer, thread = threadIdx.x % 128;
+  // From lane 0, so that ptxas sees it warp-uniform and builds the query tile's
+  // wgmma descriptors in uniform registers (CUTLASS's canonical_warp_group_idx).
+  const int consumer = __shfl_sync(kFull, threadIdx.x / 128, 0) - 1;
+  const int barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();
   uint8_t* sQ = cta.tiles + consumer * W::kTileBytes;
   float* sO = reinterpret_cast<float*>(cta.extra + consumer * W::kConsumerExtra);
@@ -631,7 +634,9 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
   const uint32_t q_addr = sm90::shared_addr(sQ);
-  auto k_addr = [&](int b) { return sm90::shared_addr(cta.a_stage(b)); };
+  // A stage's address from lane 0, for the same reason as `consumer`: ptxas then
+  // forms its descriptors in uniform registers.
+  auto stage_addr = [&](const uint8_t* stage) { return __shfl_sync(kFull, sm90::shared_addr(stage), 0); };
 
   float s[8][4];  // block b's scores
   int split_first = 0;  // the first block of the split that block b lies in (no division a block)
@@ -657,7 +662,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
     // never used.
     sm90::mbarrier_wait(&full_k[st], parity(b));
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, k_addr(b));
+    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, stage_addr(cta.a_stage(b)));
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
     sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
@@ -694,7 +699,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     // Unconditional, on whatever p holds: past this warpgroup's blocks acc is no longer
     // read, and a slow block's product is replaced by the chain's. (A select of +0
     // operands for those blocks cost 20 instructions a block on the fast path.)
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, sm90::shared_addr(v), fresh);
+    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, stage_addr(v), fresh);
     if (slow) {
       sm90::wgmma_wait<0>();
       sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
