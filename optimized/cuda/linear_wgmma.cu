@@ -191,7 +191,12 @@ struct WarpgroupDot {
   // only zero products, which take no part (SPEC §2.3: acc stays as it is; those
   // before a fresh kk0 are discarded by its scale-d = 0). A wgmma under a branch
   // gets a warpgroup.arrive injected before it (ptxas C7519).
+  // The stage's addresses are taken from lane 0 (and `consumer` is so too), so that
+  // ptxas sees them warp-uniform and forms the descriptors in uniform registers
+  // instead of moving each one there (R2UR).
   __device__ void step(uint32_t tile_a, uint32_t tile_b, uint32_t zeros, int kk0, int kk1, bool fresh) {
+    tile_a = __shfl_sync(0xffffffffu, tile_a, 0);
+    tile_b = __shfl_sync(0xffffffffu, tile_b, 0);
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
     const uint64_t zero = sm90::swizzled_descriptor(zeros, 0, 0);
     const uint64_t a0 = OpA::descriptor(a, 0), b0 = OpB::descriptor(tile_b, 0);
@@ -396,8 +401,10 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   for (int s = 0; s < stages; ++s) {
     const int slot = ring.slot(s);
     sm90::mbarrier_wait(sm.full_at(slot), ring.round(s) & 1);
-    dot.step(sm.a_at(slot), sm.b_at(slot), sm.zeros_at, 0,
-             (p.red - s * kWgBK + 15) / 16, false);
+    // Every group of every stage: past the reduction's end TMA filled both operands'
+    // boxes with zeros, whose products take no part, as the zero bytes' would (no
+    // select of the descriptors a stage).
+    dot.step(sm.a_at(slot), sm.b_at(slot), sm.zeros_at, 0, kWgBK / 16, false);
     dot.template wait<1>();
     stage.keep_only(slot);
   }
@@ -469,7 +476,7 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
   }
   __syncthreads();  // the zeros
   if constexpr (Cfg::kCluster > 1) sm90::cluster_sync_after_barrier_init();
-  const int group = threadIdx.x / 128;
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // uniform (WarpgroupDot::step)
   const int first_unit = blockIdx.x / Cfg::kCluster, unit_stride = gridDim.x / Cfg::kCluster;
   StageRing<Cfg> ring{0};
   if (group == 0) {
