@@ -608,9 +608,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
       }))
     return;
 
-  // From lane 0, so that ptxas sees it warp-uniform and builds the query tile's
-  // wgmma descriptors in uniform registers (CUTLASS's canonical_warp_group_idx).
-  const int consumer = __shfl_sync(kFull, threadIdx.x / 128, 0) - 1;
+  const int consumer = static_cast<int>(sm90::warp_uniform(threadIdx.x / 128)) - 1;
   const int barrier = 1 + consumer, thread = threadIdx.x % 128;
   const auto rule = a.h.rule<kBase2>();
   uint8_t* sQ = cta.tiles + consumer * W::kTileBytes;
@@ -635,9 +633,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   auto o_at = [&](int nt, int e) -> float& { return sO[(nt * 4 + e) * 128 + thread]; };
   auto parity = [](int b) { return static_cast<uint32_t>((b / W::kStages) & 1); };
   const uint32_t q_addr = sm90::shared_addr(sQ);
-  // A stage's address from lane 0, for the same reason as `consumer`: ptxas then
-  // forms its descriptors in uniform registers.
-  auto stage_addr = [&](const uint8_t* stage) { return __shfl_sync(kFull, sm90::shared_addr(stage), 0); };
+  auto stage_addr = [&](const uint8_t* stage) { return sm90::warp_uniform(sm90::shared_addr(stage)); };
 
   float s[8][4];  // block b's scores
   int split_first = 0;  // the first block of the split that block b lies in (no division a block)
@@ -704,8 +700,8 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     if (slow) {
       sm90::wgmma_wait<0>();
       sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-      chain_swizzled_in_memory<D>(slow_acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, 0, br.vis[0], 0,
-                                  br.vis[1], int{br.act[0]} | int{br.act[1]} << 1, ln);
+      chain_swizzled_rows<D>(slow_acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, {0, 0}, br.vis, br.act,
+                             ln);
       acc_from_memory(acc, slow_acc);
     }
   }

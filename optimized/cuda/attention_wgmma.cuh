@@ -289,14 +289,21 @@ __device__ void acc_from_memory(float (&acc)[NT][4], const float* in_memory) {
     for (int e = 0; e < 4; ++e) acc[nt][e] = in_memory[nt * 4 + e];
 }
 
+// The same with row i's slots [lo_i, hi_i) where live_i.
+template <int D>
+__device__ void chain_swizzled_rows(float* acc_in_memory, const bf16* t_rows, int t_stride, const uint8_t* b,
+                                    const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
+  chain_swizzled_in_memory<D>(acc_in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
+                              int{live[0]} | int{live[1]} << 1, ln);
+}
+
 // The same on acc in registers, passed through local memory (the slow path only).
 template <int D>
 __device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* t_rows, int t_stride, const uint8_t* b,
                                     const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
   float in_memory[D / 8 * 4];
   acc_to_memory(in_memory, acc);
-  chain_swizzled_in_memory<D>(in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
-                              int{live[0]} | int{live[1]} << 1, ln);
+  chain_swizzled_rows<D>(in_memory, t_rows, t_stride, b, lo, hi, live, ln);
   acc_from_memory(acc, in_memory);
 }
 

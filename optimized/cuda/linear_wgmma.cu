@@ -191,12 +191,10 @@ struct WarpgroupDot {
   // only zero products, which take no part (SPEC §2.3: acc stays as it is; those
   // before a fresh kk0 are discarded by its scale-d = 0). A wgmma under a branch
   // gets a warpgroup.arrive injected before it (ptxas C7519).
-  // The stage's addresses are taken from lane 0 (and `consumer` is so too), so that
-  // ptxas sees them warp-uniform and forms the descriptors in uniform registers
-  // instead of moving each one there (R2UR).
+  // The stage's addresses (and `consumer`) are warp_uniform: uniform descriptors.
   __device__ void step(uint32_t tile_a, uint32_t tile_b, uint32_t zeros, int kk0, int kk1, bool fresh) {
-    tile_a = __shfl_sync(0xffffffffu, tile_a, 0);
-    tile_b = __shfl_sync(0xffffffffu, tile_b, 0);
+    tile_a = sm90::warp_uniform(tile_a);
+    tile_b = sm90::warp_uniform(tile_b);
     const uint32_t a = tile_a + consumer * kBoxBytes;  // this group's 64 rows: 64 K-major rows or one box
     const uint64_t zero = sm90::swizzled_descriptor(zeros, 0, 0);
     const uint64_t a0 = OpA::descriptor(a, 0), b0 = OpB::descriptor(tile_b, 0);
@@ -476,7 +474,7 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
   }
   __syncthreads();  // the zeros
   if constexpr (Cfg::kCluster > 1) sm90::cluster_sync_after_barrier_init();
-  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // uniform (WarpgroupDot::step)
+  const int group = sm90::warp_uniform(static_cast<int>(threadIdx.x) / 128);  // WarpgroupDot::step's descriptors
   const int first_unit = blockIdx.x / Cfg::kCluster, unit_stride = gridDim.x / Cfg::kCluster;
   StageRing<Cfg> ring{0};
   if (group == 0) {

@@ -203,6 +203,15 @@ __device__ inline uint64_t descriptor_plus(uint64_t desc, uint32_t bytes) {
   return (desc & 0xffffffff00000000ull) | lo;
 }
 
+// x, which every lane of the warp holds alike, taken from lane 0: ptxas then knows
+// it warp-uniform and forms what derives from it (the wgmma descriptors of a stage
+// or a warpgroup's tile) in uniform registers, instead of moving each word there
+// (R2UR). CUTLASS's canonical_warp_group_idx does the same. Every lane calls it.
+template <class T>
+__device__ inline T warp_uniform(T x) {
+  return __shfl_sync(0xffffffffu, x, 0);
+}
+
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int Pending>
