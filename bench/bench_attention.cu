@@ -1,6 +1,8 @@
 // bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
 // heads, head_dim 128), both v1 contracts and sm90-tc v2:
 //   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8), and 16384 (batch 1);
+//           also sm90-tc v2 with attn_kv_block 128 (impl bf16-sm90tc-v2+kv128: issue 19
+//           item 3's measurement of 128 against the contract's 64);
 //   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys;
 //   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
 //           tokens, from the forward's own o, m and l.
@@ -43,11 +45,21 @@ constexpr ref::AttnDims kDims{32, 4, 128};  // Qwen3-30B-A3B
 using bench::Options;
 
 // `batch` sequences of q_len queries after kv_len − q_len cached keys each.
+// The knobs an impl names: a contract, or "+kv128" after one for its knobs with
+// attn_kv_block 128.
+Knobs impl_knobs(const std::string& impl) {
+  const std::string wide = "+kv128";
+  const bool wide_blocks = impl.size() > wide.size() && impl.compare(impl.size() - wide.size(), wide.size(), wide) == 0;
+  Knobs kn = find_contract(wide_blocks ? impl.substr(0, impl.size() - wide.size()) : impl)->knobs;
+  if (wide_blocks) kn.attn_kv_block = 128;
+  return kn;
+}
+
 void bench_case(const Options& opt, const std::string& contract, const char* kind, int batch, int q_len, int kv_len) {
   const std::string label = std::string(kind) + "/" + contract + "/" + std::to_string(batch) + "x" +
                             std::to_string(q_len) + "x" + std::to_string(kv_len);
   if (!opt.selected(label)) return;
-  const Knobs& kn = find_contract(contract)->knobs;
+  const Knobs kn = impl_knobs(contract);
   std::vector<ref::AttnSeq> seqs;
   for (int b = 0; b < batch; ++b) seqs.push_back({b * q_len, q_len, kv_len - q_len, b * kv_len});
   const size_t q_elems = size_t(batch) * q_len * kDims.Hq * kDims.D;
@@ -101,6 +113,9 @@ int run(const Options& opt) {
       for (int cache : {1024, 8192, 32768}) bench_case(opt, c, "decode", batch, 1, cache);
     for (int T : {1024, 4096}) bench_case(opt, c, "backward", 1, T, T);
   }
+  for (int batch : {1, 8})
+    for (int T : {1024, 4096}) bench_case(opt, "bf16-sm90tc-v2+kv128", "extend", batch, T, T);
+  bench_case(opt, "bf16-sm90tc-v2+kv128", "extend", 1, 16384, 16384);
   return kExitExact;
 }
 

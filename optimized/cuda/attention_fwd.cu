@@ -65,17 +65,22 @@ __device__ inline float of_max_key(int32_t key) {
 // gets the least key, so it is ignored; the key map is its own inverse).
 // Returns whether the block is tame: for every row of the warp no state value is NaN
 // and |maximum| < 2^30 (softmax_block's exponents are then ≤ 128 and not NaN).
-__device__ inline bool block_max(float (&bmax)[2], const float (&s)[8][4]) {
+// Levels of a tree that halves 2·n values to one (n a power of two).
+__host__ __device__ constexpr int halving_levels(int n) { return n <= 1 ? 1 : 1 + halving_levels(n / 2); }
+
+template <int NT>
+__device__ bool block_max(float (&bmax)[2], const float (&s)[NT][4]) {
+  constexpr int kLevels = halving_levels(NT);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float t[16];
+    float t[2 * NT];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) t[j] = s[j / 2][2 * i + j % 2];
+    for (int j = 0; j < 2 * NT; ++j) t[j] = s[j / 2][2 * i + j % 2];
 #pragma unroll
-    for (int level = 0; level < 4; ++level)  // widths 8, 4, 2, 1: constant trip counts keep t in registers
+    for (int level = 0; level < kLevels; ++level)  // widths NT, …, 1: constant trip counts keep t in registers
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < (8 >> level)) t[j] = fmax_nan(t[j], t[j + (8 >> level)]);
+      for (int j = 0; j < NT; ++j)
+        if (j < (NT >> level)) t[j] = fmax_nan(t[j], t[j + (NT >> level)]);
     float r = fmax_nan(t[0], __shfl_xor_sync(kFull, t[0], 1));
     bmax[i] = fmax_nan(r, __shfl_xor_sync(kFull, r, 2));
   }
@@ -84,14 +89,14 @@ __device__ inline bool block_max(float (&bmax)[2], const float (&s)[8][4]) {
   if (__any_sync(kFull, inexact)) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      int32_t t[16];
+      int32_t t[2 * NT];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) t[j] = max_key(s[j / 2][2 * i + j % 2]);
+      for (int j = 0; j < 2 * NT; ++j) t[j] = max_key(s[j / 2][2 * i + j % 2]);
 #pragma unroll
-      for (int level = 0; level < 4; ++level)
+      for (int level = 0; level < kLevels; ++level)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < (8 >> level)) t[j] = max(t[j], t[j + (8 >> level)]);
+        for (int j = 0; j < NT; ++j)
+          if (j < (NT >> level)) t[j] = max(t[j], t[j + (NT >> level)]);
       int32_t key = max(t[0], total_order_key(neg_inf()));
       key = max(key, __shfl_xor_sync(kFull, key, 1));
       key = max(key, __shfl_xor_sync(kFull, key, 2));
@@ -110,32 +115,40 @@ __device__ inline float n8_tile_sum(float x0, float x1) {
   return add_rn(v, __shfl_xor_sync(kFull, v, 2));
 }
 
-// pairwise_tree over the 64 slots of each of the thread's two rows, both sums in
+// pairwise_tree over the 8·NT slots of each of the thread's two rows, both sums in
 // every lane of the quad: level 1 pairs a lane's two columns of an n8 tile, levels
-// 2-3 the quad's lanes t ^ 1 and t ^ 2, levels 4-6 the n8 tiles. The quad shares the
-// adds instead of each lane doing all of them: at level 2 lane t keeps row t & 1
-// and hands the other row to its partner, at level 3 it keeps tiles 4·(t >> 1) ..
-// + 3 of that row, adds their levels 4-5 and meets the other four tiles at level 6
-// across t ^ 2; a last shuffle brings the other row's sum. Addition is
-// commutative, so which lane adds a pair does not change the bits. The selects cost
-// what the halved shuffles and adds save at levels 2-3; levels 4-6 are the gain
-// (ncu: 25 instructions fewer a warp-block than n8_tile_sum on every tile).
-__device__ inline void block_row_sums(const float (&p)[8][4], const Lane& ln, float (&u)[2]) {
+// 2-3 the quad's lanes t ^ 1 and t ^ 2, the levels above the NT n8 tiles. The quad
+// shares the adds instead of each lane doing all of them: at level 2 lane t keeps
+// row t & 1 and hands the other row to its partner, at level 3 it keeps the half
+// of the tiles (t >> 1) of that row, adds their levels up to one sum and meets the
+// other half's at the top level across t ^ 2; a last shuffle brings the other
+// row's sum. Addition is commutative, so which lane adds a pair does not change the
+// bits. The selects cost what the halved shuffles and adds save at levels 2-3; the
+// levels above are the gain (ncu, 64 slots: 25 instructions fewer a warp-block than
+// n8_tile_sum on every tile).
+template <int NT>
+__device__ void block_row_sums(const float (&p)[NT][4], const Lane& ln, float (&u)[2]) {
+  constexpr int kHalf = NT / 2;
   const bool odd = ln.t & 1, upper = ln.t & 2;
-  float w[8];  // level 2 of row t & 1, tile by tile
+  float w[NT];  // level 2 of row t & 1, tile by tile
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     const float r0 = add_rn(p[nt][0], p[nt][1]), r1 = add_rn(p[nt][2], p[nt][3]);
     const float keep = odd ? r1 : r0, send = odd ? r0 : r1;
     w[nt] = add_rn(keep, __shfl_xor_sync(kFull, send, 1));
   }
-  float x[4];  // level 3: tile 4·upper + k
+  float x[kHalf];  // level 3: tile kHalf·upper + k
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float keep = upper ? w[4 + k] : w[k], send = upper ? w[k] : w[4 + k];
+  for (int k = 0; k < kHalf; ++k) {
+    const float keep = upper ? w[kHalf + k] : w[k], send = upper ? w[k] : w[kHalf + k];
     x[k] = add_rn(keep, __shfl_xor_sync(kFull, send, 2));
   }
-  const float half = add_rn(add_rn(x[0], x[1]), add_rn(x[2], x[3]));
+#pragma unroll
+  for (int level = 1; level < halving_levels(kHalf); ++level)  // the levels above, neighbours paired
+#pragma unroll
+    for (int k = 0; k < kHalf / 2; ++k)
+      if (k < (kHalf >> level)) x[k] = add_rn(x[2 * k], x[2 * k + 1]);
+  const float half = x[0];
   const float mine = add_rn(half, __shfl_xor_sync(kFull, half, 2));
   const float other = __shfl_xor_sync(kFull, mine, 1);
   u[0] = odd ? other : mine;
@@ -163,14 +176,14 @@ __device__ void new_maximum(const ref::SoftmaxRule<kBase2>& rule, const float (&
 // not see the block). kMasked = false: every row that sees the block sees all its
 // keys (no absent slots), so no slot is masked; rows that do not see it (br.act
 // false: an invalid slot) keep their state, whatever their P.
-template <bool kMasked, bool kBase2>
-__device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
+template <bool kMasked, bool kBase2, int NT>
+__device__ void softmax_block(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2], const BlockRows& br,
                               const ref::SoftmaxRule<kBase2>& rule, const Lane& ln) {
   // Every slot takes its state value (v1 scaled, v2 raw); an absent slot becomes
   // −Inf, which maximumNumber ignores and which the select below keeps out of P.
-  bool visible[8][4];
+  bool visible[NT][4];
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       visible[nt][e] = !kMasked || ln.col(nt, e % 2) < br.vis[e / 2];
@@ -182,7 +195,7 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
   new_maximum(rule, m, bmax, br, m_new, mc_new, alpha);
   // exp(−Inf) = +0 is P of an absent slot (for exp2_poly too).
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -198,9 +211,9 @@ __device__ void softmax_block(float (&s)[8][4], float (&m)[2], float (&l)[2], fl
   // exp2_poly_core_floor equals it with one instruction fewer: 4 a score fewer.
   if (kBase2 && tame) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) (&s[0][0])[j] = exp2_poly_core_floor((&s[0][0])[j]);
+    for (int j = 0; j < 4 * NT; ++j) (&s[0][0])[j] = exp2_poly_core_floor((&s[0][0])[j]);
   } else {
-    softmax_exp_in_place<kBase2, 32>(&s[0][0]);
+    softmax_exp_in_place<kBase2, 4 * NT>(&s[0][0]);
   }
   float u[2];
   block_row_sums(s, ln, u);
@@ -575,30 +588,37 @@ __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const FwdArgs a) 
 // P·V product runs on while block b's scores are issued. Each consumer keeps its
 // merged split state O in shared memory; R(P) rows for the SIMT chain are
 // gathered from the fragments (gather_fragment_rows), so the three fit in 227 KB.
-template <int D>
-struct WsForward : WsTile<D, 3> {
-  using Tile = WsTile<D, 3>;
+//
+// Blocks of 128 keys (attn_kv_block 128): a block's 64 scores a thread beside acc's
+// 64 and the previous block's R(P) do not fit 160 registers, so two consumers of
+// 240 registers take the CTA, as in FlashAttention-3.
+template <int D, int KB = kTile>
+struct WsForward : WsTile<D, KB == kTile ? 3 : 2, KB> {
+  using Tile = WsTile<D, KB == kTile ? 3 : 2, KB>;
   static constexpr size_t kOBytes = sizeof(float) * kTile * D;
   // Per consumer: Q; O.
   static constexpr int kConsumerTiles = 1;
   static constexpr size_t kConsumerExtra = kOBytes;
   static constexpr size_t kSmemBytes = Tile::smem_bytes(kConsumerTiles, kConsumerExtra);
   static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory on sm_90");
-  // 65536 registers a SM: 128 × 32 for the producer, 384 × 160 for the consumers.
-  static constexpr int kProducerRegs = 32, kConsumerRegs = 160;
+  // 65536 registers a SM, and the warpgroups share what the launch gave the CTA
+  // (setmaxnreg moves registers within it): 512 × 128 = 128 × 32 + 384 × 160, or
+  // 384 × 168 = 128 × 24 + 256 × 240.
+  static constexpr int kProducerRegs = Tile::kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = Tile::kConsumers == 3 ? 160 : 240;
 };
 
-template <int D, bool kBase2>
-__global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
+template <int D, bool kBase2, int KB>
+__global__ void __launch_bounds__(WsForward<D, KB>::kThreads, 1) attn_fwd_ws_kernel(
     const FwdArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
-  using W = WsForward<D>;
-  constexpr int NT = D / 8;
+  using W = WsForward<D, KB>;
+  constexpr int NT = D / 8, kScoreTiles = KB / 8;
   extern __shared__ uint8_t smem_raw[];
-  const WsCta<D, W::kConsumers> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
+  const WsCta<D, W::kConsumers, KB> cta(smem_raw, W::kConsumerTiles, W::kConsumerExtra);
   const typename W::Barriers bar(cta.barriers);
   uint64_t *full_k = bar.full_a, *full_v = bar.full_b, *empty_k = bar.empty_a, *empty_v = bar.empty_b;
 
-  const WsQueryTask qt(a.seqs, a.tasks, a.h, W::kSlots);
+  const WsQueryTask qt(a.seqs, a.tasks, a.h, W::kSlots, KB);
   const Task& task = qt.task;
   const AttnSeq& seq = qt.seq;
   const int kvh = qt.kvh, n_slots = qt.n_slots, cta_hi_pos = qt.hi_pos, last_block = qt.last_block;
@@ -616,7 +636,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const SlotTile tile{seq, a.h.G, a.h.Hq, kvh, task.slot0 + consumer * kTile, n_slots};
   const Lane ln(thread);
   const bool has_rows = tile.valid(0);
-  const int lo_pos = tile.min_pos(), end = has_rows ? tile.max_pos() / kTile : -1;
+  const int lo_pos = tile.min_pos(), end = has_rows ? tile.max_pos() / KB : -1;
   int pos[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) pos[i] = tile.valid(ln.row(i)) ? tile.pos(ln.row(i)) : -1;
@@ -635,7 +655,13 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   const uint32_t q_addr = sm90::shared_addr(sQ);
   auto stage_addr = [&](const uint8_t* stage) { return sm90::warp_uniform(sm90::shared_addr(stage)); };
 
-  float s[8][4];  // block b's scores
+  // Two consumers take turns at the tensor cores (ConsumerTurns, FlashAttention-3's
+  // ping-pong): block b's P·V and block b + 1's scores are one turn, so one
+  // consumer's products run while the other's softmax does. Turns: block 0's
+  // scores, then one a block.
+  constexpr bool kTurns = W::kConsumers == 2;
+  const ConsumerTurns turns(consumer, kTurns ? last_block + 2 : 0);
+  float s[kScoreTiles][4];  // block b's scores
   int split_first = 0;  // the first block of the split that block b lies in (no division a block)
   // Block b's end once its P·V product is done: its stage of values goes back, and its
   // split closes where the split or this warpgroup's rows end there.
@@ -643,7 +669,7 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     warp_arrive(&empty_v[b % W::kStages], ln);
     const bool split_ends = b + 1 - split_first == a.split_blocks;
     if (b <= end && (b == end || split_ends)) {
-      close_split(rule, split_first * kTile, pos, M, L, m, l, acc, o_at);
+      close_split(rule, split_first * KB, pos, M, L, m, l, acc, o_at);
       start_split_ml(m, l);
     }
     if (split_ends) split_first = b + 1;
@@ -654,18 +680,20 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
   // wait after block b's scores takes both.
 #pragma unroll 1
   for (int b = 0; b <= last_block; ++b) {
-    const int st = b % W::kStages, kb = b * kTile;
+    const int st = b % W::kStages, kb = b * KB;
     const uint8_t* v = cta.b_stage(b);
     // Unconditional (attention_wgmma.cuh): past this warpgroup's blocks the scores are
     // never used.
     sm90::mbarrier_wait(&full_k[st], parity(b));
-    issue_scores<D>(reinterpret_cast<float(&)[32]>(s), q_addr, stage_addr(cta.a_stage(b)));
+    if (kTurns && b == 0) turns.wait();
+    issue_scores<D, KB>(reinterpret_cast<float(&)[KB / 2]>(s), q_addr, stage_addr(cta.a_stage(b)));
+    if (kTurns) turns.pass(false);
     sm90::wgmma_wait<0>();
     sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-    sm90::fence_accumulators(reinterpret_cast<float(&)[32]>(s));
+    sm90::fence_accumulators(reinterpret_cast<float(&)[KB / 2]>(s));
     warp_arrive(&empty_k[st], ln);
     if (b > 0) finish_block(b - 1);
-    const BlockRows br(pos, kb);
+    const BlockRows br(pos, kb, KB);
     const bool mine = b <= end;
     // A split's first block starts acc from +0 in its product (scale-d = 0), instead of
     // acc being zeroed at the split's end: zeroed under that condition, acc made
@@ -677,31 +705,33 @@ __global__ void __launch_bounds__(WsForward<D>::kThreads, 1) attn_fwd_ws_kernel(
     if (mine) {
       // Every warp runs the softmax (the products are the warpgroup's): a row that
       // does not see the block gets P = +0 and α = 1.
-      if (lo < kTile) softmax_block<true>(s, m, l, alpha, br, rule, ln);
+      if (lo < KB) softmax_block<true>(s, m, l, alpha, br, rule, ln);
       else softmax_block<false>(s, m, l, alpha, br, rule, ln);
     }
-    uint32_t p[4][4];
+    uint32_t p[KB / 16][4];
     a_fragments(p, s);
     if (mine && !fresh) rescale(acc, alpha, br);
     sm90::mbarrier_wait(&full_v[st], parity(b));
-    const bool slow = mine && lo < kTile && any_nonfinite_rows<D>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
+    const bool slow = mine && lo < KB && any_nonfinite_rows<D, KB>(v, lo, cta_hi_pos + 1 - kb, barrier, thread);
     // The SIMT chain's operands, taken before the product: R(P)'s rows (p's
     // registers are reused) and acc as the block starts (+0 for a split's first).
-    uint32_t slow_rows[2][kTile / 2];
+    uint32_t slow_rows[2][KB / 2];
     float slow_acc[D / 2];
     if (slow) {
-      gather_fragment_rows(slow_rows, p, ln);
+      gather_fragment_rows<KB>(slow_rows, p, ln);
       acc_to_memory(slow_acc, acc, fresh);
     }
     // Unconditional, on whatever p holds: past this warpgroup's blocks acc is no longer
     // read, and a slow block's product is replaced by the chain's. (A select of +0
     // operands for those blocks cost 20 instructions a block on the fast path.)
-    issue_block_product<D>(reinterpret_cast<float(&)[D / 2]>(acc), p, stage_addr(v), fresh);
+    if (kTurns) turns.wait();
+    issue_block_product<D, KB>(reinterpret_cast<float(&)[D / 2]>(acc), p, stage_addr(v), fresh);
+    if (kTurns && b == last_block) turns.pass(true);
     if (slow) {
       sm90::wgmma_wait<0>();
       sm90::fence_accumulators(reinterpret_cast<float(&)[D / 2]>(acc));
-      chain_swizzled_rows<D>(slow_acc, reinterpret_cast<const bf16*>(slow_rows[0]), kTile, v, {0, 0}, br.vis, br.act,
-                             ln);
+      chain_swizzled_rows<D, KB>(slow_acc, reinterpret_cast<const bf16*>(slow_rows[0]), KB, v, {0, 0}, br.vis,
+                                 br.act, ln);
       acc_from_memory(acc, slow_acc);
     }
   }
@@ -797,8 +827,8 @@ bool prefer_split_ctas(const AttnSeq* seqs, int n_seqs, AttnDims dims, int split
 constexpr bool on_warpgroups(DotModel model, int D, bool split_ctas) {
   return model == DotModel::Sm90Tc && D >= 64 && !split_ctas;
 }
-constexpr int task_slots(DotModel model, int D, bool split_ctas) {
-  if (on_warpgroups(model, D, split_ctas)) return WsForward<128>::kSlots;
+constexpr int task_slots(DotModel model, int D, bool split_ctas, int kv_block) {
+  if (on_warpgroups(model, D, split_ctas)) return kv_block == kTile ? WsForward<128>::kSlots : WsForward<128, 128>::kSlots;
   return split_ctas && on_decode_warps(model, D) ? kDecodeSlots : kTile;
 }
 
@@ -809,12 +839,20 @@ void launch_fwd(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
     constexpr int D = decltype(d)::value;
     constexpr bool kBase2 = decltype(base2)::value;
     if constexpr (on_warpgroups(decltype(model)::kModel, D, kSplitCtas)) {
-      const KvMaps maps = kv_tensor_maps(seqs, n_seqs, dims, args.k, args.v);
-      const auto kernel = attn_fwd_ws_kernel<D, kBase2>;
-      constexpr size_t smem = WsForward<D>::kSmemBytes;
-      BP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      kernel<<<grid, WsForward<D>::kThreads, smem, stream>>>(args, maps.k, maps.v);
-      BP_CUDA_CHECK_LAUNCH();
+      const KvMaps maps = kv_tensor_maps(seqs, n_seqs, dims, args.k, args.v, kn.attn_kv_block);
+      auto run = [&](auto kv_block) {
+        constexpr int KB = decltype(kv_block)::value;
+        const auto kernel = attn_fwd_ws_kernel<D, kBase2, KB>;
+        constexpr size_t smem = WsForward<D, KB>::kSmemBytes;
+        BP_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, WsForward<D, KB>::kThreads, smem, stream>>>(args, maps.k, maps.v);
+        BP_CUDA_CHECK_LAUNCH();
+      };
+      if constexpr (kBase2) {  // check_args: blocks of 128 under the v2 softmax only
+        if (kn.attn_kv_block == 128) return run(std::integral_constant<int, 128>{});
+      }
+      run(std::integral_constant<int, kTile>{});
     } else if constexpr (kSplitCtas && on_decode_warps(decltype(model)::kModel, D)) {
       launch(attn_decode_kernel<D, kBase2>, grid, sizeof(DecodeSmem<D>), stream, args);
     } else {
@@ -838,7 +876,8 @@ size_t append_words(std::vector<int32_t>& table, const T* records, size_t n) {
 // The sequences and the tiles go up in one upload (each pageable upload costs the
 // call several µs of host time before its kernel).
 void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args, cudaStream_t stream) {
-  const std::vector<Task> tasks = plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false));
+  const std::vector<Task> tasks =
+      plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false, kn.attn_kv_block));
   if (tasks.empty()) return;
   std::vector<int32_t> table;
   const size_t seqs_at = append_words(table, seqs, n_seqs), tasks_at = append_words(table, tasks.data(), tasks.size());
@@ -856,7 +895,7 @@ void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
 void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args,
                     cudaStream_t stream) {
   const SplitPlan plan =
-      plan_split_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, args.split_blocks, task_slots(kn.dot, dims.D, true));
+      plan_split_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, args.split_blocks, task_slots(kn.dot, dims.D, true, kTile));
   if (plan.n_tasks == 0) return;
   int T = 0, max_pos = 0;
   for (int s = 0; s < n_seqs; ++s)
@@ -896,15 +935,18 @@ void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
 void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
                              const bf16* k, const bf16* v, bf16* o, float* m, float* l, FwdSchedule schedule,
                              cudaStream_t stream) {
-  check_args(kn, dims, seqs, n_seqs);
-  check_aligned({q, k, v, o});
   const int split_blocks = kn.attn_kv_split / kn.attn_kv_block;
+  // Blocks of 128 keys run on the warpgroup forward alone (check_args).
+  const bool wide_blocks = kn.attn_kv_block == 128 && on_warpgroups(kn.dot, dims.D, false);
+  const bool split_ctas =
+      schedule == FwdSchedule::kSplitCtas ||
+      (schedule == FwdSchedule::kAuto && !wide_blocks && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
+  check_args(kn, dims, seqs, n_seqs, wide_blocks && !split_ctas);
+  check_aligned({q, k, v, o});
   FwdArgs args{};
   args.h = heads(dims);
   args.split_blocks = split_blocks;
   args.q = q, args.k = k, args.v = v, args.o = o, args.m = m, args.l = l;
-  const bool split_ctas = schedule == FwdSchedule::kSplitCtas ||
-                          (schedule == FwdSchedule::kAuto && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
   if (split_ctas) fwd_split_ctas(kn, dims, seqs, n_seqs, args, stream);
   else fwd_merged(kn, dims, seqs, n_seqs, args, stream);
 }

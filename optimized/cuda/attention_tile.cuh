@@ -170,14 +170,16 @@ __device__ void tile_dots(float (&s)[8][4], const bf16* sa, const bf16* sb, cons
 // score layout is the A layout of the next mma (4 k16 groups of 16 columns). One cvt
 // per pair: cvt.rn gives R's bits for every non-NaN value, and a NaN operand's
 // payload cannot reach a product (SPEC §2.3.3), so the fragments are R(x).
-__device__ inline void put_fragment(uint32_t (&a)[4][4], int nt, int i, float x0, float x1) {
+template <int KGroups>
+__device__ void put_fragment(uint32_t (&a)[KGroups][4], int nt, int i, float x0, float x1) {
   a[nt / 2][nt % 2 * 2 + i] = cvt_bf16x2_rn(x0, x1);
 }
 
-// The A fragments of the bf16 rounding of a 16 × 64 accumulator slice.
-__device__ inline void a_fragments(uint32_t (&a)[4][4], const float (&p)[8][4]) {
+// The A fragments of the bf16 rounding of a 16 × 8·NT accumulator slice.
+template <int NT>
+__device__ void a_fragments(uint32_t (&a)[NT / 2][4], const float (&p)[NT][4]) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     put_fragment(a, nt, 0, p[nt][0], p[nt][1]);
     put_fragment(a, nt, 1, p[nt][2], p[nt][3]);
   }
@@ -296,17 +298,17 @@ __device__ void load_key_block(bf16* dst, const bf16* base, const SlotTile& tile
                static_cast<size_t>(Hkv) * D, last + 1 - j0);
 }
 
-// Which of the thread's rows see block kb.. and how many of its keys (SPEC.md §5.6:
-// keys past p are absent slots).
+// Which of the thread's rows see the block of kv_block keys from kb and how many of
+// its keys (SPEC.md §5.6: keys past p are absent slots).
 struct BlockRows {
   bool act[2];
   int vis[2];
   bool warp_live;
-  __device__ BlockRows(const int (&pos)[2], int kb) {
+  __device__ BlockRows(const int (&pos)[2], int kb, int kv_block = kTile) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       act[i] = pos[i] >= kb;
-      vis[i] = act[i] ? min(kTile, pos[i] + 1 - kb) : 0;
+      vis[i] = act[i] ? min(kv_block, pos[i] + 1 - kb) : 0;
     }
     warp_live = __any_sync(kFull, act[0] || act[1]) != 0;
   }
@@ -336,11 +338,16 @@ __device__ void framed_block_product(float (&acc)[NT][4], const float (&t)[8][4]
 
 // --- host side --------------------------------------------------------------------
 
-inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs) {
+// `wide_blocks`: the call takes the warpgroup forward, which also runs blocks of
+// 128 keys (under the v2 softmax; the other kernels run blocks of 64).
+inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, bool wide_blocks = false) {
   ref::attention_check_args(kn, dims, seqs, n_seqs);  // the reference's checks and messages
-  if (kn.attn_kv_block != kTile)
-    throw std::invalid_argument("attention (CUDA): attn_kv_block must be 64, got " +
-                                std::to_string(kn.attn_kv_block));
+  const bool wide_ok = wide_blocks && kn.attn_kv_block == 128 && kn.softmax_exp == SoftmaxExp::kExp2Poly;
+  if (kn.attn_kv_block != kTile && !wide_ok)
+    throw std::invalid_argument(
+        "attention (CUDA): attn_kv_block must be 64, or 128 for the sm90-tc forward at head_dim 64 or 128 under "
+        "softmax_exp exp2_poly in the merged schedule; got " +
+        std::to_string(kn.attn_kv_block));
   if (dims.D != 32 && dims.D != 64 && dims.D != 128)
     throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
 }

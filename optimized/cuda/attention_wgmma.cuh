@@ -30,14 +30,49 @@
 
 namespace bp::cuda::attn {
 
-template <int D, int Consumers = 2>
-struct WsTile {
-  static constexpr int kConsumers = Consumers, kStages = 2;
+// A tile of `Rows` rows × D bf16 in 128-byte-swizzled boxes of Rows rows × 64 bf16
+// (the query-side tiles: 64 rows; a key or value block: attn_kv_block rows).
+template <int D, int Rows = kTile>
+struct SwizzledTile {
+  static constexpr int kBoxes = D / 64;
+  static constexpr uint32_t kBoxBytes = Rows * 64 * sizeof(bf16);
+  static constexpr uint32_t kBytes = kBoxes * kBoxBytes;
+  static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
+  // Byte offset of the c-th stored 16-byte chunk of row r (whichever columns the
+  // swizzle put there): for work on whole rows.
+  __device__ static uint32_t chunk(int r, int c) { return (c / 8) * kBoxBytes + r * 128 + (c % 8) * 16; }
+  // Byte offset of (row r, column d): box d / 64, 128 bytes a row, the 16-byte chunk
+  // index XOR row % 8.
+  __device__ static uint32_t offset(int r, int d) {
+    return (d / 64) * kBoxBytes + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2;
+  }
+  // K-major operand (the query side as A, K or V as B of the scores): k16 group kk
+  // is 32 bytes along a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
+  // Descriptors are built once per tile and moved to each group (descriptor_plus).
+  __device__ static uint64_t k_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, 16, 1024); }
+  __device__ static uint64_t k_major(uint64_t tile_desc, int kk) {
+    return sm90::descriptor_plus(tile_desc, (kk / 4) * kBoxBytes + (kk % 4) * 32);
+  }
+  // The tile as the N-major B of R(T)·B: group kk is rows 16kk.., 128 bytes a row;
+  // the next 64 columns of D are the next box.
+  __device__ static uint64_t n_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, kBoxBytes, 1024); }
+  __device__ static uint64_t n_major(uint64_t tile_desc, int kk) {
+    return sm90::descriptor_plus(tile_desc, kk * 16 * 128);
+  }
+};
+
+// The CTA's layout: consumers of 64-slot query tiles; the ring's stages hold one
+// tile a side: a key and a value block of KvBlock rows (forward, dq) or a query-side
+// tile (dk/dv, KvBlock 64). Its static functions are the 64-row tile's.
+template <int D, int Consumers = 2, int KvBlock = kTile>
+struct WsTile : SwizzledTile<D, kTile> {
+  using Slots = SwizzledTile<D, kTile>;
+  using Block = SwizzledTile<D, KvBlock>;
+  static constexpr int kConsumers = Consumers, kStages = 2, kKvBlock = KvBlock;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kSlots = kConsumers * kTile;  // query slots a task
-  static constexpr int kBoxes = D / 64;
-  static constexpr uint32_t kBoxBytes = 64 * 64 * sizeof(bf16);
-  static constexpr uint32_t kTileBytes = kBoxes * kBoxBytes;  // one query-side tile, one K or one V block
+  static constexpr uint32_t kTileBytes = Slots::kBytes;  // one query-side tile
+  static constexpr uint32_t kStageBytes = Block::kBytes;  // one side of a ring stage
   static constexpr size_t kPBytes = sizeof(bf16) * kTile * kPLd;  // R(T) rows for the SIMT chain
   static constexpr size_t kZeroBytes = 1024;
   static constexpr size_t kBarriers = 4 * kStages + 1;
@@ -48,7 +83,7 @@ struct WsTile {
   // shared bytes, the barriers, slack to align to 1024 bytes (the swizzle is a
   // function of the address bits).
   static constexpr size_t smem_bytes(int tiles, size_t extra, size_t shared = 0) {
-    return kConsumers * (tiles * size_t{kTileBytes} + extra) + 2 * kStages * size_t{kTileBytes} + kZeroBytes +
+    return kConsumers * (tiles * size_t{kTileBytes} + extra) + 2 * kStages * size_t{kStageBytes} + kZeroBytes +
            shared + 8 * kBarriers + 1024;
   }
 
@@ -61,44 +96,21 @@ struct WsTile {
     __device__ explicit Barriers(uint64_t* b)
         : full_a(b), full_b(b + kStages), empty_a(b + 2 * kStages), empty_b(b + 3 * kStages), landed(b + 4 * kStages) {}
   };
-
-  static constexpr int kRowChunks = 8 * kBoxes;  // 16-byte chunks of a tile row
-  // Byte offset of the c-th stored 16-byte chunk of row r (whichever columns the
-  // swizzle put there): for work on whole rows.
-  __device__ static uint32_t chunk(int r, int c) { return (c / 8) * kBoxBytes + r * 128 + (c % 8) * 16; }
-  // Byte offset of (row r, column d) in a tile: box d / 64, 128 bytes a row, the
-  // 16-byte chunk index XOR row % 8.
-  __device__ static uint32_t offset(int r, int d) {
-    return (d / 64) * kBoxBytes + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2;
-  }
-  // K-major operand (the query side as A, K or V as B of the scores): k16 group kk
-  // is 32 bytes along a row of box kk / 4; 8-row swizzle groups 1024 bytes apart.
-  // Descriptors are built once per tile and moved to each group (descriptor_plus).
-  __device__ static uint64_t k_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, 16, 1024); }
-  __device__ static uint64_t k_major(uint64_t tile_desc, int kk) {
-    return sm90::descriptor_plus(tile_desc, (kk / 4) * kBoxBytes + (kk % 4) * 32);
-  }
-  // A block as the N-major B of R(T)·B: group kk is key rows 16kk.., 128 bytes a
-  // key row; the next 64 columns of D are the next box.
-  __device__ static uint64_t n_major(uint32_t tile) { return sm90::swizzled_descriptor(tile, kBoxBytes, 1024); }
-  __device__ static uint64_t n_major(uint64_t tile_desc, int kk) {
-    return sm90::descriptor_plus(tile_desc, kk * 16 * 128);
-  }
 };
 
 // Where a CTA's shared memory goes (WsTile::smem_bytes' order). The ring streams two
 // tiles a stage: a block's keys (a) and values (b) in the forward and dq, a slot
 // tile's queries (a) and output gradients (b) in dk/dv.
-template <int D, int Consumers = 2>
+template <int D, int Consumers = 2, int KvBlock = kTile>
 struct WsCta {
-  using W = WsTile<D, Consumers>;
+  using W = WsTile<D, Consumers, KvBlock>;
   uint8_t *tiles, *ring_a, *ring_b, *zeros, *extra, *shared;
   uint64_t* barriers;
   __device__ WsCta(uint8_t* smem_raw, int tiles_each, size_t extra_each, size_t shared_bytes = 0) {
     tiles = smem_raw + (1024 - sm90::shared_addr(smem_raw) % 1024) % 1024;
     ring_a = tiles + W::kConsumers * tiles_each * W::kTileBytes;
-    ring_b = ring_a + W::kStages * W::kTileBytes;
-    zeros = ring_b + W::kStages * W::kTileBytes;
+    ring_b = ring_a + W::kStages * W::kStageBytes;
+    zeros = ring_b + W::kStages * W::kStageBytes;
     extra = zeros + W::kZeroBytes;
     shared = extra + W::kConsumers * extra_each;
     barriers = reinterpret_cast<uint64_t*>(shared + shared_bytes);
@@ -123,8 +135,8 @@ struct WsCta {
     }
     __syncthreads();
   }
-  __device__ uint8_t* a_stage(int i) const { return ring_a + (i % W::kStages) * W::kTileBytes; }
-  __device__ uint8_t* b_stage(int i) const { return ring_b + (i % W::kStages) * W::kTileBytes; }
+  __device__ uint8_t* a_stage(int i) const { return ring_a + (i % W::kStages) * W::kStageBytes; }
+  __device__ uint8_t* b_stage(int i) const { return ring_b + (i % W::kStages) * W::kStageBytes; }
 };
 
 // A consumer warp's arrival on a ring barrier, once all its lanes are done with the
@@ -166,34 +178,38 @@ __device__ void load_swizzled_tile(uint8_t* tile, int thread, Src src) {
   }
 }
 
-// Issues s = A·Bᵀ over D (Q·Kᵀ, dO·Vᵀ), the dot model's chain from +0 (scale-d = 0
-// on the first group), as one commit group.
-template <int D>
-__device__ void issue_scores(float (&s)[32], uint32_t a, uint32_t b) {
-  using W = WsTile<D>;
+// Issues s = A·Bᵀ over D (Q·Kᵀ, dO·Vᵀ) for a 64-row tile A and a block B of KB rows,
+// the dot model's chain from +0 (scale-d = 0 on the first group), as one commit group.
+template <int D, int KB = kTile>
+__device__ void issue_scores(float (&s)[KB / 2], uint32_t a, uint32_t b) {
+  using A = SwizzledTile<D>;
+  using B = SwizzledTile<D, KB>;
   sm90::fence_accumulators(s);
   sm90::wgmma_fence();
-  const uint64_t a0 = W::k_major(a), b0 = W::k_major(b);
+  const uint64_t a0 = A::k_major(a), b0 = B::k_major(b);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) sm90::wgmma_m64n64k16<0, 0>(s, W::k_major(a0, kk), W::k_major(b0, kk), kk > 0);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    if constexpr (KB == 128) sm90::wgmma_m64n128k16<0, 0>(s, A::k_major(a0, kk), B::k_major(b0, kk), kk > 0);
+    else sm90::wgmma_m64n64k16<0, 0>(s, A::k_major(a0, kk), B::k_major(b0, kk), kk > 0);
+  }
   sm90::wgmma_commit();
 }
 
-// Issues acc += A·B over the block's 64 slots as one commit group: A's bf16
-// fragments (4 k16 groups, a_fragments' layout) and B's group descriptors given,
+// Issues acc += A·B over the block's KB slots as one commit group: A's bf16
+// fragments (KB / 16 k16 groups, a_fragments' layout) and B's group descriptors given,
 // groups of 16 in increasing order. Where from_zero, the chain starts from +0
 // instead of acc (scale-d = 0 on the first group, as issue_scores').
 // Unconditional (C7514, above). A's registers and the descriptors are chosen before
 // the fence: selected between the wgmmas, ptxas serialised every wgmma of the kernel
 // (C7520, behind a warpgroup.arrive it put on a divergent path); cmake/nvcc_guard
 // fails such a build.
-template <int D>
-__device__ void issue_fragment_product(float (&acc)[D / 2], const uint32_t (&a)[4][4], const uint64_t (&desc)[4],
-                                       bool from_zero) {
+template <int D, int KB = kTile>
+__device__ void issue_fragment_product(float (&acc)[D / 2], const uint32_t (&a)[KB / 16][4],
+                                       const uint64_t (&desc)[KB / 16], bool from_zero) {
   sm90::fence_accumulators(acc);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < KB / 16; ++kk) {
     const int scale_d = kk > 0 || !from_zero;
     if constexpr (D == 128) sm90::wgmma_m64n128k16_rs<1>(acc, a[kk], desc[kk], scale_d);
     else sm90::wgmma_m64n64k16_rs<1>(acc, a[kk], desc[kk], scale_d);
@@ -201,15 +217,16 @@ __device__ void issue_fragment_product(float (&acc)[D / 2], const uint32_t (&a)[
   sm90::wgmma_commit();
 }
 
-// acc += R(t)·B with B at `b` (a stage of the ring), A the fragments of R(t).
-template <int D>
-__device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[4][4], uint32_t b, bool from_zero) {
-  using W = WsTile<D>;
-  uint64_t desc[4];
-  const uint64_t b0 = W::n_major(b);
+// acc += R(t)·B with B at `b` (a stage of the ring, KB rows), A the fragments of R(t).
+template <int D, int KB = kTile>
+__device__ void issue_block_product(float (&acc)[D / 2], const uint32_t (&frag)[KB / 16][4], uint32_t b,
+                                    bool from_zero) {
+  using B = SwizzledTile<D, KB>;
+  uint64_t desc[KB / 16];
+  const uint64_t b0 = B::n_major(b);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) desc[kk] = W::n_major(b0, kk);
-  issue_fragment_product<D>(acc, frag, desc, from_zero);
+  for (int kk = 0; kk < KB / 16; ++kk) desc[kk] = B::n_major(b0, kk);
+  issue_fragment_product<D, KB>(acc, frag, desc, from_zero);
 }
 
 // The same, or, where zero_block, A = +0 against the CTA's zero bytes (descriptor
@@ -232,14 +249,14 @@ __device__ void issue_block_product_or_zero(float (&acc)[D / 2], const uint32_t 
   issue_fragment_product<D>(acc, a, desc, false);
 }
 
-// Whether a row in [lo, hi) of a swizzled tile is Inf or NaN: then the block takes
-// the SIMT chain. Every thread of the warpgroup calls it.
-template <int D>
+// Whether a row in [lo, hi) of a swizzled tile of Rows rows is Inf or NaN: then the
+// block takes the SIMT chain. Every thread of the warpgroup calls it.
+template <int D, int Rows = kTile>
 __device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barrier, int thread) {
-  using W = WsTile<D>;
+  using W = SwizzledTile<D, Rows>;
   bool found = false;
   lo = max(lo, 0);
-  hi = min(hi, kTile);
+  hi = min(hi, Rows);
   for (int c = thread; c < (hi - lo) * W::kRowChunks; c += 128) {
     const uint4 w = *reinterpret_cast<const uint4*>(tile + W::chunk(lo + c / W::kRowChunks, c % W::kRowChunks));
     for (uint32_t x : {w.x, w.y, w.z, w.w}) found |= nonfinite_bf16_pair(x);
@@ -251,11 +268,11 @@ __device__ bool any_nonfinite_rows(const uint8_t* tile, int lo, int hi, int barr
 // rows of R(t) at t_rows and t_rows + t_stride, B a swizzled tile, on acc
 // ([D / 8][4], the accumulators' layout) in local memory: row i of the thread runs
 // slots [lo_i, hi_i) where live_i, each column's slots gathered into plain order,
-// then framed_chain over the 64-slot frame (the reference's block, or one 64-slot
+// then framed_chain over the KB-slot frame (the reference's block, or one 64-slot
 // piece of a dk/dv chunk, whose sm90-tc groups align to it). Out of line and called
 // once, on acc in local memory: one call site in each warpgroup kernel instead of
 // one per accumulator (64), and no accumulator register live across a call.
-template <int D>
+template <int D, int KB = kTile>
 __device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* t_rows, int t_stride, const uint8_t* b,
                                                       int lo0, int hi0, int lo1, int hi1, int live_rows, Lane ln) {
   for (int i = 0; i < 2; ++i) {
@@ -264,11 +281,11 @@ __device__ __noinline__ void chain_swizzled_in_memory(float* acc, const bf16* t_
     const bf16* t_row = t_rows + i * t_stride;
     for (int nt = 0; nt < D / 8; ++nt)
       for (int e = 0; e < 2; ++e) {
-        bf16 column[kTile];
+        bf16 column[KB];
         const int d = ln.col(nt, e);
-        for (int j = lo; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + WsTile<D>::offset(j, d));
+        for (int j = lo; j < hi; ++j) column[j] = *reinterpret_cast<const bf16*>(b + SwizzledTile<D, KB>::offset(j, d));
         float& c = acc[nt * 4 + 2 * i + e];
-        c = framed_chain<Sm90Tc>(c, t_row + lo, 1, column + lo, 1, lo, hi, kTile);
+        c = framed_chain<Sm90Tc>(c, t_row + lo, 1, column + lo, 1, lo, hi, KB);
       }
   }
 }
@@ -290,10 +307,10 @@ __device__ void acc_from_memory(float (&acc)[NT][4], const float* in_memory) {
 }
 
 // The same with row i's slots [lo_i, hi_i) where live_i.
-template <int D>
+template <int D, int KB = kTile>
 __device__ void chain_swizzled_rows(float* acc_in_memory, const bf16* t_rows, int t_stride, const uint8_t* b,
                                     const int (&lo)[2], const int (&hi)[2], const bool (&live)[2], const Lane& ln) {
-  chain_swizzled_in_memory<D>(acc_in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
+  chain_swizzled_in_memory<D, KB>(acc_in_memory, t_rows, t_stride, b, lo[0], hi[0], lo[1], hi[1],
                               int{live[0]} | int{live[1]} << 1, ln);
 }
 
@@ -314,13 +331,13 @@ __device__ void chain_swizzled_rows(float (&acc)[D / 8][4], const bf16* st, cons
   chain_swizzled_rows<D>(acc, st + ln.row(0) * kPLd, (ln.row(1) - ln.row(0)) * kPLd, b, lo, hi, live, ln);
 }
 
-// The thread's two rows of R(t) from the warp's A fragments, for
+// The thread's two rows of R(t) from the warp's A fragments (KB slots), for
 // chain_swizzled_rows without shared memory: slot 8·nt + 2·t + e of a row is lane
 // t's pair nt in the quad. Every lane of the warp calls it.
-__device__ inline void gather_fragment_rows(uint32_t (&rows)[2][kTile / 2], const uint32_t (&frag)[4][4],
-                                            const Lane& ln) {
+template <int KB>
+__device__ void gather_fragment_rows(uint32_t (&rows)[2][KB / 2], const uint32_t (&frag)[KB / 16][4], const Lane& ln) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < KB / 8; ++nt)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -337,33 +354,35 @@ enum class BlockOperand { kKeys, kValues };
 // of its rows sees (another sequence's rows, or none): those rows of the `Cleared`
 // operand become +0 before the consumers see the block, as absent slots must be
 // for the tensor core.
-template <int D, BlockOperand Cleared, int Consumers>
-__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map, const WsCta<D, Consumers>& cta,
-                               int kvh, int kv_begin, int last_block, int hi_pos) {
-  using W = WsTile<D, Consumers>;
+template <int D, BlockOperand Cleared, int Consumers, int KvBlock>
+__device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_map,
+                               const WsCta<D, Consumers, KvBlock>& cta, int kvh, int kv_begin, int last_block,
+                               int hi_pos) {
+  using W = WsTile<D, Consumers, KvBlock>;
+  using B = typename W::Block;
   const typename W::Barriers bar(cta.barriers);
   const int lane = threadIdx.x % 32;
   constexpr bool kClearKeys = Cleared == BlockOperand::kKeys;
   for (int b = 0; b <= last_block; ++b) {
-    const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * kTile;
+    const int st = b % W::kStages, use = b / W::kStages, row = kv_begin + b * KvBlock;
     uint8_t *k = cta.a_stage(b), *v = cta.b_stage(b);
-    const int past = hi_pos + 1 - b * kTile;  // rows from here on are past every row's position
-    const bool clear = past < kTile;           // only the last block, once: `landed` completes one phase
+    const int past = hi_pos + 1 - b * KvBlock;  // rows from here on are past every row's position
+    const bool clear = past < KvBlock;           // only the last block, once: `landed` completes one phase
     if (lane == 0) {
       if (use > 0) sm90::mbarrier_wait(&bar.empty_a[st], (use - 1) & 1);
       uint64_t* k_bar = clear && kClearKeys ? bar.landed : &bar.full_a[st];
-      sm90::mbarrier_arrive_expect_tx(k_bar, W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(k + x * W::kBoxBytes, k_map, k_bar, 64 * x, kvh, row);
+      sm90::mbarrier_arrive_expect_tx(k_bar, B::kBytes);
+      for (int x = 0; x < B::kBoxes; ++x) sm90::tma_load_3d(k + x * B::kBoxBytes, k_map, k_bar, 64 * x, kvh, row);
       if (use > 0) sm90::mbarrier_wait(&bar.empty_b[st], (use - 1) & 1);
       uint64_t* v_bar = clear && !kClearKeys ? bar.landed : &bar.full_b[st];
-      sm90::mbarrier_arrive_expect_tx(v_bar, W::kTileBytes);
-      for (int x = 0; x < W::kBoxes; ++x) sm90::tma_load_3d(v + x * W::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
+      sm90::mbarrier_arrive_expect_tx(v_bar, B::kBytes);
+      for (int x = 0; x < B::kBoxes; ++x) sm90::tma_load_3d(v + x * B::kBoxBytes, v_map, v_bar, 64 * x, kvh, row);
     }
     if (clear) {
       uint8_t* t = kClearKeys ? k : v;
       sm90::mbarrier_wait(bar.landed, 0);
-      for (int c = lane; c < (kTile - past) * W::kRowChunks; c += 32)
-        *reinterpret_cast<uint4*>(t + W::chunk(past + c / W::kRowChunks, c % W::kRowChunks)) = make_uint4(0, 0, 0, 0);
+      for (int c = lane; c < (KvBlock - past) * B::kRowChunks; c += 32)
+        *reinterpret_cast<uint4*>(t + B::chunk(past + c / B::kRowChunks, c % B::kRowChunks)) = make_uint4(0, 0, 0, 0);
       sm90::fence_proxy_async();  // the zeros, before wgmma reads them
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(kClearKeys ? &bar.full_a[st] : &bar.full_b[st]);
@@ -372,15 +391,16 @@ __device__ void produce_blocks(const CUtensorMap* k_map, const CUtensorMap* v_ma
 }
 
 // A query-side CTA's work (forward, dq): its task's slots of one sequence at its kv
-// head (query_grid), the last position any of its rows sees, and that position's block.
+// head (query_grid), the last position any of its rows sees, and that position's
+// block of kv_block keys.
 struct WsQueryTask {
   Task task;
   AttnSeq seq;
   int kvh, n_slots, hi_pos, last_block;
-  __device__ WsQueryTask(const AttnSeq* seqs, const Task* tasks, const Heads& h, int slots)
+  __device__ WsQueryTask(const AttnSeq* seqs, const Task* tasks, const Heads& h, int slots, int kv_block = kTile)
       : task(tasks[cta_task(h)]), seq(seqs[task.seq]), kvh(cta_kv_head(h)), n_slots(seq.q_len * h.G) {
     hi_pos = seq.past_len + (min(task.slot0 + slots, n_slots) - 1) / h.G;
-    last_block = hi_pos / kTile;
+    last_block = hi_pos / kv_block;
   }
 };
 
@@ -399,19 +419,20 @@ __device__ bool run_producer(Produce&& produce) {
 }
 
 // The keys' and values' tensor maps: [rows][Hkv][D], rows up to the last any
-// sequence reads (a box past them arrives as zeros), one head's 64 rows × 64
+// sequence reads (a box past them arrives as zeros), one head's kv_block rows × 64
 // columns a box.
 struct KvMaps {
   CUtensorMap k, v;
 };
-inline KvMaps kv_tensor_maps(const AttnSeq* seqs, int n_seqs, AttnDims dims, const bf16* k, const bf16* v) {
+inline KvMaps kv_tensor_maps(const AttnSeq* seqs, int n_seqs, AttnDims dims, const bf16* k, const bf16* v,
+                             int kv_block = kTile) {
   uint64_t rows = 1;
   for (int s = 0; s < n_seqs; ++s)
     if (seqs[s].q_len > 0)
       rows = std::max<uint64_t>(rows, uint64_t(seqs[s].kv_begin) + seqs[s].past_len + seqs[s].q_len);
   const uint64_t Hkv = static_cast<uint64_t>(dims.Hkv), D = static_cast<uint64_t>(dims.D);
   const uint64_t shape[3] = {D, Hkv, rows}, strides[2] = {D, Hkv * D};
-  const uint32_t box[3] = {64, 1, kTile};
+  const uint32_t box[3] = {64, 1, static_cast<uint32_t>(kv_block)};
   return {bf16_tensor_map_3d(k, shape, strides, box), bf16_tensor_map_3d(v, shape, strides, box)};
 }
 

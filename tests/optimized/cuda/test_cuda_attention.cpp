@@ -456,5 +456,64 @@ TEST_P(AttentionGpu, RepeatedRunsGiveSameBits) {
 
 INSTANTIATE_TEST_SUITE_P(Contracts, AttentionGpu, BP_ALL_CONTRACTS);
 
+// attn_kv_block 128 (issue 19 item 3 measures it against 64): the warpgroup forward's
+// blocks of 128 keys under bf16-sm90tc-v2's other knobs, against the reference with
+// the same knobs — lengths on and around the 128-key block and the 512-key split,
+// prefix caches, ragged batches, the Qwen3-30B-A3B heads, the slow path's non-finite
+// values and the exponential's huge finite scores.
+Knobs wide_block_knobs() {
+  Knobs kn = find_contract("bf16-sm90tc-v2")->knobs;
+  kn.attn_kv_block = 128;
+  return kn;
+}
+
+void expect_forward_matches(const Knobs& kn, const Problem& p, const char* what) {
+  SCOPED_TRACE(describe(p, what));
+  const Fwd want = cpu_fwd(kn, p);
+  expect_same(want, gpu_fwd(kn, p, FwdSchedule::kMergedInCta), "forward, merged splits");
+  expect_same(want, gpu_fwd(kn, p, FwdSchedule::kAuto), "forward, its own schedule");
+}
+
+TEST(AttentionGpuWideBlocks, ForwardMatchesReference) {
+  const Knobs kn = wide_block_knobs();
+  uint64_t seed = 9500;
+  for (AttnDims d : {AttnDims{4, 2, 64}, AttnDims{8, 1, 128}, AttnDims{32, 4, 128}}) {
+    for (int S : {1, 64, 127, 128, 129, 300, 512, 513, 700})
+      expect_forward_matches(kn, make_problem(d, packed({{0, S}}), ++seed), "extend");
+    expect_forward_matches(kn, make_problem(d, packed({{200, 150}, {0, 77}, {1000, 1}, {130, 3}}), ++seed),
+                           "prefix caches, ragged");
+  }
+  for (AttnDims d : {AttnDims{4, 2, 64}, AttnDims{8, 1, 128}}) {
+    for (int one_in : {3000, 300})
+      expect_forward_matches(kn, make_problem(d, packed({{0, 300}, {90, 40}, {600, 1}}), ++seed, 2.0f, one_in),
+                             "special values");
+    Problem nan_k = make_problem(d, packed({{0, 300}}), ++seed);
+    nan_k.k[size_t(70) * d.Hkv * d.D + 5].bits = 0x7fc0;   // key 70, kv head 0
+    nan_k.v[size_t(200) * d.Hkv * d.D + 3].bits = 0x7f80;  // value 200: +Inf
+    expect_forward_matches(kn, nan_k, "NaN key, Inf value");
+    expect_forward_matches(kn, make_problem(d, packed({{0, 300}}), ++seed, 8.0f), "peaked scores");
+    expect_forward_matches(kn, make_problem(d, packed({{0, 300}}), ++seed, 0x1p16f), "huge finite scores");
+    Knobs split = kn;
+    split.attn_kv_split = 256;  // block 2 (keys 256..383) starts the second split
+    Problem inf_v = make_problem(d, packed({{0, 300}}), ++seed);
+    inf_v.v[size_t(280) * d.Hkv * d.D + 1].bits = 0x7f80;
+    expect_forward_matches(split, inf_v, "Inf value in the second split's first block");
+  }
+}
+
+// The control: the block size reaches the bits (blocks of 64 give other ones), and
+// the kernels without blocks of 128 refuse them rather than run blocks of 64.
+TEST(AttentionGpuWideBlocks, BlockSizeChangesBitsAndOtherKernelsRefuseIt) {
+  const Knobs kn = wide_block_knobs();
+  const Problem p = make_problem({8, 1, 128}, packed({{0, 300}}), 9600);
+  EXPECT_FALSE(same_bits(gpu_fwd(kn, p, FwdSchedule::kMergedInCta).o,
+                         gpu_fwd(find_contract("bf16-sm90tc-v2")->knobs, p, FwdSchedule::kMergedInCta).o));
+  EXPECT_THROW(gpu_fwd(kn, p, FwdSchedule::kSplitCtas), std::invalid_argument);
+  EXPECT_THROW(gpu_bwd(kn, p, cpu_fwd(kn, p)), std::invalid_argument);
+  Knobs v1 = find_contract("bf16-sm90tc-v1")->knobs;
+  v1.attn_kv_block = 128;
+  EXPECT_THROW(gpu_fwd(v1, p, FwdSchedule::kMergedInCta), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace bp::test
