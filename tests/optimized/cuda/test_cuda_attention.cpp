@@ -2,7 +2,8 @@
 // the CPU reference, bit for bit, under all four contracts: GQA groups 1/2/8, head_dim
 // 64/128, Qwen3-30B-A3B heads (32/4 × 128) from 1 to 4096 tokens, decode with long
 // caches, prefix-cache extend, ragged batches, sequences crossing the 64-key block
-// and the 512-key split, edge values; decode == extend and repeated runs on the GPU.
+// and the 512-key split, edge values; decode == extend and repeated runs on the GPU;
+// the warpgroup forward with blocks of 128 keys (attn_kv_block 128, not a contract's).
 #include "optimized/cuda/attention.h"
 
 #include <algorithm>
@@ -498,6 +499,19 @@ TEST(AttentionGpuWideBlocks, ForwardMatchesReference) {
     Problem inf_v = make_problem(d, packed({{0, 300}}), ++seed);
     inf_v.v[size_t(280) * d.Hkv * d.D + 1].bits = 0x7f80;
     expect_forward_matches(split, inf_v, "Inf value in the second split's first block");
+  }
+}
+
+// Both wide-block instantiations (head_dim 64 and 128) on problems small enough for
+// compute-sanitizer's racecheck: splits of 256 keys, a prefix cache, decode steps,
+// special values (the slow path).
+TEST(AttentionGpuWideBlocks, SmallProblems) {
+  Knobs kn = wide_block_knobs();
+  kn.attn_kv_split = 256;
+  const auto seqs = packed({{0, 150}, {100, 30}, {300, 1}, {0, 1}});
+  for (AttnDims d : {AttnDims{8, 2, 64}, AttnDims{8, 1, 128}}) {
+    expect_forward_matches(kn, make_problem(d, seqs, 9700 + d.D), "small problems");
+    expect_forward_matches(kn, make_problem(d, seqs, 9701 + d.D, 2.0f, 400), "small problems, special values");
   }
 }
 
