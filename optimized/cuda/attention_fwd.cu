@@ -56,6 +56,9 @@ __device__ inline float of_max_key(int32_t key) {
   return float_of(static_cast<uint32_t>(total_order_key(float_of(static_cast<uint32_t>(key)))));
 }
 
+// Levels of a tree that halves 2·n values to one (n a power of two).
+__host__ __device__ constexpr int halving_levels(int n) { return n <= 1 ? 1 : 1 + halving_levels(n / 2); }
+
 // The block maximum of the thread's rows by maximumNumber (reference step 1, over
 // the state values s, −Inf in absent slots), seeded with −Inf. maximumNumber is
 // associative and commutative, so any tree gives the reference's sequential bits.
@@ -65,9 +68,6 @@ __device__ inline float of_max_key(int32_t key) {
 // gets the least key, so it is ignored; the key map is its own inverse).
 // Returns whether the block is tame: for every row of the warp no state value is NaN
 // and |maximum| < 2^30 (softmax_block's exponents are then ≤ 128 and not NaN).
-// Levels of a tree that halves 2·n values to one (n a power of two).
-__host__ __device__ constexpr int halving_levels(int n) { return n <= 1 ? 1 : 1 + halving_levels(n / 2); }
-
 template <int NT>
 __device__ bool block_max(float (&bmax)[2], const float (&s)[NT][4]) {
   constexpr int kLevels = halving_levels(NT);
