@@ -7,7 +7,8 @@
 //   one CTA per (tile, kv head, split) writes the split's (m, l, acc) and
 //   fwd_combine merges splits in order per row.
 // Three kernels: attn_fwd_ws_kernel (sm90-tc at head_dim 64 and 128, merged schedule:
-// TMA and wgmma in warpgroups, three query tiles a CTA), attn_decode_kernel (sm90-tc
+// TMA and wgmma in warpgroups, three query tiles a CTA; two at blocks of 128 keys,
+// attn_kv_block 128, which only this kernel runs), attn_decode_kernel (sm90-tc
 // at head_dim 64 and 128, flash-decoding: 16-slot tiles, four warps sharing each
 // block) and attn_fwd_kernel (the rest: mma.sync or the SIMT chain); launch_fwd picks.
 #include "optimized/cuda/attention.h"
@@ -828,7 +829,8 @@ constexpr bool on_warpgroups(DotModel model, int D, bool split_ctas) {
   return model == DotModel::Sm90Tc && D >= 64 && !split_ctas;
 }
 constexpr int task_slots(DotModel model, int D, bool split_ctas, int kv_block) {
-  if (on_warpgroups(model, D, split_ctas)) return kv_block == kTile ? WsForward<128>::kSlots : WsForward<128, 128>::kSlots;
+  if (on_warpgroups(model, D, split_ctas))
+    return kv_block == kTile ? WsForward<128>::kSlots : WsForward<128, 128>::kSlots;
   return split_ctas && on_decode_warps(model, D) ? kDecodeSlots : kTile;
 }
 

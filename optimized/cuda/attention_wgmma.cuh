@@ -1,9 +1,9 @@
 // The warpgroup pieces of attention (sm90-tc, head_dim 64 and 128), shared by the
 // forward (attention_fwd.cu) and the dq and dk/dv passes (attention_bwd.cu). FlashAttention-3's
-// CTA: a producer warpgroup whose first warp copies each 64-key block's keys and
-// values by TMA into a ring of stages, and consumer warpgroups (two; three in the
-// forward), each with its own 64-slot query tile of the same sequence and kv head,
-// sharing the blocks. Both products of a block are wgmma: scores Q·Kᵀ from shared
+// CTA: a producer warpgroup whose first warp copies each block's keys and values
+// (64 keys; 128 in the forward under attn_kv_block 128) by TMA into a ring of stages,
+// and consumer warpgroups (two; three in the forward at blocks of 64), each with its
+// own 64-slot query tile of the same sequence and kv head, sharing the blocks. Both products of a block are wgmma: scores Q·Kᵀ from shared
 // memory (D/16 k16 groups from +0) and acc += R(T)·B with R(T) from registers (the
 // score layout is wgmma's A fragment) and B (V in the forward, K in dq) read
 // N-major, 4 groups from the block's first slot. Operands sit in 128-byte-swizzled boxes of 64 rows × 64 bf16.
@@ -68,7 +68,7 @@ template <int D, int Consumers = 2, int KvBlock = kTile>
 struct WsTile : SwizzledTile<D, kTile> {
   using Slots = SwizzledTile<D, kTile>;
   using Block = SwizzledTile<D, KvBlock>;
-  static constexpr int kConsumers = Consumers, kStages = 2, kKvBlock = KvBlock;
+  static constexpr int kConsumers = Consumers, kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kSlots = kConsumers * kTile;  // query slots a task
   static constexpr uint32_t kTileBytes = Slots::kBytes;  // one query-side tile
@@ -182,6 +182,7 @@ __device__ void load_swizzled_tile(uint8_t* tile, int thread, Src src) {
 // the dot model's chain from +0 (scale-d = 0 on the first group), as one commit group.
 template <int D, int KB = kTile>
 __device__ void issue_scores(float (&s)[KB / 2], uint32_t a, uint32_t b) {
+  static_assert(KB == 64 || KB == 128, "a block is one wgmma's N");
   using A = SwizzledTile<D>;
   using B = SwizzledTile<D, KB>;
   sm90::fence_accumulators(s);
