@@ -937,14 +937,17 @@ void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_s
 void attention_fwd_scheduled(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, const bf16* q,
                              const bf16* k, const bf16* v, bf16* o, float* m, float* l, FwdSchedule schedule,
                              cudaStream_t stream) {
+  // Blocks of 128 keys run on the warpgroup forward alone, which the automatic
+  // schedule then keeps (check_args refuses them anywhere else). The arguments are
+  // checked before anything is derived from them.
+  const bool wide_blocks = kn.attn_kv_block == 128 && on_warpgroups(kn.dot, dims.D, false) &&
+                           schedule != FwdSchedule::kSplitCtas;
+  check_args(kn, dims, seqs, n_seqs, wide_blocks);
+  check_aligned({q, k, v, o});
   const int split_blocks = kn.attn_kv_split / kn.attn_kv_block;
-  // Blocks of 128 keys run on the warpgroup forward alone (check_args).
-  const bool wide_blocks = kn.attn_kv_block == 128 && on_warpgroups(kn.dot, dims.D, false);
   const bool split_ctas =
       schedule == FwdSchedule::kSplitCtas ||
       (schedule == FwdSchedule::kAuto && !wide_blocks && prefer_split_ctas(seqs, n_seqs, dims, split_blocks));
-  check_args(kn, dims, seqs, n_seqs, wide_blocks && !split_ctas);
-  check_aligned({q, k, v, o});
   FwdArgs args{};
   args.h = heads(dims);
   args.split_blocks = split_blocks;

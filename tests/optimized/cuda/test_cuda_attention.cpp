@@ -442,6 +442,15 @@ TEST_P(AttentionGpu, UnsupportedShapesAreRefused) {
                std::invalid_argument);
   EXPECT_THROW(cuda::attention_fwd(knobs(), {1, 1, 96}, &s, 1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
                std::invalid_argument);
+  // Bad knobs and sequences are refused before the schedule is derived from them
+  // (a block of 0 keys divided the split before the check).
+  kn.attn_kv_block = 0;
+  EXPECT_THROW(cuda::attention_fwd(kn, {1, 1, 64}, &s, 1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+               std::invalid_argument);
+  const AttnSeq negative{0, 1, -5, 0};
+  EXPECT_THROW(cuda::attention_fwd(knobs(), {1, 1, 64}, &negative, 1, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr),
+               std::invalid_argument);
 }
 
 TEST_P(AttentionGpu, RepeatedRunsGiveSameBits) {
