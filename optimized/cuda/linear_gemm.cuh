@@ -139,11 +139,13 @@ __device__ void store_outputs(const Problem& p, const Dot& d, const V& v, int ro
 // have them: smem_tree_levels) in the CTA's shared memory, deeper ones in the
 // global scratch. In both memories each thread keeps its whole share of the tile,
 // past the problem's edge too (it reads back only what it wrote):
-// [level][home][i / kStep][thread][kStep] (spill_elems says whose homes; shared
-// memory is one home), so a warp's accesses
-// are consecutive and a thread's addresses are one pointer plus constants (the
-// output-shaped layout this replaced needed an address and a bounds test per
-// pair, which the compiler hoisted out of the chunk loop into registers).
+// [level][home][warp][i / kStep][lane][kStep] (spill_elems says whose homes; shared
+// memory is one home), so a warp's accesses are consecutive, a thread's addresses
+// are one pointer plus constants (the output-shaped layout this replaced needed an
+// address and a bounds test per pair, which the compiler hoisted out of the chunk
+// loop into registers), and a warp's elements of a level lie together (the
+// warpgroup tree tiles put a warp's output boxes in its share of a shared level:
+// WarpgroupTile::kOutInLevels).
 // The dot's accumulators are only read: the warpgroup engine's are written by
 // nothing but wgmma, so ptxas need not wait for a wgmma in flight to move them. A
 // single chunk's root is the accumulators themselves. A tile with kRegSlots == 0
@@ -165,6 +167,12 @@ struct ChunkTree {
   static constexpr int kStep = PairedColumns<Dot> ? 2 : 1;
   static constexpr int kTileThreads = Cfg::kBM * Cfg::kBN / kAcc;  // the threads holding a tile's accumulators
   static_assert(kTileThreads * kAcc == Cfg::kBM * Cfg::kBN, "the threads' accumulators cover the tile");
+  static_assert(kTileThreads % 32 == 0, "whole warps hold the tile");
+  // Where a thread's elements start in a level, and element i from there.
+  __device__ static constexpr int thread_offset(int thread) {
+    return thread / 32 * 32 * kAcc + thread % 32 * kStep;
+  }
+  __device__ static constexpr int element_offset(int i) { return (i - i % kStep) * 32 + i % kStep; }
   float slot[kSlots > 0 ? kSlots : 1][kAcc];
   float* spill;        // this thread's element 0 of level kSlots + kSmemLevels in the scratch
   float* shared;       // ... and of level kSlots in shared memory (kSmemLevels > 0)
@@ -178,14 +186,14 @@ struct ChunkTree {
                        float* smem_levels = nullptr)
       : chunks(p.chunks), row0(r0), col0(c0) {
     level_stride = homes * Cfg::kBM * Cfg::kBN;
-    spill = p.spill + home * Cfg::kBM * Cfg::kBN + thread * kStep;
-    shared = smem_levels ? smem_levels + thread * kStep : nullptr;
+    spill = p.spill + home * Cfg::kBM * Cfg::kBN + thread_offset(thread);
+    shared = smem_levels ? smem_levels + thread_offset(thread) : nullptr;
   }
 
   // Element i of slot 0.
   __device__ float& node(int i) { return slot[0][i]; }
 
-  // Element i of `level` (>= kSlots) is at [i · kTileThreads] from here.
+  // Element i of `level` (>= kSlots) is at [element_offset(i)] from here.
   __device__ float* spilled(int level) const {
     if constexpr (kSmemLevels > 0)
       if (level < kSlots + kSmemLevels) return shared + (level - kSlots) * Cfg::kBM * Cfg::kBN;
@@ -196,11 +204,11 @@ struct ChunkTree {
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
       if constexpr (kStep == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(s + i * kTileThreads);
+        const float2 v = *reinterpret_cast<const float2*>(s + element_offset(i));
         node(i) = add_rn(v.x, node(i));
         node(i + 1) = add_rn(v.y, node(i + 1));
       } else {
-        node(i) = add_rn(s[i * kTileThreads], node(i));
+        node(i) = add_rn(s[element_offset(i)], node(i));
       }
     }
   }
@@ -208,8 +216,8 @@ struct ChunkTree {
     float* s = spilled(level);
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
-      if constexpr (kStep == 2) *reinterpret_cast<float2*>(s + i * kTileThreads) = make_float2(node(i), node(i + 1));
-      else s[i * kTileThreads] = node(i);
+      if constexpr (kStep == 2) *reinterpret_cast<float2*>(s + element_offset(i)) = make_float2(node(i), node(i + 1));
+      else s[element_offset(i)] = node(i);
     }
   }
   // slot 0 = slot s + slot 0 (slot s holds the earlier node), for s >= 1.
@@ -223,7 +231,7 @@ struct ChunkTree {
 
   // Element i of the pending node at `level` (>= kSlots).
   __device__ float& pending(int level, int i) const {
-    return spilled(level)[(i - i % kStep) * kTileThreads + i % kStep];
+    return spilled(level)[element_offset(i)];
   }
   // kSlots == 0: node(level) = pending(from) + node(level), element by element in
   // memory (no registers held across: the accumulators hold them all).

@@ -74,11 +74,21 @@ struct WarpgroupTile {
   static constexpr uint32_t kOutBoxBytes = 16 * 64 * sizeof(bf16);
   static constexpr uint32_t kOutWarpBytes = kOutCols / 64 * kOutBoxBytes;
   static constexpr uint32_t kOutBoxesBytes = 4 * kConsumers * kOutWarpBytes;
+  // The tree tiles keep a warp's boxes in its share of the first shared level
+  // (ChunkTree keeps a warp's elements of a level together): the tree has merged
+  // that level when the root is stored, and the CTA's next tile writes it first
+  // at its second chunk's end, after the stores have read the boxes
+  // (consume_chunks). That saves a stage's worth of shared memory.
+  static constexpr uint32_t kLevelWarpBytes = kBM * kBN * sizeof(float) / (4 * kConsumers);
+  static constexpr bool kOutInLevels = kSmemLevels > 0 && kOutWarpBytes <= kLevelWarpBytes;
   // Zeros, stages, tree levels, the stages' barriers, and slack to align the zeros
   // to 1024 bytes; then the outputs' boxes where they fit.
   static constexpr size_t kBaseBytes =
       size_t{kStages} * kStageBytes + kZeroBytes + kLevelBytes + 2 * kStages * sizeof(uint64_t) + 1024;
-  static constexpr uint32_t kOutBytes = kBaseBytes + kOutBoxesBytes <= 227 * 1024 ? kOutBoxesBytes : 0;
+  static constexpr uint32_t kOutBytes =
+      !kOutInLevels && kBaseBytes + kOutBoxesBytes <= 227 * 1024 ? kOutBoxesBytes : 0;
+  static constexpr bool kOutByTma = kOutInLevels || kOutBytes > 0;
+  static constexpr uint32_t kOutWarpStride = kOutInLevels ? kLevelWarpBytes : kOutWarpBytes;
   static constexpr size_t kSmemBytes = kBaseBytes + kOutBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0 && kLevelBytes % 1024 == 0,
                 "every operand tile and output box stays 1024-byte aligned");
@@ -117,9 +127,11 @@ using WgChunkTile = WarpgroupTile<128, 1, 6>;
 // the experts' 96), levels 1 and 2 there with three stages. The scratch's L2
 // traffic bound those: lm_head's weight gradient, 32 chunks a tile, had ncu's L2
 // throughput at 95 %. Measured (bench/NOTES.md): the long chunks want the deeper
-// ring, the short ones the deeper tree; and four stages with the outputs' boxes
-// beat five without (0.6B lm_head's input gradient 0.74 → 0.85× cuBLAS).
-using WgTreeTile = WarpgroupTile<128, 1, 4, 1>;
+// ring, the short ones the deeper tree. Both store bf16 outputs by TMA through
+// boxes inside their first shared level (kOutInLevels), which gave the tree tile
+// a fifth stage (30B o_proj at 4096 tokens 0.66 → 0.70× cuBLAS) and the deep one
+// the TMA stores (30B expert_down 0.35 → 0.43×).
+using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
 using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
@@ -248,7 +260,7 @@ struct WarpgroupSmem {
     empty = full + Cfg::kStages;
     zeros_at = sm90::shared_addr(zeros);
     stages_at = zeros_at + Cfg::kZeroBytes;
-    out_at = sm90::shared_addr(out);
+    out_at = sm90::shared_addr(Cfg::kOutInLevels ? static_cast<void*>(levels) : out);
     full0_at = sm90::shared_addr(full);
   }
   __device__ unsigned char* a(int slot) const { return stages + static_cast<size_t>(slot) * Cfg::kStageBytes; }
@@ -267,6 +279,22 @@ struct StageRing {
   int first;  // the ring index of the tile's stage 0
   __device__ int slot(int s) const { return (first + s) % Cfg::kStages; }
   __device__ uint32_t round(int s) const { return (first + s) / Cfg::kStages; }
+};
+
+// A consumer's walk of the ring stage by stage from a tile's stage 0: the slot and
+// the parity of its fill, kept by an add and a compare a stage (the divisions of
+// StageRing, with the pieces' bounds, were most of the chunk loop's ~100
+// instructions a stage: ncu, 30B o_proj at M = 4096).
+template <class Cfg>
+struct RingCursor {
+  uint32_t slot, parity;
+  __device__ explicit RingCursor(StageRing<Cfg> ring) : slot(ring.slot(0)), parity(ring.round(0) & 1) {}
+  __device__ void next() {
+    if (++slot == Cfg::kStages) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
 };
 
 // One tile of the GEMM: its problem, the problem's operand maps (the second pair's
@@ -384,7 +412,14 @@ __device__ void store_by_tma(const Dot& d, const V& v, const void* map_out, uint
 // This consumer warp's share of the outputs' boxes.
 template <class Cfg>
 __device__ uint32_t out_buffer(const WarpgroupSmem<Cfg>& sm) {
-  return sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpBytes;
+  return sm.out_at + (threadIdx.x - 128) / 32 * Cfg::kOutWarpStride;
+}
+
+// Before this warp writes over its boxes' bytes: the TMA stores of its previous tile
+// have read them.
+__device__ inline void wait_boxes_read() {
+  if (threadIdx.x % 32 == 0) sm90::bulk_wait_read();
+  __syncwarp();
 }
 
 // One chunk (the tiles without tree slots; run_warpgroup gives them no more): the
@@ -408,7 +443,7 @@ __device__ void consume_one_chunk(const Problem& p, const WarpgroupSmem<Cfg>& sm
   }
   dot.template wait<0>();
   stage.all();
-  if constexpr (Cfg::kOutBytes > 0)
+  if constexpr (Cfg::kOutByTma)
     if (map_out) return store_by_tma<Cfg>(dot, dot.acc, map_out, out_buffer(sm), row0, col0);
   store_outputs<Cfg>(p, dot, dot.acc, row0, col0);
 }
@@ -431,23 +466,34 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
   // Thread index after the producer warpgroup; the CTA's own home in the scratch.
   ChunkTree<Cfg, Dot> tree(p, row0, col0, threadIdx.x - 128, blockIdx.x, gridDim.x, sm.levels);
   StageRelease<Cfg> stage{sm};
+  RingCursor<Cfg> at(ring);
+  const uint32_t red = p.red, chunk = p.chunk;
+  uint32_t stage_end = kWgBK;  // of the cursor's stage
   for (int c = 0; c < p.chunks; ++c) {
-    const int begin = min(c * p.chunk, p.red), end = min(begin + p.chunk, p.red);
-    int j = begin;
+    const uint32_t begin = min(c * chunk, red), end = min(begin + chunk, red);
+    uint32_t j = begin;
     do {
-      const int s = min(j, p.red - 1) / kWgBK, slot = ring.slot(s), piece_end = min(end, (s + 1) * kWgBK);
-      sm90::mbarrier_wait(sm.full_at(slot), ring.round(s) & 1);
-      dot.step(sm.a_at(slot), sm.b_at(slot), sm.zeros_at,
-               (j - s * kWgBK + 15) / 16, (piece_end - s * kWgBK + 15) / 16, j == begin);
+      const uint32_t piece_end = min(end, stage_end), stage_begin = stage_end - kWgBK;
+      sm90::mbarrier_wait(sm.full_at(at.slot), at.parity);
+      dot.step(sm.a_at(at.slot), sm.b_at(at.slot), sm.zeros_at, (j - stage_begin + 15) / 16,
+               (piece_end - stage_begin + 15) / 16, j == begin);
       dot.template wait<1>();
-      stage.keep_only(slot);
+      stage.keep_only(at.slot);
+      // The last stage stays the cursor's: an empty chunk past the end issues
+      // its zero groups there.
+      if (piece_end == stage_end && piece_end < red) {
+        at.next();
+        stage_end += kWgBK;
+      }
       j = piece_end;
     } while (j < end);
     dot.template wait<0>();
+    if constexpr (Cfg::kOutInLevels)
+      if (c == 1) wait_boxes_read();  // the first shared level's first write of this tile follows
     tree.finish_chunk(dot, c, begin == end);
   }
   stage.all();
-  if constexpr (Cfg::kOutBytes > 0)
+  if constexpr (Cfg::kOutByTma)
     if (map_out)
       return tree.store_root(dot, [&](const auto& v) { store_by_tma<Cfg>(dot, v, map_out, out_buffer(sm), row0, col0); });
   tree.store_root(p, dot);
@@ -500,7 +546,7 @@ __device__ void warpgroup_tiles(int units, const Jobs& job) {
     else consume_chunks<Cfg, MA, MB>(p, sm, j.row0, j.col0, group - 1, ring, j.map_out);
     ring.first += stages;
   }
-  if (Cfg::kOutBytes > 0 && threadIdx.x % 32 == 0) sm90::bulk_wait();  // the buffer stays until the stores are done
+  if (Cfg::kOutByTma && threadIdx.x % 32 == 0) sm90::bulk_wait();  // the buffer stays until the stores are done
 }
 
 // One problem, its row tiles in units of Cfg::kCluster (a cluster's CTAs take a
@@ -599,7 +645,7 @@ void launch_warpgroup(Problem p, cudaStream_t stream) {
   const unsigned ctas = persistent_cluster_ctas<Cfg>(kernel, tile_count<Cfg>(p) / Cfg::kCluster);
   DeviceBuffer<float> spill(spill_elems<Cfg>(p, ctas), stream);
   p.spill = spill.get();
-  const bool out_by_tma = Cfg::kOutBytes > 0 && stores_by_tma(p);
+  const bool out_by_tma = Cfg::kOutByTma && stores_by_tma(p);
   const CUtensorMap map_out = out_by_tma ? output_map(p) : CUtensorMap{};
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config =
@@ -706,7 +752,7 @@ void launch_warpgroup_grouped(std::vector<Problem> problems, const GroupMaps& ma
   const auto kernel = warpgroup_grouped_kernel<Cfg, MA, MB>;
   static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
   BP_CUDA_CHECK(opt_in);
-  const bool out_by_tma = Cfg::kOutBytes > 0 && std::all_of(problems.begin(), problems.end(), stores_by_tma);
+  const bool out_by_tma = Cfg::kOutByTma && std::all_of(problems.begin(), problems.end(), stores_by_tma);
   const DeviceBuffer<CUtensorMap> d_maps(out_by_tma ? maps.with_outputs(problems) : maps.maps, stream);
   GroupPlan<Cfg> plan(std::move(problems), stream, /*persistent=*/true);
   const DeviceBuffer<Problem> d_problems(plan.problems, stream);

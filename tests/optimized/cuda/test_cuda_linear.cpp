@@ -373,6 +373,24 @@ int multiprocessor_count() {
   return sms;
 }
 
+// The tree tiles (eight chunks: level 1 in shared memory) with more tiles than SMs,
+// so each persistent CTA takes several one after another: a warp's output boxes lie
+// in its share of the shared level, written at one tile's end and then, at the next
+// tile's second chunk, by the tree (after the stores' reads). Chunks of 192 (the
+// tree tile) and 96 (the deep one), bf16 outputs by TMA and fp32 ones, the
+// forward's and the input gradient's majors; rows past two tiles per SM, the last
+// row tile 104 rows.
+TEST_P(LinearGpu, TreeTilesManyTilesPerCta) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_only{false, false, true, false, false};
+  const int T = (2 * multiprocessor_count() / 16 + 1) * 128 - 24;  // 2048 columns: 16 column tiles
+  uint64_t seed = 3600;
+  for (const int chunk : {192, 96})
+    for (Fill fill : {Fill::Spread, Fill::Edge}) {
+      check_problem(contract(), contract().knobs, Problem{T, 8 * chunk, 2048, 8}, fill, seed += 11, 8, fwd_acc);
+      check_problem(contract(), contract().knobs, Problem{T, 2048, 8 * chunk, 8}, fill, seed += 11, 8, dgrad_only);
+    }
+}
+
 // A single-chunk tile's case: T rows, the forward of K = 200 into `cols` columns
 // (bf16 outputs by TMA and fp32 ones) and the input gradient into `cols` columns
 // from 200 (the other majors), on spread and edge values. 200 ends inside a k16
