@@ -77,7 +77,7 @@ struct WarpgroupTile {
   // The tree tiles keep a warp's boxes in its share of the first shared level
   // (ChunkTree keeps a warp's elements of a level together): the tree has merged
   // that level when the root is stored, and the CTA's next tile writes it first
-  // at its second chunk's end, after the stores have read the boxes
+  // at the end of chunk 2^kRegSlots − 1, after the stores have read the boxes
   // (consume_chunks). That saves a stage's worth of shared memory.
   static constexpr uint32_t kLevelWarpBytes = kBM * kBN * sizeof(float) / (4 * kConsumers);
   static constexpr bool kOutInLevels = kSmemLevels > 0 && kOutWarpBytes <= kLevelWarpBytes;
@@ -488,8 +488,10 @@ __device__ void consume_chunks(const Problem& p, const WarpgroupSmem<Cfg>& sm, i
       j = piece_end;
     } while (j < end);
     dot.template wait<0>();
+    // The first shared level (kRegSlots) is first written by the chunk whose
+    // trailing one bits reach it.
     if constexpr (Cfg::kOutInLevels)
-      if (c == 1) wait_boxes_read();  // the first shared level's first write of this tile follows
+      if (c == (1 << Cfg::kRegSlots) - 1) wait_boxes_read();
     tree.finish_chunk(dot, c, begin == end);
   }
   stage.all();
