@@ -7,8 +7,10 @@
 // may be shorter), each chunk's dot starts at +0 and walks the reduction upward,
 // and the chunk partials go through reduce.h's pairwise_tree — exactly
 // chunked_dot / token_chunked_dot. One CTA owns an output tile for the whole
-// reduction (no split across CTAs, no atomics), and the chunk partials fold into
-// the tree as they finish (ChunkTree). Three engines run it:
+// reduction (no atomics), and the chunk partials fold into the tree as they finish
+// (ChunkTree); where the tiles are too few, the warpgroup engine runs the root's
+// two subtrees on two CTAs and adds their roots after (launch_subtrees). Three
+// engines run it:
 //   - linear_mma.cu: tiles of 32 reduction elements through a cp.async pipeline;
 //     sm90-tc on mma.sync.m16n8k16, fma-seq on the SIMT cores;
 //   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16, and up to

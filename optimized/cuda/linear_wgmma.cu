@@ -20,6 +20,9 @@
 // a stage past the reduction's end arrives as zeros, exactly the padding of
 // gemm_tile (linear_mma.cu).
 //
+// A chunked reduction with too few tiles for the SMs runs as its chunk tree's two
+// subtrees on two CTAs a tile, their roots added after (launch_subtrees).
+//
 // It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
 // whole k16 groups, M is past decode sizes and its tiles give the GPU work
 // (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "optimized/cuda/common.h"
+#include "optimized/cuda/device_util.cuh"
 #include "optimized/cuda/linear_gemm.cuh"
 #include "optimized/cuda/tma.h"
 #include "optimized/cuda/wgmma.cuh"
@@ -588,6 +592,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   });
 }
 
+// A problem's root as its two subtrees (launch_subtrees): units [0, tiles) are the
+// left problem's tiles, the rest the right one's, each on its own operand maps
+// (row-major tile order). The outputs are fp32 roots: stored from registers.
+template <class Cfg, Major MA, Major MB>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    warpgroup_subtrees_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                              const __grid_constant__ CUtensorMap map_a2, const __grid_constant__ CUtensorMap map_b2,
+                              const __grid_constant__ Problem left, const __grid_constant__ Problem right) {
+  const int col_tiles = (left.n + Cfg::kBN - 1) / Cfg::kBN;
+  const int tiles = (left.m + Cfg::kBM - 1) / Cfg::kBM * col_tiles;
+  warpgroup_tiles<Cfg, MA, MB>(2 * tiles, [&](int u) {
+    const bool second = u >= tiles;
+    const int t = second ? u - tiles : u;
+    const void* a = second ? &map_a2 : &map_a;
+    const void* b = second ? &map_b2 : &map_b;
+    return TileJob{second ? &right : &left, a, b, a, b, nullptr, t / col_tiles * Cfg::kBM, t % col_tiles * Cfg::kBN};
+  });
+}
+
 // --- host side ------------------------------------------------------------------
 // The A and B operands of p as TMA maps with 64 × 64 boxes; the reduction
 // extent is p.red, so a stage reaching past it reads zeros.
@@ -706,6 +729,25 @@ void launch_few_tiles(const Problem& p, int sms, cudaStream_t stream) {
   else launch_warpgroup<WgNarrowTile, MA, MB>(p, stream);
 }
 
+// The largest power of two below `chunks` (>= 2): pairwise_tree's root adds the
+// complete tree of that many chunks to the tree of the rest (reduce.h).
+int subtree_seam(int chunks) {
+  int h = 1;
+  while (2 * h < chunks) h *= 2;
+  return h;
+}
+
+// A chunked reduction whose 128 × 128 tiles are at most half a wave runs as the two
+// subtrees of its root on twice the CTAs (launch_subtrees), where both subtrees
+// have reduction elements (a chunk count past the reduction leaves empty chunks).
+bool subtrees_pay(const Problem& p, int sms) {
+  return p.chunks > 1 && 2 * tile_count<WgNarrowTile>(p) <= sms &&
+         static_cast<long long>(subtree_seam(p.chunks)) * p.chunk < p.red;
+}
+
+template <Major MA, Major MB>
+void launch_subtrees(const Problem& p, cudaStream_t stream);
+
 // The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
 // for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
 // least a wave of tiles, else 128 × 128 (for one chunk, launch_few_tiles' choice) if
@@ -727,6 +769,7 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
   } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
   else if (p.chunks == 1) launch_few_tiles<MA, MB>(p, sms, stream);
+  else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, stream);
   else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
   else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);
   else launch_warpgroup<WgTreeTile, MA, MB>(p, stream);
@@ -777,6 +820,69 @@ void launch_grouped_on_its_tile(std::vector<Problem> problems, const GroupMaps& 
   else if (!levels) launch_warpgroup_grouped<WgChunkTile, MA, MB>(std::move(problems), maps, stream);
   else if (all(short_chunks)) launch_warpgroup_grouped<WgDeepTreeTile, MA, MB>(std::move(problems), maps, stream);
   else launch_warpgroup_grouped<WgTreeTile, MA, MB>(std::move(problems), maps, stream);
+}
+
+// --- a reduction as its root's two subtrees -------------------------------------
+// The left subtree's root plus the right one's, as the root adds them, into the
+// output (rounded to bf16 where it is bf16), element by element.
+__global__ void add_subtree_roots(const float* __restrict__ left, const float* __restrict__ right, size_t n,
+                                  float* out_f32, bf16* out_bf16) {
+  for_each_index(n, [&](size_t i) {
+    const float root = add_rn(left[i], right[i]);
+    if (out_f32) out_f32[i] = root;
+    else out_bf16[i] = round_bf16(root);
+  });
+}
+
+// The operand from reduction element `from` on.
+template <Major M>
+Operand from_element(Operand op, int from) {
+  op.p += M == Major::Red ? size_t(from) : size_t(from) * op.ld;
+  return op;
+}
+
+// Both subtrees' tiles in one launch on the tile p's chunks would take (the left
+// subtree's tree is the deeper); a CTA's scratch home serves both.
+template <class Cfg, Major MA, Major MB>
+void launch_subtree_tiles(Problem left, Problem right, cudaStream_t stream) {
+  const auto kernel = warpgroup_subtrees_kernel<Cfg, MA, MB>;
+  static const cudaError_t opt_in = allow_smem(kernel, Cfg::kSmemBytes);
+  BP_CUDA_CHECK(opt_in);
+  const unsigned ctas = persistent_ctas(2 * tile_count<Cfg>(left));
+  DeviceBuffer<float> spill(spill_elems<Cfg>(left, ctas), stream);
+  left.spill = right.spill = spill.get();
+  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      operand_map<MA>(left.a, left.red), operand_map<MB>(left.b, left.red), operand_map<MA>(right.a, right.red),
+      operand_map<MB>(right.b, right.red), left, right);
+  BP_CUDA_CHECK_LAUNCH();
+}
+
+// p as its root's subtrees, each a problem of its own whose root goes to fp32
+// `roots` (m·n elements apiece): chunks [0, h) and [h, chunks) for h = subtree_seam,
+// the second's operands from the seam on. Their tiles run in one launch (by value:
+// a CUDA graph can hold it), then add_subtree_roots adds the roots: the bits of p's
+// one tree, from twice the CTAs.
+template <Major MA, Major MB>
+void launch_subtrees(const Problem& p, cudaStream_t stream) {
+  const size_t n = size_t(p.m) * p.n;
+  DeviceBuffer<float> roots(2 * n, stream);
+  const int h = subtree_seam(p.chunks), seam = h * p.chunk;
+  Problem left = p, right = p;
+  left.red = seam;
+  left.chunks = h;
+  right.a = from_element<MA>(p.a, seam);
+  right.b = from_element<MB>(p.b, seam);
+  right.red = p.red - seam;
+  right.chunks = p.chunks - h;
+  left.out_bf16 = right.out_bf16 = nullptr;
+  left.out_f32 = roots.get();
+  right.out_f32 = roots.get() + n;
+  if (!needs_tree_levels(left)) launch_subtree_tiles<WgChunkTile, MA, MB>(left, right, stream);
+  else if (short_chunks(left)) launch_subtree_tiles<WgDeepTreeTile, MA, MB>(left, right, stream);
+  else launch_subtree_tiles<WgTreeTile, MA, MB>(left, right, stream);
+  add_subtree_roots<<<grid_for(n), kBlockThreads, 0, stream>>>(roots.get(), roots.get() + n, n, p.out_f32,
+                                                               p.out_bf16);
+  BP_CUDA_CHECK_LAUNCH();
 }
 
 // The pair as one problem: second's chunks after first's, its operands from the

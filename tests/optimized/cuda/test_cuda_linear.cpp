@@ -373,6 +373,29 @@ int multiprocessor_count() {
   return sms;
 }
 
+// Chunked reductions with at most half a wave of 128 × 128 tiles run as the chunk
+// tree's two subtrees on two CTAs a tile (launch_subtrees): the largest power-of-
+// two prefix of the chunks and the rest, their roots added after. Eight row tiles
+// (the last 104 rows) by eight column tiles; five chunks (a prefix of four and one
+// chunk), six (four and two) and eight; bf16 and fp32 outputs, the forward's, the
+// input gradient's and the weight gradient's majors (seven token chunks of 128,
+// the last 104 tokens).
+TEST_P(LinearGpu, SubtreesOnFewTiles) {
+  const Which fwd_acc{true, true, false, false, false}, dgrad_both{false, false, true, true, false};
+  const Which wgrad_only{false, false, false, false, true};
+  const int T = multiprocessor_count() / 16 * 128 - 24;
+  uint64_t seed = 3700;
+  for (const int chunks : {5, 6, 8})
+    for (Fill fill : {Fill::Spread, Fill::Edge}) {
+      check_problem(contract(), contract().knobs, Problem{T, chunks * 96, 1000, chunks}, fill, seed += 11, 8, fwd_acc);
+      check_problem(contract(), contract().knobs, Problem{T, 1000, chunks * 64, chunks}, fill, seed += 11, 8,
+                    dgrad_both);
+    }
+  Knobs kn = contract().knobs;
+  kn.grad_token_chunk = 128;
+  check_problem(contract(), kn, Problem{6 * 128 + 104, T, 1000, 1}, Fill::Spread, seed += 11, 8, wgrad_only);
+}
+
 // The tree tiles (eight chunks: level 1 in shared memory) with more tiles than SMs,
 // so each persistent CTA takes several one after another: a warp's output boxes lie
 // in its share of the shared level, written at one tile's end and then, at the next
