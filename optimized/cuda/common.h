@@ -56,6 +56,19 @@ inline void keep_freed_pool_memory() {
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
+// A copy from host memory recorded by a stream capture re-reads that memory at each
+// replay of the CUDA graph, long after the caller released it (a grouped GEMM's
+// tile table: an illegal address in bench_linear's replay). Such a call refuses a
+// capturing stream, saying why.
+inline void refuse_capture(cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  BP_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone)
+    throw std::logic_error(std::string(what) +
+                           " copies from host memory, which a CUDA graph would re-read after its release: "
+                           "it cannot be captured");
+}
+
 template <class T>
 class DeviceBuffer {
  public:
@@ -66,8 +79,9 @@ class DeviceBuffer {
     BP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), stream));
   }
   // A copy of `host`. A pageable source is staged before the call returns, so
-  // `host` may be released at once.
+  // `host` may be released at once (never on a capturing stream: refuse_capture).
   explicit DeviceBuffer(const std::vector<T>& host, cudaStream_t stream = 0) : DeviceBuffer(host.size(), stream) {
+    refuse_capture(stream_, "a device copy of a host vector");
     if (n_ > 0) BP_CUDA_CHECK(cudaMemcpyAsync(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
   }
   DeviceBuffer(DeviceBuffer&& o) noexcept

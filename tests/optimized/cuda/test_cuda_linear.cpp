@@ -396,6 +396,53 @@ TEST_P(LinearGpu, SubtreesOnFewTiles) {
   check_problem(contract(), kn, Problem{6 * 128 + 104, T, 1000, 1}, Fill::Spread, seed += 11, 8, wgrad_only);
 }
 
+// A forward captured into a CUDA graph on a stream of its own replays the bits of the
+// call made outside one, over two poisons: the subtrees on few tiles, the tree tile
+// and a single chunk (every launch takes its tables by value and its temporaries
+// from the stream's pool). A grouped launch copies its tile table from host memory,
+// which a graph would re-read after its release: it refuses the capture instead.
+TEST_P(LinearGpu, CapturedInAGraph) {
+  const Knobs& kn = contract().knobs;
+  cudaStream_t s = nullptr;
+  BP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int T = multiprocessor_count() / 16 * 128 - 24;
+  uint64_t seed = 3800;
+  for (const Problem& pb : {Problem{T, 768, 1000, 8}, Problem{2200, 1024, 2048, 8}, Problem{T, 1000, 1000, 1}}) {
+    const DeviceBuffer<bf16> x(make_input(size_t(pb.T) * pb.K, seed += 11, Fill::Spread)),
+        w(make_input(size_t(pb.N) * pb.K, seed += 11, Fill::Spread));
+    DeviceBuffer<bf16> y(size_t(pb.T) * pb.N);
+    const auto forward = [&] { cuda::linear_fwd(kn, x.get(), w.get(), y.get(), pb.T, pb.K, pb.N, pb.chunks, s); };
+    forward();
+    BP_CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<bf16> want = y.download();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    BP_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    forward();
+    BP_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    BP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (const int poison : {0xff, 0x7f}) {
+      BP_CUDA_CHECK(cudaMemsetAsync(y.get(), poison, y.size() * sizeof(bf16), s));
+      BP_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      BP_CUDA_CHECK(cudaStreamSynchronize(s));
+      expect_identical(want, y.download(), label(contract(), "linear_fwd from a graph", pb.T, pb.K, pb.N, pb.chunks));
+    }
+    BP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    BP_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  const DeviceBuffer<bf16> x(make_input(size_t(256) * 512, seed += 11, Fill::Spread)),
+      w(make_input(size_t(512) * 512, seed += 11, Fill::Spread));
+  DeviceBuffer<bf16> y(size_t(256) * 512);
+  const cuda::LinearGroup groups[2] = {{x.get(), w.get(), 128, nullptr, y.get()},
+                                       {x.get() + 128 * 512, w.get(), 128, nullptr, y.get() + 128 * 512}};
+  cudaGraph_t graph = nullptr;
+  BP_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  EXPECT_THROW(cuda::linear_fwd_grouped(kn, groups, 2, 512, 512, 1, s), std::logic_error);
+  BP_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  if (graph) BP_CUDA_CHECK(cudaGraphDestroy(graph));
+  BP_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 // The tree tiles (eight chunks: level 1 in shared memory) with more tiles than SMs,
 // so each persistent CTA takes several one after another: a warp's output boxes lie
 // in its share of the shared level, written at one tile's end and then, at the next
