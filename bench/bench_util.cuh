@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,9 +171,14 @@ GraphTime median_graph_us(const Options& opt, cudaStream_t stream, F&& launch) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   BP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int b = 0; b < batch; ++b) launch(stream);
-  const bool captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
-                        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  bool recorded = true;
+  try {
+    for (int b = 0; b < batch; ++b) launch(stream);
+  } catch (const std::logic_error&) {  // cuda::refuse_capture: a call a graph cannot hold
+    recorded = false;
+  }
+  const bool ended = cudaStreamEndCapture(stream, &graph) == cudaSuccess;  // always: the stream leaves capture
+  const bool captured = ended && recorded && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
   std::vector<double> us;
   if (captured) {
     BP_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // the first replay uploads the graph
