@@ -28,8 +28,10 @@
 // (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
 // engine.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -698,6 +700,15 @@ bool warpgroup_fits(const Problem& p) { return warpgroup_can_run(p) && p.m > kDe
 // its chunks are short enough for the deep one.
 bool needs_tree_levels(const Problem& p) { return tree_levels(p.chunks) > WgChunkTile::kRegSlots; }
 bool short_chunks(const Problem& p) { return p.chunk <= 2 * kWgBK; }
+// launch(std::type_identity<Cfg>{}) on the 128 × 128 tile for p's chunks: the chunk
+// tile where the tree stays in registers, else the deep tree tile for short chunks,
+// else the tree tile.
+template <class Launch>
+void on_chunked_tile(const Problem& p, const Launch& launch) {
+  if (!needs_tree_levels(p)) launch(std::type_identity<WgChunkTile>{});
+  else if (short_chunks(p)) launch(std::type_identity<WgDeepTreeTile>{});
+  else launch(std::type_identity<WgTreeTile>{});
+}
 // Chunks long enough for the wide tile, whose tree has no level in registers: a
 // chunk's node (128 KB) goes to the scratch and comes back once, about as many
 // bytes as the operands of 170 reduction elements (384 bf16 each), so at 4096 and
@@ -731,11 +742,7 @@ void launch_few_tiles(const Problem& p, int sms, cudaStream_t stream) {
 
 // The largest power of two below `chunks` (>= 2): pairwise_tree's root adds the
 // complete tree of that many chunks to the tree of the rest (reduce.h).
-int subtree_seam(int chunks) {
-  int h = 1;
-  while (2 * h < chunks) h *= 2;
-  return h;
-}
+int subtree_seam(int chunks) { return static_cast<int>(std::bit_floor(static_cast<unsigned>(chunks - 1))); }
 
 // A chunked reduction whose 128 × 128 tiles are at most half a wave runs as the two
 // subtrees of its root on twice the CTAs (launch_subtrees), where both subtrees
@@ -770,9 +777,7 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
   else if (p.chunks == 1) launch_few_tiles<MA, MB>(p, sms, stream);
   else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, stream);
-  else if (!needs_tree_levels(p)) launch_warpgroup<WgChunkTile, MA, MB>(p, stream);
-  else if (short_chunks(p)) launch_warpgroup<WgDeepTreeTile, MA, MB>(p, stream);
-  else launch_warpgroup<WgTreeTile, MA, MB>(p, stream);
+  else on_chunked_tile(p, [&]<class Cfg>(std::type_identity<Cfg>) { launch_warpgroup<Cfg, MA, MB>(p, stream); });
   return true;
 }
 
@@ -877,9 +882,9 @@ void launch_subtrees(const Problem& p, cudaStream_t stream) {
   left.out_bf16 = right.out_bf16 = nullptr;
   left.out_f32 = roots.get();
   right.out_f32 = roots.get() + n;
-  if (!needs_tree_levels(left)) launch_subtree_tiles<WgChunkTile, MA, MB>(left, right, stream);
-  else if (short_chunks(left)) launch_subtree_tiles<WgDeepTreeTile, MA, MB>(left, right, stream);
-  else launch_subtree_tiles<WgTreeTile, MA, MB>(left, right, stream);
+  on_chunked_tile(left, [&]<class Cfg>(std::type_identity<Cfg>) {
+    launch_subtree_tiles<Cfg, MA, MB>(left, right, stream);
+  });
   add_subtree_roots<<<grid_for(n), kBlockThreads, 0, stream>>>(roots.get(), roots.get() + n, n, p.out_f32,
                                                                p.out_bf16);
   BP_CUDA_CHECK_LAUNCH();
