@@ -21,6 +21,9 @@
 // scratch), each rounded up to the pool's granularity. cuBLAS's calls come after, outside it (its workspace is
 // not from the pool anyway).
 // --only MODEL/PROJ/M or MODEL/PROJ.PASS/4096 (a substring of it): those rows alone, e.g. for a profiler.
+// --grad-token-chunk T (repeatable, a positive multiple of 16): the weight gradients again with T tokens a
+// chunk instead of the contract's grad_token_chunk (k_chunks says which; rows labelled MODEL/PROJ.wgrad-tT/4096):
+// what another value of that knob would buy, a contract decision, measured beside the contract's own.
 // Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
@@ -119,7 +122,7 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
   report(s, pass, M, chunks, ours, peer, bytes, copy_gbps);
 }
 
-int run(const Options& opt) {
+int run(const Options& opt, const std::vector<int>& other_grad_chunks) {
   bench::require_hopper("bench_linear", opt);
   const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
   test::CublasPeer cublas;
@@ -141,13 +144,41 @@ int run(const Options& opt) {
     for (Pass pass : {Pass::kDgrad, Pass::kWgrad})
       if (opt.selected(std::string(s.model) + "/" + s.proj + "." + pass_name(pass) + "/4096"))
         bench_shape(opt, kn, cublas, stream, copy_gbps, s, 4096, pass);
+  for (const int tokens : other_grad_chunks) {
+    Knobs other = kn;
+    other.grad_token_chunk = tokens;
+    for (const test::LinearShape& s : shapes)
+      if (opt.selected(std::string(s.model) + "/" + s.proj + ".wgrad-t" + std::to_string(tokens) + "/4096"))
+        bench_shape(opt, other, cublas, stream, copy_gbps, s, 4096, Pass::kWgrad);
+  }
   return kExitExact;
 }
 
 }  // namespace
 }  // namespace bp
 
+// Takes the --grad-token-chunk pairs out of argv; the rest goes to parse_options.
+static std::vector<int> take_grad_chunks(int& argc, char** argv) {
+  std::vector<int> tokens;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--grad-token-chunk") {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    const int t = i + 1 < argc ? std::atoi(argv[++i]) : 0;
+    if (t <= 0 || t % 16 != 0) {
+      std::fprintf(stderr, "bench_linear: --grad-token-chunk needs a positive multiple of 16\n");
+      std::exit(bp::kExitBadInput);
+    }
+    tokens.push_back(t);
+  }
+  argc = kept;
+  return tokens;
+}
+
 int main(int argc, char** argv) {
-  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true);
-  return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt); });
+  const std::vector<int> other_grad_chunks = take_grad_chunks(argc, argv);
+  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true, " [--grad-token-chunk T]...");
+  return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt, other_grad_chunks); });
 }

@@ -45,8 +45,10 @@ struct Options {
 };
 
 // --warmup N --reps N, and --only TEXT where the benchmark labels its rows
-// (labeled); anything else: usage on stderr, exit 2.
-inline Options parse_options(const char* name, int argc, char** argv, bool labeled = false) {
+// (labeled); anything else: usage on stderr (with the benchmark's own options,
+// extra_usage, which it takes out of argv first), exit 2.
+inline Options parse_options(const char* name, int argc, char** argv, bool labeled = false,
+                             const char* extra_usage = "") {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -54,7 +56,8 @@ inline Options parse_options(const char* name, int argc, char** argv, bool label
     else if (a == "--reps" && i + 1 < argc) o.reps = std::atoi(argv[++i]);
     else if (labeled && a == "--only" && i + 1 < argc) o.only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--warmup N] [--reps N]%s\n", name, labeled ? " [--only TEXT]" : "");
+      std::fprintf(stderr, "usage: %s [--warmup N] [--reps N]%s%s\n", name, labeled ? " [--only TEXT]" : "",
+                   extra_usage);
       std::exit(kExitBadInput);
     }
   }
