@@ -170,6 +170,7 @@ struct ChunkTree {
   static constexpr int kTileThreads = Cfg::kBM * Cfg::kBN / kAcc;  // the threads holding a tile's accumulators
   static_assert(kTileThreads * kAcc == Cfg::kBM * Cfg::kBN, "the threads' accumulators cover the tile");
   static_assert(kTileThreads % 32 == 0, "whole warps hold the tile");
+  static_assert(kSmemLevels == 0 || (kSlots > 0 && kStep == 2), "shared levels hold paired columns after a slot");
   // Where a thread's elements start in a level, and element i from there.
   __device__ static constexpr int thread_offset(int thread) {
     return thread / 32 * 32 * kAcc + thread % 32 * kStep;
@@ -177,7 +178,7 @@ struct ChunkTree {
   __device__ static constexpr int element_offset(int i) { return (i - i % kStep) * 32 + i % kStep; }
   float slot[kSlots > 0 ? kSlots : 1][kAcc];
   float* spill;        // this thread's element 0 of level kSlots + kSmemLevels in the scratch
-  float* shared;       // ... and of level kSlots in shared memory (kSmemLevels > 0)
+  uint32_t shared_at;  // ... and of level kSlots in shared memory (kSmemLevels > 0)
   size_t level_stride;  // elements from one level to the next in the scratch
   int chunks, row0, col0;
 
@@ -189,19 +190,35 @@ struct ChunkTree {
       : chunks(p.chunks), row0(r0), col0(c0) {
     level_stride = homes * Cfg::kBM * Cfg::kBN;
     spill = p.spill + home * Cfg::kBM * Cfg::kBN + thread_offset(thread);
-    shared = smem_levels ? smem_levels + thread_offset(thread) : nullptr;
+    shared_at = smem_levels ? smem_addr(smem_levels + thread_offset(thread)) : 0;
   }
 
   // Element i of slot 0.
   __device__ float& node(int i) { return slot[0][i]; }
 
-  // Element i of `level` (>= kSlots) is at [element_offset(i)] from here.
-  __device__ float* spilled(int level) const {
-    if constexpr (kSmemLevels > 0)
-      if (level < kSlots + kSmemLevels) return shared + (level - kSlots) * Cfg::kBM * Cfg::kBN;
-    return spill + (level - kSlots - kSmemLevels) * level_stride;
+  // The levels from kSlots on: the first kSmemLevels in shared memory, the rest in
+  // the scratch. Each memory has its own path: one pointer for both made every
+  // store a generic one (ST.E), which waited behind the global queue (lg_throttle:
+  // the stores took an eighth of the weight gradients' time, ncu).
+  __device__ static constexpr bool in_shared(int level) { return level < kSlots + kSmemLevels; }
+  // Element i of a shared `level` at element_offset(i) floats from here ...
+  __device__ uint32_t shared_level(int level) const {
+    return shared_at + (level - kSlots) * Cfg::kBM * Cfg::kBN * sizeof(float);
   }
+  // ... and of a scratch one at [element_offset(i)].
+  __device__ float* spilled(int level) const { return spill + (level - kSlots - kSmemLevels) * level_stride; }
   __device__ void merge_spilled(int level) {
+    if constexpr (kSmemLevels > 0)
+      if (in_shared(level)) {
+        const uint32_t at = shared_level(level);
+#pragma unroll
+        for (int i = 0; i < kAcc; i += 2) {
+          const float2 v = ld_shared_f32x2(at + element_offset(i) * sizeof(float));
+          node(i) = add_rn(v.x, node(i));
+          node(i + 1) = add_rn(v.y, node(i + 1));
+        }
+        return;
+      }
     const float* s = spilled(level);
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
@@ -215,6 +232,13 @@ struct ChunkTree {
     }
   }
   __device__ void store_spilled(int level) {
+    if constexpr (kSmemLevels > 0)
+      if (in_shared(level)) {
+        const uint32_t at = shared_level(level);
+#pragma unroll
+        for (int i = 0; i < kAcc; i += 2) st_shared_f32x2(at + element_offset(i) * sizeof(float), node(i), node(i + 1));
+        return;
+      }
     float* s = spilled(level);
 #pragma unroll
     for (int i = 0; i < kAcc; i += kStep) {
@@ -231,7 +255,7 @@ struct ChunkTree {
         for (int i = 0; i < kAcc; ++i) node(i) = add_rn(slot[j][i], node(i));
   }
 
-  // Element i of the pending node at `level` (>= kSlots).
+  // Element i of the pending node at `level` (>= kSlots; kSlots == 0 has no shared levels).
   __device__ float& pending(int level, int i) const {
     return spilled(level)[element_offset(i)];
   }
@@ -264,6 +288,20 @@ struct ChunkTree {
       for (int i = 0; i < kAcc; ++i) pending(l, i) = pending(0, i);
   }
 
+  // Slot 0 = chunk c's partial (even c) or slot 0 + the partial (odd c), under
+  // uniform branches: one instruction an element where selects over both ways took
+  // an FSEL and a predicated FADD (ncu; ptxas still copies slot 0 back to its loop
+  // registers once a chunk either way).
+  template <class Part>
+  __device__ void fold_partial(int c, const Part& part) {
+    if (c & 1) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) node(i) = add_rn(node(i), part(i));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) node(i) = part(i);
+    }
+  }
   // Chunk c's partial is in d.acc, or +0 for an empty chunk (no wgmma wrote it);
   // true when the root is complete (store_root).
   __device__ bool finish_chunk(const Dot& d, int c, bool empty) {
@@ -272,11 +310,8 @@ struct ChunkTree {
       build_in_memory(d, c, empty);
       return c == chunks - 1;
     } else {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        const float part = empty ? 0.0f : d.acc[i];
-        node(i) = (c & 1) ? add_rn(node(i), part) : part;
-      }
+      if (empty) fold_partial(c, [](int) { return 0.0f; });
+      else fold_partial(c, [&](int i) { return d.acc[i]; });
       int l = c & 1;  // level of the node in slot 0
 #pragma unroll
       for (int s = 1; s < kSlots; ++s)

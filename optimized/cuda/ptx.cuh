@@ -11,6 +11,17 @@ namespace bp::cuda {
 
 __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
+// Two floats at a shared-memory address, by ld/st.shared: a generic pointer that may
+// be shared or global compiles to ST.E, which queues behind global traffic (lg_throttle).
+__device__ inline float2 ld_shared_f32x2(uint32_t at) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(at) : "memory");
+  return v;
+}
+__device__ inline void st_shared_f32x2(uint32_t at, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
+
 // 16 bytes global -> shared; src_bytes < 16 zero-fills the rest (0: no read at all).
 __device__ inline void cp_async16(void* dst, const void* src, int src_bytes = 16) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
