@@ -179,6 +179,7 @@ static std::vector<int> take_grad_chunks(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   const std::vector<int> other_grad_chunks = take_grad_chunks(argc, argv);
-  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true, " [--grad-token-chunk T]...");
+  const bp::bench::Options opt =
+      bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true, " [--grad-token-chunk T]...");
   return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt, other_grad_chunks); });
 }

@@ -207,43 +207,49 @@ struct ChunkTree {
   }
   // ... and of a scratch one at [element_offset(i)].
   __device__ float* spilled(int level) const { return spill + (level - kSlots - kSmemLevels) * level_stride; }
+  // Paired columns (kStep == 2): node += the pending node whose element pairs
+  // load(element_offset(i)) reads (the earlier node on the left), or
+  // store(element_offset(i), pair) writes the node.
+  template <class Load>
+  __device__ void merge_pairs(const Load& load) {
+#pragma unroll
+    for (int i = 0; i < kAcc; i += 2) {
+      const float2 v = load(element_offset(i));
+      node(i) = add_rn(v.x, node(i));
+      node(i + 1) = add_rn(v.y, node(i + 1));
+    }
+  }
+  template <class Store>
+  __device__ void store_pairs(const Store& store) {
+#pragma unroll
+    for (int i = 0; i < kAcc; i += 2) store(element_offset(i), node(i), node(i + 1));
+  }
   __device__ void merge_spilled(int level) {
     if constexpr (kSmemLevels > 0)
       if (in_shared(level)) {
         const uint32_t at = shared_level(level);
-#pragma unroll
-        for (int i = 0; i < kAcc; i += 2) {
-          const float2 v = ld_shared_f32x2(at + element_offset(i) * sizeof(float));
-          node(i) = add_rn(v.x, node(i));
-          node(i + 1) = add_rn(v.y, node(i + 1));
-        }
-        return;
+        return merge_pairs([at](int e) { return ld_shared_f32x2(at + e * sizeof(float)); });
       }
     const float* s = spilled(level);
+    if constexpr (kStep == 2) {
+      merge_pairs([s](int e) { return *reinterpret_cast<const float2*>(s + e); });
+    } else {
 #pragma unroll
-    for (int i = 0; i < kAcc; i += kStep) {
-      if constexpr (kStep == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(s + element_offset(i));
-        node(i) = add_rn(v.x, node(i));
-        node(i + 1) = add_rn(v.y, node(i + 1));
-      } else {
-        node(i) = add_rn(s[element_offset(i)], node(i));
-      }
+      for (int i = 0; i < kAcc; ++i) node(i) = add_rn(s[element_offset(i)], node(i));
     }
   }
   __device__ void store_spilled(int level) {
     if constexpr (kSmemLevels > 0)
       if (in_shared(level)) {
         const uint32_t at = shared_level(level);
-#pragma unroll
-        for (int i = 0; i < kAcc; i += 2) st_shared_f32x2(at + element_offset(i) * sizeof(float), node(i), node(i + 1));
-        return;
+        return store_pairs([at](int e, float x, float y) { st_shared_f32x2(at + e * sizeof(float), x, y); });
       }
     float* s = spilled(level);
+    if constexpr (kStep == 2) {
+      store_pairs([s](int e, float x, float y) { *reinterpret_cast<float2*>(s + e) = make_float2(x, y); });
+    } else {
 #pragma unroll
-    for (int i = 0; i < kAcc; i += kStep) {
-      if constexpr (kStep == 2) *reinterpret_cast<float2*>(s + element_offset(i)) = make_float2(node(i), node(i + 1));
-      else s[element_offset(i)] = node(i);
+      for (int i = 0; i < kAcc; ++i) s[element_offset(i)] = node(i);
     }
   }
   // slot 0 = slot s + slot 0 (slot s holds the earlier node), for s >= 1.
