@@ -32,8 +32,8 @@ using gemm::Operand;
 using gemm::Problem;
 
 // sm90-tc: decode sizes on the decode engine; past them the warpgroup kernel where
-// its tiles fill the GPU, else the decode engine's 16-row blocks (M <= 128), else
-// mma.sync. fma-seq on the SIMT cores.
+// it takes p (run_warpgroup), else the decode engine's 16-row blocks (M <= 128),
+// else mma.sync. fma-seq on the SIMT cores.
 template <Major MA, Major MB>
 void run_gemm(DotModel model, const Problem& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;

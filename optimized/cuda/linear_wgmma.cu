@@ -139,6 +139,13 @@ using WgChunkTile = WarpgroupTile<128, 1, 6>;
 // the TMA stores (30B expert_down 0.35 → 0.43×).
 using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
 using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
+// Chunked reductions whose 128 × 128 tiles would leave most SMs idle (decode
+// batches past 16 rows: 30B's o_proj at 128 tokens makes 16 of them): 64 × 64,
+// four times the tiles (twice where M <= 64), level 0 in registers and the few
+// deeper nodes in the scratch, eight stages of 16 KB for the long walk each makes
+// alone. The decode engine's 16-row blocks, which ran these before, read the
+// weight once per block (0.13–0.23× cuBLAS at M = 128, C = 8 on the H200).
+using WgSmallChunkTile = WarpgroupTile<64, 1, 8, 0, 1, 64>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
 // 128 bytes (K-major, the swizzle repeating every 8 rows); Row operands are boxes
@@ -700,12 +707,15 @@ bool warpgroup_fits(const Problem& p) { return warpgroup_can_run(p) && p.m > kDe
 // its chunks are short enough for the deep one.
 bool needs_tree_levels(const Problem& p) { return tree_levels(p.chunks) > WgChunkTile::kRegSlots; }
 bool short_chunks(const Problem& p) { return p.chunk <= 2 * kWgBK; }
-// launch(std::type_identity<Cfg>{}) on the 128 × 128 tile for p's chunks: the chunk
-// tile where the tree stays in registers, else the deep tree tile for short chunks,
-// else the tree tile.
+// Whether p's 128 × 128 tiles are under an eighth of a wave.
+bool few_tiles(const Problem& p, int sms) { return 8 * tile_count<WgNarrowTile>(p) < sms; }
+// launch(std::type_identity<Cfg>{}) on the tile for p's chunks: the 64 × 64 one where
+// the 128 × 128 tiles are few, else of the 128 × 128 ones the chunk tile where the
+// tree stays in registers, the deep tree tile for short chunks, or the tree tile.
 template <class Launch>
-void on_chunked_tile(const Problem& p, const Launch& launch) {
-  if (!needs_tree_levels(p)) launch(std::type_identity<WgChunkTile>{});
+void on_chunked_tile(const Problem& p, int sms, const Launch& launch) {
+  if (few_tiles(p, sms)) launch(std::type_identity<WgSmallChunkTile>{});
+  else if (!needs_tree_levels(p)) launch(std::type_identity<WgChunkTile>{});
   else if (short_chunks(p)) launch(std::type_identity<WgDeepTreeTile>{});
   else launch(std::type_identity<WgTreeTile>{});
 }
@@ -745,22 +755,24 @@ void launch_few_tiles(const Problem& p, int sms, cudaStream_t stream) {
 int subtree_seam(int chunks) { return static_cast<int>(std::bit_floor(static_cast<unsigned>(chunks - 1))); }
 
 // A chunked reduction whose 128 × 128 tiles are at most half a wave runs as the two
-// subtrees of its root on twice the CTAs (launch_subtrees), where both subtrees
-// have reduction elements (a chunk count past the reduction leaves empty chunks).
+// subtrees of its root on twice the CTAs (launch_subtrees, on on_chunked_tile's
+// tile: the 64 × 64 one where they are few), where both subtrees have reduction
+// elements (a chunk count past the reduction leaves empty chunks).
 bool subtrees_pay(const Problem& p, int sms) {
   return p.chunks > 1 && 2 * tile_count<WgNarrowTile>(p) <= sms &&
          static_cast<long long>(subtree_seam(p.chunks)) * p.chunk < p.red;
 }
 
 template <Major MA, Major MB>
-void launch_subtrees(const Problem& p, cudaStream_t stream);
+void launch_subtrees(const Problem& p, int sms, cudaStream_t stream);
 
 // The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
 // for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
-// least a wave of tiles, else 128 × 128 (for one chunk, launch_few_tiles' choice) if
-// that gives an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's mma.sync
-// rate measured on these shapes, so even a partial wave wins); false leaves p to
-// the mma.sync kernels.
+// least a wave of tiles, else for one chunk launch_few_tiles' choice if the 128 ×
+// 128 tiles give an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's
+// mma.sync rate measured on these shapes, so even a partial wave wins; false
+// leaves fewer to the decode engine's 16-row blocks or the mma.sync kernels), and
+// for several chunks on_chunked_tile's.
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
@@ -774,10 +786,11 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms) {
     if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
-  } else if (8 * tile_count<WgNarrowTile>(p) < sms) return false;
-  else if (p.chunks == 1) launch_few_tiles<MA, MB>(p, sms, stream);
-  else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, stream);
-  else on_chunked_tile(p, [&]<class Cfg>(std::type_identity<Cfg>) { launch_warpgroup<Cfg, MA, MB>(p, stream); });
+  } else if (p.chunks == 1) {
+    if (few_tiles(p, sms)) return false;
+    launch_few_tiles<MA, MB>(p, sms, stream);
+  } else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, sms, stream);
+  else on_chunked_tile(p, sms, [&]<class Cfg>(std::type_identity<Cfg>) { launch_warpgroup<Cfg, MA, MB>(p, stream); });
   return true;
 }
 
@@ -868,7 +881,7 @@ void launch_subtree_tiles(Problem left, Problem right, cudaStream_t stream) {
 // a CUDA graph can hold it), then add_subtree_roots adds the roots: the bits of p's
 // one tree, from twice the CTAs.
 template <Major MA, Major MB>
-void launch_subtrees(const Problem& p, cudaStream_t stream) {
+void launch_subtrees(const Problem& p, int sms, cudaStream_t stream) {
   const size_t n = size_t(p.m) * p.n;
   DeviceBuffer<float> roots(2 * n, stream);
   const int h = subtree_seam(p.chunks), seam = h * p.chunk;
@@ -882,7 +895,7 @@ void launch_subtrees(const Problem& p, cudaStream_t stream) {
   left.out_bf16 = right.out_bf16 = nullptr;
   left.out_f32 = roots.get();
   right.out_f32 = roots.get() + n;
-  on_chunked_tile(left, [&]<class Cfg>(std::type_identity<Cfg>) {
+  on_chunked_tile(left, sms, [&]<class Cfg>(std::type_identity<Cfg>) {
     launch_subtree_tiles<Cfg, MA, MB>(left, right, stream);
   });
   add_subtree_roots<<<grid_for(n), kBlockThreads, 0, stream>>>(roots.get(), roots.get() + n, n, p.out_f32,
