@@ -24,6 +24,8 @@
 // --grad-token-chunk T (repeatable, a positive multiple of 16): the weight gradients again with T tokens a
 // chunk instead of the contract's grad_token_chunk (k_chunks says which; rows labelled MODEL/PROJ.wgrad-tT/4096):
 // what another value of that knob would buy, a contract decision, measured beside the contract's own.
+// --rows M (repeatable, positive): the forwards at these M instead of 1, 16, 128, 1024, 4096 (e.g. to find
+// where one kernel's rows hand over to another's).
 // Exit 125 without a Hopper GPU.
 #include <cuda_runtime.h>
 
@@ -122,7 +124,9 @@ void bench_shape(const Options& opt, const Knobs& kn, test::CublasPeer& cublas, 
   report(s, pass, M, chunks, ours, peer, bytes, copy_gbps);
 }
 
-int run(const Options& opt, const std::vector<int>& other_grad_chunks) {
+const std::vector<int> kForwardRows = {1, 16, 128, 1024, 4096};
+
+int run(const Options& opt, const std::vector<int>& forward_rows, const std::vector<int>& other_grad_chunks) {
   bench::require_hopper("bench_linear", opt);
   const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
   test::CublasPeer cublas;
@@ -136,7 +140,7 @@ int run(const Options& opt, const std::vector<int>& other_grad_chunks) {
   std::vector<test::LinearShape> shapes = test::qwen3_linear_shapes();
   for (const test::LinearShape& s : test::qwen3_lm_heads()) shapes.push_back(s);
   for (const test::LinearShape& s : shapes)
-    for (int M : {1, 16, 128, 1024, 4096})
+    for (int M : forward_rows.empty() ? kForwardRows : forward_rows)
       if (opt.selected(std::string(s.model) + "/" + s.proj + "/" + std::to_string(M)))
         bench_shape(opt, kn, cublas, stream, copy_gbps, s, M, Pass::kFwd);
   // The backward at the training size.
@@ -157,29 +161,31 @@ int run(const Options& opt, const std::vector<int>& other_grad_chunks) {
 }  // namespace
 }  // namespace bp
 
-// Takes the --grad-token-chunk pairs out of argv; the rest goes to parse_options.
-static std::vector<int> take_grad_chunks(int& argc, char** argv) {
-  std::vector<int> tokens;
+// Takes the `flag V` pairs out of argv (V a positive multiple of `multiple`); the
+// rest stays for parse_options.
+static std::vector<int> take_repeated(int& argc, char** argv, const std::string& flag, int multiple) {
+  std::vector<int> values;
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) != "--grad-token-chunk") {
+    if (argv[i] != flag) {
       argv[kept++] = argv[i];
       continue;
     }
-    const int t = i + 1 < argc ? std::atoi(argv[++i]) : 0;
-    if (t <= 0 || t % 16 != 0) {
-      std::fprintf(stderr, "bench_linear: --grad-token-chunk needs a positive multiple of 16\n");
+    const int v = i + 1 < argc ? std::atoi(argv[++i]) : 0;
+    if (v <= 0 || v % multiple != 0) {
+      std::fprintf(stderr, "bench_linear: %s needs a positive multiple of %d\n", flag.c_str(), multiple);
       std::exit(bp::kExitBadInput);
     }
-    tokens.push_back(t);
+    values.push_back(v);
   }
   argc = kept;
-  return tokens;
+  return values;
 }
 
 int main(int argc, char** argv) {
-  const std::vector<int> other_grad_chunks = take_grad_chunks(argc, argv);
-  const bp::bench::Options opt =
-      bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true, " [--grad-token-chunk T]...");
-  return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt, other_grad_chunks); });
+  const std::vector<int> other_grad_chunks = take_repeated(argc, argv, "--grad-token-chunk", 16);
+  const std::vector<int> forward_rows = take_repeated(argc, argv, "--rows", 1);
+  const bp::bench::Options opt = bp::bench::parse_options("bench_linear", argc, argv, /*labeled=*/true,
+                                                          " [--grad-token-chunk T]... [--rows M]...");
+  return bp::bench::guarded_main("bench_linear", [&] { return bp::run(opt, forward_rows, other_grad_chunks); });
 }

@@ -2,8 +2,8 @@
 // public functions of linear.h — their argument checks, each op as one GEMM problem
 // (linear_gemm.cuh says what a GEMM computes), and the engine that runs it:
 //   - linear_wgmma.cu, the warpgroup kernel (wgmma fed by TMA): sm90-tc where TMA
-//     can read both operands, chunks are whole k16 groups, M is past decode sizes
-//     and its tiles give the GPU work;
+//     can read both operands, chunks are whole k16 groups and M is past decode
+//     sizes;
 //   - linear_decode.cu: the sm90-tc forward at decode sizes (M <= 16), and in
 //     16-row blocks up to M = 128 where the warpgroup kernel declines, where both
 //     operands allow 16-byte runs, the weight streamed into mma.sync fragments;

@@ -1,9 +1,8 @@
 // The decode engine of linear (linear_gemm.cuh says what every GEMM computes):
 // sm90-tc forward GEMMs of decode size (M <= 16 rows of x), which stream the weight
 // once and are bound by its bytes; and up to 128 rows where the warpgroup kernel
-// declines (a single chunk whose tiles would not fill the GPU, or chunks that are not
-// whole k16 groups), as a grid row per 16-row block. A warp per strip of
-// 8 output columns and chunk (C times the warps of linear_mma.cu's decode tiles on
+// declines (chunks that are not whole k16 groups), as a grid row per 16-row block.
+// A warp per strip of 8 output columns and chunk (C times the warps of linear_mma.cu's decode tiles on
 // chunked reductions); the weight goes from global memory by cp.async into a
 // per-lane ring in shared memory (launches of few warps) and from there into the
 // mma B fragments, in batches of kBatch k16 groups, up to 8 batches (32 KB) in

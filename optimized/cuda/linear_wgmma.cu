@@ -24,8 +24,7 @@
 // subtrees on two CTAs a tile, their roots added after (launch_subtrees).
 //
 // It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
-// whole k16 groups, M is past decode sizes and its tiles give the GPU work
-// (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
+// whole k16 groups and M is past decode sizes (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
 // engine.
 #include <algorithm>
 #include <bit>
@@ -766,13 +765,13 @@ bool subtrees_pay(const Problem& p, int sms) {
 template <Major MA, Major MB>
 void launch_subtrees(const Problem& p, int sms, cudaStream_t stream);
 
-// The warpgroup kernel where it fits and its tiles give the GPU work: 128 × 192
-// for one chunk where mid_tiles_win, 128 × 256 for one chunk (or long ones) and at
-// least a wave of tiles, else for one chunk launch_few_tiles' choice if the 128 ×
-// 128 tiles give an eighth of a wave (one SM on wgmma does ~1/30 of the GPU's
-// mma.sync rate measured on these shapes, so even a partial wave wins; false
-// leaves fewer to the decode engine's 16-row blocks or the mma.sync kernels), and
-// for several chunks on_chunked_tile's.
+// The warpgroup kernel wherever it fits: 128 × 192 for one chunk where
+// mid_tiles_win, 128 × 256 for one chunk (or long ones) and at least a wave of
+// tiles, else for one chunk launch_few_tiles' choice, and for several chunks
+// on_chunked_tile's. However few its tiles, a single chunk past 16 rows runs
+// faster here than on the decode engine's 16-row blocks, which read the weight
+// once a block (H200, M = 17 … 256: 0.6B q_proj at 128 rows 12.9 → 6.3 µs, 30B
+// kv_proj at 192 on mma.sync 76 → 8.6; 30B kv_proj at 17 rows alone 8.0 → 8.4).
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;
@@ -786,10 +785,8 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms) {
     if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);
-  } else if (p.chunks == 1) {
-    if (few_tiles(p, sms)) return false;
-    launch_few_tiles<MA, MB>(p, sms, stream);
-  } else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, sms, stream);
+  } else if (p.chunks == 1) launch_few_tiles<MA, MB>(p, sms, stream);
+  else if (subtrees_pay(p, sms)) launch_subtrees<MA, MB>(p, sms, stream);
   else on_chunked_tile(p, sms, [&]<class Cfg>(std::type_identity<Cfg>) { launch_warpgroup<Cfg, MA, MB>(p, stream); });
   return true;
 }

@@ -287,13 +287,12 @@ TEST_P(LinearGpu, RankSlicesTakeTheWholeChunkLength) {
 // several strips per CTA with their chunk partials side by side (N = 2200 in 4
 // chunks), and more units of strips than CTAs, so a CTA's units alternate between
 // its two partial buffers (N = 20000 in 8 chunks). Past 16 rows, where the
-// warpgroup kernel declines, the 16-row blocks: 100 rows (the last block of 4) in
-// 2 chunks of 264 (not whole k16 groups), and 128 over a single chunk ending inside
-// a k16 group, whose tiles are too few (a chunk shorter than a weight batch, 256
-// elements, goes to mma.sync instead).
+// warpgroup kernel declines (chunks of 264, not whole k16 groups), the 16-row
+// blocks: 100 rows (the last block of 4) in 2 chunks, and 128 in 4 (a chunk
+// shorter than a weight batch, 256 elements, goes to mma.sync instead).
 TEST_P(LinearGpu, DecodeShapes) {
   const Problem problems[] = {{11, 88, 44, 12}, {13, 1032, 1001, 1}, {5, 256, 2200, 4},
-                              {3, 128, 20000, 8}, {100, 528, 200, 2},  {128, 264, 1001, 1}};
+                              {3, 128, 20000, 8}, {100, 528, 200, 2},  {128, 1056, 1001, 4}};
   uint64_t seed = 800;
   for (const Problem& pb : problems)
     for (Fill fill : {Fill::Uniform, Fill::Spread, Fill::Edge})
@@ -491,19 +490,20 @@ TEST_P(LinearGpu, SlimTile) { check_tile_case(contract(), (multiprocessor_count(
 // as many tiles.
 TEST_P(LinearGpu, SmallTile) { check_tile_case(contract(), multiprocessor_count() / 16 * 128 - 24, 456, 3500); }
 
-// Chunked reductions whose 128 × 128 tiles are under an eighth of a wave, on the 64 ×
-// 64 chunk tile (on_chunked_tile): decode batches past 16 rows (17, 100: two row
-// tiles, the last 36 rows; 128) over 200 columns (the last tile 8 wide), as the
+// Reductions whose 128 × 128 tiles are under an eighth of a wave, on the 64 × 64
+// tiles: decode batches past 16 rows (17, 100: two row tiles, the last 36 rows; 128)
+// over 200 columns (the last tile 8 wide), a single chunk on the plain tile
+// (launch_few_tiles) and chunked ones on the chunk tile (on_chunked_tile) as the
 // root's two subtrees (2 chunks; 3: a right subtree of one; 8: levels 1 and 2 in
 // the scratch), and launched whole where the right subtree would be empty (3
 // chunks of 96 over 192: the last chunk empty). The forward's and the input
 // gradient's majors, and a weight gradient of 104 × 64 in three token chunks.
-TEST_P(LinearGpu, SmallChunkTile) {
+TEST_P(LinearGpu, FewTiles) {
   const Which fwd_acc{true, true, false, false, false}, dgrad_both{false, false, true, true, false};
   const Which wgrad_only{false, false, false, false, true};
   uint64_t seed = 3900;
   for (const int T : {17, 100, 128})
-    for (const int chunks : {2, 3, 8})
+    for (const int chunks : {1, 2, 3, 8})
       for (Fill fill : {Fill::Spread, Fill::Edge}) {
         check_problem(contract(), contract().knobs, Problem{T, chunks * 96, 200, chunks}, fill, seed += 11, 8,
                       fwd_acc);
