@@ -2,12 +2,12 @@
 // sm90-tc forward GEMMs of decode size (M <= 16 rows of x), which stream the weight
 // once and are bound by its bytes; and up to 128 rows where the warpgroup kernel
 // declines (chunks that are not whole k16 groups), as a grid row per 16-row block.
-// A warp per strip of 8 output columns and chunk (C times the warps of linear_mma.cu's decode tiles on
-// chunked reductions); the weight goes from global memory by cp.async into a
-// per-lane ring in shared memory (launches of few warps) and from there into the
-// mma B fragments, in batches of kBatch k16 groups, up to 8 batches (32 KB) in
-// flight per warp; launches of many warps load the batches into registers, two in
-// flight (RegisterBatches).
+// A warp per strip of 8 output columns and chunk (C times the warps of
+// linear_mma.cu's decode tiles on chunked reductions); the weight goes from global
+// memory by cp.async into a per-lane ring in shared memory (launches of few warps)
+// and from there into the mma B fragments, in batches of kBatch k16 groups, up to 8
+// batches (32 KB) in flight per warp; launches of many warps load the batches into
+// registers, two in flight (RegisterBatches).
 //
 //   - Work: a task is one strip of 8 output columns (8 weight rows) × one chunk of
 //     the reduction; one warp runs one task's chain at a time. A unit is a few

@@ -24,8 +24,8 @@
 // subtrees on two CTAs a tile, their roots added after (launch_subtrees).
 //
 // It takes the sm90-tc GEMMs where TMA can read both operands in place, chunks are
-// whole k16 groups and M is past decode sizes (run_warpgroup, warpgroup_group_fits); linear.cu sends the rest to the mma.sync
-// engine.
+// whole k16 groups and M is past decode sizes (run_warpgroup,
+// warpgroup_group_fits); linear.cu sends the rest to the decode engine or mma.sync.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
