@@ -173,7 +173,9 @@ static std::vector<int> take_repeated(int& argc, char** argv, const std::string&
     }
     const int v = i + 1 < argc ? std::atoi(argv[++i]) : 0;
     if (v <= 0 || v % multiple != 0) {
-      std::fprintf(stderr, "bench_linear: %s needs a positive multiple of %d\n", flag.c_str(), multiple);
+      const std::string need =
+          multiple == 1 ? "a positive integer" : "a positive multiple of " + std::to_string(multiple);
+      std::fprintf(stderr, "bench_linear: %s needs %s\n", flag.c_str(), need.c_str());
       std::exit(bp::kExitBadInput);
     }
     values.push_back(v);
