@@ -103,12 +103,14 @@ struct WarpgroupTile {
 // accumulators per consumer thread, so the chunk tree lives in the scratch).
 using WgWideTile = WarpgroupTile<256, 0, 4>;
 // The same on CTA pairs sharing B, where the row tiles pair up and make three waves
-// or more: the 128 × 256 tile reads 85 FLOP per L2 byte, ~97 % of the L2's
-// throughput at the full tensor rate; the pair reads 128 (ncu, 30B q_proj 4096: L2
-// 59 → 46 %). Launches with a cluster attribute measured 1–2 µs slower (even with
-// clusters of one CTA), which fewer tiles do not win back (30B expert_gate_up at
-// 4096 tokens, 192 tiles: 32.6 → 35.7 µs in pairs); the 128 × 128 tiles measured
-// 2–7 % slower in pairs.
+// or more, or the chunks are long: the 128 × 256 tile reads 85 FLOP per L2 byte,
+// ~97 % of the L2's throughput at the full tensor rate; the pair reads 128 (ncu, 30B
+// q_proj 4096: L2 59 → 46 %). Launches with a cluster attribute measured 1–2 µs
+// slower (even with clusters of one CTA), which fewer tiles do not win back (30B
+// expert_gate_up at 4096 tokens, 192 tiles: 32.6 → 35.7 µs in pairs), but a launch
+// of milliseconds does (30B lm_head's input gradient, 256 tiles in 8 chunks of
+// 18992, L2 at 80 %: 4.30 → 4.11 ms); the 128 × 128 tiles measured 2–7 % slower in
+// pairs.
 using WgWidePairTile = WarpgroupTile<256, 0, 4, 0, 2>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
@@ -781,7 +783,8 @@ bool run_warpgroup(const Problem& p, cudaStream_t stream) {
     return true;
   }
   static_assert(WgNarrowTile::kBM == WgChunkTile::kBM && WgNarrowTile::kBN == WgChunkTile::kBN);
-  const bool pairs = (p.m + WgWideTile::kBM - 1) / WgWideTile::kBM % 2 == 0 && tile_count<WgWideTile>(p) >= 3 * sms;
+  const bool pairs = (p.m + WgWideTile::kBM - 1) / WgWideTile::kBM % 2 == 0 &&
+                     (tile_count<WgWideTile>(p) >= 3 * sms || long_chunks(p));
   if ((p.chunks == 1 || long_chunks(p)) && tile_count<WgWideTile>(p) >= sms) {
     if (pairs) launch_warpgroup<WgWidePairTile, MA, MB>(p, stream);
     else launch_warpgroup<WgWideTile, MA, MB>(p, stream);

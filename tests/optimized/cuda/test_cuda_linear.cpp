@@ -345,11 +345,11 @@ TEST_P(LinearGpu, WarpgroupShapes) {
 }
 
 // Long chunks on the wide warpgroup tile (128 × 256, its chunk tree wholly in the
-// scratch, built in memory): 144 tiles, chunks of 4096 over K = 12400, four (the
-// last 112) and five (the last empty: level 2's pending node merges into the root),
-// the forward's and the input gradient's majors; and with bf16 outputs, whose root
-// leaves by TMA (store_by_tma): four chunks of 4096, and three of 4112 (the last
-// 4110, ending inside a k16 group).
+// scratch, built in memory), on CTA pairs (18 row tiles): 144 tiles, chunks of 4096
+// over K = 12400, four (the last 112) and five (the last empty: level 2's pending
+// node merges into the root), the forward's and the input gradient's majors; and
+// with bf16 outputs, whose root leaves by TMA (store_by_tma): four chunks of 4096,
+// and three of 4112 (the last 4110, ending inside a k16 group).
 TEST_P(LinearGpu, WideTileLongChunks) {
   const Which acc_only{true, false, false, false, false}, dgrad_acc_only{false, false, false, true, false};
   const Which fwd_only{false, true, false, false, false}, dgrad_only{false, false, true, false, false};
