@@ -140,7 +140,7 @@ double median_us(const Options& opt, F&& launch) {
 // Median host time inside one `launch`, the GPU idle before each: what a caller
 // waits for the call to return and, with nothing queued, how long the GPU idles
 // before the call's first kernel (a part of median_us's time for a call longer
-// than its batch, as decode's was: session 22, bench/NOTES.md).
+// than its batch, as decode's was: bench/DECISIONS.md, method: host time inside a call).
 template <class F>
 double host_us(const Options& opt, F&& launch) {
   std::vector<double> us;

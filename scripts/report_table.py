@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""One line per case of bitparity reports (JSON, gzipped or not), for the notes
-kept beside committed baselines:
+"""One line per case of bitparity reports (JSON, gzipped or not), for the tables of
+bench/RESULTS.md (e.g. from reports/baselines/multigpu_scale_<GPU>.json.gz):
 
     case | verdict | seconds | peak device bytes (largest rank) | traffic (calls, bytes, summed over ranks)
 

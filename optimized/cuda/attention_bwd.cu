@@ -724,7 +724,8 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
   const uint32_t k_addr = sm90::shared_addr(sK), v_addr = sm90::shared_addr(sV);
   const uint32_t zero_addr = sm90::shared_addr(cta.zeros);
   const int own_first_pos = max(ch.first_pos, key0);
-  // The score products take turns (ConsumerTurns): 2 % off this kernel, none off dq's.
+  // The score products take turns (ConsumerTurns): one consumer's exponentials run
+  // under the other's products; dq's gained nothing from it (bench/DECISIONS.md, attention).
   const ConsumerTurns turns(consumer, ch.t_end - ch.t_begin);
 #pragma unroll 1
   for (int t = ch.t_begin; t < ch.t_end; ++t) {
@@ -805,7 +806,7 @@ __global__ void __launch_bounds__(WsKv<D>::kThreads, 1) attn_kv_ws_kernel(
 // +0 without being read (chunks that end before the key), and those before the
 // aligned group of kAhead holding `first` are not pushed either: pushing +0 leaves
 // leaves every slot they touch +0, which the slots already are (an unaligned start
-// made the loop slower: 122 -> 170 us at 1 x 4096). Every push steps through
+// made the loop slower: its unrolled pushes lose the index's low bits). Every push steps through
 // all Levels slots (predicated, to keep them in registers): the launch picks the
 // fewest levels that hold n (kv_combine), as this bounds the kernel's issue rate.
 constexpr int kCombineLevels = 16;

@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(const FwdArgs a) {
 // --- flash-decoding on four warps (sm90-tc, head_dim 64 and 128) ------------------
 // A decode tile holds G slots a query (8 for Qwen3), so attn_fwd_kernel's split CTA
 // has one live warp of four and the other three wait at its barriers (v1's longer
-// exp made that warp the bound: 64 × 32k 1.98 → 1.77 ms here; v2 was already at
-// the 84 % of DRAM peak both kernels reach). Here a CTA of
+// exp made that warp the bound; v2 was already at the DRAM rate both kernels reach:
+// bench/DECISIONS.md, attention: four live warps). Here a CTA of
 // four warps takes a tile of 16 slots and shares each block among them: warp w
 // computes the scores of keys 16w … 16w + 15 and P·V for head columns
 // [w·D/4, (w + 1)·D/4); the block maximum and the top two levels of the sum tree
@@ -875,8 +875,8 @@ size_t append_words(std::vector<int32_t>& table, const T* records, size_t n) {
 }
 
 // The merged schedule: one CTA per query tile (and kv head) runs all its splits.
-// The sequences and the tiles go up in one upload (each pageable upload costs the
-// call several µs of host time before its kernel).
+// The sequences and the tiles go up in one upload (each pageable upload adds host
+// time to the call before its kernel).
 void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args, cudaStream_t stream) {
   const std::vector<Task> tasks =
       plan_tiles(seqs, n_seqs, dims.Hq / dims.Hkv, task_slots(kn.dot, dims.D, false, kn.attn_kv_block));
@@ -891,9 +891,9 @@ void fwd_merged(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs,
 
 // Flash-decoding: one CTA per (split, tile, kv head) writes the split's partial and
 // fwd_combine merges each row's splits. The sequences, the split plan and each
-// token's position (the combine's) go up in one upload: a decode call's host time
-// before its first kernel was 190 µs at 64 × 32k keys with a task table, most of it
-// the plan's 4096 per-split records (session 22).
+// token's position (the combine's) go up in one upload: with a task table, most of
+// a decode call's host time before its first kernel was the plan's per-split
+// records (bench/DECISIONS.md, attention: four live warps and the plan on the device).
 void fwd_split_ctas(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int n_seqs, FwdArgs args,
                     cudaStream_t stream) {
   const SplitPlan plan =

@@ -56,9 +56,10 @@ namespace bp::cuda::gemm {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// CTAs that share x's copy past M = 1 (copy_x_to_pair). Measured on the H100 at
-// M = 16: pairs 5–20 % faster than one copy a CTA (30B q_proj 13.2 → 11.7 µs,
-// kv_proj 10.5 → 8.4); clusters of four slower on the chunked shapes (fewer fit).
+// CTAs that share x's copy past M = 1 (copy_x_to_pair): a pair copies x once where
+// each CTA copied it, halving x's L2 reads beside the weight's; clusters of four lose
+// on the chunked shapes, fewer of them fitting (bench/DECISIONS.md, linear: x shared by
+// CTA pairs past M = 1).
 constexpr int kXCluster = 2;
 // k16 groups per batch of weight loads: 4 KB a warp. Two batches in registers per
 // warp keep 0.5 MB in flight on 30B kv_proj's 64 warps at M = 1, where the copy
@@ -134,10 +135,10 @@ struct RingBatches {
 // One warp's chain over one chunk of one strip, its weight loads in batches of
 // kBatch groups, Store::kDepth batches in flight: step b waits for batch b, runs
 // it and reloads its slots with batch b + kDepth. A rolling ring of register loads
-// refilled a group at a time ran at one group per memory latency (bench/NOTES.md,
-// session 11); batches keep one wait per batch. Every lane issues every load of a
-// batch (a dead piece reads its row's first 8 bytes and is zeroed where used), so
-// no branch separates them.
+// refilled a group at a time ran at one group per memory latency (bench/DECISIONS.md,
+// linear: the weight straight into the mma fragments); batches keep one wait per
+// batch. Every lane issues every load of a batch (a dead piece reads its row's
+// first 8 bytes and is zeroed where used), so no branch separates them.
 template <class Store>
 struct StripChain {
   Store store;
@@ -179,8 +180,8 @@ struct StripChain {
 
   // Batch b's groups, in increasing order, into acc, then its slots' next batch.
   // A batch wholly inside the chunk takes a body without the per-group checks (a
-  // single warp's chain issues every instruction in turn: ncu counted ~40 a group
-  // with them, the chain's time); the last one of a chunk keeps them.
+  // single warp's chain issues every instruction in turn, so the checks' instructions
+  // were the chain's time); the last one of a chunk keeps them.
   template <int P>
   __device__ void step(int rows, int b, const bf16* x_lo, const bf16* x_hi, float (&acc)[4]) {
     store.wait();
@@ -278,10 +279,9 @@ __device__ void copy_x_to_pair(const Problem& p, int row0, int rows, bf16* xs, i
 // both completes a unit's partials and frees the buffer the next unit writes.
 // Grid row y takes rows [16y, 16y + 16) of x and the output (past 16 rows, each
 // block reads the weight, from L2 after the first); p itself stays the launch's (a
-// copy offset to the block measured ~8 % slower at M = 1). SharedX: launched in
-// clusters whose CTAs share x's copy (copy_x_to_pair); the other instances hold no
-// cluster instruction (a kernel with one ran M = 1 1–2 µs slower even in clusters
-// of one).
+// copy offset to the block slowed M = 1). SharedX: launched in clusters whose CTAs
+// share x's copy (copy_x_to_pair); the other instances hold no cluster instruction
+// (a kernel holding one runs M = 1 slower even in clusters of one).
 template <class Store, bool SharedX>
 __global__ void __launch_bounds__(kMaxWarps * 32) decode_kernel(const Problem p, const int unit_strips,
                                                                  const int x_ld) {
@@ -387,7 +387,7 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   if (ma != Major::Red || mb != Major::Red || p.m > kDecodeBlockedRows || !p.a.vec || !p.b.vec) return false;
   // Row blocks re-read the weight once a block, which pays where a chain is at least
   // a batch long; chunks shorter than that run every batch checked (the experts'
-  // chunks of 96 at M = 128: 31 µs on mma.sync, 44 in blocks).
+  // chunks of 96 at M = 128 ran slower in blocks than on mma.sync).
   if (p.m > kDecodeRows && std::min(p.chunk, p.red) < kBatch * 16) return false;
   const int strips = (p.n + 7) / 8, sms = multiprocessors();
   const int row_blocks = (p.m + kDecodeRows - 1) / kDecodeRows;
@@ -398,8 +398,8 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   const int units = (strips + unit_strips - 1) / unit_strips;
   const int warps = std::min(kMaxWarps, unit_strips * p.chunks);
   const int x_ld = x_stride_elems(p.red);
-  // Past M = 1, CTA pairs share x's copy (4 KB at M = 1 does not win back a
-  // cluster launch's 1–2 µs).
+  // Past M = 1, CTA pairs share x's copy (4 KB at M = 1 does not win back what a
+  // cluster launch costs).
   const bool shared_x = p.m > 1 && units > 1;
   const DecodeSmem plan(p, std::min(p.m, kDecodeRows), unit_strips, x_ld, shared_x);
   static const int max_smem = [] {
@@ -417,9 +417,9 @@ bool run_decode(Major ma, Major mb, const Problem& p, cudaStream_t stream) {
   };
   // A launch of few warps (a single chunk over few strips: at most two warps a CTA)
   // takes the deepest ring whose CTA stays within a third of an SM's shared memory
-  // (two or three CTAs an SM), at least two batches (measured faster than the
-  // registers even so); the many warps of chunked launches and of the lm_heads keep
-  // their batches in registers (a ring measured slower there: fewer CTAs an SM).
+  // (two or three CTAs an SM), at least two batches (faster than the registers even
+  // so); the many warps of chunked launches and of the lm_heads keep their batches
+  // in registers (a ring is slower there: fewer CTAs an SM).
   const size_t third = static_cast<size_t>(max_smem) / 3;
   const auto fits = [&](size_t bytes) { return bytes <= static_cast<size_t>(max_smem); };
   if (p.chunks > 1 || warps > 2 || !fits(plan.bytes<RingBatches<2>>(warps)))

@@ -83,8 +83,8 @@ struct GroupTile {
 // warpgroup kernel's 128 rows.
 constexpr int kDecodeRows = 16;
 // Past that, up to this many rows, the decode engine runs 16-row blocks where the
-// warpgroup kernel's tiles would not fill the GPU (the mma.sync tiles' whole-K
-// chains measured 0.07–0.14× cuBLAS there: 30B kv_proj at M = 128).
+// warpgroup kernel's tiles would not fill the GPU and the mma.sync tiles would each
+// walk the whole K chain (bench/DECISIONS.md, linear: row blocks for 16 < M ≤ 128).
 constexpr int kDecodeBlockedRows = 128;
 
 // --- storing the outputs --------------------------------------------------------
@@ -198,8 +198,8 @@ struct ChunkTree {
 
   // The levels from kSlots on: the first kSmemLevels in shared memory, the rest in
   // the scratch. Each memory has its own path: one pointer for both made every
-  // store a generic one (ST.E), which waited behind the global queue (lg_throttle:
-  // the stores took an eighth of the weight gradients' time, ncu).
+  // store a generic one (ST.E), which waited behind the global queue (lg_throttle;
+  // bench/DECISIONS.md, linear: the fold's stores and selects).
   __device__ static constexpr bool in_shared(int level) { return level < kSlots + kSmemLevels; }
   // Element i of a shared `level` at element_offset(i) floats from here ...
   __device__ uint32_t shared_level(int level) const {
@@ -417,8 +417,8 @@ inline int multiprocessors() {
 
 // A launch of `grid` CTAs of `threads` threads and `smem` bytes of shared memory, in
 // clusters of `cluster` CTAs along x; `attr` holds the cluster attribute the
-// config points to. No attribute for clusters of one: launches with one, even of
-// one CTA, measured 1–2 µs slower (bench/NOTES.md, session 21).
+// config points to. No attribute for clusters of one: a launch with one costs more,
+// even of one CTA (bench/DECISIONS.md, linear: where pairs pay).
 inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, size_t smem, cudaStream_t stream,
                                                 int cluster, cudaLaunchAttribute& attr) {
   cudaLaunchConfig_t config{};

@@ -59,8 +59,8 @@ using MidTile = TileConfig<2, 2, 2, 4, 4, 3>;
 // (lm_head), 16 × 64 per CTA with a deep pipeline; below that (N < 16896 on 132
 // SMs), one warp per 16 × 16 tile for 4× the CTAs, over stages of 256 reduction
 // elements that keep 5 × 8 KB of weight in flight per CTA (two CTAs per SM). On
-// lm_head the narrow tile was 2.4× slower (bench/NOTES.md: one warp's serial
-// ldmatrix → mma chain and a pipeline fill per short-lived CTA).
+// lm_head the narrow tile is slower (one warp's serial ldmatrix → mma chain and a
+// pipeline fill per short-lived CTA; bench/DECISIONS.md, linear: one-warp 16 × 16 tiles).
 using DecodeTile = TileConfig<1, 4, 1, 2, 8, 5>;
 using DecodeNarrowTile = TileConfig<1, 1, 1, 2, 6, 5, 256>;
 static_assert(DecodeTile::kBM == kDecodeRows && DecodeNarrowTile::kBM == kDecodeRows,

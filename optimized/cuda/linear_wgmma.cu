@@ -104,13 +104,12 @@ struct WarpgroupTile {
 using WgWideTile = WarpgroupTile<256, 0, 4>;
 // The same on CTA pairs sharing B, where the row tiles pair up and make three waves
 // or more, or the chunks are long: the 128 × 256 tile reads 85 FLOP per L2 byte,
-// ~97 % of the L2's throughput at the full tensor rate; the pair reads 128 (ncu, 30B
-// q_proj 4096: L2 59 → 46 %). Launches with a cluster attribute measured 1–2 µs
-// slower (even with clusters of one CTA), which fewer tiles do not win back (30B
-// expert_gate_up at 4096 tokens, 192 tiles: 32.6 → 35.7 µs in pairs), but a launch
-// of milliseconds does (30B lm_head's input gradient, 256 tiles in 8 chunks of
-// 18992, L2 at 80 %: 4.30 → 4.11 ms); the 128 × 128 tiles measured 2–7 % slower in
-// pairs.
+// nearly all of the L2's throughput at the full tensor rate; the pair reads 128, so
+// the pairs halve B's L2 reads. A launch with a cluster attribute costs more (even
+// with clusters of one CTA), which fewer tiles do not win back, but a launch of
+// milliseconds does (30B lm_head's input gradient, 8 chunks of 18992, fed from an
+// L2 near its limit); the 128 × 128 tiles are slower in pairs (bench/DECISIONS.md,
+// linear: where pairs pay, long chunks on CTA pairs).
 using WgWidePairTile = WarpgroupTile<256, 0, 4, 0, 2>;
 // A single chunk and fewer tiles: 128 × 128.
 using WgNarrowTile = WarpgroupTile<128, 0, 6>;
@@ -125,19 +124,18 @@ using WgSlimTile = WarpgroupTile<64, 0, 8>;
 using WgSmallTile = WarpgroupTile<64, 0, 8, 0, 1, 64>;
 // Chunked reductions and grouped launches: 128 × 128, the chunk tree's level 0 in
 // registers beside the accumulators (consume_chunks; level 1 there too spilled).
-// Six stages and the outputs' boxes (store_by_tma) measured faster than seven
-// stages without them.
+// Six stages and the outputs' boxes (store_by_tma) beat seven stages without them
+// (bench/DECISIONS.md, linear: what the TMA stores gave).
 using WgChunkTile = WarpgroupTile<128, 1, 6>;
 // Chunked reductions whose tree reaches level 1 (three chunks or more): level 1 in
 // shared memory (64 KB, for two stages), so only levels >= 2 go through the global
 // scratch; and, for chunks of at most two stages (the weight gradients' 128 tokens,
 // the experts' 96), levels 1 and 2 there with three stages. The scratch's L2
-// traffic bound those: lm_head's weight gradient, 32 chunks a tile, had ncu's L2
-// throughput at 95 %. Measured (bench/NOTES.md): the long chunks want the deeper
-// ring, the short ones the deeper tree. Both store bf16 outputs by TMA through
-// boxes inside their first shared level (kOutInLevels), which gave the tree tile
-// a fifth stage (30B o_proj at 4096 tokens 0.66 → 0.70× cuBLAS) and the deep one
-// the TMA stores (30B expert_down 0.35 → 0.43×).
+// traffic bound those: lm_head's weight gradient, 32 chunks a tile, was L2-bound.
+// The long chunks want the deeper ring, the short ones the deeper tree
+// (bench/DECISIONS.md, linear: tree levels in shared memory). Both store bf16
+// outputs by TMA through boxes inside their first shared level (kOutInLevels),
+// which gave the tree tile a fifth stage and the deep one the TMA stores.
 using WgTreeTile = WarpgroupTile<128, 1, 5, 1>;
 using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 // Chunked reductions whose 128 × 128 tiles would leave most SMs idle (decode
@@ -145,7 +143,7 @@ using WgDeepTreeTile = WarpgroupTile<128, 1, 3, 2>;
 // four times the tiles (twice where M <= 64), level 0 in registers and the few
 // deeper nodes in the scratch, eight stages of 16 KB for the long walk each makes
 // alone. The decode engine's 16-row blocks, which ran these before, read the
-// weight once per block (0.13–0.23× cuBLAS at M = 128, C = 8 on the H200).
+// weight once per block (bench/DECISIONS.md, linear: the 64 × 64 chunk tile).
 using WgSmallChunkTile = WarpgroupTile<64, 1, 8, 0, 1, 64>;
 
 // Where an operand's stage lives in shared memory: Red operands are kRows rows of
@@ -392,8 +390,8 @@ struct StageRelease {
 // 128-byte swizzle of the output map's boxes, then stored by its lane 0; TMA leaves
 // out what lies past the output's edge. Stored from registers instead (store_outputs:
 // 64 four-byte stores a thread, each over 8 rows), the 128 × 256 tile's consumers
-// waited on the store queue (lg_throttle) a quarter of their time (ncu, 30B q_proj
-// at M = 4096), with the tensor cores idle.
+// waited on the store queue (lg_throttle) with the tensor cores idle
+// (bench/DECISIONS.md, linear: outputs by TMA).
 template <class Cfg, class Dot, class V>
 __device__ void store_by_tma(const Dot& d, const V& v, const void* map_out, uint32_t buf, int row0, int col0) {
   constexpr int kBlocks = Cfg::kOutCols / 8;  // n8 blocks at a time
@@ -772,8 +770,9 @@ void launch_subtrees(const Problem& p, int sms, cudaStream_t stream);
 // tiles, else for one chunk launch_few_tiles' choice, and for several chunks
 // on_chunked_tile's. However few its tiles, a single chunk past 16 rows runs
 // faster here than on the decode engine's 16-row blocks, which read the weight
-// once a block (H200, M = 17 … 256: 0.6B q_proj at 128 rows 12.9 → 6.3 µs, 30B
-// kv_proj at 192 on mma.sync 76 → 8.6; 30B kv_proj at 17 rows alone 8.0 → 8.4).
+// once a block, or on mma.sync, whose tiles each walk the whole K; one size alone
+// (30B kv_proj at 17 rows) is a little slower, not worth a rule of its own
+// (bench/DECISIONS.md, linear: single chunks with few tiles on the warpgroup kernel).
 template <Major MA, Major MB>
 bool run_warpgroup(const Problem& p, cudaStream_t stream) {
   if (!warpgroup_fits(p)) return false;

@@ -98,7 +98,7 @@ __device__ inline uint32_t cluster_rank() {
 // Every thread of every CTA in the cluster meets here after the barriers' init
 // (fence.mbarrier_init orders those): a peer's copies and arrivals may reach this
 // CTA's barriers from then on. The arrive is relaxed: a release arrive puts
-// MEMBAR.ALL.GPU and ERRBAR before it (6 % of the decode engine's stall samples at
+// MEMBAR.ALL.GPU and ERRBAR before it (a visible stall in the decode engine at
 // M = 16), and whatever else the CTA's threads must see of each other needs only
 // a __syncthreads before this.
 __device__ inline void cluster_sync_after_barrier_init() {
@@ -107,8 +107,9 @@ __device__ inline void cluster_sync_after_barrier_init() {
 // An arrival on the barrier at bar's offset in the shared memory of the cluster's
 // CTA `rank`, with the default release at CTA scope: what it orders (a stage's wgmma
 // reads, completed by a wgmma wait) needs no cluster-scope fence, and
-// `.release.cluster` put a MEMBAR before every arrival (ncu: 10 of the consumer
-// warps' 19 cycles per instruction stalled on it, the clustered GEMM 2-3x slower).
+// `.release.cluster` put a MEMBAR before every arrival, on which the consumer warps
+// then stalled most of their time (bench/DECISIONS.md, linear: why 2-CTA clusters
+// were slow).
 __device__ inline void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
