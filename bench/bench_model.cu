@@ -1,4 +1,4 @@
-// bench_model: the whole model on the GPU (optimized/model/qwen3.h) at scale — by
+// bench_model: the whole model on the GPU (gpu/cuda_model.h) at scale — by
 // default a Qwen3-30B-A3B-shaped model cut to --layers layers (all 128 experts per
 // layer, generated weights, reference/model/weights.h), or --model: a fixture name
 // or a checkpoint directory (its config.json and weights, e.g. the one
@@ -23,7 +23,7 @@
 
 #include "bench/bench_util.cuh"
 #include "harness/engine/models.h"
-#include "optimized/model/qwen3.h"
+#include "gpu/cuda_model.h"
 #include "reference/common/rng.h"
 
 namespace {
@@ -108,10 +108,10 @@ int main(int argc, char** argv) {
     std::printf("phase,layers,tokens,seconds,peak_device_bytes\n");
     bp::cuda::reset_pool_peak();
     t = Clock::now();
-    const bp::cuda::Model model(cfg, w, bp::find_contract(o.contract)->knobs);
+    const bp::gpu::Model model(cfg, w, bp::find_contract(o.contract)->knobs);
     BP_CUDA_CHECK(cudaDeviceSynchronize());
     row("upload", cfg, o, since(t));
-    const auto forward = [&] { return model.forward(seqs, bp::ref::Path::extend()); };
+    const auto forward = [&] { return model.forward(seqs, bp::program::Path::extend()); };
     const auto backward = [&] { return model.backward_resident(seqs, bp::ref::LossCoefficients::generated(11)); };
     std::optional<decltype(forward())> fwd;
     row("forward", cfg, o, median_seconds(o, [&] { fwd = forward(); }));

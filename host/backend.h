@@ -25,7 +25,7 @@
 #include "reference/ops/rope.h"
 #include "reference/ops/swiglu.h"
 
-namespace bp::ref {
+namespace bp::host {
 
 struct HostBackend {
   template <class T>
@@ -125,7 +125,7 @@ struct HostBackend {
 #define BP_HOST_OP(op)                           \
   template <class... A>                          \
   decltype(auto) op(A&&... a) const {            \
-    run_control::check();                        \
+    program::run_control::check();                        \
     return ::bp::ref::op(std::forward<A>(a)...); \
   }
   BP_PROGRAM_OPS(BP_HOST_OP)
@@ -144,4 +144,4 @@ struct HostBackend {
   }
 };
 
-}  // namespace bp::ref
+}  // namespace bp::host

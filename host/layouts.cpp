@@ -4,26 +4,28 @@
 #include "program/layouts/rank_program.h"
 #include "program/layouts/rank_runs.h"
 
-namespace bp::layouts {
+template class bp::layouts::RankProgram<bp::host::HostBackend>;
 
-template class RankProgram<ref::HostBackend>;
+namespace bp::host {
 
-ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
-                           const ref::ForwardOptions& opt) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, path, opt);
+program::ForwardResult sharded_forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                       const layouts::Layout& layout, const std::vector<std::vector<int32_t>>& seqs,
+                                       const program::Path& path, const program::ForwardOptions& opt) {
+  const auto ranks = layouts::run_ranks(cfg, weights, knobs, layout, [&](int rank, layouts::RankComms& comms) {
+    return layouts::RankProgram<HostBackend>(cfg, weights, knobs, layout, rank, comms).forward(seqs, path, opt);
   });
-  return assemble_forward(ranks, seqs, opt);
+  return layouts::assemble_forward(ranks, seqs, opt);
 }
 
-ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
-                             float temperature) {
-  const auto ranks = run_ranks(cfg, weights, knobs, layout, [&](int rank, RankComms& comms) {
-    return RankProgram<ref::HostBackend>(cfg, weights, knobs, layout, rank, comms).backward(seqs, coefs, temperature);
+program::BackwardResult sharded_backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                         const layouts::Layout& layout,
+                                         const std::vector<std::vector<int32_t>>& seqs,
+                                         const ref::LossCoefficients& coefs, float temperature) {
+  const auto ranks = layouts::run_ranks(cfg, weights, knobs, layout, [&](int rank, layouts::RankComms& comms) {
+    return layouts::RankProgram<HostBackend>(cfg, weights, knobs, layout, rank, comms)
+        .backward(seqs, coefs, temperature);
   });
-  return assemble_backward(ranks, weights, seqs, coefs);
+  return layouts::assemble_backward(ranks, weights, seqs, coefs);
 }
 
-}  // namespace bp::layouts
+}  // namespace bp::host

@@ -17,10 +17,13 @@
 #include "reference/model/loss.h"
 #include "reference/model/weights.h"
 
-namespace bp::ref {
-
+namespace bp::program {
 template <class Backend>
-class Qwen3Program;  // qwen3_program.h
+class Qwen3Program;  // program/qwen3_program.h
+}  // namespace bp::program
+
+namespace bp::host {
+
 struct HostBackend;  // host/backend.h
 
 // The reference model: the program of qwen3_program.h on the reference ops.
@@ -32,19 +35,19 @@ class Model {
   Model(const ModelConfig&, Weights&&, const Knobs&) = delete;
   ~Model();
 
-  ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
-                        const ForwardOptions& opt = {}) const;
+  program::ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const program::Path& path,
+                                 const program::ForwardOptions& opt = {}) const;
 
   // Backward of L = Σ c_t·logprob_t over the batch (all sequences packed, the
   // ragged/extend forward), c from `coefs` (generated or
   // explicit; std::invalid_argument when explicit ones miss the batch's shape).
-  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
-                          float temperature = 1.0f, const BackwardOptions& bo = {}) const;
+  program::BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
+                                   float temperature = 1.0f, const program::BackwardOptions& bo = {}) const;
 
   const ModelConfig& config() const;
 
  private:
-  std::unique_ptr<const Qwen3Program<HostBackend>> program_;
+  std::unique_ptr<const program::Qwen3Program<HostBackend>> program_;
 };
 
-}  // namespace bp::ref
+}  // namespace bp::host

@@ -1,7 +1,7 @@
 // The compute backend the programs run on (program/qwen3_program.h, the model;
 // program/layouts/rank_program.h, one rank of a layout): where tensors live and
 // which implementation of each op runs. host/backend.h is the reference's (host
-// vectors, the ops of reference/ops), optimized/model/cuda_backend.h the GPU's
+// vectors, the ops of reference/ops), gpu/cuda_backend.h the GPU's
 // (device memory, the CUDA twins); both programs make the same op calls in the
 // same order on the same shapes whichever backend runs them.
 //

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace bp {
+namespace bp::program {
 
 void check_model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs) {
   const std::string bad = validate(knobs);
@@ -16,4 +16,4 @@ void check_model(const ModelConfig& cfg, const Weights& weights, const Knobs& kn
     throw std::invalid_argument("model: bad head geometry");
 }
 
-}  // namespace bp
+}  // namespace bp::program

@@ -6,10 +6,10 @@
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
 
-namespace bp {
+namespace bp::program {
 
 // std::invalid_argument ("model: …") for invalid knobs, a missing weight or one of
 // the wrong shape, or a head geometry the ops cannot run.
 void check_model(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs);
 
-}  // namespace bp
+}  // namespace bp::program

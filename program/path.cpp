@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace bp::ref {
+namespace bp::program {
 
 std::vector<std::vector<PathPiece>> path_steps(const std::vector<std::vector<int32_t>>& seqs,
                                                        const Path& path, int64_t max_positions) {
@@ -53,4 +53,4 @@ std::vector<std::vector<PathPiece>> path_steps(const std::vector<std::vector<int
   return steps;
 }
 
-}  // namespace bp::ref
+}  // namespace bp::program

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-namespace bp::ref {
+namespace bp::program {
 
 // How a batch of sequences goes through the model.
 //   Extend:  each sequence alone, in one call, whole.
@@ -39,4 +39,4 @@ struct PathPiece {
 std::vector<std::vector<PathPiece>> path_steps(const std::vector<std::vector<int32_t>>& seqs,
                                                        const Path& path, int64_t max_positions);
 
-}  // namespace bp::ref
+}  // namespace bp::program

@@ -1,8 +1,8 @@
 // The Qwen3 / Qwen3-MoE model program (SPEC.md §6), written once over a backend
 // (backend.h): the reference model (host/model.h) runs it on the CPU ops, the CUDA
-// model (optimized/model/qwen3.h) on their GPU twins, so both make the same op
+// model (gpu/model.h) on their GPU twins, so both make the same op
 // calls in the same order on the same shapes. Results come back to the host in
-// ref::ForwardResult / ref::BackwardResult (results.h).
+// program::ForwardResult / program::BackwardResult (results.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -23,7 +23,7 @@
 #include "reference/ops/moe_experts.h"
 #include "reference/ops/rope.h"
 
-namespace bp::ref {
+namespace bp::program {
 
 // The target rows (packed logits rows that have a next token) as runs of
 // consecutive rows: logits rows [first, first + count) are targets at, ..., at +
@@ -58,7 +58,7 @@ class Qwen3Program {
   ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const Path& path,
                         const ForwardOptions& opt = {}) const;
   // Backward of L = Σ c_t·logprob_t (qwen3.h, Model::backward).
-  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
+  BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                           float temperature = 1.0f, const BackwardOptions& bo = {}) const;
 
   // The same backward with every gradient left in the backend's buffers (result's
@@ -70,7 +70,7 @@ class Qwen3Program {
     BackwardResult result;
     std::map<std::string, Buf<float>> grads;
   };
-  ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs,
+  ResidentBackward backward_resident(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                                      float temperature = 1.0f, const BackwardOptions& bo = {}) const;
 
   const ModelConfig& config() const { return cfg_; }
@@ -88,7 +88,7 @@ class Qwen3Program {
   static std::string lname(int64_t i, Param p) { return graph::param_name(i, p); }
   static std::string cname(int64_t i, Op op) { return graph::capture_name(i, op); }
   const bf16* w(const std::string& name) const { return w_.at(name).data(); }
-  RopeTable rope_table() const {
+  ref::RopeTable rope_table() const {
     return {rope_cos_.data(), rope_sin_.data(), rope_max_pos_, static_cast<int>(cfg_.head_dim)};
   }
   State start(const std::vector<std::vector<int32_t>>& seqs, bool entropy) const;
@@ -133,7 +133,7 @@ struct Qwen3Program<B>::Saved {
   BBuf x_final, hn, logits;
   FBuf rstd_f;
   std::vector<int32_t> tokens;
-  std::vector<AttnSeq> aseqs;
+  std::vector<ref::AttnSeq> aseqs;
 };
 
 // The state of one forward over a batch: KV caches and the outputs.
@@ -161,7 +161,7 @@ Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, co
   const size_t half = static_cast<size_t>(cfg.head_dim / 2);
   rope_cos_host_.resize(static_cast<size_t>(rope_max_pos_) * half);
   rope_sin_host_.resize(rope_cos_host_.size());
-  rope_tables(static_cast<float>(cfg.rope_theta), static_cast<int>(cfg.head_dim), rope_max_pos_,
+  ref::rope_tables(static_cast<float>(cfg.rope_theta), static_cast<int>(cfg.head_dim), rope_max_pos_,
               rope_cos_host_.data(), rope_sin_host_.data());
   rope_cos_ = be_.resident(rope_cos_host_);
   rope_sin_ = be_.resident(rope_sin_host_);
@@ -219,7 +219,7 @@ void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State
   const int H = static_cast<int>(cfg_.hidden_size), E = static_cast<int>(cfg_.num_experts);
   const int K = static_cast<int>(cfg_.num_experts_per_tok), I = static_cast<int>(cfg_.moe_intermediate_size);
   const size_t l = static_cast<size_t>(li);
-  const ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
+  const ref::ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
   BBuf rl = be_.template zeros<bf16>(static_cast<size_t>(T) * E), tw = be_.template zeros<bf16>(static_cast<size_t>(T) * K),
        cs = be_.template zeros<bf16>(static_cast<size_t>(T) * K * H);
   Buf<int> ids = be_.template zeros<int>(static_cast<size_t>(T) * K);
@@ -229,8 +229,8 @@ void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State
   if (cap) capture(st, crow, cname(li, Op::RouterWeights), tw, K);
   const std::vector<int> ids_host = be_.to_host(ids.data(), ids.size());
   std::vector<int> off(static_cast<size_t>(E) + 1), ptok(ids_host.size()), pslot(ids_host.size());
-  moe_dispatch(ids_host.data(), T, K, E, off.data(), ptok.data(), pslot.data());
-  const MoeDispatch plan{E, off.data(), ptok.data(), pslot.data()};
+  ref::moe_dispatch(ids_host.data(), T, K, E, off.data(), ptok.data(), pslot.data());
+  const ref::MoeDispatch plan{E, off.data(), ptok.data(), pslot.data()};
   be_.moe_experts_fwd(kn_, plan, 0, E, a2.data(), tw.data(), ew, cs.data(), K, H, I);
   if (cap) capture(st, crow, cname(li, Op::ExpertOut), cs, K * H);
   be_.moe_combine_fwd(cs.data(), mo.data(), T, K, H);
@@ -243,12 +243,12 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
   const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const RopeTable rt = rope_table();
+  const ref::RopeTable rt = rope_table();
 
   // Packed tokens, positions and canonical rows.
   std::vector<int32_t> tok, pos;
   std::vector<int64_t> crow;
-  std::vector<AttnSeq> aseq;
+  std::vector<ref::AttnSeq> aseq;
   int kv_rows = 0;
   for (const Piece& p : pieces) {
     aseq.push_back({static_cast<int>(tok.size()), p.len, p.start, kv_rows});
@@ -342,7 +342,7 @@ void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const 
       be_.copy(kp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, kc.data(), all);
       be_.copy(vp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, vc.data(), all);
     }
-    be_.attention_fwd(kn_, AttnDims{Hq, Hkv, D}, aseq.data(), static_cast<int>(aseq.size()), qr.data(), kp.data(),
+    be_.attention_fwd(kn_, ref::AttnDims{Hq, Hkv, D}, aseq.data(), static_cast<int>(aseq.size()), qr.data(), kp.data(),
                       vp.data(), o.data(), ms.data(), ls.data());
     cap(cname(li, Op::Attn), o, QD);
     be_.linear_fwd(kn_, o.data(), w(lname(li, Param::OProj)), ao.data(), T, QD, H, C);
@@ -466,7 +466,7 @@ ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& 
 
 template <class B>
 BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>& seqs,
-                                         const LossCoefficients& coefs, float temperature,
+                                         const ref::LossCoefficients& coefs, float temperature,
                                          const BackwardOptions& bo) const {
   ResidentBackward r = backward_resident(seqs, coefs, temperature, bo);
   for (auto& [name, g] : r.grads) r.result.grads[name] = be_.take(std::move(g));
@@ -475,13 +475,13 @@ BackwardResult Qwen3Program<B>::backward(const std::vector<std::vector<int32_t>>
 
 template <class B>
 typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
-    const std::vector<std::vector<int32_t>>& seqs, const LossCoefficients& coefs, float temperature,
+    const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs, float temperature,
     const BackwardOptions& bo) const {
   const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
   const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
   const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
   const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
-  const RopeTable rt = rope_table();
+  const ref::RopeTable rt = rope_table();
 
   // The packed forward (bit-identical to extend), keeping its activations.
   const std::vector<Piece> ps = path_steps(seqs, Path::ragged(), cfg_.max_position_embeddings).at(0);
@@ -565,7 +565,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
        dqp = zeros(T, QD), dkp = zeros(T, KD), da = zeros(T, H), dO = zeros(T, QD);
   FBuf accv = fzeros(int64_t{T} * H), tmpq = fzeros(int64_t{T} * H), tmpk = fzeros(int64_t{T} * H);
   std::vector<int32_t> pos(static_cast<size_t>(T));
-  for (const AttnSeq& a : sv.aseqs)
+  for (const ref::AttnSeq& a : sv.aseqs)
     for (int i = 0; i < a.q_len; ++i) pos[static_cast<size_t>(a.q_begin + i)] = a.past_len + i;
   const auto pos_dev = be_.resident(pos);
   const auto tok_dev = be_.resident(sv.tokens);
@@ -592,8 +592,8 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
         pu.push_back(grad(graph::param_name(li, e, Param::ExpertUp)));
         pd.push_back(grad(graph::param_name(li, e, Param::ExpertDown)));
       }
-      const ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
-      const ExpertGrads eg{pg.data(), pu.data(), pd.data()};
+      const ref::ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
+      const ref::ExpertGrads eg{pg.data(), pu.data(), pd.data()};
       be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, Param::Router)), ew, dx.data(), da.data(),
                         grad(lname(li, Param::Router)), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
                         static_cast<int>(cfg_.moe_intermediate_size), cfg_.norm_topk_prob);
@@ -610,7 +610,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     // Attention branch: o_proj is row-parallel; its input gradient reduces over H (one chain).
     be_.linear_dgrad(kn_, dx.data(), w(lname(li, Param::OProj)), dO.data(), T, QD, H, 1);
     be_.linear_wgrad(kn_, dx.data(), s.o.data(), grad(lname(li, Param::OProj)), T, QD, H);
-    be_.attention_bwd(kn_, AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
+    be_.attention_bwd(kn_, ref::AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
                       s.k.data(), s.v.data(), s.o.data(), s.m.data(), s.l.data(), dO.data(), dq.data(), dk.data(),
                       dv.data());
     be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, Hq);
@@ -654,4 +654,4 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   return {std::move(res), std::move(G)};
 }
 
-}  // namespace bp::ref
+}  // namespace bp::program

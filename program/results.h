@@ -11,7 +11,7 @@
 #include "reference/model/loss.h"  // LossCoefficients, which every backward takes
 #include "reference/numerics/bf16.h"
 
-namespace bp::ref {
+namespace bp::program {
 
 // One captured op output. Rows are tokens in canonical order — sequence by
 // sequence in batch order, positions increasing — whatever the path, so two paths'
@@ -65,4 +65,4 @@ struct BackwardResult {
   std::vector<Capture> captures;  // with BackwardOptions::capture_resid_grads, from the head down
 };
 
-}  // namespace bp::ref
+}  // namespace bp::program

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-namespace bp::run_control {
+namespace bp::program::run_control {
 
 // What a run throws when cancellation was requested.
 class Cancelled : public std::runtime_error {
@@ -36,4 +36,4 @@ inline void at_layer(const char* pass, int64_t layer, int64_t layers) {
   if (const LayerObserver observe = layer_observer.load(std::memory_order_relaxed)) observe(pass, layer, layers);
 }
 
-}  // namespace bp::run_control
+}  // namespace bp::program::run_control

@@ -84,7 +84,7 @@ int list(const ListOptions& o) {
   for (const Contract& c : contracts())
     std::printf("  %-16s hash %s  %s\n", c.name.c_str(), c.knob_hash().c_str(), c.canonical_knobs().c_str());
   std::printf("implementations:\n"
-              "  reference  the unsharded CPU reference model (ref::Model), every path\n"
+              "  reference  the unsharded CPU reference model (host::Model), every path\n"
               "  emulated   the sharded layouts on emulated CPU ranks (program/layouts)\n"
               "  cuda       %s\n"
               "  nccl       %s\n"

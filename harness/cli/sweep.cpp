@@ -28,7 +28,7 @@ namespace {
 // cancels that case too (run_control: the programs stop at their next op).
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void on_stop_signal(int) {
-  if (g_stop) run_control::cancel_requested.store(true, std::memory_order_relaxed);
+  if (g_stop) program::run_control::cancel_requested.store(true, std::memory_order_relaxed);
   g_stop = 1;
 }
 
@@ -61,12 +61,12 @@ class Progress {
   Progress(size_t total, bool enabled) : total_(total), enabled_(enabled && ::isatty(STDERR_FILENO)) {
     if (enabled_) {
       active_ = this;
-      run_control::layer_observer.store(&on_layer);
+      program::run_control::layer_observer.store(&on_layer);
     }
   }
   ~Progress() {
     if (!enabled_) return;
-    run_control::layer_observer.store(nullptr);
+    program::run_control::layer_observer.store(nullptr);
     active_ = nullptr;
   }
   Progress(const Progress&) = delete;
@@ -301,7 +301,7 @@ int sweep(const SweepOptions& o) {
     r.environment.contract_knob_hash = engine.contracts().front()->knob_hash();
   }
   g_stop = 0;
-  run_control::cancel_requested = false;
+  program::run_control::cancel_requested = false;
   install_stop_handlers();
   const auto& cases = engine.cases();
   Progress progress(cases.size(), !o.quiet);
@@ -318,7 +318,7 @@ int sweep(const SweepOptions& o) {
     progress.update(i, engine.case_id(cases[i]));
     try {
       r.cases.push_back(engine.compare(cases[i]));
-    } catch (const run_control::Cancelled&) {
+    } catch (const program::run_control::Cancelled&) {
       r.cases.push_back(engine.interrupted(cases[i]));
       cancelled = true;
       break;
@@ -339,7 +339,7 @@ int sweep(const SweepOptions& o) {
   const Verdict overall = r.overall();
   if (!o.quiet) {
     std::vector<std::string> path_names;
-    for (const ref::Path& p : plan.paths) path_names.push_back(path_name(p));
+    for (const program::Path& p : plan.paths) path_names.push_back(path_name(p));
     print_table(r, path_names, out);
     if (!o.verbose) {
       size_t shown = 0;

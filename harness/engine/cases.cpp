@@ -130,11 +130,11 @@ std::string impossible_axis(const SweepPlan& plan, const ModelConfig& cfg, const
 struct CaseEngine::Loaded {
   const ModelEntry* model = nullptr;
   Weights weights;
-  std::map<const Contract*, std::unique_ptr<ref::Model>> by_contract;
+  std::map<const Contract*, std::unique_ptr<host::Model>> by_contract;
   GpuRunner gpu;  // with its device copy of these weights, one contract at a time
-  const ref::Model& model_for(const Contract& contract) {
+  const host::Model& model_for(const Contract& contract) {
     auto& m = by_contract[&contract];
-    if (!m) m = std::make_unique<ref::Model>(model->config, weights, contract.knobs);
+    if (!m) m = std::make_unique<host::Model>(model->config, weights, contract.knobs);
     return *m;
   }
   GpuModelSource gpu_source(const Contract& contract) const { return {*model, contract, weights}; }
@@ -165,7 +165,7 @@ NamedTensor f32_tensor(std::string name, std::vector<float> v, std::vector<uint6
 }
 
 // The named tensors of one run (see cases.h), in report order.
-std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&& fwd, ref::BackwardResult* bwd) {
+std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, program::ForwardResult&& fwd, program::BackwardResult* bwd) {
   std::vector<NamedTensor> out;
   auto per_sequence = [&](const std::string& prefix, std::vector<std::vector<float>>& rows) {
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -173,8 +173,8 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, ref::ForwardResult&&
       out.push_back(f32_tensor(prefix + std::to_string(s), std::move(rows[s]), {n}));
     }
   };
-  auto captured = [&](const std::string& prefix, std::vector<ref::Capture>& caps) {
-    for (ref::Capture& c : caps) {
+  auto captured = [&](const std::string& prefix, std::vector<program::Capture>& caps) {
+    for (program::Capture& c : caps) {
       NamedTensor t;
       t.name = prefix + c.name;
       for (int64_t d : c.shape) t.shape.push_back(static_cast<uint64_t>(d));
@@ -328,11 +328,11 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
         for (const layouts::Layout& l : ls) {
           // NCCL's own all-reduce needs NCCL: the control is real ranks' only.
           if (l.reduction == layouts::Reduction::NcclBf16Sum && i != Implementation::kNccl) continue;
-          for (const ref::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
+          for (const program::Path& p : plan_.paths) cases_.push_back({model, *contract, i, l, p});
         }
       }
       if (!model.verify_layers.empty())
-        cases_.push_back({model, *contract, Implementation::kReference, layouts::Layout{}, ref::Path::extend(), true});
+        cases_.push_back({model, *contract, Implementation::kReference, layouts::Layout{}, program::Path::extend(), true});
     }
   }
   work_ = estimate_work();
@@ -352,7 +352,7 @@ WorkEstimate CaseEngine::estimate_work() const {
       if (plan_.canonical == Implementation::kReference || plan_.canonical == Implementation::kEmulated)
         w = combined(w, estimate_run(c.model.config, c.model.tokens, plan_.grads));
     }
-    const bool backward = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
+    const bool backward = plan_.grads && c.path.kind == program::Path::Kind::Extend;
     WorkEstimate run = estimate_run(c.model.config, c.model.tokens, backward);
     // A verification runs its layers and the head: roughly that share of a forward.
     if (c.verify)
@@ -366,7 +366,7 @@ WorkEstimate CaseEngine::estimate_work() const {
 }
 
 CaseSpec CaseEngine::canonical_spec(const ModelEntry& model, const Contract& contract) const {
-  return {model, contract, plan_.canonical, plan_.canonical_layout, ref::Path::extend()};
+  return {model, contract, plan_.canonical, plan_.canonical_layout, program::Path::extend()};
 }
 
 std::string CaseEngine::case_id(const CaseSpec& c) const {
@@ -389,8 +389,8 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
   return *loaded_;
 }
 
-ref::ForwardOptions CaseEngine::case_options() const {
-  ref::ForwardOptions opt;
+program::ForwardOptions CaseEngine::case_options() const {
+  program::ForwardOptions opt;
   opt.temperature = plan_.temperature;
   opt.entropy = true;
   opt.capture = plan_.capture_ops;
@@ -412,15 +412,15 @@ void CaseEngine::refuse_if_untestable(const CaseSpec& c) const {
                      " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
 }
 
-std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
-                                              const ref::BackwardOptions& bo) {
+std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::ForwardOptions& opt,
+                                              const program::BackwardOptions& bo) {
   const ModelConfig& cfg = c.model.config;
   const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
   const Knobs& kn = c.contract.knobs;
-  const bool grads = plan_.grads && c.path.kind == ref::Path::Kind::Extend;
-  ref::ForwardResult fwd;
-  std::optional<ref::BackwardResult> bwd;
+  const bool grads = plan_.grads && c.path.kind == program::Path::Kind::Extend;
+  program::ForwardResult fwd;
+  std::optional<program::BackwardResult> bwd;
   switch (c.implementation) {
     case Implementation::kCuda: {
       GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs, bo});
@@ -441,14 +441,14 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const ref::Forw
       break;
     }
     case Implementation::kReference: {
-      const ref::Model& m = l.model_for(c.contract);
+      const host::Model& m = l.model_for(c.contract);
       fwd = m.forward(seqs, c.path, opt);
       if (grads) bwd = m.backward(seqs, c.model.coefs, plan_.temperature, bo);
       break;
     }
     case Implementation::kEmulated:
-      fwd = layouts::forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-      if (grads) bwd = layouts::backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
+      fwd = host::sharded_forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
+      if (grads) bwd = host::sharded_backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
       break;
     case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
@@ -497,8 +497,8 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   // captures of those layers and of the layers before them (whose resid_mlp is the
   // next one's input; the last layer's for the head), and every layer's input
   // gradient from the backward (a verified layer's output gradient is the next one's).
-  ref::ForwardOptions opt = case_options();
-  ref::BackwardOptions bo;
+  program::ForwardOptions opt = case_options();
+  program::BackwardOptions bo;
   std::set<int64_t> layers;
   for (int64_t li : model.verify_layers) layers.insert({li, li - 1});  // (layer −1 captures nothing)
   if (!model.verify_layers.empty()) {
@@ -539,18 +539,18 @@ std::vector<NamedTensor> CaseEngine::replay_layers(const CaseSpec& spec, const C
   }
   inputs[L] = captured("ops." + graph::layer_input_name(L));  // the head
   const std::set<int64_t> layers(spec.model.verify_layers.begin(), spec.model.verify_layers.end());
-  ref::ForwardOptions opt = case_options();
+  program::ForwardOptions opt = case_options();
   opt.capture = true;
   opt.capture_layers = &layers;
   opt.replay = &inputs;
-  const ref::Model& model = loaded(spec.model).model_for(spec.contract);
-  ref::ForwardResult fwd = model.forward(spec.model.tokens, ref::Path::extend(), opt);
+  const host::Model& model = loaded(spec.model).model_for(spec.contract);
+  program::ForwardResult fwd = model.forward(spec.model.tokens, program::Path::extend(), opt);
   if (!plan_.grads) return to_tensors(cfg, std::move(fwd), nullptr);
-  ref::BackwardOptions bo;
+  program::BackwardOptions bo;
   bo.capture_resid_grads = true;
   bo.replay_inputs = &inputs;
   bo.replay_output_grads = &output_grads;
-  ref::BackwardResult bwd = model.backward(spec.model.tokens, spec.model.coefs, plan_.temperature, bo);
+  program::BackwardResult bwd = model.backward(spec.model.tokens, spec.model.coefs, plan_.temperature, bo);
   return to_tensors(cfg, std::move(fwd), &bwd);
 }
 
@@ -589,7 +589,7 @@ Case CaseEngine::case_header(const CaseSpec& spec) const {
   // Said only where it is not the reference (the reports before it had no such key).
   if (canonical_name(plan_) != "reference") out.parameters["canonical"] = canonical_name(plan_);
   // The loss whose gradients the case compares, so that it can be reproduced.
-  if (plan_.grads && spec.path.kind == ref::Path::Kind::Extend)
+  if (plan_.grads && spec.path.kind == program::Path::Kind::Extend)
     out.parameters["coefficients"] = spec.model.coefs.describe();
   return out;
 }
@@ -652,7 +652,7 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   out.communication = std::move(last_communication_);
   if (!outputs) return out;  // skipped or failed: nothing to compare
   const Canonical& ref = canonical(spec.model, spec.contract);
-  const bool grads = plan_.grads && spec.path.kind == ref::Path::Kind::Extend;
+  const bool grads = plan_.grads && spec.path.kind == program::Path::Kind::Extend;
   std::vector<const NamedTensor*> expected;
   for (const NamedTensor& r : ref.tensors)
     if (grads || r.name.rfind("grads.", 0) != 0) expected.push_back(&r);

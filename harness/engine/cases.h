@@ -1,6 +1,6 @@
 // The case engine: runs one (model, contract, implementation, layout, path) case and
 // compares it with the canonical reference of its (model, contract) — the
-// unsharded ref::Model's extend forward (logprobs, entropy, captures) and its
+// unsharded host::Model's extend forward (logprobs, entropy, captures) and its
 // backward (every parameter's gradient), computed once and cached.
 //
 // A run's outputs are named tensors, the names a `bitparity run` dump uses:
@@ -75,7 +75,7 @@ struct CaseSpec {
   const Contract& contract;
   Implementation implementation = Implementation::kReference;
   layouts::Layout layout;
-  ref::Path path;
+  program::Path path;
   // The layer-sliced verification of the (model, contract)'s canonical result
   // (plan.h, verify_layers): the reference re-runs model.verify_layers and the head
   // from the canonical run's captured inputs. Its id ends in "verify-layers".
@@ -131,7 +131,7 @@ class CaseEngine {
   const WorkEstimate& work() const { return work_; }
 
   // One case's outputs (throws CannotTest when its implementation cannot run here,
-  // run_control::Cancelled when cancelled, io::BadInput with the work estimate when
+  // program::run_control::Cancelled when cancelled, io::BadInput with the work estimate when
   // out of memory).
   std::vector<NamedTensor> run(const CaseSpec& c);
   // Runs the case and compares it with the reference: a report case with
@@ -141,7 +141,7 @@ class CaseEngine {
   // CaseFailed one with the verdict error, its message and the seconds until it
   // failed. Throws what run() throws otherwise.
   Case compare(const CaseSpec& c);
-  // The report case of one stopped by run_control::Cancelled: skipped, "interrupted".
+  // The report case of one stopped by program::run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
 
   // Hears a checkpoint's loading as it goes (a progress line; io::LoadOptions::progress).
@@ -160,11 +160,11 @@ class CaseEngine {
   Loaded& loaded(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
   CaseSpec canonical_spec(const ModelEntry& model, const Contract& contract) const;  // extend, the plan's canonical
-  ref::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
+  program::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
   // Throws CannotTest where c's implementation cannot run here (no GPU, not enough ranks).
   void refuse_if_untestable(const CaseSpec& c) const;
-  std::vector<NamedTensor> run_case(const CaseSpec& c, const ref::ForwardOptions& opt,
-                                    const ref::BackwardOptions& bo = {});
+  std::vector<NamedTensor> run_case(const CaseSpec& c, const program::ForwardOptions& opt,
+                                    const program::BackwardOptions& bo = {});
   Case compare_case(const CaseSpec& c);
   Case verify_case(const CaseSpec& c);
   std::vector<NamedTensor> replay_layers(const CaseSpec& c, const Canonical& canonical);

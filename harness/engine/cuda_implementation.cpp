@@ -2,8 +2,8 @@
 #include <string>
 
 #include "harness/engine/cuda_implementation.h"
-#include "optimized/layouts/virtual_ranks.h"
-#include "optimized/model/qwen3.h"
+#include "gpu/virtual_ranks.h"
+#include "gpu/cuda_model.h"
 
 namespace bp::harness {
 
@@ -14,12 +14,12 @@ struct GpuRunner::Kept {
 
   const ModelEntry* model;
   const Contract* contract;
-  const cuda::Model gpu;
+  const gpu::Model gpu;
 };
 
 namespace {
 
-GpuCaseResult run_model(const cuda::Model& model, const GpuCaseInput& in) {
+GpuCaseResult run_model(const gpu::Model& model, const GpuCaseInput& in) {
   GpuCaseResult r;
   r.forward = model.forward(in.seqs, in.path, in.options);
   if (in.grads) r.backward = model.backward(in.seqs, in.coefs, in.options.temperature, in.backward_options);
@@ -30,9 +30,9 @@ GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
   const GpuModelSource& m = in.model;
   GpuCaseResult r;
   const Knobs& kn = m.contract.knobs;
-  r.forward = cuda::layouts::forward(m.model.config, m.weights, kn, in.layout, in.seqs, in.path, in.options);
+  r.forward = gpu::sharded_forward(m.model.config, m.weights, kn, in.layout, in.seqs, in.path, in.options);
   if (in.grads)
-    r.backward = cuda::layouts::backward(m.model.config, m.weights, kn, in.layout, in.seqs, in.coefs,
+    r.backward = gpu::sharded_backward(m.model.config, m.weights, kn, in.layout, in.seqs, in.coefs,
                                          in.options.temperature);
   return r;
 }

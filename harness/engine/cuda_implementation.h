@@ -1,6 +1,6 @@
 // The `cuda` implementation of the case engine: one case on the GPU — the GPU model
-// (optimized/model/qwen3.h) for the unsharded layout, virtual GPU ranks
-// (optimized/layouts/virtual_ranks.h) for the others — with the peak device
+// (gpu/cuda_model.h) for the unsharded layout, virtual GPU ranks
+// (gpu/virtual_ranks.h) for the others — with the peak device
 // memory it took. A build without CUDA, or a machine without a Hopper GPU, throws
 // CannotTest saying why (exit code 125 when nothing else ran).
 //
@@ -27,8 +27,8 @@
 namespace bp::harness {
 
 struct GpuCaseResult {
-  ref::ForwardResult forward;
-  std::optional<ref::BackwardResult> backward;  // when asked for
+  program::ForwardResult forward;
+  std::optional<program::BackwardResult> backward;  // when asked for
   // The pool's high watermark over the case. It starts at the memory in use, so
   // the weights count in every case: the kept model's (resident when the case
   // starts) or the virtual ranks' shards (uploaded inside the case); then KV
@@ -53,11 +53,11 @@ struct GpuCaseInput {
   GpuModelSource model;
   const layouts::Layout& layout;
   const std::vector<std::vector<int32_t>>& seqs;
-  const ref::Path& path;
-  const ref::ForwardOptions& options;
+  const program::Path& path;
+  const program::ForwardOptions& options;
   bool grads;  // also the backward (L = Σ c_t·logprob_t)
   const ref::LossCoefficients& coefs;
-  ref::BackwardOptions backward_options = {};  // the unsharded GPU model's (a canonical run's captures)
+  program::BackwardOptions backward_options = {};  // the unsharded GPU model's (a canonical run's captures)
 };
 
 // What `bitparity list` says of the cuda implementation in this build.

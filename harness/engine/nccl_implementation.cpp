@@ -10,7 +10,7 @@
 #include "harness/engine/cases.h"
 #include "harness/io/errors.h"
 #include "optimized/cuda/common.h"
-#include "optimized/dist/real_ranks.h"
+#include "gpu/nccl/real_ranks.h"
 
 namespace bp::harness {
 namespace {
@@ -21,7 +21,7 @@ constexpr const char* kDone = "done";
 
 class NcclRankSession final : public RankSession {
  public:
-  explicit NcclRankSession(const dist::RankIdentity& me) : ranks_(me) {}
+  explicit NcclRankSession(const nccl::RankIdentity& me) : ranks_(me) {}
 
   int rank() const override { return ranks_.rank(); }
   int world() const override { return ranks_.world(); }
@@ -32,12 +32,12 @@ class NcclRankSession final : public RankSession {
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "unknown";
     return p.name;
   }
-  std::string nccl_version() const override { return dist::nccl_version_text(); }
+  std::string nccl_version() const override { return nccl::nccl_version_text(); }
 
   void check_same(const std::vector<std::pair<std::string, std::string>>& fields) override {
     try {
       ranks_.check_same(fields);
-    } catch (const dist::SetupMismatch& e) {
+    } catch (const nccl::SetupMismatch& e) {
       throw io::BadInput("ranks", "", e.what());
     }
   }
@@ -63,7 +63,7 @@ class NcclRankSession final : public RankSession {
     GpuCaseResult r;
     guarded([&] {
       auto fwd = ranks_.forward(cfg, in.model.weights, kn, in.layout, in.seqs, in.path, in.options);
-      std::optional<dist::RankZeroResult<ref::BackwardResult>> bwd;
+      std::optional<nccl::RankZeroResult<program::BackwardResult>> bwd;
       if (in.grads)
         bwd = ranks_.backward(cfg, in.model.weights, kn, in.layout, in.seqs, in.coefs, in.options.temperature);
       if (!fwd) return;
@@ -79,7 +79,7 @@ class NcclRankSession final : public RankSession {
 
  private:
   // The forward's and the backward's cost, together.
-  static void add_cost(const dist::CaseCost& c, GpuCaseResult& r) {
+  static void add_cost(const nccl::CaseCost& c, GpuCaseResult& r) {
     r.ranks = c.ranks;
     r.peak_device_bytes = std::max(r.peak_device_bytes, c.peak_device_bytes);
     for (const auto& [kind, t] : c.traffic) {
@@ -95,12 +95,12 @@ class NcclRankSession final : public RankSession {
   static void guarded(F&& f) {
     try {
       f();
-    } catch (const dist::RankFailure& e) {
+    } catch (const nccl::RankFailure& e) {
       throw CaseFailed(e.what());
     }
   }
 
-  dist::RealRanks ranks_;
+  nccl::RealRanks ranks_;
 };
 
 }  // namespace
@@ -125,12 +125,12 @@ std::optional<std::string> nccl_unavailable_reason() {
   return std::nullopt;
 }
 
-int launch_ranks(int world, const std::vector<std::string>& args) { return dist::launch_local_ranks(world, args); }
+int launch_ranks(int world, const std::vector<std::string>& args) { return nccl::launch_local_ranks(world, args); }
 
 std::unique_ptr<RankSession> RankSession::join() {
-  std::optional<dist::RankIdentity> me;
+  std::optional<nccl::RankIdentity> me;
   try {
-    me = dist::rank_identity_from_env();
+    me = nccl::rank_identity_from_env();
   } catch (const std::invalid_argument& e) {
     throw io::BadInput("environment", "", e.what());
   }

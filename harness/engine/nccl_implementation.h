@@ -1,5 +1,5 @@
 // The `nccl` implementation of the case engine: a case's layout on real ranks,
-// one process per GPU, collectives over NCCL (optimized/dist/real_ranks.h).
+// one process per GPU, collectives over NCCL (gpu/nccl/real_ranks.h).
 //
 // Every rank process runs the same `bitparity sweep`: rank 0 leads (runs the
 // sweep, sends each nccl case to the others, writes the reports); the others

@@ -35,12 +35,12 @@ std::optional<Implementation> parse_implementation(std::string_view s) {
   return std::nullopt;
 }
 
-std::string path_name(const ref::Path& s) {
+std::string path_name(const program::Path& s) {
   switch (s.kind) {
-    case ref::Path::Kind::Extend: return "extend";
-    case ref::Path::Kind::Decode: return "decode";
-    case ref::Path::Kind::Ragged: return "ragged";
-    case ref::Path::Kind::Chunked: {
+    case program::Path::Kind::Extend: return "extend";
+    case program::Path::Kind::Decode: return "decode";
+    case program::Path::Kind::Ragged: return "ragged";
+    case program::Path::Kind::Chunked: {
       std::string r = "chunked:";
       for (size_t i = 0; i < s.chunks.size(); ++i) r += (i ? "," : "") + std::to_string(s.chunks[i]);
       return r;
@@ -49,14 +49,14 @@ std::string path_name(const ref::Path& s) {
   return "?";
 }
 
-std::optional<ref::Path> parse_path(std::string_view s, std::string* why) {
-  auto fail = [&](const std::string& w) -> std::optional<ref::Path> {
+std::optional<program::Path> parse_path(std::string_view s, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<program::Path> {
     if (why) *why = w;
     return std::nullopt;
   };
-  if (s == "extend") return ref::Path::extend();
-  if (s == "decode") return ref::Path::decode();
-  if (s == "ragged") return ref::Path::ragged();
+  if (s == "extend") return program::Path::extend();
+  if (s == "decode") return program::Path::decode();
+  if (s == "ragged") return program::Path::ragged();
   constexpr std::string_view kChunked = "chunked:";
   if (s.substr(0, kChunked.size()) != kChunked)
     return fail("unknown path; the paths are extend, chunked:<n>[,<n>...], decode, ragged");
@@ -73,7 +73,7 @@ std::optional<ref::Path> parse_path(std::string_view s, std::string* why) {
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
-  return ref::Path::chunked(std::move(chunks));
+  return program::Path::chunked(std::move(chunks));
 }
 
 std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, int64_t num_layers,
@@ -366,14 +366,14 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   }
 
   if (const json* v = field("paths")) {
-    plan.paths = rd.list<ref::Path>(rd.name("paths"), *v, [&](const std::string& f, const json& x) {
+    plan.paths = rd.list<program::Path>(rd.name("paths"), *v, [&](const std::string& f, const json& x) {
       const std::string& s = rd.string(f, x);
       std::string why;
       const auto p = parse_path(s, &why);
       if (!p) rd.bad(f, "bad path " + io::quoted_input(s) + ": " + why);
       return *p;
     });
-    no_duplicates<ref::Path>(rd, rd.name("paths"), plan.paths, [](const ref::Path& p) { return path_name(p); });
+    no_duplicates<program::Path>(rd, rd.name("paths"), plan.paths, [](const program::Path& p) { return path_name(p); });
   }
   if (const json* v = field("tokens")) apply_tokens(rd, *v, plan.tokens);
   if (const json* v = field("weight_seed")) plan.weight_seed = rd.seed(rd.name("weight_seed"), *v);

@@ -65,7 +65,7 @@
 
 namespace bp::harness {
 
-// What computes a case: the reference model (ref::Model, unsharded), the layouts
+// What computes a case: the reference model (host::Model, unsharded), the layouts
 // on emulated CPU ranks, the GPU (engine/cuda_implementation.h), real ranks over
 // NCCL, one process per GPU (engine/nccl_implementation.h); and, for `run`
 // only (allow_float64), the float64 truth model (reference/truth/qwen3.h): no
@@ -87,8 +87,8 @@ std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, i
                                                       Implementation canonical, std::string* why);
 
 // Paths: "extend", "decode", "ragged", "chunked:<n>[,<n>...]" (n >= 1).
-std::string path_name(const ref::Path& s);
-std::optional<ref::Path> parse_path(std::string_view s, std::string* why = nullptr);
+std::string path_name(const program::Path& s);
+std::optional<program::Path> parse_path(std::string_view s, std::string* why = nullptr);
 
 // The contracts a plan may name: bp::contracts(). (`run` also reads "truth", the
 // old spelling of implementation float64: it sets implementations ["float64"] and
@@ -112,8 +112,8 @@ struct SweepPlan {
   std::vector<Implementation> implementations = {Implementation::kReference, Implementation::kEmulated};
   std::vector<layouts::Layout> layouts;  // explicit list; empty: the grid
   LayoutGrid grid;
-  std::vector<ref::Path> paths = {ref::Path::extend(), ref::Path::chunked({5, 3}),
-                                      ref::Path::decode(), ref::Path::ragged()};
+  std::vector<program::Path> paths = {program::Path::extend(), program::Path::chunked({5, 3}),
+                                      program::Path::decode(), program::Path::ragged()};
   TokenSpec tokens;
   uint64_t weight_seed = 20261122;
   uint64_t coef_seed = 7;

@@ -20,7 +20,7 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
   const ModelConfig cfg = model_config(plan.models[0], plan.base_dir, o.source, plan_field("models", o.flags) + "[0]");
   if (!plan.contracts.empty() && plan.origins.count("contracts"))
     plan.bad("contracts", "", "the float64 truth has no contract");
-  if (plan.paths[0].kind != ref::Path::Kind::Extend)
+  if (plan.paths[0].kind != program::Path::Kind::Extend)
     plan.bad("paths", "[0]", "the float64 truth has no paths: each sequence is computed whole (use extend)");
   if (plan.capture_ops) plan.bad("capture", "", "the float64 truth has no op captures");
   if (layout != layouts::Layout{}) plan.bad("layouts", "", "the float64 truth is unsharded (tp1-ep1-cp1)");
@@ -103,7 +103,7 @@ SweepPlan single_case_defaults() {
   p.contracts = {default_contract_names().front()};
   p.implementations = {Implementation::kReference};
   p.layouts = {layouts::Layout{}};
-  p.paths = {ref::Path::extend()};
+  p.paths = {program::Path::extend()};
   p.allow_float64 = true;
   return p;
 }

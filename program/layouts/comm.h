@@ -32,7 +32,7 @@ struct RankComms {
                 // weight-gradient token splits)
 };
 
-// A collective's result in a backend's memory (host/backend.h, optimized/model/cuda_backend.h):
+// A collective's result in a backend's memory (host/backend.h, gpu/cuda_backend.h):
 // the ranks' pieces concatenated in rank order; rank r's piece is elements
 // [offset[r], offset[r+1]) of data.
 template <class Buf>

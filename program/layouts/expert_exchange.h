@@ -4,7 +4,7 @@
 // plane rank (e, c = 0), which therefore receives every row of its experts in the
 // batch — the rows an expert's weight gradient reduces over, in global order.
 // The plan is made on the host; the rows move in a backend's memory
-// (host/backend.h, optimized/model/cuda_backend.h) through its all_to_all.
+// (host/backend.h, gpu/cuda_backend.h) through its all_to_all.
 #pragma once
 #include <cstdint>
 #include <utility>

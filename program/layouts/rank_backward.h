@@ -1,9 +1,9 @@
 // The rank program's backward (SPEC.md §7): dlogits on the vocabulary slices,
 // every layer's input and weight gradients, weight gradients over the global
 // token chunks whichever rank holds the tokens.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 
@@ -70,7 +70,7 @@ typename RankProgram<B>::Buf RankProgram<B>::norm_bwd(Run& run, const TokenSplit
 }
 
 // One layer's backward; dx enters as the gradient of the layer's output and
-// leaves as the gradient of its input. The order is ref::Model::backward's.
+// leaves as the gradient of its input. The order is host::Model::backward's.
 template <class B>
 void RankProgram<B>::backward_layer(Run& run, const TokenSplit& split, const Saved& sv, int64_t li, Buf& dx) const {
   const Dims& d = d_;
@@ -126,11 +126,11 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
                                     float temperature) {
   const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
   const Dims& d = d_;
-  ref::ForwardOptions fo;
+  program::ForwardOptions fo;
   fo.temperature = temperature;
   Run run = start(seqs, fo);
   Saved sv;
-  step(run, ref::path_steps(seqs, ref::Path::ragged(), cfg_.max_position_embeddings).at(0), &sv);
+  step(run, program::path_steps(seqs, program::Path::ragged(), cfg_.max_position_embeddings).at(0), &sv);
   run.kc.clear();  // the backward reads the packed keys, not the caches
   run.vc.clear();
   const Tokens& tk = sv.tk;
@@ -161,7 +161,7 @@ RankResult RankProgram<B>::backward(const std::vector<std::vector<int32_t>>& seq
   Buf dx = norm_bwd(run, split, graph::param_name(Param::FinalNorm), sv.x_final, sv.rstd_f, dh, 1, d.H, {});
 
   for (int64_t li = cfg_.num_hidden_layers - 1; li >= 0; --li) {
-    run_control::at_layer("backward", li, cfg_.num_hidden_layers);
+    program::run_control::at_layer("backward", li, cfg_.num_hidden_layers);
     backward_layer(run, split, sv, li, dx);
   }
 

@@ -1,18 +1,18 @@
 // The rank program's context parallelism (SPEC.md §7): which tokens of a call this
 // rank holds, the all-gather that gives every query its keys in canonical blocks,
 // and attention's dK/dV, whose chunks are reduced where their keys live.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 
 // This rank's tokens of a model call: sequences of its e, positions of its c.
 template <class B>
 typename RankProgram<B>::Tokens RankProgram<B>::my_tokens(const Run& run,
-                                                      const std::vector<ref::PathPiece>& pieces) const {
+                                                      const std::vector<program::PathPiece>& pieces) const {
   Tokens tk;
-  for (const ref::PathPiece& p : pieces) {
+  for (const program::PathPiece& p : pieces) {
     if (seq_owner_e(layout_, p.seq) != at_.e) continue;
     for (int pos = p.start; pos < p.start + p.len; ++pos) {
       if (cp_owner(layout_, pos, run.len(p.seq)) != at_.c) continue;
@@ -37,7 +37,7 @@ typename RankProgram<B>::Tokens RankProgram<B>::my_tokens(const Run& run,
 // keys 0 .. start+len−1 for attention.
 template <class B>
 void RankProgram<B>::share_kv(Run& run, const Tokens& tk, int64_t layer, const Buf& k, const Buf& v,
-                            const std::vector<ref::PathPiece>& pieces, Buf& kp, Buf& vp,
+                            const std::vector<program::PathPiece>& pieces, Buf& kp, Buf& vp,
                             std::map<int, int>& kv_begin) const {
   const size_t KDl = sz(d_.KDl);
   const auto all_where = all_gather(comms_.cp, std::span<const int32_t>(tk.seq_pos()));
@@ -51,14 +51,14 @@ void RankProgram<B>::share_kv(Run& run, const Tokens& tk, int64_t layer, const B
   be_.scatter_rows(all_v.data.data(), KDl, cache_rows, run.vc[sz(layer)].data());
   kv_begin.clear();
   int rows = 0;
-  for (const ref::PathPiece& p : pieces) {
+  for (const program::PathPiece& p : pieces) {
     if (seq_owner_e(layout_, p.seq) != at_.e) continue;
     kv_begin[p.seq] = rows;
     rows += p.start + p.len;
   }
   kp = zeros(int64_t{rows} * d_.KDl);
   vp = zeros(int64_t{rows} * d_.KDl);
-  for (const ref::PathPiece& p : pieces) {
+  for (const program::PathPiece& p : pieces) {
     if (seq_owner_e(layout_, p.seq) != at_.e) continue;
     const size_t from = sz(run.cache_row0.at(p.seq)) * KDl, to = sz(kv_begin.at(p.seq)) * KDl;
     const size_t n = sz(p.start + p.len) * KDl;

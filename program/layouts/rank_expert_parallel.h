@@ -2,9 +2,9 @@
 // and down row-parallel, and the MoE block with experts on their plane rank,
 // (token, slot) rows dispatched and combined at home in slot order; forward and
 // backward.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 

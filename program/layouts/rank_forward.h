@@ -1,8 +1,8 @@
 // The rank program's forward (SPEC.md §7): one model call of any path on this
 // rank's tokens, layer by layer, with captures in canonical rows.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 
@@ -15,7 +15,7 @@ void RankProgram<B>::capture(Run& run, const Tokens& tk, const std::string& name
 }
 
 template <class B>
-void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, Saved* saved) {
+void RankProgram<B>::step(Run& run, const std::vector<program::PathPiece>& pieces, Saved* saved) {
   const Dims& d = d_;
   const Tokens tk = my_tokens(run, pieces);
   const int T = tk.size();
@@ -34,7 +34,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
   if (saved) saved->layers.resize(sz(cfg_.num_hidden_layers));
 
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
-    run_control::at_layer("forward", li, cfg_.num_hidden_layers);
+    program::run_control::at_layer("forward", li, cfg_.num_hidden_layers);
     LayerSaved s;
     s.x_in = be_.clone(x);
     s.a1 = zeros(int64_t{T} * d.H);
@@ -117,7 +117,7 @@ void RankProgram<B>::step(Run& run, const std::vector<ref::PathPiece>& pieces, S
 
 template <class B>
 typename RankProgram<B>::Run RankProgram<B>::start(const std::vector<std::vector<int32_t>>& seqs,
-                                               const ref::ForwardOptions& opt) const {
+                                               const program::ForwardOptions& opt) const {
   Run run{seqs, opt, {}, 0, {}, {}, {}, {}};
   int64_t cache_rows = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -135,10 +135,10 @@ typename RankProgram<B>::Run RankProgram<B>::start(const std::vector<std::vector
 }
 
 template <class B>
-RankResult RankProgram<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
-                                 const ref::ForwardOptions& opt) {
+RankResult RankProgram<B>::forward(const std::vector<std::vector<int32_t>>& seqs, const program::Path& path,
+                                 const program::ForwardOptions& opt) {
   Run run = start(seqs, opt);
-  for (const auto& pieces : ref::path_steps(seqs, path, cfg_.max_position_embeddings))
+  for (const auto& pieces : program::path_steps(seqs, path, cfg_.max_position_embeddings))
     step(run, pieces, nullptr);
   return std::move(run.result);
 }

@@ -1,7 +1,7 @@
 // A rank's result as bytes, for ranks in other processes (real ranks,
-// optimized/dist/): they send their shares to rank 0, which puts them together
+// gpu/nccl/): they send their shares to rank 0, which puts them together
 // (rank_runs.h). Native byte order: every rank of a run is the same binary on
-// the same kind of host (their start check, optimized/dist/real_ranks.h).
+// the same kind of host (their start check, gpu/nccl/real_ranks.h).
 #pragma once
 #include "program/layouts/comm.h"
 #include "program/layouts/rank_result.h"

@@ -25,8 +25,8 @@ void place_values(const std::vector<RankResult>& ranks, const std::vector<std::v
 }
 
 // Captures in the order rank 0 (which records every name) made them.
-std::vector<ref::Capture> place_captures(const std::vector<RankResult>& ranks, int64_t total) {
-  std::vector<ref::Capture> out;
+std::vector<program::Capture> place_captures(const std::vector<RankResult>& ranks, int64_t total) {
+  std::vector<program::Capture> out;
   std::map<std::string, size_t> index;
   for (const RankResult::CaptureBlock& b : ranks.at(0).captures)
     if (!index.count(b.name)) {
@@ -35,7 +35,7 @@ std::vector<ref::Capture> place_captures(const std::vector<RankResult>& ranks, i
     }
   for (const RankResult& r : ranks)
     for (const RankResult::CaptureBlock& b : r.captures) {
-      ref::Capture& c = out.at(index.at(b.name));
+      program::Capture& c = out.at(index.at(b.name));
       for (size_t i = 0; i < b.rows.size(); ++i)
         std::copy_n(b.data.begin() + static_cast<int64_t>(i) * b.cols, b.cols,
                     c.bf16_data.begin() + b.rows[i] * b.width + b.col0);
@@ -53,15 +53,15 @@ std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights
   if (layout.reduction == Reduction::NcclBf16Sum)
     throw std::invalid_argument("layout " + layout.name() +
                                 ": NCCL's bf16 all-reduce runs on real ranks only (implementation nccl)");
-  check_model(cfg, weights, knobs);  // as the unsharded model checks them
+  program::check_model(cfg, weights, knobs);  // as the unsharded model checks them
   std::vector<RankResult> results(static_cast<size_t>(layout.world()));
   run_emulated(layout, [&](int rank, RankComms& comms) { results[static_cast<size_t>(rank)] = body(rank, comms); });
   return results;
 }
 
-ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
-                                    const std::vector<std::vector<int32_t>>& seqs, const ref::ForwardOptions& opt) {
-  ref::ForwardResult r;
+program::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
+                                    const std::vector<std::vector<int32_t>>& seqs, const program::ForwardOptions& opt) {
+  program::ForwardResult r;
   place_values(ranks, seqs, opt.entropy, r.logprob, r.entropy);
   int64_t total = 0;
   for (const auto& s : seqs) total += static_cast<int64_t>(s.size());
@@ -69,10 +69,10 @@ ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
   return r;
 }
 
-ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
+program::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
                                       const std::vector<std::vector<int32_t>>& seqs,
                                       const ref::LossCoefficients& coefs) {
-  ref::BackwardResult r;
+  program::BackwardResult r;
   std::vector<std::vector<float>> unused;
   place_values(ranks, seqs, false, r.logprob, unused);
   r.coef = coefs.for_batch(seqs);

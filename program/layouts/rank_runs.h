@@ -1,7 +1,7 @@
 // What the layouts' runners share (runner.h: emulated ranks on the CPU;
-// optimized/layouts/virtual_ranks.h: virtual ranks on one GPU): the checks and
+// gpu/virtual_ranks.h: virtual ranks on one GPU): the checks and
 // threads of a run, and the ranks' shares put back together into the results of
-// ref::Model.
+// host::Model.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,7 @@
 
 namespace bp::layouts {
 
-// Checks the layout (shard_check) and the config and weights (as ref::Model
+// Checks the layout (shard_check) and the config and weights (as host::Model
 // does), std::invalid_argument if they do not fit; then runs body(rank, comms)
 // on every rank of the layout, one thread each (run_emulated), and returns the
 // ranks' results in rank order.
@@ -27,11 +27,11 @@ std::vector<RankResult> run_ranks(const ModelConfig& cfg, const Weights& weights
                                   const std::function<RankResult(int rank, RankComms& comms)>& body);
 
 // The forward's logprobs (entropies, captures when asked for) from the ranks' shares.
-ref::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
-                                    const std::vector<std::vector<int32_t>>& seqs, const ref::ForwardOptions& opt);
+program::ForwardResult assemble_forward(const std::vector<RankResult>& ranks,
+                                    const std::vector<std::vector<int32_t>>& seqs, const program::ForwardOptions& opt);
 
 // The backward's logprobs, coefficients and every parameter's gradient from the ranks' shares.
-ref::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
+program::BackwardResult assemble_backward(const std::vector<RankResult>& ranks, const Weights& weights,
                                       const std::vector<std::vector<int32_t>>& seqs,
                                       const ref::LossCoefficients& coefs);
 

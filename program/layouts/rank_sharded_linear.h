@@ -2,9 +2,9 @@
 // of partials and the contract's tree over them, row-parallel linears computing
 // whole subtrees of the C-chunk reduction, column-parallel input gradients, and
 // the gather of heads split over TP.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 

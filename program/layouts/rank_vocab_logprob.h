@@ -2,9 +2,9 @@
 // rank's vocabulary slice of the logits, its chunk statistics gathered and
 // combined by the contract's tree (v1's two-pass stages or v2's chunk states),
 // so the logprobs equal the unsharded ones.
-// Part of rank_program.h, which includes it after the class declaration.
+// Part of rank_program.h; the class is declared in rank_program_class.h.
 #pragma once
-#include "program/layouts/rank_program.h"
+#include "program/layouts/rank_program_class.h"
 
 namespace bp::layouts {
 

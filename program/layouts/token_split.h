@@ -6,7 +6,7 @@
 // receives the chunk's rows from whoever holds them. The partials are then
 // all-gathered and every rank runs the tree over the chunks in order. The plan is
 // made on the host; the rows and partials live in a backend's memory
-// (host/backend.h, optimized/model/cuda_backend.h).
+// (host/backend.h, gpu/cuda_backend.h).
 #pragma once
 #include <cstdint>
 #include <vector>

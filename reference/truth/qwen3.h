@@ -1,5 +1,5 @@
 // Float64 truth of the whole Qwen3 / Qwen3-MoE model: the same function as
-// bp::ref::Model (SPEC.md §4, §6) with no rounding anywhere — the bf16 weights
+// bp::host::Model (SPEC.md §4, §6) with no rounding anywhere — the bf16 weights
 // widened exactly, double activations, exact softmax, RoPE angles from the exact
 // inverse frequencies — built from the truth ops (reference/truth/*.h). It is what
 // the bit-defined model approximates and what Hugging Face's float32 model
@@ -55,7 +55,7 @@ class Model {
   ForwardResult forward(const std::vector<std::vector<int32_t>>& seqs, const ForwardOptions& opt = {}) const;
 
   // Gradient of L = Σ_r c_r·logprob_r, rows r numbered over the batch as in
-  // ref::Model::backward (sequence by sequence, t increasing, t < len−1).
+  // host::Model::backward (sequence by sequence, t increasing, t < len−1).
   // fp32_storage: the forward's activations as in ForwardOptions (the backward exact).
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                           double temperature = 1.0, bool fp32_storage = false) const;

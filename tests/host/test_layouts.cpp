@@ -32,7 +32,7 @@ using bp::bf16;
 using bp::layouts::CpSplit;
 using bp::layouts::Layout;
 using bp::layouts::Reduction;
-using bp::ref::Path;
+using bp::program::Path;
 using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
@@ -78,14 +78,14 @@ const std::vector<std::string> kEveryPath = {"extend", "ragged", "chunked:5,3", 
 // Each layout on each named path: logprobs and entropies equal the unsharded extend's.
 void expect_forward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
                           const std::vector<Layout>& layouts, const std::vector<std::string>& path_names) {
-  const bp::ref::Model ref(cfg, w, kn);
-  bp::ref::ForwardOptions opt;
+  const bp::host::Model ref(cfg, w, kn);
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   const auto want = ref.forward(seqs, Path::extend(), opt);
   for (const Layout& l : layouts)
     for (const auto& [name, path] : paths()) {
       if (std::find(path_names.begin(), path_names.end(), name) == path_names.end()) continue;
-      const auto got = bp::layouts::forward(cfg, w, kn, l, seqs, path, opt);
+      const auto got = bp::host::sharded_forward(cfg, w, kn, l, seqs, path, opt);
       EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
       EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
     }
@@ -94,19 +94,19 @@ void expect_forward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, cons
 // Each layout's backward: logprobs, coefficients and every gradient equal the unsharded backward's.
 void expect_backward_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
                            const std::vector<Layout>& layouts, const bp::ref::LossCoefficients& coefs = kCoefs) {
-  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, coefs);
+  const auto want = bp::host::Model(cfg, w, kn).backward(seqs, coefs);
   for (const Layout& l : layouts) {
-    expect_same_backward(bp::layouts::backward(cfg, w, kn, l, seqs, coefs), want, l.name());
+    expect_same_backward(bp::host::sharded_backward(cfg, w, kn, l, seqs, coefs), want, l.name());
   }
 }
 
 // Every op's captured output under the layout and path is the unsharded extend's, row for row.
 void expect_captures_exact(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn, const Seqs& seqs,
                            const Layout& l, const Path& path) {
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
-  const auto got = bp::layouts::forward(cfg, w, kn, l, seqs, path, opt);
+  const auto want = bp::host::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
+  const auto got = bp::host::sharded_forward(cfg, w, kn, l, seqs, path, opt);
   ASSERT_EQ(got.captures.size(), want.captures.size()) << l.name();
   for (size_t i = 0; i < want.captures.size(); ++i) {
     EXPECT_EQ(got.captures[i].name, want.captures[i].name) << l.name();
@@ -178,18 +178,18 @@ TEST_P(LayoutsTest, CapturesExact) {
 // has no all-reduce for the ring to replace (SPEC.md §7), and on these fixtures the
 // flipped roundings do not reach the logits.
 TEST_P(LayoutsTest, RingReductionIsNotLayoutInvariant) {
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
   auto run = [&](const char* layout) {
-    return bp::layouts::forward(cfg_, w_, kn_, *bp::layouts::parse_layout(layout), path_seqs_, Path::extend(),
+    return bp::host::sharded_forward(cfg_, w_, kn_, *bp::layouts::parse_layout(layout), path_seqs_, Path::extend(),
                                 opt);
   };
-  auto first_difference = [](const bp::ref::ForwardResult& a, const bp::ref::ForwardResult& b) -> std::string {
+  auto first_difference = [](const bp::program::ForwardResult& a, const bp::program::ForwardResult& b) -> std::string {
     for (size_t i = 0; i < a.captures.size(); ++i)
       if (a.captures[i].bf16_data != b.captures[i].bf16_data) return a.captures[i].name;
     return same_bits(flat(a.logprob), flat(b.logprob)) ? "" : "logprob";
   };
-  const auto ref = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
+  const auto ref = bp::host::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   const auto ring1 = run("tp1-ep1-cp1+ring"), ring2 = run("tp2-ep1-cp1+ring"), tree2 = run("tp2-ep1-cp1");
   auto row_parallel_output = [](const std::string& op) {
     return op.ends_with(".attn_out") || op.ends_with(".mlp_out");
@@ -314,8 +314,8 @@ TEST(ReplicatedKv, RingReductionDiffers) {
   const bp::Knobs kn = bp::find_contract("bf16-sm90tc-v2")->knobs;
   const auto w = bp::generate_weights(cfg, bp::test::kFixtureWeightSeed);
   const Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {23, 41});
-  const auto want = bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs);
-  const auto ring = bp::layouts::backward(cfg, w, kn, *bp::layouts::parse_layout("tp8-ep1-cp1+ring"), seqs, kCoefs);
+  const auto want = bp::host::Model(cfg, w, kn).backward(seqs, kCoefs);
+  const auto ring = bp::host::sharded_backward(cfg, w, kn, *bp::layouts::parse_layout("tp8-ep1-cp1+ring"), seqs, kCoefs);
   int differ = 0;
   for (const auto& [name, g] : want.grads) differ += !same_bits(ring.grads.at(name), g);
   EXPECT_GT(differ, 0);
@@ -330,8 +330,8 @@ class OddSizeTest : public bp::test::DerivedModelTest {};
 
 TEST_P(OddSizeTest, ReferenceEveryPathEqualsExtend) {
   const Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
-  const bp::ref::Model ref(cfg_, w_, kn_);
-  bp::ref::ForwardOptions opt;
+  const bp::host::Model ref(cfg_, w_, kn_);
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   const auto want = ref.forward(seqs, Path::extend(), opt);
   for (const auto& [name, path] : paths()) {
@@ -393,12 +393,12 @@ TEST(OddSize, OtherChunkingChangesBits) {
   const bp::ModelConfig cfg = bp::test::odd_size_model("odd-dense");
   const auto w = bp::generate_weights(cfg, bp::test::kFixtureWeightSeed);
   const Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {23, 41, 60});
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   bp::Knobs kn = bp::find_contract("bf16-fmaseq-v1")->knobs;
-  const bp::ref::Model eight(cfg, w, kn);
+  const bp::host::Model eight(cfg, w, kn);
   kn.tp_tree_width = 4;
-  const bp::ref::Model four(cfg, w, kn);
+  const bp::host::Model four(cfg, w, kn);
   EXPECT_FALSE(same_bits(flat(four.forward(seqs, Path::extend(), opt).entropy),
                          flat(eight.forward(seqs, Path::extend(), opt).entropy)));
 }
@@ -449,7 +449,7 @@ TEST(Layout, RefusesWhatTheModelCannotShard) {
       << why("tp4-ep1-cp1", six);
   EXPECT_EQ(why("tp2-ep1-cp1", six), "");
   const auto w = bp::generate_weights(dense, bp::test::kFixtureWeightSeed);
-  EXPECT_THROW(bp::layouts::forward(dense, w, kn, *bp::layouts::parse_layout("tp1-ep2-cp1"), {{1, 2}},
+  EXPECT_THROW(bp::host::sharded_forward(dense, w, kn, *bp::layouts::parse_layout("tp1-ep2-cp1"), {{1, 2}},
                                     Path::extend()),
                std::invalid_argument);
 }
@@ -463,7 +463,7 @@ TEST(Layout, RankFailureIsReportedNotDeadlocked) {
   Seqs seqs = bp::test::make_seqs(cfg.vocab_size, {6, 6});
   seqs[1][4] = static_cast<int32_t>(cfg.vocab_size);  // on rank e = 1, c = 1 only
   try {
-    bp::layouts::forward(cfg, w, kn, *bp::layouts::parse_layout("tp2-ep2-cp2"), seqs, Path::extend());
+    bp::host::sharded_forward(cfg, w, kn, *bp::layouts::parse_layout("tp2-ep2-cp2"), seqs, Path::extend());
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << e.what();

@@ -31,8 +31,8 @@
 
 namespace {
 
-using bp::ref::Model;
-using bp::ref::Path;
+using bp::host::Model;
+using bp::program::Path;
 using Seqs = std::vector<std::vector<int32_t>>;
 using Rows = std::vector<std::vector<float>>;
 
@@ -68,7 +68,7 @@ class ModelTest : public ::testing::TestWithParam<Case> {
 
 TEST_P(ModelTest, EveryPathSameBits) {
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   const auto ext = m.forward(seqs_, Path::extend(), opt);
   const auto ref = flat(ext.logprob), ref_ent = flat(ext.entropy);
@@ -100,7 +100,7 @@ TEST_P(ModelTest, EveryPathSameBits) {
 
 TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
   const Seqs two = {seqs_[0], seqs_[1]};
   const auto a = m.forward(two, Path::ragged(), opt);
@@ -125,7 +125,7 @@ TEST_P(ModelTest, CapturesAgreeAcrossPaths) {
 // one bit off changes them (the negative control).
 TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
   opt.entropy = true;
   const auto whole = m.forward(seqs_, Path::extend(), opt);
@@ -139,7 +139,7 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
     std::map<int64_t, std::vector<bp::bf16>> inputs;
     inputs[stage] = captured(bp::graph::layer_input_name(stage));
     const std::set<int64_t> layers{stage};
-    bp::ref::ForwardOptions ro = opt;
+    bp::program::ForwardOptions ro = opt;
     ro.capture_layers = &layers;
     ro.replay = &inputs;
     const auto replayed = m.forward(seqs_, Path::extend(), ro);
@@ -164,7 +164,7 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
         EXPECT_FALSE(c.bf16_data == captured(c.name)) << "negative control, stage " << stage;
       }
   }
-  bp::ref::ForwardOptions wrong_path = opt;
+  bp::program::ForwardOptions wrong_path = opt;
   std::map<int64_t, std::vector<bp::bf16>> none;
   wrong_path.replay = &none;
   EXPECT_THROW(m.forward(seqs_, Path::decode(), wrong_path), std::invalid_argument);
@@ -175,10 +175,10 @@ TEST_P(ModelTest, LayerReplayEqualsWholeRun) {
 // layer; the head gives its own; an output gradient one bit off changes them.
 TEST_P(ModelTest, LayerReplayBackwardEqualsWholeRun) {
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions fo;
+  bp::program::ForwardOptions fo;
   fo.capture = true;
   const auto fwd = m.forward(seqs_, Path::extend(), fo);
-  bp::ref::BackwardOptions capture;
+  bp::program::BackwardOptions capture;
   capture.capture_resid_grads = true;
   const auto whole = m.backward(seqs_, kCoefs, 1.0f, capture);
   const int64_t L = cfg_.num_hidden_layers;
@@ -194,7 +194,7 @@ TEST_P(ModelTest, LayerReplayBackwardEqualsWholeRun) {
     inputs[li] = find(fwd.captures, bp::graph::layer_input_name(li));
     inputs[L] = find(fwd.captures, bp::graph::layer_input_name(L));
     dy[li] = find(whole.captures, bp::graph::resid_grad_name(li + 1));
-    bp::ref::BackwardOptions bo = capture;
+    bp::program::BackwardOptions bo = capture;
     bo.replay_inputs = &inputs;
     bo.replay_output_grads = &dy;
     const auto r = m.backward(seqs_, kCoefs, 1.0f, bo);
@@ -236,19 +236,19 @@ TEST_P(ModelTest, LongSequencesScoredInPlaceEqualAlone) {
     return rows;
   };
   const Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, {90, 130});
-  ASSERT_EQ(bp::ref::in_place_runs(target_rows(seqs)).size(), 2u);
-  ASSERT_TRUE(bp::ref::in_place_runs(target_rows(seqs_)).empty());
+  ASSERT_EQ(bp::program::in_place_runs(target_rows(seqs)).size(), 2u);
+  ASSERT_TRUE(bp::program::in_place_runs(target_rows(seqs_)).empty());
 
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
-  bp::ref::BackwardOptions bo;
+  bp::program::BackwardOptions bo;
   bo.capture_resid_grads = true;
   const Rows c = kCoefs.for_batch(seqs);
   const auto fwd = m.forward(seqs, Path::extend(), opt);
   const auto bwd = m.backward(seqs, LossCoefficients::explicit_values(c), 1.0f, bo);
   const std::string top = bp::graph::resid_grad_name(cfg_.num_hidden_layers);
-  auto top_grad = [&](const bp::ref::BackwardResult& r) -> const std::vector<bp::bf16>& {
+  auto top_grad = [&](const bp::program::BackwardResult& r) -> const std::vector<bp::bf16>& {
     for (const auto& cap : r.captures)
       if (cap.name == top) return cap.bf16_data;
     throw std::runtime_error("no capture " + top);
@@ -398,7 +398,7 @@ class ModelGolden : public ModelTest {};
 
 TEST_P(ModelGolden, DigestsPinned) {
   const Model m(cfg_, w_, contract_->knobs);
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   const auto ext = m.forward(seqs_, Path::extend(), opt);
   bp::test::expect_golden("model.txt", case_name(GetParam()) + "/logprob", bp::test::digest(flat(ext.logprob)));

@@ -124,7 +124,7 @@ inline const std::vector<int> kLayoutGradLengths = {23, 150, 41, 9};
 inline const std::vector<int> kLayoutPathLengths = {13, 30, 7, 21};
 
 // Every capture of a has b's name, shape and bits, in the same order.
-inline bool same_captures(const ref::ForwardResult& a, const ref::ForwardResult& b) {
+inline bool same_captures(const program::ForwardResult& a, const program::ForwardResult& b) {
   if (a.captures.size() != b.captures.size()) return false;
   for (size_t i = 0; i < a.captures.size(); ++i)
     if (a.captures[i].name != b.captures[i].name || a.captures[i].shape != b.captures[i].shape ||

@@ -35,7 +35,7 @@ std::vector<float> gpu_reduce(const std::vector<float>& base, const std::vector<
 std::vector<float> host_reduce(const std::vector<float>& base, const std::vector<size_t>& offsets, size_t n,
                                PartialSum how) {
   std::vector<float> out(n);
-  ref::HostBackend{}.reduce_partials(base.data(), offsets, n, how, out.data());
+  host::HostBackend{}.reduce_partials(base.data(), offsets, n, how, out.data());
   return out;
 }
 
@@ -65,7 +65,7 @@ TEST(RowsGpu, RoundToBf16MatchesHost) {
   std::mt19937 rng(2);
   for (int i = 0; i < (1 << 20); ++i) x.push_back(float_of(static_cast<uint32_t>(rng())));  // NaNs, Infs, subnormals
   std::vector<bf16> want(x.size());
-  ref::HostBackend{}.round_to_bf16(x.data(), want.data(), x.size());
+  host::HostBackend{}.round_to_bf16(x.data(), want.data(), x.size());
   const DeviceBuffer<float> dx(x);
   DeviceBuffer<bf16> out = poisoned<bf16>(x.size());
   cuda::round_to_bf16(dx.get(), out.get(), x.size());
@@ -82,7 +82,7 @@ TEST(RowsGpu, CopyRowsMatchesHost) {
     to.push_back(static_cast<int>(rows) - 1 - i);      // not as destinations
   }
   std::vector<int> want(rows * width, -1);
-  ref::HostBackend{}.copy_rows(src.data(), width, from, want.data(), to);
+  host::HostBackend{}.copy_rows(src.data(), width, from, want.data(), to);
   const DeviceBuffer<int> d_src(src);
   DeviceBuffer<int> d_dst(std::vector<int>(rows * width, -1));
   cuda::copy_rows(d_src.get(), width, from, d_dst.get(), to);

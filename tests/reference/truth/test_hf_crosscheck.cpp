@@ -171,8 +171,8 @@ const RowsD& contract_logprob(const std::string& config, const std::string& cont
   const HfCase& c = hf_case(config);
   const bp::Contract* k = bp::find_contract(contract);
   if (k == nullptr) throw std::invalid_argument("no contract " + contract);
-  const bp::ref::Model m(c.cfg, c.w, k->knobs);
-  return cache.emplace(key, widen_rows(m.forward(c.seqs, bp::ref::Path::extend()).logprob)).first->second;
+  const bp::host::Model m(c.cfg, c.w, k->knobs);
+  return cache.emplace(key, widen_rows(m.forward(c.seqs, bp::program::Path::extend()).logprob)).first->second;
 }
 
 // ‖a − b‖₂ / ‖b‖₂.

@@ -1,4 +1,4 @@
-#include "optimized/dist/nccl_comm.h"
+#include "gpu/nccl/nccl_comm.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-namespace bp::dist {
+namespace bp::nccl {
 namespace {
 
 std::mutex g_abort_mutex;
@@ -360,4 +360,4 @@ std::unique_ptr<NcclComm> NcclComm::split(int colour, int key) {
   return std::make_unique<NcclComm>(child, rank, size, stream_);
 }
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

@@ -1,4 +1,4 @@
-// The whole model on the GPU (optimized/model/qwen3.h) against the CPU reference
+// The whole model on the GPU (gpu/cuda_model.h) against the CPU reference
 // model: both tiny fixtures, all four contracts; every path's logprobs, entropies and
 // captured op outputs, and the backward's every parameter gradient, bit for bit.
 // Every path equal to the reference's extend is batch invariance and decode ==
@@ -6,12 +6,12 @@
 // model with one weight's bit flipped differs (the comparison sees the weights).
 #include <gtest/gtest.h>
 
-#include "optimized/model/qwen3.h"
+#include "gpu/cuda_model.h"
 #include "support/model_cases.h"
 
 namespace {
 
-using bp::ref::Path;
+using bp::program::Path;
 using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
@@ -25,9 +25,9 @@ const bp::ref::LossCoefficients kCoefs = bp::ref::LossCoefficients::generated(kC
 Seqs model_seqs(const bp::ModelConfig& cfg) { return bp::test::make_seqs(cfg.vocab_size, {13, 150, 7, 21}); }
 
 void expect_every_path_equals_reference_extend(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn,
-                                               const Seqs& seqs, const bp::ref::ForwardOptions& opt) {
-  const auto want = bp::ref::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
-  const bp::cuda::Model gpu(cfg, w, kn);
+                                               const Seqs& seqs, const bp::program::ForwardOptions& opt) {
+  const auto want = bp::host::Model(cfg, w, kn).forward(seqs, Path::extend(), opt);
+  const bp::gpu::Model gpu(cfg, w, kn);
   const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
                                                     {"ragged", Path::ragged()},
                                                     {"chunked:5,3", Path::chunked({5, 3})},
@@ -43,12 +43,12 @@ void expect_every_path_equals_reference_extend(const bp::ModelConfig& cfg, const
 
 void expect_backward_equals_reference(const bp::ModelConfig& cfg, const bp::Weights& w, const bp::Knobs& kn,
                                       const Seqs& seqs) {
-  expect_same_backward(bp::cuda::Model(cfg, w, kn).backward(seqs, kCoefs),
-                       bp::ref::Model(cfg, w, kn).backward(seqs, kCoefs), "cuda model");
+  expect_same_backward(bp::gpu::Model(cfg, w, kn).backward(seqs, kCoefs),
+                       bp::host::Model(cfg, w, kn).backward(seqs, kCoefs), "cuda model");
 }
 
-bp::ref::ForwardOptions entropy_and_captures() {
-  bp::ref::ForwardOptions opt;
+bp::program::ForwardOptions entropy_and_captures() {
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   opt.capture = true;
   return opt;
@@ -63,7 +63,7 @@ class CudaModelTest : public bp::test::FixtureTest {
   }
 
   Seqs seqs_;
-  bp::ref::ForwardOptions opt_;
+  bp::program::ForwardOptions opt_;
 };
 
 TEST_P(CudaModelTest, EveryPathEqualsReferenceExtend) {
@@ -77,15 +77,15 @@ TEST_P(CudaModelTest, BackwardEqualsReference) { expect_backward_equals_referenc
 // the logits rows start at offsets no call had before.
 TEST_P(CudaModelTest, LongSequencesScoredInPlaceEqualReference) {
   const Seqs long_seqs = bp::test::make_seqs(cfg_.vocab_size, {90, 130});
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
-  const auto got = bp::cuda::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
+  const auto want = bp::host::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
+  const auto got = bp::gpu::Model(cfg_, w_, kn_).forward(long_seqs, Path::extend(), opt_);
   EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob)));
   EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy)));
   expect_backward_equals_reference(cfg_, w_, kn_, long_seqs);
 }
 
 TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
-  const bp::cuda::Model gpu(cfg_, w_, kn_);
+  const bp::gpu::Model gpu(cfg_, w_, kn_);
   const auto a = gpu.backward(seqs_, kCoefs);
   const auto b = gpu.backward(seqs_, kCoefs);
   for (const auto& [name, g] : a.grads) EXPECT_TRUE(same_bits(b.grads.at(name), g)) << name;
@@ -96,8 +96,8 @@ TEST_P(CudaModelTest, RepeatedRunsSameRawBits) {
 TEST_P(CudaModelTest, FlippedWeightBitDiffers) {
   bp::Weights w = w_;
   w.at("model.layers.0.self_attn.q_proj.weight").data[5].bits ^= 0x0100;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(seqs_, Path::extend());
-  const auto got = bp::cuda::Model(cfg_, w, kn_).forward(seqs_, Path::extend());
+  const auto want = bp::host::Model(cfg_, w_, kn_).forward(seqs_, Path::extend());
+  const auto got = bp::gpu::Model(cfg_, w, kn_).forward(seqs_, Path::extend());
   EXPECT_FALSE(same_bits(flat(got.logprob), flat(want.logprob)));
 }
 

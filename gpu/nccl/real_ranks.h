@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "optimized/dist/nccl_comm.h"
-#include "optimized/dist/rank_launch.h"
+#include "gpu/nccl/nccl_comm.h"
+#include "gpu/nccl/rank_launch.h"
 #include "program/layouts/layout.h"
 #include "program/path.h"
 #include "program/results.h"
@@ -29,7 +29,7 @@
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
 
-namespace bp::dist {
+namespace bp::nccl {
 
 // The ranks do not run the same thing: the field where a rank differs from rank 0.
 class SetupMismatch : public std::invalid_argument {
@@ -78,12 +78,12 @@ class RealRanks {
   const std::optional<std::string>& broken() const { return broken_; }
 
   // One case, called by every rank of the world with the same arguments. Rank 0
-  // gets the assembled result (as ref::Model's) and its cost; the others nullopt.
-  std::optional<RankZeroResult<ref::ForwardResult>> forward(const ModelConfig& cfg, const Weights& weights,
+  // gets the assembled result (as host::Model's) and its cost; the others nullopt.
+  std::optional<RankZeroResult<program::ForwardResult>> forward(const ModelConfig& cfg, const Weights& weights,
                                                             const Knobs& knobs, const layouts::Layout& layout,
                                                             const std::vector<std::vector<int32_t>>& seqs,
-                                                            const ref::Path& path, const ref::ForwardOptions& opt);
-  std::optional<RankZeroResult<ref::BackwardResult>> backward(const ModelConfig& cfg, const Weights& weights,
+                                                            const program::Path& path, const program::ForwardOptions& opt);
+  std::optional<RankZeroResult<program::BackwardResult>> backward(const ModelConfig& cfg, const Weights& weights,
                                                               const Knobs& knobs, const layouts::Layout& layout,
                                                               const std::vector<std::vector<int32_t>>& seqs,
                                                               const ref::LossCoefficients& coefs, float temperature);
@@ -105,4 +105,4 @@ class RealRanks {
   int cases_run_ = 0;  // this rank's cases so far (the fault tests count them)
 };
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

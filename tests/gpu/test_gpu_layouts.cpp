@@ -1,4 +1,4 @@
-// Virtual ranks (optimized/layouts/virtual_ranks.h): the layouts' rank program on
+// Virtual ranks (gpu/virtual_ranks.h): the layouts' rank program on
 // one GPU, every rank a thread with its own stream, collectives as device copies,
 // against the CPU reference model: both tiny fixtures, all four contracts; TP, EP,
 // CP (zigzag) and a mix of all three, every path's logprobs and entropies, the
@@ -15,14 +15,14 @@
 #include <cstring>
 
 #include "host/layouts.h"
-#include "optimized/layouts/virtual_ranks.h"
+#include "gpu/virtual_ranks.h"
 #include "program/layouts/sharding.h"
 #include "support/model_cases.h"
 
 namespace {
 
 using bp::layouts::Layout;
-using bp::ref::Path;
+using bp::program::Path;
 using bp::test::expect_same_backward;
 using bp::test::flat;
 using bp::test::same_bits;
@@ -60,16 +60,16 @@ class CudaLayoutsTest : public bp::test::FixtureTest {
 };
 
 TEST_P(CudaLayoutsTest, EveryPathEqualsReferenceExtend) {
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
+  const auto want = bp::host::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   const std::pair<const char*, Path> paths[] = {{"extend", Path::extend()},
                                                     {"ragged", Path::ragged()},
                                                     {"chunked:5,3", Path::chunked({5, 3})},
                                                     {"decode", Path::decode()}};
   for (const Layout& l : layouts())
     for (const auto& [name, path] : paths) {
-      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, path, opt);
+      const auto got = bp::gpu::sharded_forward(cfg_, w_, kn_, l, path_seqs_, path, opt);
       EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
       EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
     }
@@ -77,11 +77,11 @@ TEST_P(CudaLayoutsTest, EveryPathEqualsReferenceExtend) {
 
 // Every op's captured output is the unsharded model's, row for row.
 TEST_P(CudaLayoutsTest, CapturesEqualReference) {
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
+  const auto want = bp::host::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   for (const Layout& l : layouts()) {
-    const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs_, Path::chunked({4}), opt);
+    const auto got = bp::gpu::sharded_forward(cfg_, w_, kn_, l, path_seqs_, Path::chunked({4}), opt);
     ASSERT_EQ(got.captures.size(), want.captures.size()) << l.name();
     for (size_t i = 0; i < want.captures.size(); ++i) {
       EXPECT_EQ(got.captures[i].name, want.captures[i].name) << l.name();
@@ -92,19 +92,19 @@ TEST_P(CudaLayoutsTest, CapturesEqualReference) {
 }
 
 TEST_P(CudaLayoutsTest, BackwardEqualsReference) {
-  const auto want = bp::ref::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefs);
+  const auto want = bp::host::Model(cfg_, w_, kn_).backward(grad_seqs_, kCoefs);
   for (const Layout& l : layouts()) {
-    expect_same_backward(bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs_, kCoefs), want, l.name());
+    expect_same_backward(bp::gpu::sharded_backward(cfg_, w_, kn_, l, grad_seqs_, kCoefs), want, l.name());
   }
 }
 
 TEST_P(CudaLayoutsTest, RingReductionDiffersAsOnTheCpu) {
-  bp::ref::ForwardOptions opt;
+  bp::program::ForwardOptions opt;
   opt.capture = true;
-  const auto want = bp::ref::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
+  const auto want = bp::host::Model(cfg_, w_, kn_).forward(path_seqs_, Path::extend(), opt);
   const Layout ring = layout("tp2-ep1-cp1+ring");
-  const auto gpu = bp::cuda::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
-  const auto cpu = bp::layouts::forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
+  const auto gpu = bp::gpu::sharded_forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
+  const auto cpu = bp::host::sharded_forward(cfg_, w_, kn_, ring, path_seqs_, Path::extend(), opt);
   EXPECT_FALSE(same_captures(gpu, want));
   EXPECT_TRUE(same_captures(gpu, cpu));
   EXPECT_TRUE(same_bits(flat(gpu.logprob), flat(cpu.logprob)));
@@ -115,7 +115,7 @@ TEST_P(CudaLayoutsTest, RingReductionDiffersAsOnTheCpu) {
 TEST_P(CudaLayoutsTest, RankFailureIsReportedNotDeadlocked) {
   Seqs seqs = bp::test::make_seqs(cfg_.vocab_size, {6, 6});
   seqs[1][4] = static_cast<int32_t>(cfg_.vocab_size);
-  EXPECT_THROW(bp::cuda::layouts::forward(cfg_, w_, kn_, layout("tp2-ep1-cp2"), seqs, Path::extend()),
+  EXPECT_THROW(bp::gpu::sharded_forward(cfg_, w_, kn_, layout("tp2-ep1-cp2"), seqs, Path::extend()),
                std::invalid_argument);
 }
 
@@ -129,8 +129,8 @@ class CudaDerivedModelTest : public bp::test::DerivedModelTest {};
 TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
   const Seqs path_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutPathLengths);
   const Seqs grad_seqs = bp::test::make_seqs(cfg_.vocab_size, bp::test::kLayoutGradLengths);
-  const bp::ref::Model ref(cfg_, w_, kn_);
-  bp::ref::ForwardOptions opt;
+  const bp::host::Model ref(cfg_, w_, kn_);
+  bp::program::ForwardOptions opt;
   opt.entropy = true;
   opt.capture = true;
   const auto want = ref.forward(path_seqs, Path::extend(), opt);
@@ -141,12 +141,12 @@ TEST_P(CudaDerivedModelTest, EveryPathCapturesAndBackwardEqualReference) {
                                                     {"decode", Path::decode()}};
   for (const Layout& l : layouts_) {
     for (const auto& [name, path] : paths) {
-      const auto got = bp::cuda::layouts::forward(cfg_, w_, kn_, l, path_seqs, path, opt);
+      const auto got = bp::gpu::sharded_forward(cfg_, w_, kn_, l, path_seqs, path, opt);
       EXPECT_TRUE(same_bits(flat(got.logprob), flat(want.logprob))) << l.name() << " " << name;
       EXPECT_TRUE(same_bits(flat(got.entropy), flat(want.entropy))) << l.name() << " " << name;
       EXPECT_TRUE(same_captures(got, want)) << l.name() << " " << name;
     }
-    expect_same_backward(bp::cuda::layouts::backward(cfg_, w_, kn_, l, grad_seqs, kCoefs), want_bwd, l.name());
+    expect_same_backward(bp::gpu::sharded_backward(cfg_, w_, kn_, l, grad_seqs, kCoefs), want_bwd, l.name());
   }
 }
 

@@ -1,4 +1,4 @@
-// How real ranks come to exist (BRIEF §10): one process per GPU, started either
+// How real ranks come to exist: one process per GPU, started either
 // by `bitparity` itself on one node (launch_local_ranks: the parent passes its
 // ncclUniqueId to the ranks it spawns and relays a rank's failure to the others),
 // or by a cluster's launcher — mpirun/srun (MPI or PMI variables) or torchrun
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace bp::dist {
+namespace bp::nccl {
 
 struct RankIdentity {
   int rank = 0, world = 1, local_rank = 0;
@@ -43,4 +43,4 @@ void listen_to_launcher();
 // Tells the launcher that this rank failed (it tells the others).
 void tell_launcher(const std::string& failure);
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

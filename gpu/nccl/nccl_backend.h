@@ -1,5 +1,5 @@
 // The programs' compute backend on real ranks: the GPU backend's ops
-// (optimized/model/cuda_backend.h) on this process's GPU, with the collectives
+// (gpu/cuda_backend.h) on this process's GPU, with the collectives
 // over NCCL (nccl_comm.h) instead of copies between ranks sharing a GPU. The rank
 // program (program/layouts/rank_program.h) is the same; only its bytes travel
 // differently.
@@ -7,12 +7,12 @@
 #include <stdexcept>
 #include <vector>
 
-#include "optimized/dist/nccl_comm.h"
-#include "optimized/model/cuda_backend.h"
+#include "gpu/nccl/nccl_comm.h"
+#include "gpu/cuda_backend.h"
 
-namespace bp::dist {
+namespace bp::nccl {
 
-class NcclBackend : public cuda::CudaBackend {
+class NcclBackend : public gpu::CudaBackend {
  public:
   explicit NcclBackend(cudaStream_t stream) : CudaBackend(stream) {}
 
@@ -58,4 +58,4 @@ class NcclBackend : public cuda::CudaBackend {
   }
 };
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

@@ -28,18 +28,17 @@
 #include "program/backend.h"
 #include "program/layouts/comm.h"
 
-namespace bp::cuda {
+namespace bp::gpu {
 
 class CudaBackend {
  public:
   template <class T>
-  using Buf = DeviceBuffer<T>;
+  using Buf = cuda::DeviceBuffer<T>;
   template <class T>
-  using Resident = DeviceBuffer<T>;
-  // (bp::cuda::layouts is the virtual ranks' namespace, hence the full names.)
-  using Comm = ::bp::layouts::Comm;
+  using Resident = cuda::DeviceBuffer<T>;
+  using Comm = layouts::Comm;
   template <class T>
-  using Gathered = ::bp::layouts::Gathered<Buf<T>>;
+  using Gathered = layouts::Gathered<Buf<T>>;
 
   // The per-thread default stream unless told otherwise: ranks on their own
   // threads do not serialise on one another.
@@ -77,11 +76,11 @@ class CudaBackend {
   }
   template <class T>
   std::vector<T> to_host(const T* p, size_t n) const {
-    return copy_to_host(p, n, stream_);
+    return cuda::copy_to_host(p, n, stream_);
   }
   template <class T>
   std::vector<T> take(Buf<T>&& b) const {
-    return copy_to_host(b.get(), b.size(), stream_);
+    return cuda::copy_to_host(b.get(), b.size(), stream_);
   }
   template <class T>
   void copy(T* dst, const T* src, size_t n) const {
@@ -108,7 +107,7 @@ class CudaBackend {
   }
 
   // Collectives as device copies, for ranks whose buffers share one GPU (virtual
-  // ranks, optimized/layouts/virtual_ranks.h); the semantics of the host
+  // ranks, gpu/virtual_ranks.h); the semantics of the host
   // backend's. Each rank publishes {device pointer, the piece for every peer}
   // through the byte Comm and copies its pieces from the peers' buffers on its
   // own stream.
@@ -145,7 +144,7 @@ class CudaBackend {
     BP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<uint64_t> mine{reinterpret_cast<uintptr_t>(base)};
     for (const Piece& p : for_peer) mine.insert(mine.end(), {p.offset, p.count});
-    const auto all = ::bp::layouts::all_gather(comm, std::span<const uint64_t>(mine));
+    const auto all = layouts::all_gather(comm, std::span<const uint64_t>(mine));
     const size_t me = static_cast<size_t>(comm.rank());
     Gathered<T> g;
     g.offset.push_back(0);
@@ -166,4 +165,4 @@ class CudaBackend {
   cudaStream_t stream_ = cudaStreamPerThread;
 };
 
-}  // namespace bp::cuda
+}  // namespace bp::gpu

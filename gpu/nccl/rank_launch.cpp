@@ -1,4 +1,4 @@
-#include "optimized/dist/rank_launch.h"
+#include "gpu/nccl/rank_launch.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,11 +16,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "optimized/dist/nccl_comm.h"
+#include "gpu/nccl/nccl_comm.h"
 
 extern char** environ;
 
-namespace bp::dist {
+namespace bp::nccl {
 namespace {
 
 // The fds a launched rank finds its relay on (dup2'ed there by the launcher).
@@ -273,4 +273,4 @@ int launch_local_ranks(int world, const std::vector<std::string>& args) {
   return 3;
 }
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

@@ -1,4 +1,4 @@
-#include "optimized/dist/real_ranks.h"
+#include "gpu/nccl/real_ranks.h"
 
 #include <csignal>
 #include <cstdio>
@@ -6,15 +6,15 @@
 #include <cstring>
 
 #include "optimized/cuda/common.h"
-#include "optimized/dist/nccl_backend.h"
+#include "gpu/nccl/nccl_backend.h"
 #include "program/layouts/rank_program.h"
 #include "program/layouts/rank_result_bytes.h"
 #include "program/layouts/rank_runs.h"
 #include "program/model_check.h"
 
-template class bp::layouts::RankProgram<bp::dist::NcclBackend>;
+template class bp::layouts::RankProgram<bp::nccl::NcclBackend>;
 
-namespace bp::dist {
+namespace bp::nccl {
 
 using layouts::Layout;
 using layouts::RankComms;
@@ -190,7 +190,7 @@ RealRanks::Shares RealRanks::run(const Layout& layout, const ModelConfig& cfg, c
   // Checked alike on every rank before any collective, as run_ranks checks them.
   const std::string why = layouts::shard_check(layout, cfg, knobs);
   if (!why.empty()) throw std::invalid_argument("layout " + layout.name() + ": " + why);
-  check_model(cfg, weights, knobs);
+  program::check_model(cfg, weights, knobs);
   Shares out;
   try {
     Groups& g = groups(layout);
@@ -219,21 +219,21 @@ RealRanks::Shares RealRanks::run(const Layout& layout, const ModelConfig& cfg, c
   return out;
 }
 
-std::optional<RankZeroResult<ref::ForwardResult>> RealRanks::forward(
+std::optional<RankZeroResult<program::ForwardResult>> RealRanks::forward(
     const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-    const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path, const ref::ForwardOptions& opt) {
+    const std::vector<std::vector<int32_t>>& seqs, const program::Path& path, const program::ForwardOptions& opt) {
   Shares s = run(layout, cfg, weights, knobs, [&](RankProgram& p) { return p.forward(seqs, path, opt); });
   if (!leader()) return std::nullopt;
-  return RankZeroResult<ref::ForwardResult>{layouts::assemble_forward(s.results, seqs, opt), s.cost};
+  return RankZeroResult<program::ForwardResult>{layouts::assemble_forward(s.results, seqs, opt), s.cost};
 }
 
-std::optional<RankZeroResult<ref::BackwardResult>> RealRanks::backward(
+std::optional<RankZeroResult<program::BackwardResult>> RealRanks::backward(
     const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
     const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs, float temperature) {
   Shares s =
       run(layout, cfg, weights, knobs, [&](RankProgram& p) { return p.backward(seqs, coefs, temperature); });
   if (!leader()) return std::nullopt;
-  return RankZeroResult<ref::BackwardResult>{layouts::assemble_backward(s.results, weights, seqs, coefs), s.cost};
+  return RankZeroResult<program::BackwardResult>{layouts::assemble_backward(s.results, weights, seqs, coefs), s.cost};
 }
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

@@ -15,21 +15,22 @@
 #include "reference/model/config.h"
 #include "reference/model/weights.h"
 
-namespace bp::cuda::layouts {
+namespace bp::gpu {
 
 using bp::layouts::Layout;
 
 // Throws std::invalid_argument when shard_check(layout, cfg, knobs) is not empty,
-// what ref::Model throws for bad sequences or paths, and CudaError when a
+// what host::Model throws for bad sequences or paths, and CudaError when a
 // CUDA call fails.
-ref::ForwardResult forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                           const std::vector<std::vector<int32_t>>& seqs, const ref::Path& path,
-                           const ref::ForwardOptions& opt = {});
+program::ForwardResult sharded_forward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                       const layouts::Layout& layout, const std::vector<std::vector<int32_t>>& seqs,
+                                       const program::Path& path, const program::ForwardOptions& opt = {});
 
 // Backward of L = Σ c_t·logprob_t over the batch (the packed forward), as
-// ref::Model::backward: logprobs, coefficients and every parameter's gradient.
-ref::BackwardResult backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, const Layout& layout,
-                             const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
-                             float temperature = 1.0f);
+// host::Model::backward: logprobs, coefficients and every parameter's gradient.
+program::BackwardResult sharded_backward(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs,
+                                         const layouts::Layout& layout,
+                                         const std::vector<std::vector<int32_t>>& seqs,
+                                         const ref::LossCoefficients& coefs, float temperature = 1.0f);
 
-}  // namespace bp::cuda::layouts
+}  // namespace bp::gpu

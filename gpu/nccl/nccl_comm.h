@@ -28,7 +28,7 @@
 #include "program/layouts/comm.h"
 #include "reference/numerics/bf16.h"
 
-namespace bp::dist {
+namespace bp::nccl {
 
 using layouts::Bytes;
 
@@ -136,4 +136,4 @@ std::vector<size_t> offsets_of(const std::vector<uint64_t>& counts);
 // The NCCL library's version, "2.28.9" (for the report's environment).
 std::string nccl_version_text();
 
-}  // namespace bp::dist
+}  // namespace bp::nccl

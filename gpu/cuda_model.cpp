@@ -1,0 +1,3 @@
+#include "gpu/cuda_model.h"
+
+template class bp::program::Qwen3Program<bp::gpu::CudaBackend>;
