@@ -1,12 +1,12 @@
 // `bitparity diff A.safetensors B.safetensors`: the comparison of two dumps
-// (compare/diff.h) printed as a table, its reports, and the exit code.
+// (engine/dump_diff.h) printed as a table, its reports, and the exit code.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
 #include "harness/cli/common.h"
-#include "harness/compare/diff.h"
+#include "harness/engine/dump_diff.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
 

@@ -1,4 +1,4 @@
-#include "harness/compare/diff.h"
+#include "harness/engine/dump_diff.h"
 
 #include <algorithm>
 #include <map>
