@@ -1,6 +1,6 @@
 // The Qwen3 / Qwen3-MoE model program (SPEC.md §6), written once over a backend
 // (backend.h): the reference model (host/model.h) runs it on the CPU ops, the CUDA
-// model (gpu/model.h) on their GPU twins, so both make the same op
+// model (gpu/cuda_model.h) on their GPU twins, so both make the same op
 // calls in the same order on the same shapes. Results come back to the host in
 // program::ForwardResult / program::BackwardResult (results.h).
 #pragma once
@@ -91,12 +91,52 @@ class Qwen3Program {
   ref::RopeTable rope_table() const {
     return {rope_cos_.data(), rope_sin_.data(), rope_max_pos_, static_cast<int>(cfg_.head_dim)};
   }
+  // The model's sizes (the rank program's Dims without the shards).
+  struct Dims {
+    int H, D, Hq, Hkv, QD, KD, V, C;  // QD, KD: q and kv features (heads × head_dim); C: tp_tree_width
+    float eps;
+  };
+  // One step's tokens packed in piece order: ids, positions, canonical rows, and
+  // the attention runs over the packed keys.
+  struct Packed {
+    std::vector<int32_t> tok, pos;
+    std::vector<int64_t> crow;
+    std::vector<ref::AttnSeq> aseq;
+    int kv_rows = 0;
+    int T() const { return static_cast<int>(tok.size()); }
+  };
+  struct LayerActs;   // one layer's forward activations (kept for the backward)
+  struct StepBufs;    // a step's buffers every layer reuses
+  struct LayerGrads;  // the backward's buffers every layer reuses
+  using GradMap = std::map<std::string, FBuf>;
+
+  BBuf zeros(int64_t rows, int64_t feat) const { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); }
+  FBuf fzeros(int64_t n) const { return be_.template zeros<float>(static_cast<size_t>(n)); }
+  float* new_grad(GradMap& G, const std::string& name) const {
+    FBuf& g = G[name];
+    g = fzeros(numel_.at(name));
+    return g.data();
+  }
+
   State start(const std::vector<std::vector<int32_t>>& seqs, bool entropy) const;
+  Packed pack(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces,
+              const State& st) const;
   void step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
             const ForwardOptions& opt, Saved* saved) const;
+  void load_input(const ForwardOptions& opt, int64_t stage, const Packed& pk, const State& st, BBuf& x) const;
+  LayerActs layer_fwd(int64_t li, const std::vector<Piece>& pieces, const Packed& pk, const int32_t* pos, State& st,
+                      StepBufs& sb, BBuf& x, bool keep, bool cap) const;
+  void attention_fwd(int64_t li, const std::vector<Piece>& pieces, const Packed& pk, const int32_t* pos, State& st,
+                     StepBufs& sb, const BBuf& x, LayerActs& a, bool cap) const;
+  void mlp_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed& pk, State& st, bool cap) const;
+  void moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed& pk, State& st, bool cap) const;
+  void head_fwd(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, const Packed& pk,
+                State& st, BBuf& x, const ForwardOptions& opt, Saved* saved) const;
   void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b, int feat) const;
-  void moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State& st, const std::vector<int64_t>& crow,
-               bool cap) const;
+  BBuf loss_dlogits(const std::vector<std::vector<int32_t>>& seqs, const std::vector<std::vector<float>>& c_of,
+                    const Saved& sv, float temperature) const;
+  void layer_bwd(int64_t li, LayerActs& s, const Saved& sv, const int32_t* pos, LayerGrads& lg, GradMap& G) const;
+  void mlp_bwd(int64_t li, int T, const LayerActs& s, LayerGrads& lg, GradMap& G) const;
   // The target rows of `logits` as runs the log-probability ops read in place, or
   // gathered into `copy` as one run (in_place_runs).
   struct Targets {
@@ -109,6 +149,7 @@ class Qwen3Program {
 
   ModelConfig cfg_;
   Knobs kn_;
+  Dims d_;
   B be_;
   std::map<std::string, typename B::template Resident<bf16>> w_;
   std::map<std::string, int64_t> numel_;
@@ -122,14 +163,34 @@ class Qwen3Program {
 
 // ---- Implementation ----------------------------------------------------------
 
+// One layer's forward activations: q and k after RoPE, q_pre and k_pre before
+// their norms; x_in and x_mid (the residual stream at the layer's input and
+// midpoint) only where the backward keeps them.
+template <class B>
+struct Qwen3Program<B>::LayerActs {
+  BBuf x_in, a1, q_pre, k_pre, qn, kn, q, k, v, o, x_mid, a2;
+  FBuf rstd1, rstd_q, rstd_k, m, l, rstd2;
+};
+
+// The buffers of a step that every layer overwrites: the attention and MLP
+// outputs, and every piece's keys and values packed for attention.
+template <class B>
+struct Qwen3Program<B>::StepBufs {
+  BBuf ao, mo, kp, vp;
+};
+
+// The backward's buffers that every layer overwrites; dx is the gradient of the
+// residual stream, carried from layer to layer.
+template <class B>
+struct Qwen3Program<B>::LayerGrads {
+  BBuf dx, da, db, dq, dk, dv, dqn, dkn, dqp, dkp, dO;
+  FBuf accv, tmpq, tmpk;
+};
+
 // Per-call activations kept for the backward (the packed extend forward).
 template <class B>
 struct Qwen3Program<B>::Saved {
-  struct Layer {
-    BBuf x_in, a1, q_pre, k_pre, qn, kn, q, k, v, o, x_mid, a2;
-    FBuf rstd1, rstd_q, rstd_k, m, l, rstd2;
-  };
-  std::vector<Layer> layers;
+  std::vector<LayerActs> layers;
   BBuf x_final, hn, logits;
   FBuf rstd_f;
   std::vector<int32_t> tokens;
@@ -152,6 +213,10 @@ template <class B>
 Qwen3Program<B>::Qwen3Program(const ModelConfig& cfg, const Weights& weights, const Knobs& knobs, B backend)
     : cfg_(cfg), kn_(knobs), be_(std::move(backend)) {
   check_model(cfg, weights, knobs);
+  const int D = static_cast<int>(cfg.head_dim), Hq = static_cast<int>(cfg.num_attention_heads),
+            Hkv = static_cast<int>(cfg.num_key_value_heads);
+  d_ = {static_cast<int>(cfg.hidden_size), D, Hq, Hkv, Hq * D, Hkv * D, static_cast<int>(cfg.vocab_size),
+        knobs.tp_tree_width, static_cast<float>(cfg.rms_norm_eps)};
   for (const WeightSpec& s : weight_specs(cfg)) {
     w_.emplace(s.name, be_.resident(weights.at(s.name).data));
     numel_.emplace(s.name, s.numel());
@@ -214,9 +279,9 @@ void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const
 // so that the intermediate outputs can be captured. The dispatch plan is made on
 // the host from the router's ids.
 template <class B>
-void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State& st,
-                              const std::vector<int64_t>& crow, bool cap) const {
-  const int H = static_cast<int>(cfg_.hidden_size), E = static_cast<int>(cfg_.num_experts);
+void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed& pk, State& st, bool cap) const {
+  const std::vector<int64_t>& crow = pk.crow;
+  const int T = pk.T(), H = d_.H, E = static_cast<int>(cfg_.num_experts);
   const int K = static_cast<int>(cfg_.num_experts_per_tok), I = static_cast<int>(cfg_.moe_intermediate_size);
   const size_t l = static_cast<size_t>(li);
   const ref::ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
@@ -237,173 +302,196 @@ void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, int T, State
 }
 
 template <class B>
-void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
-                           const ForwardOptions& opt, Saved* saved) const {
-  const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
-  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
-  const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const ref::RopeTable rt = rope_table();
-
-  // Packed tokens, positions and canonical rows.
-  std::vector<int32_t> tok, pos;
-  std::vector<int64_t> crow;
-  std::vector<ref::AttnSeq> aseq;
-  int kv_rows = 0;
+typename Qwen3Program<B>::Packed Qwen3Program<B>::pack(const std::vector<std::vector<int32_t>>& seqs,
+                                                       const std::vector<Piece>& pieces, const State& st) const {
+  Packed pk;
   for (const Piece& p : pieces) {
-    aseq.push_back({static_cast<int>(tok.size()), p.len, p.start, kv_rows});
-    kv_rows += p.start + p.len;
+    pk.aseq.push_back({pk.T(), p.len, p.start, pk.kv_rows});
+    pk.kv_rows += p.start + p.len;
     for (int i = 0; i < p.len; ++i) {
-      tok.push_back(seqs[p.seq][p.start + i]);
-      pos.push_back(p.start + i);
-      crow.push_back(st.seq_off[p.seq] + p.start + i);
+      pk.tok.push_back(seqs[p.seq][p.start + i]);
+      pk.pos.push_back(p.start + i);
+      pk.crow.push_back(st.seq_off[p.seq] + p.start + i);
     }
   }
-  const int T = static_cast<int>(tok.size());
+  return pk;
+}
+
+// A replayed stage starts from its given input rows instead of the previous one's output.
+template <class B>
+void Qwen3Program<B>::load_input(const ForwardOptions& opt, int64_t stage, const Packed& pk, const State& st,
+                                 BBuf& x) const {
+  if (!opt.replay) return;
+  const int H = d_.H, T = pk.T();
+  const std::vector<bf16>& in = opt.replay->at(stage);
+  if (in.size() != static_cast<size_t>(st.total * H))
+    throw std::invalid_argument("replay: stage " + std::to_string(stage) + "'s input has " +
+                                std::to_string(in.size()) + " values, not tokens x hidden");
+  std::vector<bf16> rows(static_cast<size_t>(T) * H);
+  for (int t = 0; t < T; ++t)
+    std::memcpy(&rows[static_cast<size_t>(t) * H], &in[static_cast<size_t>(pk.crow[t] * H)], sizeof(bf16) * H);
+  const auto dev = be_.resident(rows);
+  be_.copy(x.data(), dev.data(), rows.size());
+}
+
+// One model call over the pieces of one path step: the embedding, every layer,
+// then the final norm, the logits and the pieces' log-probabilities.
+template <class B>
+void Qwen3Program<B>::step(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, State& st,
+                           const ForwardOptions& opt, Saved* saved) const {
+  const Packed pk = pack(seqs, pieces, st);
+  const int T = pk.T(), H = d_.H;
   if (T == 0) return;
   for (const Piece& p : pieces)
     if (st.kv_len[p.seq] != p.start) throw std::logic_error("model: KV cache out of step");
-  const auto tok_dev = be_.resident(tok);
-  const auto pos_dev = be_.resident(pos);
-  auto captures_layer = [&](int64_t li) {
-    return opt.capture && (!opt.capture_layers || opt.capture_layers->count(li));
-  };
-  bool cap_on = opt.capture;  // the current stage's: the model-scope ops, then each layer's
-  auto cap = [&](const std::string& name, const BBuf& b, int feat) {
-    if (cap_on) capture(st, crow, name, b, feat);
-  };
-  // A replayed stage starts from its given input rows instead of the previous one's output.
+  const auto tok_dev = be_.resident(pk.tok);
+  const auto pos_dev = be_.resident(pk.pos);
   auto replays = [&](int64_t stage) { return !opt.replay || opt.replay->count(stage); };
-  auto load_input = [&](int64_t stage, BBuf& x) {
-    if (!opt.replay) return;
-    const std::vector<bf16>& in = opt.replay->at(stage);
-    if (in.size() != static_cast<size_t>(st.total * H))
-      throw std::invalid_argument("replay: stage " + std::to_string(stage) + "'s input has " +
-                                  std::to_string(in.size()) + " values, not tokens x hidden");
-    std::vector<bf16> rows(static_cast<size_t>(T) * H);
-    for (int t = 0; t < T; ++t)
-      std::memcpy(&rows[static_cast<size_t>(t) * H], &in[static_cast<size_t>(crow[t] * H)], sizeof(bf16) * H);
-    const auto dev = be_.resident(rows);
-    be_.copy(x.data(), dev.data(), rows.size());
-  };
-  auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
-  auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
 
   BBuf x = zeros(T, H);
-  be_.embedding_fwd(kn_, tok_dev.data(), w(graph::param_name(Param::Embed)), x.data(), T, V, H);
-  cap(graph::capture_name(Op::Embed), x, H);
+  be_.embedding_fwd(kn_, tok_dev.data(), w(graph::param_name(Param::Embed)), x.data(), T, d_.V, H);
+  if (opt.capture) capture(st, pk.crow, graph::capture_name(Op::Embed), x, H);
   if (saved) {
     saved->layers.resize(static_cast<size_t>(cfg_.num_hidden_layers));
-    saved->tokens = tok;
-    saved->aseqs = aseq;
+    saved->tokens = pk.tok;
+    saved->aseqs = pk.aseq;
   }
 
-  BBuf ao = zeros(T, H), mo = zeros(T, H), kp = zeros(kv_rows, KD), vp = zeros(kv_rows, KD);
-
+  StepBufs sb{zeros(T, H), zeros(T, H), zeros(pk.kv_rows, d_.KD), zeros(pk.kv_rows, d_.KD)};
   for (int64_t li = 0; li < cfg_.num_hidden_layers; ++li) {
     run_control::at_layer("forward", li, cfg_.num_hidden_layers);
     if (!replays(li)) continue;
-    load_input(li, x);
-    cap_on = captures_layer(li);
-    const size_t l = static_cast<size_t>(li);
-    // Fresh buffers per layer: the backward keeps them (moved, not copied).
-    BBuf a = zeros(T, H), q = zeros(T, QD), k = zeros(T, KD), v = zeros(T, KD), qn = zeros(T, QD),
-         kn = zeros(T, KD), qr = zeros(T, QD), kr = zeros(T, KD), o = zeros(T, QD), a2 = zeros(T, H);
-    FBuf rstd1 = fzeros(T), rstd_q = fzeros(int64_t{T} * Hq), rstd_k = fzeros(int64_t{T} * Hkv),
-         ms = fzeros(int64_t{T} * Hq), ls = fzeros(int64_t{T} * Hq), rstd2 = fzeros(T);
-    // x is updated in place: the backward needs the layer's input and midpoint.
-    BBuf x_in = saved ? be_.clone(x) : BBuf{};
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::InputNorm)), eps, a.data(), rstd1.data(), T, 1, H);
-    cap(cname(li, Op::InputNorm), a, H);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::QProj)), q.data(), T, H, QD, 1);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::KProj)), k.data(), T, H, KD, 1);
-    be_.linear_fwd(kn_, a.data(), w(lname(li, Param::VProj)), v.data(), T, H, KD, 1);
-    cap(cname(li, Op::QProj), q, QD);
-    cap(cname(li, Op::KProj), k, KD);
-    cap(cname(li, Op::VProj), v, KD);
-    be_.rmsnorm_fwd(kn_, q.data(), w(lname(li, Param::QNorm)), eps, qn.data(), rstd_q.data(), T, Hq, D);
-    be_.rmsnorm_fwd(kn_, k.data(), w(lname(li, Param::KNorm)), eps, kn.data(), rstd_k.data(), T, Hkv, D);
-    cap(cname(li, Op::QNorm), qn, QD);
-    cap(cname(li, Op::KNorm), kn, KD);
-    be_.rope_fwd(kn_, rt, pos_dev.data(), qn.data(), qr.data(), T, Hq);
-    be_.rope_fwd(kn_, rt, pos_dev.data(), kn.data(), kr.data(), T, Hkv);
-    cap(cname(li, Op::QRope), qr, QD);
-    cap(cname(li, Op::KRope), kr, KD);
-    // Append the new keys and values to each sequence's cache, then pack every
-    // piece's keys 0 .. start+len−1 at its kv_begin.
-    for (size_t pi = 0; pi < pieces.size(); ++pi) {
-      const Piece& p = pieces[pi];
-      BBuf& kc = st.kc[p.seq][l];
-      BBuf& vc = st.vc[p.seq][l];
-      const size_t from = static_cast<size_t>(aseq[pi].q_begin) * KD, at = static_cast<size_t>(p.start) * KD;
-      const size_t n = static_cast<size_t>(p.len) * KD, all = static_cast<size_t>(p.start + p.len) * KD;
-      be_.copy(kc.data() + at, kr.data() + from, n);
-      be_.copy(vc.data() + at, v.data() + from, n);
-      be_.copy(kp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, kc.data(), all);
-      be_.copy(vp.data() + static_cast<size_t>(aseq[pi].kv_begin) * KD, vc.data(), all);
-    }
-    be_.attention_fwd(kn_, ref::AttnDims{Hq, Hkv, D}, aseq.data(), static_cast<int>(aseq.size()), qr.data(), kp.data(),
-                      vp.data(), o.data(), ms.data(), ls.data());
-    cap(cname(li, Op::Attn), o, QD);
-    be_.linear_fwd(kn_, o.data(), w(lname(li, Param::OProj)), ao.data(), T, QD, H, C);
-    cap(cname(li, Op::AttnOut), ao, H);
-    be_.residual_fwd(kn_, x.data(), ao.data(), x.data(), x.size());
-    cap(cname(li, Op::ResidAttn), x, H);
-    BBuf x_mid = saved ? be_.clone(x) : BBuf{};
-    be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::PostNorm)), eps, a2.data(), rstd2.data(), T, 1,
-                    H);
-    cap(cname(li, Op::PostNorm), a2, H);
-    // The MLP by its stages (bit-identical to mlp_fwd / moe_layer_fwd, which are
-    // these chains), so that the intermediate outputs can be captured.
-    if (cfg_.is_moe_layer(li)) {
-      moe_fwd(li, a2, mo, T, st, crow, cap_on);
-    } else {
-      const int I = static_cast<int>(cfg_.intermediate_size);
-      BBuf g = zeros(T, I), u = zeros(T, I), hm = zeros(T, I);
-      be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
-                         g.data(), u.data(), hm.data(), T, H, I);
-      cap(cname(li, Op::MlpGate), g, I);
-      cap(cname(li, Op::MlpUp), u, I);
-      cap(cname(li, Op::MlpAct), hm, I);
-      be_.linear_fwd(kn_, hm.data(), w(lname(li, Param::MlpDown)), mo.data(), T, I, H, C);
-    }
-    cap(cname(li, Op::MlpOut), mo, H);
-    be_.residual_fwd(kn_, x.data(), mo.data(), x.data(), x.size());
-    cap(cname(li, Op::ResidMlp), x, H);
-    if (saved)  // in Saved::Layer's field order
-      saved->layers[l] = {std::move(x_in), std::move(a),     std::move(q),     std::move(k),      std::move(qn),
-                          std::move(kn),   std::move(qr),    std::move(kr),    std::move(v),      std::move(o),
-                          std::move(x_mid), std::move(a2),   std::move(rstd1), std::move(rstd_q), std::move(rstd_k),
-                          std::move(ms),   std::move(ls),    std::move(rstd2)};
+    load_input(opt, li, pk, st, x);
+    const bool cap = opt.capture && (!opt.capture_layers || opt.capture_layers->count(li));
+    LayerActs a = layer_fwd(li, pieces, pk, pos_dev.data(), st, sb, x, saved != nullptr, cap);
+    if (saved) saved->layers[static_cast<size_t>(li)] = std::move(a);
   }
   for (const Piece& p : pieces) st.kv_len[p.seq] = p.start + p.len;
   if (!replays(cfg_.num_hidden_layers)) return;
-  load_input(cfg_.num_hidden_layers, x);
-  cap_on = opt.capture;
+  load_input(opt, cfg_.num_hidden_layers, pk, st, x);
+  head_fwd(seqs, pieces, pk, st, x, opt, saved);
+}
 
+// One decoder layer on the step's rows; x, the residual stream, is updated in
+// place (`keep`: its input and midpoint are kept for the backward). Fresh
+// activations per layer: the backward keeps them (moved, not copied).
+template <class B>
+typename Qwen3Program<B>::LayerActs Qwen3Program<B>::layer_fwd(int64_t li, const std::vector<Piece>& pieces,
+                                                               const Packed& pk, const int32_t* pos, State& st,
+                                                               StepBufs& sb, BBuf& x, bool keep, bool cap) const {
+  const int T = pk.T(), H = d_.H, Hq = d_.Hq, Hkv = d_.Hkv, QD = d_.QD, KD = d_.KD;
+  LayerActs a;
+  a.a1 = zeros(T, H), a.q_pre = zeros(T, QD), a.k_pre = zeros(T, KD), a.v = zeros(T, KD), a.qn = zeros(T, QD);
+  a.kn = zeros(T, KD), a.q = zeros(T, QD), a.k = zeros(T, KD), a.o = zeros(T, QD), a.a2 = zeros(T, H);
+  a.rstd1 = fzeros(T), a.rstd_q = fzeros(int64_t{T} * Hq), a.rstd_k = fzeros(int64_t{T} * Hkv);
+  a.m = fzeros(int64_t{T} * Hq), a.l = fzeros(int64_t{T} * Hq), a.rstd2 = fzeros(T);
+  if (keep) a.x_in = be_.clone(x);
+  attention_fwd(li, pieces, pk, pos, st, sb, x, a, cap);
+  be_.residual_fwd(kn_, x.data(), sb.ao.data(), x.data(), x.size());
+  if (cap) capture(st, pk.crow, cname(li, Op::ResidAttn), x, H);
+  if (keep) a.x_mid = be_.clone(x);
+  be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::PostNorm)), d_.eps, a.a2.data(), a.rstd2.data(), T, 1, H);
+  if (cap) capture(st, pk.crow, cname(li, Op::PostNorm), a.a2, H);
+  if (cfg_.is_moe_layer(li))
+    moe_fwd(li, a.a2, sb.mo, pk, st, cap);
+  else
+    mlp_fwd(li, a.a2, sb.mo, pk, st, cap);
+  if (cap) capture(st, pk.crow, cname(li, Op::MlpOut), sb.mo, H);
+  be_.residual_fwd(kn_, x.data(), sb.mo.data(), x.data(), x.size());
+  if (cap) capture(st, pk.crow, cname(li, Op::ResidMlp), x, H);
+  return a;
+}
+
+// The attention block from the layer's input x to o_proj's output (sb.ao): the
+// norm, q/k/v, their norms and RoPE, the KV caches, attention.
+template <class B>
+void Qwen3Program<B>::attention_fwd(int64_t li, const std::vector<Piece>& pieces, const Packed& pk,
+                                    const int32_t* pos, State& st, StepBufs& sb, const BBuf& x, LayerActs& a,
+                                    bool cap) const {
+  const int T = pk.T(), H = d_.H, D = d_.D, Hq = d_.Hq, Hkv = d_.Hkv, QD = d_.QD, KD = d_.KD;
+  const ref::RopeTable rt = rope_table();
+  auto cap_out = [&](Op op, const BBuf& b, int feat) {
+    if (cap) capture(st, pk.crow, cname(li, op), b, feat);
+  };
+  be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::InputNorm)), d_.eps, a.a1.data(), a.rstd1.data(), T, 1, H);
+  cap_out(Op::InputNorm, a.a1, H);
+  be_.linear_fwd(kn_, a.a1.data(), w(lname(li, Param::QProj)), a.q_pre.data(), T, H, QD, 1);
+  be_.linear_fwd(kn_, a.a1.data(), w(lname(li, Param::KProj)), a.k_pre.data(), T, H, KD, 1);
+  be_.linear_fwd(kn_, a.a1.data(), w(lname(li, Param::VProj)), a.v.data(), T, H, KD, 1);
+  cap_out(Op::QProj, a.q_pre, QD);
+  cap_out(Op::KProj, a.k_pre, KD);
+  cap_out(Op::VProj, a.v, KD);
+  be_.rmsnorm_fwd(kn_, a.q_pre.data(), w(lname(li, Param::QNorm)), d_.eps, a.qn.data(), a.rstd_q.data(), T, Hq, D);
+  be_.rmsnorm_fwd(kn_, a.k_pre.data(), w(lname(li, Param::KNorm)), d_.eps, a.kn.data(), a.rstd_k.data(), T, Hkv, D);
+  cap_out(Op::QNorm, a.qn, QD);
+  cap_out(Op::KNorm, a.kn, KD);
+  be_.rope_fwd(kn_, rt, pos, a.qn.data(), a.q.data(), T, Hq);
+  be_.rope_fwd(kn_, rt, pos, a.kn.data(), a.k.data(), T, Hkv);
+  cap_out(Op::QRope, a.q, QD);
+  cap_out(Op::KRope, a.k, KD);
+  // Append the new keys and values to each sequence's cache, then pack every
+  // piece's keys 0 .. start+len−1 at its kv_begin.
+  const size_t l = static_cast<size_t>(li);
+  for (size_t pi = 0; pi < pieces.size(); ++pi) {
+    const Piece& p = pieces[pi];
+    BBuf& kc = st.kc[p.seq][l];
+    BBuf& vc = st.vc[p.seq][l];
+    const size_t from = static_cast<size_t>(pk.aseq[pi].q_begin) * KD, at = static_cast<size_t>(p.start) * KD;
+    const size_t n = static_cast<size_t>(p.len) * KD, all = static_cast<size_t>(p.start + p.len) * KD;
+    be_.copy(kc.data() + at, a.k.data() + from, n);
+    be_.copy(vc.data() + at, a.v.data() + from, n);
+    be_.copy(sb.kp.data() + static_cast<size_t>(pk.aseq[pi].kv_begin) * KD, kc.data(), all);
+    be_.copy(sb.vp.data() + static_cast<size_t>(pk.aseq[pi].kv_begin) * KD, vc.data(), all);
+  }
+  be_.attention_fwd(kn_, ref::AttnDims{Hq, Hkv, D}, pk.aseq.data(), static_cast<int>(pk.aseq.size()), a.q.data(),
+                    sb.kp.data(), sb.vp.data(), a.o.data(), a.m.data(), a.l.data());
+  cap_out(Op::Attn, a.o, QD);
+  be_.linear_fwd(kn_, a.o.data(), w(lname(li, Param::OProj)), sb.ao.data(), T, QD, H, d_.C);
+  cap_out(Op::AttnOut, sb.ao, H);
+}
+
+// The dense MLP by its stages (bit-identical to mlp_fwd, which is this chain), so
+// that the intermediate outputs can be captured.
+template <class B>
+void Qwen3Program<B>::mlp_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed& pk, State& st, bool cap) const {
+  const int T = pk.T(), H = d_.H, I = static_cast<int>(cfg_.intermediate_size);
+  BBuf g = zeros(T, I), u = zeros(T, I), hm = zeros(T, I);
+  be_.mlp_hidden_fwd(kn_, a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)), g.data(), u.data(),
+                     hm.data(), T, H, I);
+  if (cap) {
+    capture(st, pk.crow, cname(li, Op::MlpGate), g, I);
+    capture(st, pk.crow, cname(li, Op::MlpUp), u, I);
+    capture(st, pk.crow, cname(li, Op::MlpAct), hm, I);
+  }
+  be_.linear_fwd(kn_, hm.data(), w(lname(li, Param::MlpDown)), mo.data(), T, I, H, d_.C);
+}
+
+// The final norm, the logits and, teacher forcing, the log-probability (and
+// entropy) of every packed row whose position has a next token.
+template <class B>
+void Qwen3Program<B>::head_fwd(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces,
+                               const Packed& pk, State& st, BBuf& x, const ForwardOptions& opt, Saved* saved) const {
+  const int T = pk.T(), H = d_.H, V = d_.V;
   BBuf hn = zeros(T, H);
   FBuf rstd_f = fzeros(T);
-  be_.rmsnorm_fwd(kn_, x.data(), w(graph::param_name(Param::FinalNorm)), eps, hn.data(), rstd_f.data(), T, 1, H);
-  cap(graph::capture_name(Op::FinalNorm), hn, H);
+  be_.rmsnorm_fwd(kn_, x.data(), w(graph::param_name(Param::FinalNorm)), d_.eps, hn.data(), rstd_f.data(), T, 1, H);
+  if (opt.capture) capture(st, pk.crow, graph::capture_name(Op::FinalNorm), hn, H);
   BBuf logits = be_.template unset<bf16>(static_cast<size_t>(T) * V);
   be_.linear_fwd(kn_, hn.data(), lm_head_, logits.data(), T, H, V, 1);
-  cap(graph::capture_name(Op::Logits), logits, V);
+  if (opt.capture) capture(st, pk.crow, graph::capture_name(Op::Logits), logits, V);
 
-  // Teacher forcing: rows whose position has a next token, gathered in packed order.
   std::vector<int> rows;
   std::vector<int32_t> tgt;
   std::vector<std::pair<int, int>> where;
-  {
-    int t = 0;
-    for (const Piece& p : pieces)
-      for (int i = 0; i < p.len; ++i, ++t) {
-        const int ps = p.start + i;
-        if (ps + 1 >= static_cast<int>(seqs[p.seq].size())) continue;
-        rows.push_back(t);
-        tgt.push_back(seqs[p.seq][ps + 1]);
-        where.emplace_back(p.seq, ps);
-      }
-  }
+  int t = 0;
+  for (const Piece& p : pieces)
+    for (int i = 0; i < p.len; ++i, ++t) {
+      const int ps = p.start + i;
+      if (ps + 1 >= static_cast<int>(seqs[p.seq].size())) continue;
+      rows.push_back(t);
+      tgt.push_back(seqs[p.seq][ps + 1]);
+      where.emplace_back(p.seq, ps);
+    }
   const int R = static_cast<int>(tgt.size());
   if (saved) {
     saved->x_final = std::move(x);
@@ -478,10 +566,7 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs, float temperature,
     const BackwardOptions& bo) const {
   const std::vector<std::vector<float>> c_of = coefs.for_batch(seqs);  // checked before any work
-  const int H = static_cast<int>(cfg_.hidden_size), D = static_cast<int>(cfg_.head_dim);
-  const int Hq = static_cast<int>(cfg_.num_attention_heads), Hkv = static_cast<int>(cfg_.num_key_value_heads);
-  const int QD = Hq * D, KD = Hkv * D, V = static_cast<int>(cfg_.vocab_size), C = kn_.tp_tree_width;
-  const ref::RopeTable rt = rope_table();
+  const int H = d_.H, V = d_.V;
 
   // The packed forward (bit-identical to extend), keeping its activations.
   const std::vector<Piece> ps = path_steps(seqs, Path::ragged(), cfg_.max_position_embeddings).at(0);
@@ -494,76 +579,32 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
   st.kc.clear();  // the backward reads the packed keys, not the caches
   st.vc.clear();
   const int T = static_cast<int>(sv.tokens.size());
-  
+
   BackwardResult res;
   res.logprob = st.logprob;
-
-  // Loss coefficients and dlogits: target rows (t < len−1) get logprob_bwd, the
-  // last position of each sequence gets +0 (it has no target).
-  std::vector<int32_t> tgt;
-  std::vector<int> row_of;  // packed token of each target row
-  std::vector<float> coef;
   res.coef = c_of;
-  {
-    int t = 0;
-    for (size_t s = 0; s < seqs.size(); ++s)
-      for (size_t i = 0; i < seqs[s].size(); ++i, ++t) {
-        if (i + 1 >= seqs[s].size()) continue;
-        coef.push_back(c_of[s][i]);
-        tgt.push_back(seqs[s][i + 1]);
-        row_of.push_back(t);
-      }
-  }
-  auto zeros = [&](int64_t rows, int64_t feat) { return be_.template zeros<bf16>(static_cast<size_t>(rows * feat)); };
-  auto fzeros = [&](int64_t n) { return be_.template zeros<float>(static_cast<size_t>(n)); };
-  const int R = static_cast<int>(tgt.size());
-  BBuf dlogits = zeros(T, V);
-  if (R > 0) {
-    const Targets targets = target_runs(sv.logits, row_of, V);
-    BBuf dl;  // the gathered rows' gradient (logprob_bwd writes every row), then scattered
-    if (targets.gathered()) dl = be_.template unset<bf16>(static_cast<size_t>(R) * V);
-    const bf16* src = targets.source(sv.logits);
-    bf16* dst = targets.gathered() ? dl.data() : dlogits.data();
-    FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
-    const auto tgt_dev = be_.resident(tgt);
-    const auto coef_dev = be_.resident(coef);
-    for (const TargetRun& u : targets.runs) {
-      const size_t row = static_cast<size_t>(u.first) * V;
-      be_.logprob_fwd(kn_, src + row, tgt_dev.data() + u.at, u.count, V, temperature, lp.data() + u.at,
-                      M.data() + u.at, S.data() + u.at, nullptr);
-      be_.logprob_bwd(kn_, src + row, tgt_dev.data() + u.at, coef_dev.data() + u.at, M.data() + u.at,
-                      S.data() + u.at, u.count, V, temperature, dst + row);
-    }
-    if (targets.gathered()) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
-  }
+  BBuf dlogits = loss_dlogits(seqs, c_of, sv, temperature);
   sv.logits = BBuf{};
 
-  std::map<std::string, FBuf> G;
-  auto grad = [&](const std::string& name) -> float* {
-    FBuf& g = G[name];
-    g = fzeros(numel_.at(name));
-    return g.data();
-  };
-
-  // lm_head (vocab-parallel: its input gradient reduces over V in C chunks).
-  BBuf dh = zeros(T, H), dx = zeros(T, H), db = zeros(T, H);
+  GradMap G;
+  LayerGrads lg{zeros(T, H),  zeros(T, H),  zeros(T, H),    zeros(T, d_.QD), zeros(T, d_.KD),
+                zeros(T, d_.KD), zeros(T, d_.QD), zeros(T, d_.KD), zeros(T, d_.QD), zeros(T, d_.KD),
+                zeros(T, d_.QD), fzeros(int64_t{T} * H), fzeros(int64_t{T} * H), fzeros(int64_t{T} * H)};
+  // lm_head (vocab-parallel: its input gradient reduces over V in C chunks), into da.
   FBuf dlm = fzeros(int64_t{V} * H);
-  be_.linear_dgrad(kn_, dlogits.data(), lm_head_, dh.data(), T, H, V, C);
+  be_.linear_dgrad(kn_, dlogits.data(), lm_head_, lg.da.data(), T, H, V, d_.C);
   be_.linear_wgrad(kn_, dlogits.data(), sv.hn.data(), dlm.data(), T, H, V);
   dlogits = BBuf{};
   const std::string final_norm = graph::param_name(Param::FinalNorm);
-  be_.rmsnorm_bwd(kn_, sv.x_final.data(), w(final_norm), sv.rstd_f.data(), dh.data(), dx.data(), grad(final_norm), T, 1,
-                  H);
+  be_.rmsnorm_bwd(kn_, sv.x_final.data(), w(final_norm), sv.rstd_f.data(), lg.da.data(), lg.dx.data(),
+                  new_grad(G, final_norm), T, 1, H);
   // The packed rows of this forward (one ragged step) are the canonical rows.
   auto capture_grad = [&](int64_t stage) {
     if (bo.capture_resid_grads)
-      res.captures.push_back({graph::resid_grad_name(stage), {T, H}, be_.to_host(dx.data(), dx.size())});
+      res.captures.push_back({graph::resid_grad_name(stage), {T, H}, be_.to_host(lg.dx.data(), lg.dx.size())});
   };
   capture_grad(cfg_.num_hidden_layers);
 
-  BBuf dq = zeros(T, QD), dk = zeros(T, KD), dv = zeros(T, KD), dqn = zeros(T, QD), dkn = zeros(T, KD),
-       dqp = zeros(T, QD), dkp = zeros(T, KD), da = zeros(T, H), dO = zeros(T, QD);
-  FBuf accv = fzeros(int64_t{T} * H), tmpq = fzeros(int64_t{T} * H), tmpk = fzeros(int64_t{T} * H);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (const ref::AttnSeq& a : sv.aseqs)
     for (int i = 0; i < a.q_len; ++i) pos[static_cast<size_t>(a.q_begin + i)] = a.past_len + i;
@@ -574,69 +615,16 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     if (bo.replay_inputs && !bo.replay_inputs->count(li)) continue;
     if (bo.replay_output_grads) {
       const std::vector<bf16>& dy = bo.replay_output_grads->at(li);
-      if (dy.size() != dx.size())
+      if (dy.size() != lg.dx.size())
         throw std::invalid_argument("replay: layer " + std::to_string(li) + "'s output gradient has " +
                                     std::to_string(dy.size()) + " values, not tokens x hidden");
       const auto dev = be_.resident(dy);
-      be_.copy(dx.data(), dev.data(), dy.size());
+      be_.copy(lg.dx.data(), dev.data(), dy.size());
     }
-    typename Saved::Layer& s = sv.layers[static_cast<size_t>(li)];
-    // dx is the gradient of the layer's output x_out = R(x_mid + mlp_out).
-    // MLP branch: its output gradient is dx.
-    if (cfg_.is_moe_layer(li)) {
-      const size_t l = static_cast<size_t>(li);
-      const int E = static_cast<int>(cfg_.num_experts);
-      std::vector<float*> pg, pu, pd;
-      for (int e = 0; e < E; ++e) {
-        pg.push_back(grad(graph::param_name(li, e, Param::ExpertGate)));
-        pu.push_back(grad(graph::param_name(li, e, Param::ExpertUp)));
-        pd.push_back(grad(graph::param_name(li, e, Param::ExpertDown)));
-      }
-      const ref::ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
-      const ref::ExpertGrads eg{pg.data(), pu.data(), pd.data()};
-      be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, Param::Router)), ew, dx.data(), da.data(),
-                        grad(lname(li, Param::Router)), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
-                        static_cast<int>(cfg_.moe_intermediate_size), cfg_.norm_topk_prob);
-    } else {
-      be_.mlp_bwd(kn_, s.a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
-                  w(lname(li, Param::MlpDown)), dx.data(), da.data(), grad(lname(li, Param::MlpGate)),
-                  grad(lname(li, Param::MlpUp)), grad(lname(li, Param::MlpDown)), T, H,
-                  static_cast<int>(cfg_.intermediate_size));
-    }
-    be_.rmsnorm_bwd(kn_, s.x_mid.data(), w(lname(li, Param::PostNorm)), s.rstd2.data(), da.data(),
-                    db.data(), grad(lname(li, Param::PostNorm)), T, 1, H);
-    // x_mid feeds the skip and the post-attention norm: the residual op adds them.
-    be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
-    // Attention branch: o_proj is row-parallel; its input gradient reduces over H (one chain).
-    be_.linear_dgrad(kn_, dx.data(), w(lname(li, Param::OProj)), dO.data(), T, QD, H, 1);
-    be_.linear_wgrad(kn_, dx.data(), s.o.data(), grad(lname(li, Param::OProj)), T, QD, H);
-    be_.attention_bwd(kn_, ref::AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
-                      s.k.data(), s.v.data(), s.o.data(), s.m.data(), s.l.data(), dO.data(), dq.data(), dk.data(),
-                      dv.data());
-    be_.rope_bwd(kn_, rt, pos_dev.data(), dq.data(), dqn.data(), T, Hq);
-    be_.rope_bwd(kn_, rt, pos_dev.data(), dk.data(), dkn.data(), T, Hkv);
-    be_.rmsnorm_bwd(kn_, s.q_pre.data(), w(lname(li, Param::QNorm)), s.rstd_q.data(), dqn.data(),
-                    dqp.data(), grad(lname(li, Param::QNorm)), T, Hq, D);
-    be_.rmsnorm_bwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), s.rstd_k.data(), dkn.data(),
-                    dkp.data(), grad(lname(li, Param::KNorm)), T, Hkv, D);
-    // a1 feeds q, k and v (column-parallel: each input gradient in C chunks over its
-    // output features); one rounding of the fp32 sum ((0 + q) + k) + v.
-    const bf16* wq = w(lname(li, Param::QProj));
-    const bf16* wk = w(lname(li, Param::KProj));
-    const bf16* wvv = w(lname(li, Param::VProj));
-    be_.linear_dgrad_acc(kn_, dqp.data(), wq, tmpq.data(), T, H, QD, C, fixed_chunk_len(QD, C));
-    be_.linear_dgrad_acc(kn_, dkp.data(), wk, tmpk.data(), T, H, KD, C, fixed_chunk_len(KD, C));
-    be_.linear_dgrad_acc(kn_, dv.data(), wvv, accv.data(), T, H, KD, C, fixed_chunk_len(KD, C));
-    const float* qkv_parts[3] = {tmpq.data(), tmpk.data(), accv.data()};
-    be_.sum_round(qkv_parts, 3, da.data(), accv.size());
-    be_.linear_wgrad(kn_, dqp.data(), s.a1.data(), grad(lname(li, Param::QProj)), T, H, QD);
-    be_.linear_wgrad(kn_, dkp.data(), s.a1.data(), grad(lname(li, Param::KProj)), T, H, KD);
-    be_.linear_wgrad(kn_, dv.data(), s.a1.data(), grad(lname(li, Param::VProj)), T, H, KD);
-    be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, Param::InputNorm)), s.rstd1.data(), da.data(), db.data(),
-                    grad(lname(li, Param::InputNorm)), T, 1, H);
-    be_.residual_fwd(kn_, dx.data(), db.data(), dx.data(), dx.size());
+    LayerActs& s = sv.layers[static_cast<size_t>(li)];
+    layer_bwd(li, s, sv, pos_dev.data(), lg, G);
     capture_grad(li);
-    s = typename Saved::Layer{};  // this layer's activations are spent
+    s = LayerActs{};  // this layer's activations are spent
   }
 
   // A replay without layer 0 has no embedding gradient (tied: nor the lm_head's alone).
@@ -645,13 +633,127 @@ typename Qwen3Program<B>::ResidentBackward Qwen3Program<B>::backward_resident(
     return {std::move(res), std::move(G)};
   }
   // Embedding; tied: dE = embedding_bwd + lm_head wgrad, one fp32 addition per element.
-  float* demb = grad(graph::param_name(Param::Embed));
-  be_.embedding_bwd(kn_, tok_dev.data(), dx.data(), demb, T, V, H);
+  float* demb = new_grad(G, graph::param_name(Param::Embed));
+  be_.embedding_bwd(kn_, tok_dev.data(), lg.dx.data(), demb, T, V, H);
   if (cfg_.tie_word_embeddings)
     be_.add_f32(demb, dlm.data(), dlm.size());
   else
     G[graph::param_name(Param::LmHead)] = std::move(dlm);
   return {std::move(res), std::move(G)};
+}
+
+// The gradient of L = Σ c_t·logprob_t with respect to the packed forward's
+// logits: target rows (t < len−1) get logprob_bwd, the last position of each
+// sequence +0 (it has no target).
+template <class B>
+typename Qwen3Program<B>::BBuf Qwen3Program<B>::loss_dlogits(const std::vector<std::vector<int32_t>>& seqs,
+                                                             const std::vector<std::vector<float>>& c_of,
+                                                             const Saved& sv, float temperature) const {
+  const int T = static_cast<int>(sv.tokens.size()), V = d_.V;
+  std::vector<int32_t> tgt;
+  std::vector<int> row_of;  // packed token of each target row
+  std::vector<float> coef;
+  int t = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (size_t i = 0; i < seqs[s].size(); ++i, ++t) {
+      if (i + 1 >= seqs[s].size()) continue;
+      coef.push_back(c_of[s][i]);
+      tgt.push_back(seqs[s][i + 1]);
+      row_of.push_back(t);
+    }
+  const int R = static_cast<int>(tgt.size());
+  BBuf dlogits = zeros(T, V);
+  if (R == 0) return dlogits;
+  const Targets targets = target_runs(sv.logits, row_of, V);
+  BBuf dl;  // the gathered rows' gradient (logprob_bwd writes every row), then scattered
+  if (targets.gathered()) dl = be_.template unset<bf16>(static_cast<size_t>(R) * V);
+  const bf16* src = targets.source(sv.logits);
+  bf16* dst = targets.gathered() ? dl.data() : dlogits.data();
+  FBuf lp = fzeros(R), M = fzeros(R), S = fzeros(R);
+  const auto tgt_dev = be_.resident(tgt);
+  const auto coef_dev = be_.resident(coef);
+  for (const TargetRun& u : targets.runs) {
+    const size_t row = static_cast<size_t>(u.first) * V;
+    be_.logprob_fwd(kn_, src + row, tgt_dev.data() + u.at, u.count, V, temperature, lp.data() + u.at,
+                    M.data() + u.at, S.data() + u.at, nullptr);
+    be_.logprob_bwd(kn_, src + row, tgt_dev.data() + u.at, coef_dev.data() + u.at, M.data() + u.at,
+                    S.data() + u.at, u.count, V, temperature, dst + row);
+  }
+  if (targets.gathered()) be_.scatter_rows(dl.data(), static_cast<size_t>(V), row_of, dlogits.data());
+  return dlogits;
+}
+
+// One layer's backward: lg.dx, the gradient of its output x_out = R(x_mid +
+// mlp_out), becomes the gradient of its input; its parameters' gradients go to G.
+template <class B>
+void Qwen3Program<B>::layer_bwd(int64_t li, LayerActs& s, const Saved& sv, const int32_t* pos, LayerGrads& lg,
+                                GradMap& G) const {
+  const int T = static_cast<int>(sv.tokens.size()), H = d_.H, D = d_.D, Hq = d_.Hq, Hkv = d_.Hkv, QD = d_.QD,
+            KD = d_.KD, C = d_.C;
+  const ref::RopeTable rt = rope_table();
+  auto grad = [&](Param p) { return new_grad(G, lname(li, p)); };
+  // MLP branch: its output gradient is dx.
+  mlp_bwd(li, T, s, lg, G);
+  be_.rmsnorm_bwd(kn_, s.x_mid.data(), w(lname(li, Param::PostNorm)), s.rstd2.data(), lg.da.data(), lg.db.data(),
+                  grad(Param::PostNorm), T, 1, H);
+  // x_mid feeds the skip and the post-attention norm: the residual op adds them.
+  be_.residual_fwd(kn_, lg.dx.data(), lg.db.data(), lg.dx.data(), lg.dx.size());
+  // Attention branch: o_proj is row-parallel; its input gradient reduces over H (one chain).
+  be_.linear_dgrad(kn_, lg.dx.data(), w(lname(li, Param::OProj)), lg.dO.data(), T, QD, H, 1);
+  be_.linear_wgrad(kn_, lg.dx.data(), s.o.data(), grad(Param::OProj), T, QD, H);
+  be_.attention_bwd(kn_, ref::AttnDims{Hq, Hkv, D}, sv.aseqs.data(), static_cast<int>(sv.aseqs.size()), s.q.data(),
+                    s.k.data(), s.v.data(), s.o.data(), s.m.data(), s.l.data(), lg.dO.data(), lg.dq.data(),
+                    lg.dk.data(), lg.dv.data());
+  be_.rope_bwd(kn_, rt, pos, lg.dq.data(), lg.dqn.data(), T, Hq);
+  be_.rope_bwd(kn_, rt, pos, lg.dk.data(), lg.dkn.data(), T, Hkv);
+  be_.rmsnorm_bwd(kn_, s.q_pre.data(), w(lname(li, Param::QNorm)), s.rstd_q.data(), lg.dqn.data(), lg.dqp.data(),
+                  grad(Param::QNorm), T, Hq, D);
+  be_.rmsnorm_bwd(kn_, s.k_pre.data(), w(lname(li, Param::KNorm)), s.rstd_k.data(), lg.dkn.data(), lg.dkp.data(),
+                  grad(Param::KNorm), T, Hkv, D);
+  // a1 feeds q, k and v (column-parallel: each input gradient in C chunks over its
+  // output features); one rounding of the fp32 sum ((0 + q) + k) + v.
+  be_.linear_dgrad_acc(kn_, lg.dqp.data(), w(lname(li, Param::QProj)), lg.tmpq.data(), T, H, QD, C,
+                       fixed_chunk_len(QD, C));
+  be_.linear_dgrad_acc(kn_, lg.dkp.data(), w(lname(li, Param::KProj)), lg.tmpk.data(), T, H, KD, C,
+                       fixed_chunk_len(KD, C));
+  be_.linear_dgrad_acc(kn_, lg.dv.data(), w(lname(li, Param::VProj)), lg.accv.data(), T, H, KD, C,
+                       fixed_chunk_len(KD, C));
+  const float* qkv_parts[3] = {lg.tmpq.data(), lg.tmpk.data(), lg.accv.data()};
+  be_.sum_round(qkv_parts, 3, lg.da.data(), lg.accv.size());
+  be_.linear_wgrad(kn_, lg.dqp.data(), s.a1.data(), grad(Param::QProj), T, H, QD);
+  be_.linear_wgrad(kn_, lg.dkp.data(), s.a1.data(), grad(Param::KProj), T, H, KD);
+  be_.linear_wgrad(kn_, lg.dv.data(), s.a1.data(), grad(Param::VProj), T, H, KD);
+  be_.rmsnorm_bwd(kn_, s.x_in.data(), w(lname(li, Param::InputNorm)), s.rstd1.data(), lg.da.data(), lg.db.data(),
+                  grad(Param::InputNorm), T, 1, H);
+  be_.residual_fwd(kn_, lg.dx.data(), lg.db.data(), lg.dx.data(), lg.dx.size());
+}
+
+// The MLP branch's backward: from dx, the gradient of its output, to lg.da, the
+// gradient of the post-attention norm's output, and the MLP's weight gradients.
+template <class B>
+void Qwen3Program<B>::mlp_bwd(int64_t li, int T, const LayerActs& s, LayerGrads& lg, GradMap& G) const {
+  const int H = d_.H;
+  auto grad = [&](const std::string& name) { return new_grad(G, name); };
+  if (!cfg_.is_moe_layer(li)) {
+    be_.mlp_bwd(kn_, s.a2.data(), w(lname(li, Param::MlpGate)), w(lname(li, Param::MlpUp)),
+                w(lname(li, Param::MlpDown)), lg.dx.data(), lg.da.data(), grad(lname(li, Param::MlpGate)),
+                grad(lname(li, Param::MlpUp)), grad(lname(li, Param::MlpDown)), T, H,
+                static_cast<int>(cfg_.intermediate_size));
+    return;
+  }
+  const size_t l = static_cast<size_t>(li);
+  const int E = static_cast<int>(cfg_.num_experts);
+  std::vector<float*> pg, pu, pd;
+  for (int e = 0; e < E; ++e) {
+    pg.push_back(grad(graph::param_name(li, e, Param::ExpertGate)));
+    pu.push_back(grad(graph::param_name(li, e, Param::ExpertUp)));
+    pd.push_back(grad(graph::param_name(li, e, Param::ExpertDown)));
+  }
+  const ref::ExpertWeights ew{eg_[l].data(), eu_[l].data(), ed_[l].data()};
+  const ref::ExpertGrads eg{pg.data(), pu.data(), pd.data()};
+  be_.moe_layer_bwd(kn_, s.a2.data(), w(lname(li, Param::Router)), ew, lg.dx.data(), lg.da.data(),
+                    grad(lname(li, Param::Router)), eg, T, H, E, static_cast<int>(cfg_.num_experts_per_tok),
+                    static_cast<int>(cfg_.moe_intermediate_size), cfg_.norm_topk_prob);
 }
 
 }  // namespace bp::program
