@@ -18,8 +18,10 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: the numerics self-check, then the default sweep (both tiny fixtures,
-# the v2 contract pair, reference + emulated layouts, every path, gradients).
-demo: build
+# the v2 contract pair, reference + emulated layouts, every path, gradients). It
+# builds only the CLI and its libraries; `make test` builds the rest.
+demo: configure
+	cmake --build $(BUILD) --target bitparity -j $(JOBS)
 	$(BUILD)/harness/bitparity selfcheck
 	OMP_WAIT_POLICY=passive $(BUILD)/harness/bitparity sweep
 
