@@ -131,16 +131,16 @@ void RealRanks::fail(const std::string& why) {
 void RealRanks::check_same(const std::vector<std::pair<std::string, std::string>>& fields) {
   std::string mine;
   for (const auto& [name, value] : fields) mine += name + '\0' + value + '\0';
-  const auto all = world_->all_gather(std::as_bytes(std::span(mine)));
+  const std::vector<std::string> all = all_gather_text(mine);
   // Every rank reads every rank's values, so all stop alike, naming the first
   // field in which some rank differs from rank 0.
-  auto values = [](const layouts::Bytes& b) {
+  auto values = [](const std::string& b) {
     std::vector<std::string> v{""};
-    for (std::byte c : b)
-      if (c == std::byte{0})
+    for (char c : b)
+      if (c == '\0')
         v.emplace_back();
       else
-        v.back() += static_cast<char>(c);
+        v.back() += c;
     return v;
   };
   const std::vector<std::string> zero = values(all[0]);
@@ -151,6 +151,13 @@ void RealRanks::check_same(const std::vector<std::pair<std::string, std::string>
         throw SetupMismatch("rank " + std::to_string(r) + " runs a different " + fields[f].first + " than rank 0 (" +
                             "every rank must run the same binary, plan and contracts)");
   }
+}
+
+std::vector<std::string> RealRanks::all_gather_text(const std::string& mine) {
+  std::vector<std::string> all;
+  for (const layouts::Bytes& b : world_->all_gather(std::as_bytes(std::span(mine))))
+    all.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+  return all;
 }
 
 void RealRanks::send_command(const std::string& text) {

@@ -69,6 +69,8 @@ class RealRanks {
   // Every rank, in the same order: throws SetupMismatch naming the first field
   // (name → value, e.g. "binary" → its digest) where some rank differs from rank 0.
   void check_same(const std::vector<std::pair<std::string, std::string>>& fields);
+  // Every rank's `mine`, in rank order, on every rank (all call it, in the same order).
+  std::vector<std::string> all_gather_text(const std::string& mine);
 
   // Rank 0's word to the others (a command), and the others' wait for it (no deadline).
   void send_command(const std::string& text);

@@ -11,6 +11,7 @@
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
+#include "harness/engine/cuda_implementation.h"
 #include "harness/engine/single_case.h"
 #include "harness/exit_codes.h"
 #include "harness/io/safetensors.h"
@@ -213,6 +214,9 @@ int bisect(const BisectOptions& o) {
 
   Report r = make_report("bisect");
   r.environment.weights = weights.origins();
+  if (!by_dumps && (uses_gpu(*plan_a) || uses_gpu(*plan_b))) {
+    if (const auto g = gpu_identity()) set_gpu_environment(r.environment, {*g});
+  }
   Case c;
   c.id = "bisect";
   c.parameters = {{"a", a.label}, {"b", b.label}};

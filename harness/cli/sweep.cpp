@@ -275,23 +275,27 @@ int sweep(const SweepOptions& o) {
   std::FILE* const out = text_stream({o.json, o.csv, o.junit, o.html});
   WeightsLog weights("sweep", o.quiet || follower);
   CaseEngine engine(plan, weights.listener());
+  std::vector<GpuIdentity> gpus;  // the GPUs the cases run on (every rank's), for the report
   if (ranks) {
     engine.use_rank_session(ranks.get());
     ranks->check_same(rank_setup(engine));
+    gpus = ranks->gpu_identities();
     if (follower) {
       const int rc = engine.follow_rank_zero();
       if (ranks->broken()) RankSession::leave_now(rc);
       return rc;
     }
+  } else if (uses_gpu(plan)) {
+    if (const auto g = gpu_identity()) gpus = {*g};
   }
   const FollowersReleased release(ranks.get());
   if (o.verbose)
     for (const std::string& d : engine.dropped_layouts()) std::fprintf(out, "layout not run: %s\n", d.c_str());
 
   Report r = make_report("sweep");
+  set_gpu_environment(r.environment, gpus);
   if (ranks) {
     r.environment.nccl_version = ranks->nccl_version();
-    r.environment.gpu_name = ranks->gpu_name() + " x" + std::to_string(ranks->world());
     if (!o.quiet)
       std::fprintf(stderr, "sweep: %d ranks (started by %s), one per GPU, NCCL %s\n", ranks->world(),
                    ranks->launcher().c_str(), ranks->nccl_version().c_str());

@@ -1,4 +1,9 @@
 // The `cuda` implementation in a CUDA build.
+#include <cuda_runtime_api.h>
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "harness/engine/cuda_implementation.h"
@@ -37,7 +42,56 @@ GpuCaseResult run_virtual_ranks(const GpuCaseInput& in) {
   return r;
 }
 
+// "12.8" from CUDA's 12080.
+std::string cuda_version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+// What a failed CUDA query says in its field. The error is cleared: it is not the next call's.
+std::string failed(const char* query, cudaError_t e) {
+  cudaGetLastError();
+  return std::string("unknown (") + query + ": " + cudaGetErrorString(e) + ")";
+}
+
+// The kernel driver's version, the first word of digits and dots on the first line of
+// /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel Module
+// 570.133.20  Tue Mar ..."): the runtime API tells only the CUDA version it supports.
+std::string kernel_driver_version() {
+  constexpr const char* kFile = "/proc/driver/nvidia/version";
+  std::ifstream in(kFile);
+  std::string line;
+  if (!std::getline(in, line)) return std::string("unknown (cannot read ") + kFile + ")";
+  std::istringstream words(line);
+  for (std::string w; words >> w;)
+    if (std::isdigit(static_cast<unsigned char>(w[0])) && w.find('.') != std::string::npos &&
+        w.find_first_not_of("0123456789.") == std::string::npos)
+      return w;
+  return std::string("unknown (no version in ") + kFile + ")";
+}
+
 }  // namespace
+
+std::optional<GpuIdentity> gpu_identity() {
+  GpuIdentity g;
+  int device = 0;
+  cudaDeviceProp p{};
+  const char* query = "cudaGetDevice";
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) {
+    query = "cudaGetDeviceProperties";
+    e = cudaGetDeviceProperties(&p, device);
+  }
+  g.name = e == cudaSuccess ? std::string(p.name) : failed(query, e);
+  int v = 0;
+  e = cudaDriverGetVersion(&v);
+  // v == 0: no driver is installed (the call itself succeeds).
+  g.driver = kernel_driver_version() + " (CUDA " +
+             (e != cudaSuccess ? failed("cudaDriverGetVersion", e)
+              : v == 0         ? "unknown (cudaDriverGetVersion: no driver)"
+                               : cuda_version_text(v)) +
+             ")";
+  e = cudaRuntimeGetVersion(&v);
+  g.runtime = e == cudaSuccess ? cuda_version_text(v) : failed("cudaRuntimeGetVersion", e);
+  return g;
+}
 
 const char* cuda_implementation_summary() {
   return "the model on a Hopper GPU: tp1-ep1-cp1 on the GPU model, other layouts on virtual GPU ranks (its cases "

@@ -13,6 +13,7 @@
 // case's own rank threads, streams and communicators, and slices its shard from the
 // host weights per case.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -65,6 +66,16 @@ const char* cuda_implementation_summary();
 
 // Why cuda cases cannot run here (no CUDA in this build, no Hopper GPU), or nothing.
 std::optional<std::string> cuda_unavailable_reason();
+
+// This process's GPU (the current device), for a report's environment; a failed
+// query is named in its field. nullopt in a build without CUDA (the fields stay null).
+std::optional<GpuIdentity> gpu_identity();
+
+// Whether `plan` runs anything on a GPU: cuda or nccl as an implementation or its canonical.
+inline bool uses_gpu(const SweepPlan& plan) {
+  auto gpu = [](Implementation i) { return i == Implementation::kCuda || i == Implementation::kNccl; };
+  return gpu(plan.canonical) || std::any_of(plan.implementations.begin(), plan.implementations.end(), gpu);
+}
 
 // Runs cuda cases, keeping at most one uploaded GPU model: the last unsharded
 // case's. One is enough (a sweep never comes back to a (model, contract) it has

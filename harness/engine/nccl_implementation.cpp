@@ -26,13 +26,21 @@ class NcclRankSession final : public RankSession {
   int rank() const override { return ranks_.rank(); }
   int world() const override { return ranks_.world(); }
   std::string launcher() const override { return ranks_.identity().launcher; }
-  std::string gpu_name() const override {
-    cudaDeviceProp p{};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "unknown";
-    return p.name;
-  }
   std::string nccl_version() const override { return nccl::nccl_version_text(); }
+  std::vector<GpuIdentity> gpu_identities() override {
+    // The fields joined by '\0' (which no C string holds), split again on arrival.
+    const GpuIdentity me = gpu_identity().value();  // a build with NCCL has CUDA
+    std::vector<GpuIdentity> all;
+    for (const std::string& text : ranks_.all_gather_text(me.name + '\0' + me.driver + '\0' + me.runtime)) {
+      std::vector<std::string> f(1);
+      for (const char c : text)
+        if (c) f.back() += c;
+        else f.emplace_back();
+      f.resize(3);  // never out of bounds, whatever a peer sent
+      all.push_back({f[0], f[1], f[2]});
+    }
+    return all;
+  }
 
   void check_same(const std::vector<std::pair<std::string, std::string>>& fields) override {
     try {

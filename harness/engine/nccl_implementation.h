@@ -46,8 +46,10 @@ class RankSession {
   virtual int world() const = 0;
   bool leader() const { return rank() == 0; }
   virtual std::string launcher() const = 0;  // who started the ranks ("bitparity", "torchrun", …)
-  virtual std::string gpu_name() const = 0;
   virtual std::string nccl_version() const = 0;
+  // Every rank's GPU (gpu_identity()), in rank order, for rank 0's report: the ranks
+  // may be on different hosts. Called by every rank, at the same point.
+  virtual std::vector<GpuIdentity> gpu_identities() = 0;
 
   // Every rank, in order: throws io::BadInput naming the first field (e.g.
   // "binary", "plan") in which a rank differs from rank 0.

@@ -21,6 +21,8 @@ const std::vector<std::string> kCsvColumns = {
     "error",
     // the report's status (complete, interrupted), on every row
     "run_status",
+    // where it was made (kGpuFields), on every row; empty when no GPU was used
+    "gpu_name", "gpu_driver", "cuda_version", "nccl_version",
 };
 
 size_t csv_column(const std::string& name) {
@@ -73,10 +75,16 @@ std::string render_csv(const Report& r) {
     out += "\r\n";
   };
   row(kCsvColumns);
-  // A report with no cases still says whether its run was interrupted.
-  if (r.cases.empty()) {
-    std::vector<std::string> f(kCsvColumns.size());
+  // The report's columns, on every row.
+  auto report_tail = [&r](std::vector<std::string>& f) {
+    f.resize(kCsvColumns.size());
     f[csv_column("run_status")] = r.status();
+    for (const GpuField& g : kGpuFields) f[csv_column(g.key)] = (r.environment.*g.field).value_or("");
+  };
+  // A report with no cases still says whether its run was interrupted, and where it ran.
+  if (r.cases.empty()) {
+    std::vector<std::string> f;
+    report_tail(f);
     row(f);
   }
   for (const Case& c : r.cases) {
@@ -88,14 +96,13 @@ std::string render_csv(const Report& r) {
       params += v;
     }
     const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
-    // The case's columns after the tensor's, repeated on every row of the case, and the report's status.
-    auto case_tail = [&c, &r](std::vector<std::string>& f) {
-      f.resize(kCsvColumns.size());
+    // The case's columns after the tensor's, repeated on every row of the case, and the report's.
+    auto case_tail = [&c, &report_tail](std::vector<std::string>& f) {
+      report_tail(f);
       f[csv_column("first_divergent_op")] = c.first_divergent_op.value_or("");
       f[csv_column("seconds")] = num(c.seconds);
       f[csv_column("peak_device_bytes")] = c.peak_device_bytes ? std::to_string(*c.peak_device_bytes) : "";
       f[csv_column("error")] = c.verdict == Verdict::kError ? c.error : "";
-      f[csv_column("run_status")] = r.status();
     };
     if (c.tensors.empty()) {
       std::vector<std::string> f = head;

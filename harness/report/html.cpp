@@ -44,7 +44,7 @@ std::string environment_table(const Environment& e) {
       {"CPU", e.cpu_model},
       {"GPU", e.gpu_name},
       {"GPU driver", e.gpu_driver},
-      {"CUDA", e.cuda_version},
+      {"CUDA runtime", e.cuda_version},
       {"NCCL", e.nccl_version},
   };
   std::string h = "<table class=\"env\">\n";

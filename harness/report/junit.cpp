@@ -66,6 +66,9 @@ std::string render_junit(const Report& r) {
   prop("compiler_flags", e.compiler_flags);
   if (e.contract_name) prop("contract", *e.contract_name + " " + e.contract_knob_hash.value_or(""));
   prop("cpu_model", e.cpu_model);
+  // Where it was made, when it used a GPU (as the contract, when one applies).
+  for (const GpuField& g : kGpuFields)
+    if (const auto& v = e.*g.field) prop(g.key, *v);
   prop("nan_policy", kNanPolicy);
   o += "    </properties>\n";
   for (const Case& c : r.cases) {

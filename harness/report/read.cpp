@@ -401,7 +401,7 @@ Report read_report_json(const std::string& path) { return parse_report_json(io::
 
 namespace {
 
-constexpr size_t kCsvColumnCount = 30;  // kCsvColumns.size(), needed at compile time by the parser
+constexpr size_t kCsvColumnCount = 34;  // kCsvColumns.size(), needed at compile time by the parser
 using CsvRow = std::array<std::string, kCsvColumnCount>;
 using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
 
@@ -566,16 +566,23 @@ Case case_from_row(const Row& row) {
   return c;
 }
 
-// The row of a report without cases (csv.cpp): empty but for run_status.
+// The GPU columns (kGpuFields): the last, and optional, as a CSV written before them has none.
+bool is_gpu_column(const std::string& name) {
+  return std::any_of(std::begin(kGpuFields), std::end(kGpuFields), [&](const GpuField& g) { return name == g.key; });
+}
+// The report's columns, the same on every row: run_status and the GPU's.
+bool is_report_column(size_t c) { return c == Row::col("run_status") || is_gpu_column(kCsvColumns[c]); }
+
+// The row of a report without cases (csv.cpp): empty but for the report's columns.
 bool is_report_row(const Row& row) { return row.empty("case_id") && row.empty("case_verdict"); }
 void check_report_row(const Row& row) {
   for (size_t c = 0; c < kCsvColumnCount; ++c)
-    if (c != Row::col("run_status") && !row.at(c).empty())
+    if (!is_report_column(c) && !row.at(c).empty())
       row.bad(c, "must be empty in the row of a report without cases (case_id and case_verdict are empty)");
 }
 
 // Consecutive rows with one case_id form a case; a case without tensors is one row
-// with empty tensor columns. Every row carries the report's run_status.
+// with empty tensor columns. Every row carries the report's columns.
 void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
   CsvRow f, case_head;
   unsigned case_line = 0, rows = 0;
@@ -589,8 +596,16 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
   while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) {
     const Row row(f, in.get_file_line(), path);
     const bool interrupted = row.one_of("run_status", interrupted_from_status, "run status (complete, interrupted)");
-    if (rows++ == 0) r.interrupted = interrupted;
-    else if (interrupted != r.interrupted) row.bad(Row::col("run_status"), "differs from the first row's");
+    if (rows++ == 0) {
+      r.interrupted = interrupted;
+      for (const GpuField& g : kGpuFields)
+        if (!row.empty(g.key)) r.environment.*g.field = row.text(g.key);
+    } else {
+      if (interrupted != r.interrupted) row.bad(Row::col("run_status"), "differs from the first row's");
+      for (const GpuField& g : kGpuFields)
+        if (row.text(g.key) != (r.environment.*g.field).value_or(""))
+          row.bad(Row::col(g.key), "differs from the first row's");
+    }
     if (report_row || (is_report_row(row) && rows > 1))
       row.bad(Row::col("case_id"), "a report without cases has one row, and a report with cases no such row");
     if (is_report_row(row)) {
@@ -617,7 +632,7 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
       r.cases.back().tensors.push_back(tensor_from_row(row));
     } else {
       for (size_t c = Row::col("tensor"); c < kCsvColumnCount; ++c)
-        if (!is_case_column(c) && c != Row::col("run_status") && !row.at(c).empty())
+        if (!is_case_column(c) && !is_report_column(c) && !row.at(c).empty())
           row.bad(c, "must be empty in the row of a case without tensors (status is empty)");
     }
   }
@@ -642,8 +657,16 @@ Report read_report_csv(const std::string& path) {
     CsvIn in(path, records.data(), records.data() + records.size());
     CsvRow names;
     std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
-    // Every column, no other, in any order (the parser names a missing or extra one).
-    std::apply([&](const auto&... n) { in.read_header(::io::ignore_no_column, n...); }, names);
+    // Every column, no other, in any order (the parser names an extra one, this loop
+    // a missing one); only the GPU columns may be missing (a CSV written before them).
+    std::apply([&](const auto&... n) { in.read_header(::io::ignore_missing_column, n...); }, names);
+    for (const std::string& n : kCsvColumns)
+      if (!in.has_column(n) && !is_gpu_column(n)) {
+        ::io::error::missing_column_in_header e;
+        e.set_column_name(n.c_str());
+        e.set_file_name(in.get_truncated_file_name());
+        throw e;
+      }
     read_csv_rows(in, r, path);
   } catch (const ::io::error::can_not_open_file&) {
     throw io::IoError(path + ": cannot open");

@@ -11,13 +11,14 @@
 // its README).
 //
 // CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
-// order; an earlier layout lacks a column and is refused naming it); consecutive
+// order; an earlier layout lacks a column and is refused naming it, except the GPU
+// columns: a CSV written before them reads as made without a GPU); consecutive
 // rows with one case_id form a case, and agree on the case's columns (verdict,
 // parameters, first_divergent_op, seconds, peak_device_bytes, error); every row agrees on
-// run_status, the report's status (a report without cases is one row with only
-// run_status). Line ends may be CRLF or LF; blank lines at the end are no rows.
-// The CSV holds no environment, command, timestamp, skip reason, ranks or
-// communication, and its "parameters" column
+// the report's columns, run_status (its status) and the GPU's (a report without
+// cases is one row with only those). Line ends may be CRLF or LF; blank lines at the
+// end are no rows. Of the environment the CSV holds only the GPU fields; no command,
+// timestamp, skip reason, ranks or communication, and its "parameters" column
 // ("k=v;k=v") is split at the first '=' of each ';'-separated item, so a key or
 // value holding ';' or '=' does not come back whole; a field holding a line break
 // cannot be read at all (the parser reads line by line). Verdicts and metrics come

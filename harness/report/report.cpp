@@ -101,6 +101,22 @@ Environment detect_environment() {
   return e;
 }
 
+void set_gpu_environment(Environment& e, const std::vector<GpuIdentity>& gpus) {
+  if (gpus.empty()) return;
+  // The value all ranks share, once (with `suffix`); else each rank's.
+  auto field = [&gpus](std::string GpuIdentity::*f, const std::string& suffix) {
+    const std::string& first = gpus[0].*f;
+    if (std::all_of(gpus.begin(), gpus.end(), [&](const GpuIdentity& g) { return g.*f == first; }))
+      return first + suffix;
+    std::string each;
+    for (size_t r = 0; r < gpus.size(); ++r) each += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + gpus[r].*f;
+    return each;
+  };
+  e.gpu_name = field(&GpuIdentity::name, gpus.size() > 1 ? " x" + std::to_string(gpus.size()) : "");
+  e.gpu_driver = field(&GpuIdentity::driver, "");
+  e.cuda_version = field(&GpuIdentity::runtime, "");
+}
+
 const char* tensor_status_name(TensorStatus s) {
   switch (s) {
     case TensorStatus::kCompared: return "compared";

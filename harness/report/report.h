@@ -17,6 +17,8 @@
 //          quoting, CRLF line ends; non-finite numbers are written "inf"; lists
 //          (shapes, ulp_histogram) as "[a,b,...]". Schema 5 added the column
 //          "error" (a case's error message); ranks and communication are JSON only.
+//          The environment's GPU fields (kGpuFields), every row, empty when null,
+//          are the last columns (added after schema 5, without a new JSON field).
 //   JUnit  one <testcase> per case, its time attribute the case's seconds; a
 //          mismatching case has one <failure> naming its first mismatching tensor; a
 //          case that failed with an error has one <error> with its message; a
@@ -59,9 +61,38 @@ struct Environment {
   std::string bitparity_version;
   std::optional<std::string> contract_name, contract_knob_hash;  // null when no contract applies
   std::string cpu_model = "unknown";
-  std::optional<std::string> gpu_name, gpu_driver, cuda_version, nccl_version;  // null when unused
+  // Where the run's GPU cases ran (set_gpu_environment), null when none could: a
+  // parity report that does not say on which GPU it was made is no evidence.
+  std::optional<std::string> gpu_name, gpu_driver, cuda_version, nccl_version;
   std::vector<WeightsOrigin> weights;  // the models' weights; JSON key "weights" only when a model ran
 };
+
+// The environment's GPU fields by key: the JSON keys, and the CSV columns and JUnit
+// properties of the same names.
+struct GpuField {
+  const char* key;
+  std::optional<std::string> Environment::*field;
+};
+inline constexpr GpuField kGpuFields[] = {{"gpu_name", &Environment::gpu_name},
+                                          {"gpu_driver", &Environment::gpu_driver},
+                                          {"cuda_version", &Environment::cuda_version},
+                                          {"nccl_version", &Environment::nccl_version}};
+
+// One GPU as its own process sees it (gpu_identity() of
+// harness/engine/cuda_implementation.h): each field is the answer, or "unknown
+// (<the query that failed>: <why>)".
+struct GpuIdentity {
+  std::string name;     // "NVIDIA H200"
+  std::string driver;   // "570.133.20 (CUDA 12.8)": the kernel driver, and the CUDA version it supports
+  std::string runtime;  // "13.0": the CUDA runtime the process runs on
+};
+
+// Sets e's gpu_name, gpu_driver and cuda_version from the GPUs a run used, in rank
+// order (one for a single process). A field every rank agrees on is given once, the
+// name then with " xN" for N > 1 ranks ("NVIDIA H200 x8"); otherwise each rank's:
+// "rank 0: 570.133.20 (CUDA 12.8); rank 1: 575.51.03 (CUDA 12.9)" (the ranks may be
+// on different hosts). No GPUs: the fields are left alone.
+void set_gpu_environment(Environment& e, const std::vector<GpuIdentity>& gpus);
 
 // The build's compiler (from CMake-configured definitions), the CPU model
 // (/proc/cpuinfo), and the git commit and dirty flag of the source tree the binary

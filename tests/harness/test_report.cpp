@@ -374,7 +374,8 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
   EXPECT_EQ(kCsvColumns[26], "seconds");
   EXPECT_EQ(kCsvColumns[27], "peak_device_bytes");
   EXPECT_EQ(kCsvColumns[28], "error");  // version 5
-  EXPECT_EQ(kCsvColumns.back(), "run_status");
+  EXPECT_EQ(kCsvColumns[29], "run_status");
+  EXPECT_EQ(kCsvColumns.back(), "nccl_version");  // the GPU columns, after schema 5's
   EXPECT_EQ(csv_column("seconds"), 26u);
   EXPECT_THROW(csv_column("nope"), std::logic_error);
 }
@@ -388,7 +389,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 30;
+  constexpr size_t kN = 34;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());

@@ -233,11 +233,12 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   EXPECT_EQ(error_of(skipped_time), "");
   // Every row carries the report's status, the same on every row.
   std::string bad_status = good;
-  bad_status.replace(bad_status.find(",complete\r\n"), 9, ",finished");
+  bad_status.replace(bad_status.find(",complete,,,,\r\n"), 9, ",finished");
   EXPECT_EQ(error_of(bad_status),
             p.string() + ": line 2, column run_status: \"finished\" is not a run status (complete, interrupted)");
   std::string split_status = good;
-  split_status.replace(split_status.find(",complete\r\n", split_status.find(",complete\r\n") + 1), 9, ",interrupted");
+  const size_t first_status = split_status.find(",complete,,,,\r\n");  // run_status, then the empty GPU columns
+  split_status.replace(split_status.find(",complete,,,,\r\n", first_status + 1), 9, ",interrupted");
   EXPECT_EQ(error_of(split_status), p.string() + ": line 3, column run_status: differs from the first row's");
   // A report without cases is one row with only its status, and only then.
   Report none = sample_sweep_report();
@@ -252,7 +253,7 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   EXPECT_EQ(error_of(stray), p.string() + ": line 2, column parameters: must be empty in the row of a report without "
                                           "cases (case_id and case_verdict are empty)");
   const std::string report_row = empty.substr(empty.find("\r\n") + 2);
-  EXPECT_NE(error_of(good + report_row.substr(0, report_row.find(",interrupted")) + ",complete\r\n")
+  EXPECT_NE(error_of(good + report_row.substr(0, report_row.find(",interrupted")) + ",complete,,,,\r\n")
                 .find("column case_id: a report without cases has one row"),
             std::string::npos);
   // Line ends: CRLF as written, LF, none at the end, blank lines at the end.
@@ -260,8 +261,8 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   for (size_t at = lf.find("\r\n"); at != std::string::npos; at = lf.find("\r\n", at)) lf.erase(at, 1);
   for (const std::string& text : {lf, good.substr(0, good.size() - 2), good + "\r\n\r\n", lf + "\n"})
     EXPECT_EQ(error_of(text), "") << text.substr(text.size() - 20);
-  // A CSV in the schema 2 layout (without seconds, peak_device_bytes, error and run_status) is refused, naming
-  // them; one in the schema 4 layout (without error) too.
+  // A CSV in the schema 2 layout (without seconds, peak_device_bytes, error, run_status and the GPU columns)
+  // is refused, naming them; one in the schema 4 layout (without error) too.
   // `good` without the columns `drop`, counted from the last (0); the sample's quoted
   // commas all sit left of them, and joining the fields back restores them.
   auto without_columns = [&good](std::initializer_list<size_t> drop) {
@@ -282,11 +283,11 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
     }
     return out;
   };
-  const std::string v2 = without_columns({0, 1, 2, 3});
+  const std::string v2 = without_columns({0, 1, 2, 3, 4, 5, 6, 7});
   ASSERT_EQ(v2.rfind("case_id,", 0), 0u);
   ASSERT_NE(v2.find(",ulp_histogram\r\n"), std::string::npos);
   EXPECT_NE(error_of(v2).find("seconds"), std::string::npos) << error_of(v2);
-  const std::string v4 = without_columns({1});
+  const std::string v4 = without_columns({0, 1, 2, 3, 5});
   ASSERT_NE(v4.find(",peak_device_bytes,run_status\r\n"), std::string::npos) << v4.substr(0, 400);
   EXPECT_NE(error_of(v4).find("error"), std::string::npos) << error_of(v4);
   EXPECT_NE(error_of("case_id\r\nx\r\n").find(p.string()), std::string::npos);
@@ -528,7 +529,7 @@ TEST(ReportError, CsvCarriesTheVerdictAndMessage) {
   // An error message on a case that did not fail is refused.
   std::string text = render_csv(r);
   const size_t row = text.find("\r\ntp1-decode,") + 2;
-  const size_t error_field = text.find(",,complete\r\n", row);  // error (empty), then run_status
+  const size_t error_field = text.find(",,complete,,,,\r\n", row);  // error (empty), then run_status
   ASSERT_NE(error_field, std::string::npos);
   text.insert(error_field + 1, "boom");
   std::ofstream(p, std::ios::binary) << text;
