@@ -1,4 +1,4 @@
-// Process exit codes (README "Exit codes"); 125 is what CTest's SKIP_RETURN_CODE
+// Process exit codes (docs/reports.md "Exit codes"); 125 is what CTest's SKIP_RETURN_CODE
 // and `git bisect run` treat as "cannot test here".
 #pragma once
 

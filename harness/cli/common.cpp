@@ -36,7 +36,7 @@ void PlanFlags::add_to(CLI::App* app) {
     options_.emplace_back(o, std::move(put));
     return o;
   };
-  app->add_option("--plan", plan_file_, "JSON plan file (README \"Plans\"); the flags below override its fields");
+  app->add_option("--plan", plan_file_, "JSON plan file (docs/cli.md \"Plan files\"); the flags below override its fields");
   add(app->add_option("--model", models_,
                       "fixture name or Hugging Face checkpoint directory (with a '/': config.json, and model.safetensors "
                       "or its index and shards; a directory with other weight files is refused); repeatable"),
@@ -94,7 +94,7 @@ void PlanFlags::add_to(CLI::App* app) {
                     "them: for deliberate tests of NaN handling"),
       [this](json& j) { j["allow_nonfinite_weights"] = allow_nonfinite_weights_; });
   app->add_flag("--force", force_,
-                "run a plan beyond the work limits (README \"Work limits\": about 2 hours of CPU reference time, "
+                "run a plan beyond the work limits (docs/cli.md \"Work limits\": about 2 hours of CPU reference time, "
                 "the machine's physical memory)");
 }
 
@@ -171,7 +171,7 @@ int exit_for_error(const char* cmd, std::FILE* err) {
     return kExitCannotTest;
   } catch (const std::bad_alloc&) {  // the plan's size is the user's to choose
     std::fprintf(err, "bitparity %s: bad input: out of memory: the plan needs more memory than this process can get "
-                 "(README \"Work limits\")\n", cmd);
+                 "(docs/cli.md \"Work limits\")\n", cmd);
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(err, "bitparity %s: internal error: %s\n", cmd, e.what());

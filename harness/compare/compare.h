@@ -1,4 +1,4 @@
-// Per-tensor comparison metrics (README "Comparing two dumps"): what every bitparity
+// Per-tensor comparison metrics (docs/cli.md "diff"): what every bitparity
 // report says about two tensors of the same shape and dtype. BF16 and F32 only
 // (CmpType): callers refuse other dtypes before comparing (diff: bad input).
 //

@@ -100,7 +100,7 @@ double physical_memory_bytes() {
 }
 
 std::string work_limit_problem(const WorkEstimate& w, double physical_bytes) {
-  const std::string force = "; --force runs it anyway (README \"Work limits\")";
+  const std::string force = "; --force runs it anyway (docs/cli.md \"Work limits\")";
   if (physical_bytes > 0 && w.peak_bytes > physical_bytes)
     return "the plan needs " + work_text(w) + ", more than this machine's " + memory_text(physical_bytes) +
            " of physical memory" + force;

@@ -1,6 +1,6 @@
 // What a plan will cost before it runs: the CPU reference's floating-point operations
 // and the peak memory of its cases, from the model configs and the token sequences.
-// A plan beyond the limits (README "Work limits") is refused unless --force, so that
+// A plan beyond the limits (docs/cli.md "Work limits") is refused unless --force, so that
 // a typo (10^6 tokens, a 30B model) is a message, not days of silence or the OOM killer.
 //
 // The model (an estimate, within a small factor of the truth, never a measurement):

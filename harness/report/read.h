@@ -6,9 +6,9 @@
 // agree with the records. So render_json(read_report_json(p)) reproduces the file
 // written by render_json byte for byte. A report of an earlier schema_version is
 // refused (exit 2, "re-run the command that wrote the report"): no report kept in
-// the repository is read by its tests or scripts (reports/baselines/ holds benchmark
-// CSVs and test logs, and one gzipped schema 3 sweep kept as the record of its run:
-// its README).
+// the repository is read by its tests or scripts (reports/baselines/ holds the runs
+// of record: benchmark CSVs, test logs, and the scale runs' gzipped reports, which
+// nothing reads: its README).
 //
 // CSV (fast-cpp-csv-parser): the header must name exactly kCsvColumns (in any
 // order; an earlier layout lacks a column and is refused naming it, except the GPU

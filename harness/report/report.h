@@ -43,7 +43,7 @@ namespace bp::harness {
 inline constexpr int kReportSchemaVersion = 5;
 
 // Where one model's weights came from: generated from a seed, or read from
-// checkpoint files (README "Bad input and failure modes").
+// checkpoint files (docs/failure-modes.md).
 struct WeightsOrigin {
   std::string model;                  // as the plan names it
   std::optional<uint64_t> seed;       // generated from this seed (no files)

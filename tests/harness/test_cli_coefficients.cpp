@@ -1,4 +1,4 @@
-// Explicit loss coefficients end to end (SPEC.md §6.4, README "Tokens file"): the
+// Explicit loss coefficients end to end (SPEC.md §6.4, docs/cli.md "Tokens files"): the
 // REAL binary on the dense fixture. A tokens file that carries exactly the
 // generated coefficients gives dumps whose gradients equal the generated run's bit
 // for bit (reference, emulated layout, float64 truth); one value changed changes

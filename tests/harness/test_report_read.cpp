@@ -120,9 +120,9 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
 // A report as schema_version 2 wrote it (no seconds, no peak_device_bytes) is refused,
 // telling to re-run. That holds while no test or script reads a committed bitparity
 // report of an earlier version (reports/baselines/ has benchmark CSVs, logs, hw_truth,
-// and a gzipped schema 3 sweep kept as the record of its run, which nothing reads: its
-// README): a committed report read as a baseline must be read by every later
-// bitparity, so read.cpp would have to learn its layout.
+// and the scale runs' gzipped reports, which nothing reads: its README): a committed
+// report read as a baseline must be read by every later bitparity, so read.cpp would
+// have to learn its layout.
 TEST(ReportRead, EarlierSchemaVersionIsRefused) {
   json v2 = json::parse(render_json(sample_sweep_report()));
   v2["schema_version"] = 2;
