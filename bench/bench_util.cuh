@@ -120,7 +120,7 @@ inline int batch_for(double single_us) { return std::clamp(static_cast<int>(100.
 // Median time of one `launch` in microseconds. Each sample times a batch of
 // back-to-back launches (batch_for) and divides: a decode-sized kernel runs in a
 // few µs, less than the host takes to launch it, and in a model the next kernel is
-// already queued (METHOD.md: many small launches).
+// already queued, so the launch cost is not the kernel's.
 template <class F>
 double median_us(const Options& opt, F&& launch) {
   for (int i = 0; i < opt.warmup; ++i) launch();
