@@ -49,7 +49,14 @@ class CliTest : public ::testing::Test {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   }
   // Runs bitparity with `args` (shell words, quoted by the caller where needed).
-  int run(const std::string& args) { return shell(std::string("'") + BP_BITPARITY_EXE + "' " + args); }
+  int run(const std::string& args) { return shell("'" + exe() + "' " + args); }
+  // The binary: BP_BITPARITY_EXE from the environment where CTest sets it (a build
+  // carried to another folder, whose CTest files are rewritten but whose compiled-in
+  // paths are not), else the one this test was built beside.
+  static std::string exe() {
+    const char* e = std::getenv("BP_BITPARITY_EXE");
+    return e && *e ? e : BP_BITPARITY_EXE;
+  }
 
   // The whole file ("" when it cannot be read).
   static std::string read(const std::string& p) {
