@@ -36,6 +36,9 @@ struct Side {
   std::string label;
   std::map<std::string, NamedTensor> tensors;
   int num_layers = 0;
+  // A run whose path is not extend (or under --no-grads) computes no gradients by
+  // design; a dump's missing gradients are a difference like any missing tensor.
+  bool computes_grads = true;
 };
 
 // "key=value,key=value": a piece without '=' continues the previous value, so
@@ -117,7 +120,8 @@ SweepPlan spec_plan(const BisectOptions& o, const std::string& spec, const char*
 
 Side side_of_spec(const SweepPlan& plan, WeightsLog& weights) {
   SingleRun r = run_single_case(plan, weights.listener());
-  Side s{r.id, {}, r.num_layers};
+  const bool grads = plan.grads && plan.paths.at(0).kind == program::Path::Kind::Extend;
+  Side s{r.id, {}, r.num_layers, grads};
   for (NamedTensor& t : r.tensors) s.tensors.emplace(t.name, std::move(t));
   return s;
 }
@@ -181,6 +185,126 @@ std::string where_text(const std::string& tensor) {
   return "op " + op;
 }
 
+// The tensors of two sides, paired by name, in execution order. A tensor on one
+// side only is a difference (an engine that drops an op's output, a truncated
+// dump), except a gradient the other side's run computes none of by design.
+struct Pairing {
+  std::vector<std::string> names;         // compared or on one side only, in execution order
+  size_t common = 0, only_a = 0, only_b = 0;
+  std::vector<std::string> not_computed;  // gradients the other side's run does not compute
+};
+
+Pairing pair_tensors(const Side& a, const Side& b, int layers) {
+  Pairing p;
+  auto add = [&](const std::string& name, const Side& lacking, size_t& only) {
+    if (name.rfind("grads.", 0) == 0 && !lacking.computes_grads) return p.not_computed.push_back(name);
+    ++only;
+    p.names.push_back(name);
+  };
+  for (const auto& [name, t] : a.tensors) {
+    if (!b.tensors.count(name)) {
+      add(name, b, p.only_a);
+    } else {
+      ++p.common;
+      p.names.push_back(name);
+    }
+  }
+  for (const auto& [name, t] : b.tensors)
+    if (!a.tensors.count(name)) add(name, a, p.only_b);
+  std::stable_sort(p.names.begin(), p.names.end(), [&](const std::string& x, const std::string& y) {
+    return execution_order_key(x, layers) < execution_order_key(y, layers);
+  });
+  return p;
+}
+
+TensorRecord record_of(const std::string& name, const Side& a, const Side& b) {
+  TensorRecord rec;
+  rec.name = name;
+  rec.is_logprob = name.rfind("logprobs.", 0) == 0;
+  const auto ia = a.tensors.find(name), ib = b.tensors.find(name);
+  if (ia != a.tensors.end()) rec.dtype_a = cmp_type_name(ia->second.type), rec.shape_a = ia->second.shape;
+  if (ib != b.tensors.end()) rec.dtype_b = cmp_type_name(ib->second.type), rec.shape_b = ib->second.shape;
+  if (ib == b.tensors.end()) {
+    rec.status = TensorStatus::kOnlyInA;
+  } else if (ia == a.tensors.end()) {
+    rec.status = TensorStatus::kOnlyInB;
+  } else if (ia->second.type != ib->second.type) {
+    rec.status = TensorStatus::kDtypeMismatch;
+  } else if (ia->second.shape != ib->second.shape) {
+    rec.status = TensorStatus::kShapeMismatch;
+  } else {
+    rec.metrics = metrics_of(ia->second, ib->second);
+    rec.metrics->is_logprob = rec.is_logprob;
+  }
+  return rec;
+}
+
+// Whether each captured input of the differing op was equal on both sides: equal
+// inputs put the difference in the op itself.
+void print_inputs(const std::string& tensor, const Side& a, const Side& b, int layers, std::FILE* out) {
+  const bool is_op = tensor.rfind("ops.", 0) == 0;
+  const std::string op = is_op ? tensor.substr(4) : "";
+  std::vector<std::string> inputs;
+  if (is_op) inputs = graph::op_inputs(op, layers);
+  if (tensor.rfind("logprobs.", 0) == 0 || tensor.rfind("entropy.", 0) == 0) inputs = {"logits"};
+  bool all_equal = true, any_input = false;
+  for (const std::string& in : inputs) {
+    const std::string tn = "ops." + in;
+    if (!a.tensors.count(tn) || !b.tensors.count(tn)) continue;
+    any_input = true;
+    const bool eq = equal(a.tensors.at(tn), b.tensors.at(tn));
+    all_equal &= eq;
+    std::fprintf(out, "  input %-28s %s\n", tn.c_str(), eq ? "equal" : "DIFFERS");
+  }
+  if (op == "embed")
+    std::fprintf(out, "  -> embed reads only the tokens and the embedding weights: they differ\n");
+  else if (any_input && all_equal)
+    std::fprintf(out, "  -> its captured inputs are equal: the op itself (or its weights) computes different bits\n");
+  else if (!any_input && !inputs.empty())
+    std::fprintf(out, "  -> its inputs were not captured (run with --capture ops to see them)\n");
+}
+
+void print_first_difference(const TensorRecord& rec, const Side& a, const Side& b, int layers, std::FILE* out) {
+  const std::string name = terminal_text(rec.name), where = terminal_text(where_text(rec.name));
+  std::fprintf(out, "first difference: %s%s\n", name.c_str(), where.empty() ? "" : (" (" + where + ")").c_str());
+  const bool only_a = rec.status == TensorStatus::kOnlyInA;
+  if (only_a || rec.status == TensorStatus::kOnlyInB) {
+    std::fprintf(out, "  only in %s: %s lacks it (an output the engine dropped, or a truncated dump)\n",
+                 only_a ? "A" : "B", only_a ? "B" : "A");
+    std::fprintf(out, "bisect: first difference at %s: only in %s\n", name.c_str(), only_a ? "A" : "B");
+    return;
+  }
+  if (rec.metrics) {
+    const TensorMetrics& m = *rec.metrics;
+    const NamedTensor &ta = a.tensors.at(rec.name), &tb = b.tensors.at(rec.name);
+    std::fprintf(out,
+                 "  %s %s: %" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp, max |diff| %.3g, mean |diff| %.3g\n",
+                 rec.dtype_a.c_str(), io::shape_str(ta.shape).c_str(), m.mismatches, m.elements, m.max_ulp_diff,
+                 m.max_abs_diff, m.mean_abs_diff);
+    std::fprintf(out, "  first at element %" PRId64 ": A %s, B %s\n", m.first_mismatch,
+                 element_text(ta, m.first_mismatch).c_str(), element_text(tb, m.first_mismatch).c_str());
+  } else {
+    std::fprintf(out, "  %s\n", tensor_status_name(rec.status));
+  }
+  print_inputs(rec.name, a, b, layers, out);
+  std::fprintf(out, "bisect: first difference at %s\n", name.c_str());
+}
+
+// "58 tensors in both, compared in execution order; 1 only in A, 1 only in B", and
+// what was left out or cannot be bisected at all.
+void print_pairing(const Pairing& p, const Side& a, const Side& b, std::FILE* out) {
+  std::fprintf(out, "A: %s\nB: %s\n", terminal_text(a.label).c_str(), terminal_text(b.label).c_str());
+  std::fprintf(out, "%zu tensors in both, compared in execution order", p.common);
+  if (p.only_a || p.only_b) std::fprintf(out, "; %zu only in A, %zu only in B: differences", p.only_a, p.only_b);
+  std::fprintf(out, "\n");
+  if (!p.not_computed.empty())
+    std::fprintf(out, "not compared: %zu gradient tensor(s) of one side only: the other run computes no gradients "
+                 "(they are computed on the extend path)\n", p.not_computed.size());
+  if (p.common == 0 && !p.names.empty())
+    std::fprintf(out, "bisect: A and B have no tensor in common (A %zu, B %zu): not the same computation, or one "
+                 "side's output is missing\n", a.tensors.size(), b.tensors.size());
+}
+
 int bisect(const BisectOptions& o) {
   const bool by_dumps = !o.dumps.empty();
   if (by_dumps == (!o.a.empty() || !o.b.empty()))
@@ -201,16 +325,10 @@ int bisect(const BisectOptions& o) {
   WeightsLog weights("bisect", o.quiet);
   const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(*plan_a, weights);
   const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(*plan_b, weights);
+  if (a.tensors.empty() && b.tensors.empty())
+    throw io::BadInput("command line", "", "A and B hold no tensor: nothing to bisect");
   const int layers = std::max(a.num_layers, b.num_layers);
-
-  // The tensors of both sides in execution order.
-  std::vector<std::string> common, only_a, only_b;
-  for (const auto& [name, t] : a.tensors) (b.tensors.count(name) ? common : only_a).push_back(name);
-  for (const auto& [name, t] : b.tensors)
-    if (!a.tensors.count(name)) only_b.push_back(name);
-  std::stable_sort(common.begin(), common.end(), [&](const std::string& x, const std::string& y) {
-    return execution_order_key(x, layers) < execution_order_key(y, layers);
-  });
+  const Pairing pairing = pair_tensors(a, b, layers);
 
   Report r = make_report("bisect");
   r.environment.weights = weights.origins();
@@ -220,85 +338,22 @@ int bisect(const BisectOptions& o) {
   Case c;
   c.id = "bisect";
   c.parameters = {{"a", a.label}, {"b", b.label}};
-  const NamedTensor* first_a = nullptr;
-  const NamedTensor* first_b = nullptr;
-  for (const std::string& name : common) {
-    const NamedTensor &ta = a.tensors.at(name), &tb = b.tensors.at(name);
-    TensorRecord rec;
-    rec.name = name;
-    rec.dtype_a = cmp_type_name(ta.type);
-    rec.dtype_b = cmp_type_name(tb.type);
-    rec.shape_a = ta.shape;
-    rec.shape_b = tb.shape;
-    rec.is_logprob = name.rfind("logprobs.", 0) == 0;
-    if (ta.type != tb.type) {
-      rec.status = TensorStatus::kDtypeMismatch;
-    } else if (ta.shape != tb.shape) {
-      rec.status = TensorStatus::kShapeMismatch;
-    } else {
-      rec.metrics = metrics_of(ta, tb);
-      rec.metrics->is_logprob = rec.is_logprob;
-    }
-    if (!rec.matches() && !first_a) first_a = &ta, first_b = &tb;
-    c.tensors.push_back(std::move(rec));
-  }
-  if (first_a && first_a->name.rfind("ops.", 0) == 0) c.first_divergent_op = first_a->name.substr(4);
+  for (const std::string& name : pairing.names) c.tensors.push_back(record_of(name, a, b));
+  const TensorRecord* first = c.first_mismatch();
+  if (first && first->name.rfind("ops.", 0) == 0) c.first_divergent_op = first->name.substr(4);
   c.settle();
 
   if (!o.quiet) {
-    std::fprintf(out, "A: %s\nB: %s\n", terminal_text(a.label).c_str(), terminal_text(b.label).c_str());
-    std::fprintf(out, "%zu tensors in both, compared in execution order", common.size());
-    if (!only_a.empty() || !only_b.empty())
-      std::fprintf(out, " (%zu only in A, %zu only in B: not compared)", only_a.size(), only_b.size());
-    std::fprintf(out, "\n");
-    if (!first_a) {
-      std::fprintf(out, "bisect: no difference: every common tensor is bit-identical\n");
-    } else {
-      const TensorRecord& rec = *c.first_mismatch();
-      const std::string where = terminal_text(where_text(first_a->name));
-      std::fprintf(out, "first difference: %s%s\n", terminal_text(first_a->name).c_str(),
-                   where.empty() ? "" : (" (" + where + ")").c_str());
-      if (rec.metrics) {
-        const TensorMetrics& m = *rec.metrics;
-        std::fprintf(out,
-                     "  %s %s: %" PRIu64 " of %" PRIu64
-                     " elements differ, max %.0f ulp, max |diff| %.3g, mean |diff| %.3g\n",
-                     rec.dtype_a.c_str(), io::shape_str(first_a->shape).c_str(), m.mismatches, m.elements,
-                     m.max_ulp_diff, m.max_abs_diff, m.mean_abs_diff);
-        std::fprintf(out, "  first at element %" PRId64 ": A %s, B %s\n", m.first_mismatch,
-                     element_text(*first_a, m.first_mismatch).c_str(),
-                     element_text(*first_b, m.first_mismatch).c_str());
-      } else {
-        std::fprintf(out, "  %s\n", tensor_status_name(rec.status));
-      }
-      // The op's inputs: equal inputs put the difference in the op itself.
-      const bool is_op = first_a->name.rfind("ops.", 0) == 0;
-      const std::string op = is_op ? first_a->name.substr(4) : "";
-      std::vector<std::string> inputs;
-      if (is_op) inputs = graph::op_inputs(op, layers);
-      if (first_a->name.rfind("logprobs.", 0) == 0 || first_a->name.rfind("entropy.", 0) == 0) inputs = {"logits"};
-      bool all_equal = true, any_input = false;
-      for (const std::string& in : inputs) {
-        const std::string tn = "ops." + in;
-        if (!a.tensors.count(tn) || !b.tensors.count(tn)) continue;
-        any_input = true;
-        const bool eq = equal(a.tensors.at(tn), b.tensors.at(tn));
-        all_equal &= eq;
-        std::fprintf(out, "  input %-28s %s\n", tn.c_str(), eq ? "equal" : "DIFFERS");
-      }
-      if (op == "embed")
-        std::fprintf(out, "  -> embed reads only the tokens and the embedding weights: they differ\n");
-      else if (any_input && all_equal)
-        std::fprintf(out,
-                     "  -> its captured inputs are equal: the op itself (or its weights) computes different bits\n");
-      else if (!any_input && !inputs.empty())
-        std::fprintf(out, "  -> its inputs were not captured (run with --capture ops to see them)\n");
-      std::fprintf(out, "bisect: first difference at %s\n", terminal_text(first_a->name).c_str());
-    }
+    print_pairing(pairing, a, b, out);
+    if (first)
+      print_first_difference(*first, a, b, layers, out);
+    else
+      std::fprintf(out, "bisect: no difference: every tensor is bit-identical\n");
   }
+  const bool differs = first != nullptr;
   r.cases.push_back(std::move(c));
   if (const int rc = write_reports("bisect", r, paths, stderr)) return rc;
-  return first_a ? kExitMismatch : kExitExact;
+  return differs ? kExitMismatch : kExitExact;
 }
 
 }  // namespace

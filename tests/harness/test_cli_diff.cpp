@@ -196,6 +196,47 @@ TEST_F(CliDiff, NonFiniteMatchesAreAVisibleVerdict) {
   EXPECT_NE(err_.find("w is NaN/Inf in 4 of 4 elements"), std::string::npos) << err_;
 }
 
+// Issue 53 item 1: bisect counts a tensor on one side only as a difference, as diff
+// does: an engine that drops an op's output, or a truncated dump, never bisects as
+// equal. The first difference is the first such tensor in execution order.
+TEST_F(CliDiff, BisectCountsATensorOnOneSideAsADifference) {
+  const std::vector<uint16_t> v = {0x3f80, 0x4000};
+  auto ops_dump = [&](const std::string& leaf, const std::vector<std::string>& names) {
+    std::vector<io::WriteTensor> t;
+    for (const std::string& n : names) t.push_back({n, io::DType::BF16, {1, 2}, {reinterpret_cast<const uint8_t*>(v.data()), 4}});
+    io::write_safetensors(path(leaf), std::move(t));
+    return path(leaf);
+  };
+  const std::vector<std::string> all = {"ops.embed", "ops.layers.0.attn", "ops.layers.0.attn_out", "ops.final_norm"};
+  const std::string full = ops_dump("full.safetensors", all);
+  // One op dropped (or renamed away): B lacks layers.0.attn_out.
+  const std::string dropped = ops_dump("dropped.safetensors", {"ops.embed", "ops.layers.0.attn", "ops.final_norm"});
+  ASSERT_EQ(run("bisect " + full + " " + dropped + " --json " + path("r.json")), 1) << out_ << err_;
+  EXPECT_NE(out_.find("1 only in A, 0 only in B: differences"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("first difference: ops.layers.0.attn_out (layer 0, op attn_out)\n  only in A: B lacks it"),
+            std::string::npos)
+      << out_;
+  const json j = test::valid_report(read(path("r.json")));
+  EXPECT_EQ(j["verdict"], "mismatch");
+  EXPECT_EQ(j["cases"][0]["first_divergent_op"], "layers.0.attn_out");
+  const std::string renamed =
+      ops_dump("renamed.safetensors", {"ops.embed", "ops.layers.0.attn", "ops.layers.0.attn_out2", "ops.final_norm"});
+  EXPECT_EQ(run("bisect " + renamed + " " + full), 1) << out_ << err_;
+  EXPECT_NE(out_.find("first difference at ops.layers.0.attn_out: only in B"), std::string::npos) << out_;
+  // An empty dump against a full one, and two dumps with no name in common: exit 1, said.
+  const std::string empty = ops_dump("empty.safetensors", {});
+  EXPECT_EQ(run("bisect " + empty + " " + full), 1) << out_ << err_;
+  EXPECT_NE(out_.find("A and B have no tensor in common (A 0, B 4)"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("first difference at ops.embed: only in B"), std::string::npos) << out_;
+  const std::string other = ops_dump("other.safetensors", {"x", "y"});
+  EXPECT_EQ(run("bisect -q " + full + " " + other), 1) << out_ << err_;
+  EXPECT_EQ(out_, "");
+  // Nothing on either side is nothing to bisect: bad input, never "no difference".
+  EXPECT_EQ(run("bisect " + empty + " " + empty), 2) << out_ << err_;
+  EXPECT_NE(err_.find("A and B hold no tensor: nothing to bisect"), std::string::npos) << err_;
+  EXPECT_EQ(run("bisect " + full + " " + full), 0) << out_ << err_;
+}
+
 TEST_F(CliDiff, HelpListsTheExitCodes) {
   EXPECT_EQ(run("--help"), 0);
   EXPECT_NE(out_.find("125 cannot test here"), std::string::npos) << out_;

@@ -396,6 +396,10 @@ TEST_F(CliSweep, BisectSpecsFindTheFirstDivergentOp) {
   EXPECT_EQ(run(base + "--a path=decode --b frobnicate=1"), 2);
   EXPECT_NE(err_.find("--b: frobnicate"), std::string::npos) << err_;
   EXPECT_EQ(run(base + "--a path=decode"), 2);
+  // A run off the extend path computes no gradients by design: the other side's are
+  // said and left out, not a difference (a tensor missing otherwise is one).
+  EXPECT_EQ(run("bisect --contract bf16-fmaseq-v1 --lengths 5,9 --a path=decode --b path=extend"), 0) << out_ << err_;
+  EXPECT_NE(out_.find("not compared: 35 gradient tensor(s) of one side only"), std::string::npos) << out_;
 }
 
 TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
