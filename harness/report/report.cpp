@@ -92,7 +92,10 @@ Environment detect_environment() {
   e.cpu_model = cpu_model();
   const std::string src = BP_CONFIGURED_SOURCE_DIR;
   if (!src.empty()) {
-    const std::string git = "git -C " + shell_quote(src);
+    // The build's own tree, never the caller's repository: git reads GIT_DIR,
+    // GIT_WORK_TREE, GIT_INDEX_FILE, ... before -C, and a git hook (a pre-push hook
+    // running the oracle) sets them. `git rev-parse --local-env-vars` names them all.
+    const std::string git = "unset $(git rev-parse --local-env-vars) 2>/dev/null; git -C " + shell_quote(src);
     if (auto head = capture(git + " rev-parse HEAD 2>/dev/null"); head && head->size() == 40) {
       e.git_commit = *head;
       if (auto st = capture(git + " status --porcelain --untracked-files=no 2>/dev/null")) e.git_dirty = !st->empty();

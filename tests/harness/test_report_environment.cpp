@@ -196,6 +196,29 @@ TEST_F(SweepReports, ReferenceLeavesTheGpuNull) {
   expect_null("nccl_version", "NCCL");
 }
 
+// Issue 53 item 4: the report's git_commit is the build's own source tree, never the
+// repository a caller's environment names: a git hook (pre-push running the oracle)
+// sets GIT_DIR and GIT_WORK_TREE, which git reads before -C.
+TEST_F(SweepReports, GitCommitIsTheBuildsNotTheCallersRepository) {
+  const std::string src = std::getenv("BP_SOURCE_DIR");
+  if (shell("git -C '" + src + "' rev-parse HEAD") != 0) GTEST_SKIP() << "the source tree is no git checkout: " << err_;
+  const std::string own = out_.substr(0, 40);
+  const std::string other = path("other");
+  ASSERT_EQ(shell("git init -q '" + other + "' && cd '" + other + "' && git -c user.name=t -c user.email=t@t "
+                  "commit -q --allow-empty -m other && git rev-parse HEAD"),
+            0)
+      << err_;
+  const std::string foreign = out_.substr(0, 40);
+  ASSERT_NE(own, foreign);
+  ASSERT_EQ(shell("GIT_DIR='" + other + "/.git' GIT_WORK_TREE='" + other + "' GIT_INDEX_FILE='" + other +
+                  "/.git/index' '" + BP_BITPARITY_EXE + "' sweep --implementation reference --model qwen3-dense-tiny "
+                  "--contract bf16-fmaseq-v1 --path extend --lengths 5 --no-grads --quiet --json '" + path("r.json") +
+                  "'"),
+            0)
+      << err_;
+  EXPECT_EQ(test::valid_report(read(path("r.json")))["environment"]["git_commit"], own);
+}
+
 using GpuSweepReports = SweepReports;
 
 TEST_F(GpuSweepReports, CudaNamesItsGpu) {
