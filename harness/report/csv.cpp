@@ -25,6 +25,55 @@ const std::vector<std::string> kCsvColumns = {
     "gpu_name", "gpu_driver", "cuda_version", "nccl_version",
 };
 
+namespace {
+constexpr char kEscape = '\\';
+bool parameter_special(char ch) { return ch == kEscape || ch == ';' || ch == '='; }
+std::string escaped_parameter(const std::string& s) {
+  std::string e;
+  for (char ch : s) {
+    if (parameter_special(ch)) e += kEscape;
+    e += ch;
+  }
+  return e;
+}
+}  // namespace
+
+std::string csv_parameters(const std::map<std::string, std::string>& parameters) {
+  std::string text;
+  for (const auto& [k, v] : parameters) {
+    if (!text.empty()) text += ';';
+    text += escaped_parameter(k) + '=' + escaped_parameter(v);
+  }
+  return text;
+}
+
+std::map<std::string, std::string> parameters_from_csv(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::string key, value;
+  bool in_value = false;  // past the item's first unescaped '='
+  auto finish = [&] {
+    out[key] = value;
+    key.clear();
+    value.clear();
+    in_value = false;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    char ch = text[i];
+    if (ch == kEscape && i + 1 < text.size() && parameter_special(text[i + 1])) {
+      ch = text[++i];
+    } else if (ch == ';') {
+      finish();
+      continue;
+    } else if (ch == '=' && !in_value) {
+      in_value = true;
+      continue;
+    }
+    (in_value ? value : key) += ch;
+  }
+  if (!text.empty()) finish();
+  return out;
+}
+
 size_t csv_column(const std::string& name) {
   const auto it = std::find(kCsvColumns.begin(), kCsvColumns.end(), name);
   if (it == kCsvColumns.end()) throw std::logic_error("no CSV column " + name);
@@ -88,14 +137,7 @@ std::string render_csv(const Report& r) {
     row(f);
   }
   for (const Case& c : r.cases) {
-    std::string params;
-    for (const auto& [k, v] : c.parameters) {
-      if (!params.empty()) params += ';';
-      params += k;
-      params += '=';
-      params += v;
-    }
-    const std::vector<std::string> head = {c.id, verdict_name(c.verdict), params};
+    const std::vector<std::string> head = {c.id, verdict_name(c.verdict), csv_parameters(c.parameters)};
     // The case's columns after the tensor's, repeated on every row of the case, and the report's.
     auto case_tail = [&c, &report_tail](std::vector<std::string>& f) {
       report_tail(f);

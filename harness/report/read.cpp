@@ -483,18 +483,6 @@ class Row {
   const std::string& file_;
 };
 
-std::map<std::string, std::string> parameters_from_text(const std::string& s) {
-  std::map<std::string, std::string> out;
-  for (size_t at = 0; !s.empty() && at <= s.size();) {
-    const size_t end = std::min(s.find(';', at), s.size());
-    const std::string item = s.substr(at, end - at);
-    const size_t eq = item.find('=');
-    out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
-    at = end + 1;
-  }
-  return out;
-}
-
 // The metric columns of kCsvColumns (between is_logprob and nan_policy, inclusive).
 constexpr const char* kMetricColumns[] = {"elements", "mismatches", "max_abs_diff", "max_ulp_diff", "mean_abs_diff",
                                           "train_rollout_logprob_abs_diff", "first_mismatch", "nan_a", "nan_b",
@@ -556,7 +544,7 @@ Case case_from_row(const Row& row) {
   Case c;
   c.id = row.text("case_id");
   c.verdict = row.one_of("case_verdict", verdict_from_name, kVerdictWhat);
-  c.parameters = parameters_from_text(row.text("parameters"));
+  c.parameters = parameters_from_csv(row.text("parameters"));
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
   c.seconds = row.non_negative("seconds");
   if (!row.empty("peak_device_bytes")) c.peak_device_bytes = row.count("peak_device_bytes");

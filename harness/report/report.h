@@ -198,6 +198,13 @@ std::string render_junit(const Report& r);
 extern const std::vector<std::string> kCsvColumns;
 size_t csv_column(const std::string& name);  // its index in kCsvColumns; throws std::logic_error if none
 std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
+// A case's parameters in the CSV column "parameters": "key=value;key=value", each
+// backslash, ';' and '=' of a key or value preceded by a backslash, so that any model
+// path reads back as written (a folder "x;contract=bf16-fmaseq-v1" is no second
+// contract). The reader keeps a backslash before any other character as it is: CSVs
+// written before the escaping read as they did.
+std::string csv_parameters(const std::map<std::string, std::string>& parameters);
+std::map<std::string, std::string> parameters_from_csv(const std::string& text);
 
 // Writes with io::write_output (io/files.h: "-" is standard output, files atomically;
 // throw bp::io::IoError, a file `path` is then untouched).

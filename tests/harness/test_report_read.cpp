@@ -182,6 +182,32 @@ TEST(ReportRead, CsvGivesTheSameVerdictsAndMetrics) {
   EXPECT_EQ(render_json(same), render_json(r));
 }
 
+// Issue 53 item 5: the parameters column escapes ';', '=' and its escape character,
+// so a model folder named like a parameter list reads back as that folder, not as a
+// case of another contract; a CSV written before the escaping still reads.
+TEST(ReportRead, CsvParametersKeepAnyModelPath) {
+  Report r = sample_sweep_report();
+  Case& c = r.cases.front();
+  const std::string tricky = "x;contract=bf16-fmaseq-v1";
+  c.parameters["model"] = tricky;
+  c.parameters["layout"] = "a\\;b=\\";  // the escape character itself, before and after the others
+  c.parameters["odd;key="] = "";
+  const fs::path p = temp_file("tricky.csv");
+  write_csv(r, p.string());
+  const Report back = read_report(p.string());
+  EXPECT_EQ(back.cases.front().parameters, c.parameters);
+  EXPECT_EQ(back.cases.front().parameters.at("contract"), "v1");
+  // An earlier CSV: no escapes, a backslash kept as it is.
+  Report plain = sample_sweep_report();
+  std::string text = render_csv(plain);
+  const std::string from = "model=qwen3-tiny", to = "model=C:\\dir\\m";
+  ASSERT_NE(text.find(from), std::string::npos);
+  for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+  const fs::path old = temp_file("old.csv");
+  std::ofstream(old, std::ios::binary) << text;
+  EXPECT_EQ(read_report(old.string()).cases.front().parameters.at("model"), "C:\\dir\\m");
+}
+
 TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   const fs::path p = temp_file("bad.csv");
   const std::string good = render_csv(sample_sweep_report());
