@@ -2,6 +2,8 @@
 #include "harness/cli/common.h"
 
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <new>
 
 #include "harness/engine/cases.h"
@@ -28,74 +30,90 @@ const CLI::Validator kSeed(
     },
     "UINT64");
 
+// CLI11 reads "nan", "inf" and "1e400" into a double as NaN or infinity, which the plan
+// could then only quote as JSON's null: say what was given. (The range is the plan's.)
+const CLI::Validator kFiniteNumber(
+    [](std::string& s) -> std::string {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (s.empty() || *end || !std::isfinite(v)) return io::quoted_input(s) + " is not a finite number";
+      return "";
+    },
+    "NUMBER");
+
 }  // namespace
 
-void PlanFlags::add_to(CLI::App* app) {
-  // Each option remembers how to put itself into the plan JSON when given.
-  auto add = [&](CLI::Option* o, std::function<void(json&)> put) {
-    options_.emplace_back(o, std::move(put));
-    return o;
-  };
+void PlanFlags::add_to(CLI::App* app, bool canonical) {
   app->add_option("--plan", plan_file_, "JSON plan file (docs/cli.md \"Plan files\"); the flags below override its fields");
-  add(app->add_option("--model", models_,
-                      "fixture name or Hugging Face checkpoint directory (with a '/': config.json, and model.safetensors "
-                      "or its index and shards; a directory with other weight files is refused); repeatable"),
-      [this](json& j) { j["models"] = models_; });
-  add(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
-      [this](json& j) { j["contracts"] = contracts_; });
-  add(app->add_option("--implementation,--backend", implementations_,
-                      "what computes the cases: reference, emulated, cuda, nccl (comma-separated); run also float64, the "
-                      "float64 truth model; --backend is its old name")
-          ->delimiter(','),
-      [this](json& j) { j["implementations"] = implementations_; });
-  add(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")
-          ->delimiter(','),
-      [this](json& j) { j["layouts"] = layouts_; });
-  add(app->add_option("--tp", tp_, "grid: tensor-parallel sizes, e.g. 1,2,4")->delimiter(','),
-      [this](json& j) { j["tp"] = tp_; });
-  add(app->add_option("--ep", ep_, "grid: expert-parallel sizes")->delimiter(','), [this](json& j) { j["ep"] = ep_; });
-  add(app->add_option("--cp", cp_, "grid: context-parallel sizes")->delimiter(','), [this](json& j) { j["cp"] = cp_; });
-  add(app->add_option("--cp-split", cp_split_, "grid: contiguous, zigzag")->delimiter(','),
-      [this](json& j) { j["cp_split"] = cp_split_; });
-  add(app->add_option("--path", paths_, "extend, chunked:<n>[,<n>...], decode, ragged; repeatable"),
-      [this](json& j) { j["paths"] = paths_; });
-  add(app->add_option("--seed", seed_, "token seed (random sequences of --lengths)")->check(kSeed),
-      [this](json& j) { j["tokens"]["seed"] = seed_; });
-  add(app->add_option("--lengths", lengths_, "sequence lengths, e.g. 9,17,24")->delimiter(','),
-      [this](json& j) { j["tokens"]["lengths"] = lengths_; });
-  add(app->add_option("--tokens", tokens_file_, "tokens file {\"sequences\": [[...], ...]}"),
-      [this](json& j) { j["tokens"]["file"] = tokens_file_; });
-  add(app->add_option("--weight-seed", weight_seed_,
-                      "seed of generated weights (fixtures, and model directories with no weight file)")
-          ->check(kSeed),
-      [this](json& j) { j["weight_seed"] = weight_seed_; });
-  add(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t")->check(kSeed),
-      [this](json& j) { j["coef_seed"] = coef_seed_; });
-  add(app->add_option("--temperature", temperature_, "logprob temperature"),
-      [this](json& j) { j["temperature"] = temperature_; });
-  add(app->add_flag("--no-grads", no_grads_, "skip the backward (parameter gradients)"),
-      [this](json& j) { j["grads"] = !no_grads_; });
-  add(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
-      [this](json& j) { j["capture"] = capture_; });
-  add(app->add_option("--canonical", canonical_,
-                      "what every case is compared with: reference (the unsharded CPU reference model, the "
-                      "default), cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
-                      "too large for the CPU), or <implementation>:<layout> (cuda, emulated or nccl; e.g. "
-                      "nccl:tp2-ep4-cp1, for models too large for one GPU)"),
-      [this](json& j) { j["canonical"] = canonical_; });
-  add(app->add_option("--verify-layers", verify_layers_,
-                      "layer-sliced verification of the canonical result: the CPU reference re-runs these layers and "
-                      "the head from the canonical run's captured inputs and compares every op: all, a number N "
-                      "(spread evenly, first and last included) or indices i,j,... (default under --canonical cuda: "
-                      "all for models of up to 4 layers, else 3)"),
-      [this](json& j) { j["verify_layers"] = verify_layers_; });
-  add(app->add_flag("--allow-nonfinite-weights", allow_nonfinite_weights_,
-                    "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
-                    "them: for deliberate tests of NaN handling"),
-      [this](json& j) { j["allow_nonfinite_weights"] = allow_nonfinite_weights_; });
+  remember(app->add_option("--model", models_,
+                           "fixture name or Hugging Face checkpoint directory (with a '/': config.json, and model.safetensors "
+                           "or its index and shards; a directory with other weight files is refused); repeatable"),
+           [this](json& j) { j["models"] = models_; });
+  remember(app->add_option("--contract", contracts_, "contract name(s), comma-separated")->delimiter(','),
+           [this](json& j) { j["contracts"] = contracts_; });
+  remember(app->add_option("--implementation,--backend", implementations_,
+                           "what computes the cases: reference, emulated, cuda, nccl (comma-separated); run also float64, the "
+                           "float64 truth model; --backend is its old name")
+               ->delimiter(','),
+           [this](json& j) { j["implementations"] = implementations_; });
+  remember(app->add_option("--layout", layouts_, "layout name(s) like tp2-ep1-cp2z, tp2-ep1-cp1+ring (comma-separated)")
+               ->delimiter(','),
+           [this](json& j) { j["layouts"] = layouts_; });
+  remember(app->add_option("--tp", tp_, "grid: tensor-parallel sizes, e.g. 1,2,4")->delimiter(','),
+           [this](json& j) { j["tp"] = tp_; });
+  remember(app->add_option("--ep", ep_, "grid: expert-parallel sizes")->delimiter(','), [this](json& j) { j["ep"] = ep_; });
+  remember(app->add_option("--cp", cp_, "grid: context-parallel sizes")->delimiter(','), [this](json& j) { j["cp"] = cp_; });
+  remember(app->add_option("--cp-split", cp_split_, "grid: contiguous, zigzag")->delimiter(','),
+           [this](json& j) { j["cp_split"] = cp_split_; });
+  remember(app->add_option("--path", paths_, "extend, chunked:<n>[,<n>...], decode, ragged; repeatable"),
+           [this](json& j) { j["paths"] = paths_; });
+  remember(app->add_option("--seed", seed_, "token seed (random sequences of --lengths)")->check(kSeed),
+           [this](json& j) { j["tokens"]["seed"] = seed_; });
+  remember(app->add_option("--lengths", lengths_, "sequence lengths, e.g. 9,17,24")->delimiter(','),
+           [this](json& j) { j["tokens"]["lengths"] = lengths_; });
+  remember(app->add_option("--tokens", tokens_file_, "tokens file {\"sequences\": [[...], ...]}"),
+           [this](json& j) { j["tokens"]["file"] = tokens_file_; });
+  remember(app->add_option("--weight-seed", weight_seed_,
+                           "seed of generated weights (fixtures, and model directories with no weight file)")
+               ->check(kSeed),
+           [this](json& j) { j["weight_seed"] = weight_seed_; });
+  remember(app->add_option("--coef-seed", coef_seed_, "seed of the loss coefficients c_t")->check(kSeed),
+           [this](json& j) { j["coef_seed"] = coef_seed_; });
+  remember(app->add_option("--temperature", temperature_, "logprob temperature, in [1e-30, 1e30]")->check(kFiniteNumber),
+           [this](json& j) { j["temperature"] = temperature_; });
+  remember(app->add_flag("--no-grads", no_grads_, "skip the backward (parameter gradients)"),
+           [this](json& j) { j["grads"] = !no_grads_; });
+  remember(app->add_option("--capture", capture_, "none, or ops: also every op's output"),
+           [this](json& j) { j["capture"] = capture_; });
+  if (canonical) add_canonical_to(app);
+  remember(app->add_flag("--allow-nonfinite-weights", allow_nonfinite_weights_,
+                         "load a checkpoint's NaN or Inf weights (or F32 values beyond bf16's range) instead of refusing "
+                         "them: for deliberate tests of NaN handling"),
+           [this](json& j) { j["allow_nonfinite_weights"] = allow_nonfinite_weights_; });
   app->add_flag("--force", force_,
                 "run a plan beyond the work limits (docs/cli.md \"Work limits\": about 2 hours of CPU reference time, "
                 "the machine's physical memory)");
+}
+
+void PlanFlags::add_canonical_to(CLI::App* app) {
+  remember(app->add_option("--canonical", canonical_,
+                           "what every case is compared with: reference (the unsharded CPU reference model, the "
+                           "default), cuda (the unsharded GPU model, equal to it bit for bit where both run; for models "
+                           "too large for the CPU), or <implementation>:<layout> (cuda, emulated or nccl; e.g. "
+                           "nccl:tp2-ep4-cp1, for models too large for one GPU)"),
+           [this](json& j) { j["canonical"] = canonical_; });
+  remember(app->add_option("--verify-layers", verify_layers_,
+                           "layer-sliced verification of the canonical result: the CPU reference re-runs these layers and "
+                           "the head from the canonical run's captured inputs and compares every op: all, a number N "
+                           "(spread evenly, first and last included) or indices i,j,... (default under --canonical cuda: "
+                           "all for models of up to 4 layers, else 3)"),
+           [this](json& j) { j["verify_layers"] = verify_layers_; });
+}
+
+// Each option remembers how to put itself into the plan JSON when given.
+CLI::Option* PlanFlags::remember(CLI::Option* o, std::function<void(json&)> put) {
+  options_.emplace_back(o, std::move(put));
+  return o;
 }
 
 json PlanFlags::given() const {

@@ -43,7 +43,10 @@ Subcommand add_report_command(CLI::App& app);
 // --capture, --plan).
 class PlanFlags {
  public:
-  void add_to(CLI::App* app);
+  // With `canonical`, also --canonical and --verify-layers: what a sweep compares its
+  // cases with. run and bisect compare with no canonical result, so they leave them
+  // out and CLI11 refuses them (exit 2, naming the option) instead of ignoring them.
+  void add_to(CLI::App* app, bool canonical = false);
   // The plan: `base`, then the --plan file, then the flags given. io::BadInput.
   SweepPlan plan(SweepPlan base = {}) const;
   // The files `plan` (from plan()) reads: the --plan file, the tokens file, every
@@ -51,6 +54,8 @@ class PlanFlags {
   std::vector<std::string> input_files(const SweepPlan& plan) const;
 
  private:
+  void add_canonical_to(CLI::App* app);  // --canonical, --verify-layers
+  CLI::Option* remember(CLI::Option* o, std::function<void(nlohmann::json&)> put);
   nlohmann::json given() const;  // the flags given, as plan JSON keys
   std::string plan_file_;
   std::vector<std::string> models_, contracts_, implementations_, layouts_, cp_split_, paths_;

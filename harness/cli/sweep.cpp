@@ -385,7 +385,7 @@ Subcommand add_sweep_command(CLI::App& app) {
       "with an error (its verdict 'error'; the other cases still run and the reports are written), 125 nothing could "
       "be tested here, 130 interrupted (SIGINT/SIGTERM stops after the case in flight, a second one stops that case "
       "at once; the report holds the finished cases, marked interrupted)");
-  o->plan.add_to(sub);
+  o->plan.add_to(sub, true);
   sub->add_option("--json", o->json, "write a JSON report (reports/schema/report.schema.json); '-': stdout");
   sub->add_option("--csv", o->csv, "write a CSV report (one row per case x tensor); '-': stdout");
   sub->add_option("--junit", o->junit, "write a JUnit XML report (one testcase per case); '-': stdout");

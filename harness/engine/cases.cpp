@@ -267,12 +267,17 @@ CaseEngine::CaseEngine(SweepPlan plan, WeightsListener on_weights)
     const ModelConfig cfg = harness::model_config(plan_.models[m], plan_.base_dir, o.source, field);
     TokenBatch batch = plan_tokens(plan_, cfg.vocab_size, cfg.max_position_embeddings);
     std::string why;
-    const bool unsharded_canonical = plan_.canonical_layout == layouts::Layout{};
-    if (!unsharded_canonical && !plan_.verify_layers.empty())
+    // The replay reads the canonical run's layer inputs and, from its backward, each
+    // layer's input gradient: only the unsharded reference and GPU models capture
+    // them (emulated or nccl ranks capture no resid_grad, even on tp1-ep1-cp1).
+    const bool replayable_canonical =
+        plan_.canonical_layout == layouts::Layout{} &&
+        (plan_.canonical == Implementation::kReference || plan_.canonical == Implementation::kCuda);
+    if (!replayable_canonical && !plan_.verify_layers.empty())
       plan_.bad("verify_layers", "",
-                "layer-sliced verification replays the unsharded model's layers: it needs an unsharded canonical "
-                "(reference or cuda), not " + canonical_name(plan_));
-    const auto verify = unsharded_canonical
+                "layer-sliced verification replays the unsharded model's layers from the canonical run's captures: it "
+                "needs an unsharded canonical (reference or cuda), not " + canonical_name(plan_));
+    const auto verify = replayable_canonical
                             ? verify_layer_list(plan_.verify_layers, cfg.num_hidden_layers, plan_.canonical, &why)
                             : std::optional<std::vector<int64_t>>(std::vector<int64_t>{});
     if (!verify) plan_.bad("verify_layers", "", "model " + plan_.models[m] + ": " + why);

@@ -122,7 +122,9 @@ std::optional<std::vector<int64_t>> verify_layer_list(const std::string& spec, i
 
 std::string canonical_name(const SweepPlan& plan) {
   const std::string impl = implementation_name(plan.canonical);
-  return plan.canonical_layout == layouts::Layout{} ? impl : impl + ":" + plan.canonical_layout.name();
+  // emulated and nccl are always given with their layout, tp1-ep1-cp1 included.
+  const bool runs_layouts = plan.canonical == Implementation::kEmulated || plan.canonical == Implementation::kNccl;
+  return plan.canonical_layout == layouts::Layout{} && !runs_layouts ? impl : impl + ":" + plan.canonical_layout.name();
 }
 
 std::vector<std::string> contract_names() {
@@ -415,6 +417,8 @@ void apply_plan_json(const json& obj, const std::string& source, bool flags, Swe
   }
   if (const json* v = field("verify_layers")) {
     const std::string& s = rd.string(rd.name("verify_layers"), *v);
+    // Unset is the default; an empty value is a mistake, never "verify nothing".
+    if (s.empty()) rd.bad(rd.name("verify_layers"), "must not be empty: give all, a number N or indices i,j,...");
     std::string why;
     if (!verify_layer_list(s, kAnyNumberOfLayers, plan.canonical, &why))
       rd.bad(rd.name("verify_layers"), why);

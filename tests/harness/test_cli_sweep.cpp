@@ -315,6 +315,34 @@ TEST_F(CliSweep, LayoutCanonical) {
       << err_;
 }
 
+// Issue 53 items 11, 14, 16: what a command cannot use is refused (exit 2) naming the
+// option, never ignored or an internal error.
+TEST_F(CliSweep, OptionsACommandCannotUseAreRefused) {
+  // The emulated implementation captures no layer input gradients, even unsharded:
+  // no canonical for the replay (it was exit 3, "did not capture resid_grad.1").
+  EXPECT_EQ(run("sweep " + kSmall + "--path extend --canonical emulated:tp1-ep1-cp1 --verify-layers all"), 2)
+      << out_ << err_;
+  EXPECT_NE(err_.find("--verify-layers: layer-sliced verification replays the unsharded model's layers from the "
+                      "canonical run's captures: it needs an unsharded canonical (reference or cuda), not "
+                      "emulated:tp1-ep1-cp1"),
+            std::string::npos)
+      << err_;
+  // run and bisect compare with no canonical result.
+  EXPECT_EQ(run("run --canonical cuda --out " + path("o.safetensors")), 2) << err_;
+  EXPECT_NE(err_.find("--canonical"), std::string::npos) << err_;
+  EXPECT_EQ(run("bisect --verify-layers 3 --a path=decode --b path=extend"), 2) << err_;
+  EXPECT_NE(err_.find("--verify-layers"), std::string::npos) << err_;
+  EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+  // An empty --verify-layers is a mistake, not "verify nothing".
+  EXPECT_EQ(run("sweep " + kSmall + "--path extend --verify-layers ''"), 2) << out_ << err_;
+  EXPECT_NE(err_.find("--verify-layers: must not be empty"), std::string::npos) << err_;
+  // A temperature that is no finite number is quoted as given, not as JSON's null.
+  for (const std::string t : {"nan", "inf", "1e400"}) {
+    EXPECT_EQ(run("run --temperature " + t + " --out " + path("o.safetensors")), 2) << t;
+    EXPECT_NE(err_.find("--temperature: '" + t + "' is not a finite number"), std::string::npos) << err_;
+  }
+}
+
 // --backend and a plan's "backends" are the old names of --implementation and
 // "implementations": the same case, the same dump. A plan giving both is refused.
 TEST_F(CliSweep, BackendIsTheOldNameOfImplementation) {
