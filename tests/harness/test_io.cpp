@@ -451,6 +451,30 @@ TEST(SafetensorsWrite, RefusesInconsistentTensorsAndKeepsTheOldFile) {
 // HF config.json
 // ============================================================================
 
+// Strict parsing is linear in an object's members: a safetensors header of a dump
+// with tens of thousands of tensors is one object of that many objects. With
+// nlohmann's callback parser it was quadratic (7 minutes for 90k tensors); CTest's
+// TIMEOUT on json_strict_linear (tests/CMakeLists.txt) is the bound, 100x the
+// linear time.
+TEST(JsonStrict, ObjectOfManyObjectsParsesInLinearTime) {
+  constexpr int kMembers = 200000;
+  std::string text = "{";
+  for (int i = 0; i < kMembers; ++i) text += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"a\":[1]}";
+  text += "}";
+  const nlohmann::json j = bp::io::parse_json_strict(text, "big.json");
+  EXPECT_EQ(j.size(), static_cast<size_t>(kMembers));
+  EXPECT_EQ(j.at("t199999").at("a").at(0), 1);
+  // The checks still hold past the first pass: a duplicate at the end is refused.
+  text.back() = ',';
+  text += "\"t0\":{}}";
+  try {
+    bp::io::parse_json_strict(text, "big.json");
+    ADD_FAILURE() << "a duplicate key was accepted";
+  } catch (const bp::io::BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate key \"t0\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(HfConfig, FixturesParse) {
   const ModelConfig d = fixture("qwen3-dense-tiny");
   EXPECT_EQ(d.model_type, "qwen3");
