@@ -12,23 +12,6 @@ namespace bp::harness {
 
 namespace {
 
-// The MLP's width for one token of layer l: its dense intermediate size, or the
-// experts it is routed to (plus the router's logits).
-double mlp_width(const ModelConfig& cfg, int64_t l) {
-  if (!cfg.is_moe_layer(l)) return static_cast<double>(cfg.intermediate_size);
-  return static_cast<double>(cfg.moe_intermediate_size * cfg.num_experts_per_tok + cfg.num_experts);
-}
-
-double parameter_count(const ModelConfig& cfg) {
-  double n = 0;
-  for (const WeightSpec& s : weight_specs(cfg)) {
-    double e = 1;
-    for (int64_t d : s.shape) e *= static_cast<double>(d);
-    n += e;
-  }
-  return n;
-}
-
 std::string scaled(double x, const char* const units[], int count, double step) {
   int u = 0;
   while (x >= step && u + 1 < count) {
@@ -70,13 +53,17 @@ WorkEstimate estimate_run(const ModelConfig& cfg, const std::vector<std::vector<
     tokens += n;
     attention_pairs += n * (n + 1) / 2;
   }
-  double flops_per_token = 2 * H * V, activations_per_token = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const double I = mlp_width(cfg, l);
-    flops_per_token += 2 * H * (q + 2 * kv) + 2 * q * H + 2 * 3 * H * I;
-    activations_per_token += 4 * H + 4 * q + 5 * kv + 3 * I;
-  }
-  const double attention = 2 * 2 * q * attention_pairs * static_cast<double>(cfg.num_hidden_layers);
+  // Per layer by kind, in constant time whatever the layer count: the MLP's width for
+  // one token is the dense intermediate size, or the experts it is routed to (plus
+  // the router's logits).
+  const double layers = static_cast<double>(cfg.num_hidden_layers);
+  const double moe_layers = static_cast<double>(cfg.moe_layer_count()), dense_layers = layers - moe_layers;
+  const double mlp_widths =
+      dense_layers * static_cast<double>(cfg.intermediate_size) +
+      moe_layers * static_cast<double>(cfg.moe_intermediate_size * cfg.num_experts_per_tok + cfg.num_experts);
+  const double flops_per_token = 2 * H * V + layers * (2 * H * (q + 2 * kv) + 2 * q * H) + 2 * 3 * H * mlp_widths;
+  const double activations_per_token = layers * (4 * H + 4 * q + 5 * kv) + 3 * mlp_widths;
+  const double attention = 2 * 2 * q * attention_pairs * layers;
   const double forward = flops_per_token * tokens + attention;
   const double params = parameter_count(cfg);
   WorkEstimate w;

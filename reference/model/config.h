@@ -43,6 +43,14 @@ struct ModelConfig {
     if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
     return (i + 1) % decoder_sparse_step == 0;
   }
+  // How many layers is_moe_layer; one comparison of the model type for all of them.
+  int64_t moe_layer_count() const {
+    if (!is_moe_model() || num_experts <= 0 || decoder_sparse_step <= 0) return 0;
+    int64_t n = 0;
+    for (int64_t i = decoder_sparse_step - 1; i < num_hidden_layers; i += decoder_sparse_step)
+      n += std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) == mlp_only_layers.end();
+    return n;
+  }
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }   // q_proj out, o_proj in
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }  // k_proj / v_proj out

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 #include <stdexcept>
+#include <utility>
 
 #include "reference/common/rng.h"
 #include "reference/common/sha256.h"
@@ -36,36 +37,48 @@ using graph::Scope;
 
 // Parameter p of layer `layer` (−1: the model's) and expert `expert` (−1: none):
 // its name, shape ([out][in] as nn.Linear stores it) and generator kind.
+// Parameter p's shape ([out][in] as nn.Linear stores it) and generator kind: the
+// same in every layer and expert.
+std::pair<std::vector<int64_t>, WeightKind> param_shape(const ModelConfig& c, Param p) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t I = c.intermediate_size, Im = c.moe_intermediate_size;
+  switch (p) {
+    case Param::Embed: return {{V, H}, WeightKind::Embedding};
+    case Param::QProj: return {{Q, H}, WeightKind::Projection};
+    case Param::KProj:
+    case Param::VProj: return {{KV, H}, WeightKind::Projection};
+    case Param::OProj: return {{H, Q}, WeightKind::Projection};
+    case Param::QNorm:
+    case Param::KNorm: return {{c.head_dim}, WeightKind::Norm};
+    case Param::Router: return {{c.num_experts, H}, WeightKind::Router};
+    case Param::ExpertGate:
+    case Param::ExpertUp: return {{Im, H}, WeightKind::Projection};
+    case Param::ExpertDown: return {{H, Im}, WeightKind::Projection};
+    case Param::MlpGate:
+    case Param::MlpUp: return {{I, H}, WeightKind::Projection};
+    case Param::MlpDown: return {{H, I}, WeightKind::Projection};
+    case Param::InputNorm:
+    case Param::PostNorm:
+    case Param::FinalNorm: return {{H}, WeightKind::Norm};
+    case Param::LmHead: return {{V, H}, WeightKind::LmHead};
+  }
+  throw std::logic_error("weight_specs: unknown parameter");
+}
+
+// Parameter p of layer `layer` (−1: the model's) and expert `expert` (−1: none):
+// its name, shape and generator kind.
 WeightSpec param_spec(const ModelConfig& c, Param p, int64_t layer = -1, int64_t expert = -1) {
   std::string name = expert >= 0  ? graph::param_name(layer, expert, p)
                      : layer >= 0 ? graph::param_name(layer, p)
                                   : graph::param_name(p);
-  const int64_t H = c.hidden_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
-  const int64_t I = c.intermediate_size, Im = c.moe_intermediate_size;
-  auto spec = [&](std::vector<int64_t> shape, WeightKind kind) {
-    return WeightSpec{std::move(name), std::move(shape), kind, p, layer, expert};
-  };
-  switch (p) {
-    case Param::Embed: return spec({V, H}, WeightKind::Embedding);
-    case Param::QProj: return spec({Q, H}, WeightKind::Projection);
-    case Param::KProj:
-    case Param::VProj: return spec({KV, H}, WeightKind::Projection);
-    case Param::OProj: return spec({H, Q}, WeightKind::Projection);
-    case Param::QNorm:
-    case Param::KNorm: return spec({c.head_dim}, WeightKind::Norm);
-    case Param::Router: return spec({c.num_experts, H}, WeightKind::Router);
-    case Param::ExpertGate:
-    case Param::ExpertUp: return spec({Im, H}, WeightKind::Projection);
-    case Param::ExpertDown: return spec({H, Im}, WeightKind::Projection);
-    case Param::MlpGate:
-    case Param::MlpUp: return spec({I, H}, WeightKind::Projection);
-    case Param::MlpDown: return spec({H, I}, WeightKind::Projection);
-    case Param::InputNorm:
-    case Param::PostNorm:
-    case Param::FinalNorm: return spec({H}, WeightKind::Norm);
-    case Param::LmHead: return spec({V, H}, WeightKind::LmHead);
-  }
-  throw std::logic_error("weight_specs: unknown parameter");
+  auto [shape, kind] = param_shape(c, p);
+  return WeightSpec{std::move(name), std::move(shape), kind, p, layer, expert};
+}
+
+double numel(const ModelConfig& c, Param p) {
+  double n = 1;
+  for (const int64_t d : param_shape(c, p).first) n *= static_cast<double>(d);
+  return n;
 }
 
 }  // namespace
@@ -97,6 +110,24 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   }
   std::for_each(layer_end, end, add_model);
   return s;
+}
+
+double parameter_count(const ModelConfig& c) {
+  double model = 0, layer = 0, dense = 0, moe = 0, expert = 0;
+  for (const ParamRow& r : graph::kParams) {
+    const double n = numel(c, r.param);
+    switch (r.scope) {
+      case Scope::Model: model += r.param == Param::LmHead && c.tie_word_embeddings ? 0 : n; break;
+      case Scope::Layer: layer += n; break;
+      case Scope::DenseLayer: dense += n; break;
+      case Scope::MoeLayer: moe += n; break;
+      case Scope::Expert: expert += n; break;
+    }
+  }
+  const double moe_layers = static_cast<double>(c.moe_layer_count());
+  const double dense_layers = static_cast<double>(c.num_hidden_layers) - moe_layers;
+  return model + static_cast<double>(c.num_hidden_layers) * layer + dense_layers * dense +
+         moe_layers * (moe + static_cast<double>(c.num_experts) * expert);
 }
 
 const Tensor& Weights::at(const std::string& name) const {

@@ -32,6 +32,11 @@ struct WeightSpec {
 // Every parameter a model with this config has, in Hugging Face's state_dict order.
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);
 
+// The number of parameters weight_specs(cfg) lists (their elements, summed), in
+// constant memory: a config may ask for more layers than their specs would fit in
+// memory, and the work estimate refuses it from this count.
+double parameter_count(const ModelConfig& cfg);
+
 struct Tensor {
   std::vector<int64_t> shape;
   std::vector<bf16> data;  // row-major

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -171,6 +172,23 @@ TEST_F(CliHangs, WorkBeyondTheLimitIsRefusedUnlessForced) {
       << err_;
   EXPECT_NE(err_.find("work estimate: out of memory: the plan needs about "), std::string::npos) << err_;
   EXPECT_FALSE(std::filesystem::exists(path("o.safetensors")));
+}
+
+// A config of 2·10^7 layers: the estimate counts its parameters from the config's
+// numbers and refuses it at once, in constant memory. (It used to build every
+// layer's weight specs first: the kernel's OOM killer after 68 s on 24 GiB; under
+// this test's 2 GB, "out of memory" after 16 s with no estimate.)
+TEST_F(CliHangs, AHugeLayerCountIsRefusedByTheEstimateInConstantMemory) {
+  json cfg = json::parse(dense_tiny_config());
+  cfg["num_hidden_layers"] = 20000000;
+  cfg.erase("layer_types");
+  std::filesystem::create_directories(path("huge"));
+  write("huge/config.json", cfg.dump());
+  const int rc = shell("ulimit -v 2000000; timeout -s KILL 60 '" + std::string(BP_BITPARITY_EXE) + "' sweep --model " +
+                       path("huge") + " --json " + path("r.json"));
+  expect_bad_input(rc, "work estimate: the plan needs about ");
+  EXPECT_NE(err_.find("FLOP"), std::string::npos) << err_;
+  EXPECT_FALSE(std::filesystem::exists(path("r.json")));
 }
 
 // The signals the process catches, from /proc (the SigCgt mask).

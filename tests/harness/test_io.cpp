@@ -689,6 +689,32 @@ TEST(HfConfig, UnsupportedUnknownAndInconsistentAreRefused) {
 // weights: specs, generation, checkpoints
 // ============================================================================
 
+// parameter_count is what the specs add up to, and moe_layer_count the layers
+// is_moe_layer names, for every fixture and Hugging Face checkpoint (dense, MoE,
+// tied, untied, mlp_only_layers, sparse steps).
+TEST(Weights, ParameterCountIsTheSpecsSum) {
+  std::vector<std::string> configs;
+  for (const char* name : {"qwen3-dense-tiny", "qwen3-moe-tiny", "qwen3-0.6b", "qwen3-30b-a3b"})
+    configs.push_back(test::source_path(std::string("fixtures/models/") + name + "/config.json"));
+  for (const auto& e : fs::directory_iterator(test::source_path("fixtures/hf")))
+    if (e.is_directory()) configs.push_back(e.path().string() + "/config.json");
+  ASSERT_GT(configs.size(), 8u);
+  for (const std::string& path : configs) {
+    SCOPED_TRACE(path);
+    const ModelConfig c = io::load_hf_config(path);
+    double sum = 0;
+    for (const WeightSpec& w : weight_specs(c)) {
+      double n = 1;
+      for (const int64_t d : w.shape) n *= static_cast<double>(d);
+      sum += n;
+    }
+    EXPECT_EQ(parameter_count(c), sum);
+    int64_t moe = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe += c.is_moe_layer(i);
+    EXPECT_EQ(c.moe_layer_count(), moe);
+  }
+}
+
 TEST(Weights, SpecsHaveHuggingFaceNamesAndShapes) {
   const ModelConfig m = fixture("qwen3-moe-tiny");
   const std::vector<WeightSpec> s = weight_specs(m);
