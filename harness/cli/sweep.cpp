@@ -263,7 +263,12 @@ int sweep(const SweepOptions& o) {
   std::unique_ptr<RankSession> ranks;
   if (std::count(plan.implementations.begin(), plan.implementations.end(), Implementation::kNccl) ||
       plan.canonical == Implementation::kNccl) {
-    ranks = RankSession::join();
+    try {
+      ranks = RankSession::join();
+    } catch (const IdleRank& e) {
+      if (!o.quiet) std::fprintf(stderr, "sweep: %s\n", e.what());
+      return kExitExact;
+    }
     // Not started as a rank: start the ranks on this node's GPUs (rank 0 does the rest).
     if (!ranks && !nccl_unavailable_reason())
       return launch_ranks(std::min(visible_gpus(), largest_world(plan)), program_args());

@@ -143,7 +143,11 @@ std::unique_ptr<RankSession> RankSession::join() {
     throw io::BadInput("environment", "", e.what());
   }
   if (!me) return nullptr;
-  if (const auto why = nccl_unavailable_reason()) throw CannotTest("rank " + std::to_string(me->rank) + ": " + *why);
+  if (const auto why = nccl_unavailable_reason()) {
+    if (me->rank == 0) return nullptr;
+    throw IdleRank("rank " + std::to_string(me->rank) + " of " + std::to_string(me->world) + " (started by " +
+                   me->launcher + "): " + *why + "; rank 0 runs the cases that need no GPU");
+  }
   try {
     return std::make_unique<NcclRankSession>(*me);
   } catch (const std::invalid_argument& e) {  // no rendezvous address given

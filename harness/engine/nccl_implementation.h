@@ -13,6 +13,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,11 +35,21 @@ int launch_ranks(int world, const std::vector<std::string>& args);
 // The GPUs this node's ranks may use (0 without CUDA or NCCL).
 int visible_gpus();
 
+// Thrown by RankSession::join on a rank other than 0 that a launcher started where
+// real ranks cannot run: rank 0 runs the plan's other cases, this rank has none.
+class IdleRank : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class RankSession {
  public:
   // This process's rank session, when a launcher started it as one (nullptr
-  // otherwise). Throws io::BadInput for contradictory launcher variables and
-  // CannotTest when the rank cannot join (no GPU, no NCCL in this build).
+  // otherwise). Launchers (srun, torchrun, mpirun) set their variables on CPU nodes
+  // too: where real ranks cannot run here (no GPU, no NCCL in this build), rank 0
+  // gets nullptr, runs the plan's other cases and skips its nccl cases with the
+  // reason, and the other ranks get IdleRank. Throws io::BadInput for
+  // contradictory launcher variables.
   static std::unique_ptr<RankSession> join();
   virtual ~RankSession() = default;
 

@@ -238,6 +238,30 @@ TEST_F(CliSweep, NcclAndCanonicalCudaCannotTestHere) {
   EXPECT_EQ(run("run --implementation nccl --out " + path("n.safetensors")), 2);
 }
 
+// Launchers set their variables on CPU nodes too (srun, torchrun, mpirun): a mixed
+// plan still runs its CPU cases, on rank 0, and skips its nccl cases with the reason
+// (it used to exit 125 before any case, which `git bisect run` reads as skip); in a
+// build with NCCL the other ranks have nothing to do and say so (exit 0, no report).
+TEST_F(CliSweep, LauncherVariablesWithoutAGpuStillRunTheCpuCases) {
+  const std::string mixed = "sweep " + kSmall + "--implementation emulated,nccl --layout tp2-ep1-cp1 --path extend ";
+  for (const std::string vars : {"SLURM_PROCID=0 SLURM_NTASKS=1 ", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "}) {
+    SCOPED_TRACE(vars);
+    ASSERT_EQ(shell(vars + "'" + exe() + "' " + mixed + "--json " + path("r.json")), 0) << out_ << err_;
+    const json j = valid_report(path("r.json"));
+    ASSERT_EQ(j["cases"].size(), 2u) << j["cases"];
+    for (const json& c : j["cases"]) {
+      const bool nccl = c["parameters"]["backend"] == "nccl";
+      EXPECT_EQ(c["verdict"], nccl ? "skipped" : "exact") << c;
+      if (nccl) EXPECT_FALSE(c["skip_reason"].get<std::string>().empty()) << c;
+    }
+  }
+  ASSERT_EQ(run("list"), 0);
+  if (out_.find("not available in this build: no NCCL") != std::string::npos) return;  // no launcher is read
+  EXPECT_EQ(shell("SLURM_PROCID=1 SLURM_NTASKS=2 '" + exe() + "' " + mixed + "--json " + path("r1.json")), 0) << err_;
+  EXPECT_NE(err_.find("rank 1 of 2 (started by Slurm)"), std::string::npos) << err_;
+  EXPECT_FALSE(std::filesystem::exists(path("r1.json")));
+}
+
 // --verify-layers: after the cases, the CPU reference re-runs the chosen layers and
 // the head from the canonical run's captured inputs (here the CPU canonical: a
 // self-check; under --canonical cuda the GPU's, which needs a GPU: scripts/device).
