@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
   // A reader that goes away (`bitparity sweep -v | head -1`) must not kill us before
   // the reports are written: a write to the closed pipe fails with EPIPE instead.
   std::signal(SIGPIPE, SIG_IGN);
+  // Past the file size limit (ulimit -f) a write fails with EFBIG instead of killing
+  // the process: the report is then lost as on a full disk, its temporary removed,
+  // and the other reports are written.
+  std::signal(SIGXFSZ, SIG_IGN);
   remember_program_args(argc, argv);
   // In the order `bitparity --help` lists them.
   const Subcommand selfcheck = add_selfcheck_command(app);

@@ -208,6 +208,25 @@ TEST_F(CliOutputs, AReportLostAtTheEndCostsOnlyItself) {
   EXPECT_EQ(read(csv).rfind("case_id,", 0), 0u) << "the CSV is still written";
 }
 
+// Past `ulimit -f` a report is lost as on a full disk: said, exit 2, no temporary
+// left, and the smaller reports written (the process used to die of SIGXFSZ, exit
+// 153, with no message, a partial temporary and the later reports unwritten).
+TEST_F(CliOutputs, AFileSizeLimitCostsOnlyTheReportPastIt) {
+  fs::create_directories(path("lim"));
+  const std::string json_report = path("lim/r.json"), junit = path("lim/r.xml"), csv = path("lim/r.csv");
+  // 40 KiB: the JSON report (about 60 KiB) is past it, the CSV (32) and JUnit (1) are not.
+  const int rc = shell("prlimit --fsize=40960 '" + exe() + "' sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v1 " +
+                       "--lengths 5,9 --implementation emulated --tp 1,2 --path extend --json " + json_report +
+                       " --junit " + junit + " --csv " + csv);
+  EXPECT_EQ(rc, 2) << out_ << err_;
+  EXPECT_NE(err_.find("cannot write the --json report: " + json_report), std::string::npos) << err_;
+  EXPECT_FALSE(fs::exists(json_report));
+  EXPECT_EQ(read(csv).rfind("case_id,", 0), 0u) << "the CSV is still written";
+  EXPECT_NE(read(junit).find("<testsuite"), std::string::npos) << "the JUnit report is still written";
+  for (const auto& e : fs::directory_iterator(path("lim")))
+    EXPECT_NE(e.path().filename().string()[0], '.') << "a temporary was left: " << e.path();
+}
+
 // Item 10: `sweep --verbose | head -1`: the reader goes away, the sweep finishes and
 // writes its report.
 TEST_F(CliOutputs, AReaderThatGoesAwayCostsNoReport) {
