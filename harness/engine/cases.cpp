@@ -570,7 +570,11 @@ Case CaseEngine::verify_case(const CaseSpec& spec) {
   // Untimed: the canonical run (on the GPU under canonical cuda; CannotTest skips
   // the verification where there is none). Timed: the CPU's replay.
   const auto outputs = case_outputs(
-      out, [&] { canonical = &this->canonical(spec.model, spec.contract); },
+      out,
+      [&] {
+        refuse_if_canonical_untestable(spec);
+        canonical = &this->canonical(spec.model, spec.contract);
+      },
       [&] { return within_memory(work_, [&] { return replay_layers(spec, *canonical); }); });
   if (!outputs) return out;
   std::vector<const NamedTensor*> expected;
@@ -629,6 +633,17 @@ std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::funct
   return std::nullopt;
 }
 
+// A case compared with a canonical that cannot run here (cuda or nccl without the
+// GPUs) skips, saying so, before its own model work: the sweep then writes its
+// reports with every such case skipped instead of ending at the first.
+void CaseEngine::refuse_if_canonical_untestable(const CaseSpec& spec) const {
+  try {
+    refuse_if_untestable(canonical_spec(spec.model, spec.contract));
+  } catch (const CannotTest& e) {
+    throw CannotTest("its canonical, " + canonical_name(plan_) + ", cannot run here: " + e.what());
+  }
+}
+
 Case CaseEngine::compare(const CaseSpec& spec) {
   return within_memory(work_, [&] { return compare_case(spec); });
 }
@@ -647,6 +662,7 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
       out,
       [&] {
         refuse_if_untestable(spec);
+        refuse_if_canonical_untestable(spec);
         Loaded& l = loaded(spec.model);
         if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
         if (spec.implementation == Implementation::kNccl) l.gpu.release();

@@ -163,6 +163,7 @@ class CaseEngine {
   program::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy
   // Throws CannotTest where c's implementation cannot run here (no GPU, not enough ranks).
   void refuse_if_untestable(const CaseSpec& c) const;
+  void refuse_if_canonical_untestable(const CaseSpec& c) const;  // CannotTest naming the canonical
   std::vector<NamedTensor> run_case(const CaseSpec& c, const program::ForwardOptions& opt,
                                     const program::BackwardOptions& bo = {});
   Case compare_case(const CaseSpec& c);

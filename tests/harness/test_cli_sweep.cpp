@@ -229,10 +229,27 @@ TEST_F(CliSweep, NcclAndCanonicalCudaCannotTestHere) {
   EXPECT_EQ(j["cases"][0]["verdict"], "skipped");
   EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1+nccl-bf16sum --path extend"), 2);
   EXPECT_NE(err_.find("implementation nccl only"), std::string::npos) << err_;
-  EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1 --canonical cuda --path extend"),
-            125)
-      << err_;
-  EXPECT_NE(err_.find(kNoGpu), std::string::npos) << err_;
+  // A canonical that cannot run here: every case skips, naming it, and the requested
+  // reports are written (the sweep used to end at the canonical's CannotTest, exit
+  // 125 with no report).
+  for (const std::string canonical : {"cuda", "nccl:tp2-ep1-cp1"}) {
+    SCOPED_TRACE(canonical);
+    std::filesystem::remove(path("c.json"));
+    EXPECT_EQ(run("sweep " + kSmall + "--implementation emulated --layout tp2-ep1-cp1 --canonical " + canonical +
+                  " --path extend --json " + path("c.json") + " --csv " + path("c.csv")),
+              125)
+        << err_;
+    const json c = valid_report(path("c.json"));
+    ASSERT_FALSE(c["cases"].empty());
+    for (const json& k : c["cases"]) {
+      EXPECT_EQ(k["verdict"], "skipped") << k;
+      EXPECT_NE(k["skip_reason"].get<std::string>().find("cannot run here"), std::string::npos) << k;
+    }
+    EXPECT_EQ(read(path("c.csv")).rfind("case_id,", 0), 0u);
+  }
+  EXPECT_NE(valid_report(path("c.json"))["cases"][0]["skip_reason"].get<std::string>().find(
+                "its canonical, nccl:tp2-ep1-cp1, cannot run here"),
+            std::string::npos);
   EXPECT_EQ(run("sweep " + kSmall + "--canonical cpu"), 2);
   EXPECT_NE(err_.find("--canonical: unknown canonical 'cpu'"), std::string::npos) << err_;
   EXPECT_EQ(run("run --implementation nccl --out " + path("n.safetensors")), 2);
@@ -252,7 +269,9 @@ TEST_F(CliSweep, LauncherVariablesWithoutAGpuStillRunTheCpuCases) {
     for (const json& c : j["cases"]) {
       const bool nccl = c["parameters"]["backend"] == "nccl";
       EXPECT_EQ(c["verdict"], nccl ? "skipped" : "exact") << c;
-      if (nccl) EXPECT_FALSE(c["skip_reason"].get<std::string>().empty()) << c;
+      if (nccl) {
+        EXPECT_FALSE(c["skip_reason"].get<std::string>().empty()) << c;
+      }
     }
   }
   ASSERT_EQ(run("list"), 0);
