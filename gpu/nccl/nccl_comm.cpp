@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -83,8 +85,14 @@ std::optional<std::string> abort_requested() {
 std::chrono::milliseconds collective_timeout() {
   static const std::chrono::milliseconds t = [] {
     const char* s = std::getenv("BP_RANK_TIMEOUT_S");
-    const double seconds = s && *s ? std::atof(s) : 300.0;
-    return std::chrono::milliseconds(static_cast<int64_t>(std::max(seconds, 0.001) * 1000));
+    if (!s) return std::chrono::milliseconds(300'000);
+    char* end = nullptr;
+    const double seconds = std::strtod(s, &end);
+    // Up to 10^6 s (11 days): a longer wait is a typo, not a plan.
+    if (!*s || *end || !std::isfinite(seconds) || seconds < 0.001 || seconds > 1e6)
+      throw std::invalid_argument(std::string("BP_RANK_TIMEOUT_S=") + s +
+                                  ": not a number of seconds from 0.001 to 1e6 (unset: 300)");
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }();
   return t;
 }

@@ -54,7 +54,9 @@ std::optional<std::string> abort_requested();
 
 // How long a collective may wait for its peers before the rank gives up on them
 // (BP_RANK_TIMEOUT_S, default 300 s); waits for the leader's next command have no
-// deadline (it may compute a reference for minutes).
+// deadline (it may compute a reference for minutes). Throws std::invalid_argument,
+// naming the value, where BP_RANK_TIMEOUT_S is not a positive finite number of
+// seconds (0, -1, "abc", "1e400"): a rank must never wait forever, or not at all.
 std::chrono::milliseconds collective_timeout();
 
 class NcclComm final : public layouts::Comm {

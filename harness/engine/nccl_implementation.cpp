@@ -138,6 +138,7 @@ int launch_ranks(int world, const std::vector<std::string>& args) { return nccl:
 std::unique_ptr<RankSession> RankSession::join() {
   std::optional<nccl::RankIdentity> me;
   try {
+    (void)nccl::collective_timeout();  // refused before any rank starts, not at a rank's first wait
     me = nccl::rank_identity_from_env();
   } catch (const std::invalid_argument& e) {
     throw io::BadInput("environment", "", e.what());

@@ -258,7 +258,8 @@ TEST_F(CliSweep, NcclAndCanonicalCudaCannotTestHere) {
 // Launchers set their variables on CPU nodes too (srun, torchrun, mpirun): a mixed
 // plan still runs its CPU cases, on rank 0, and skips its nccl cases with the reason
 // (it used to exit 125 before any case, which `git bisect run` reads as skip); in a
-// build with NCCL the other ranks have nothing to do and say so (exit 0, no report).
+// build with NCCL the other ranks have nothing to do and say so (exit 0, no report),
+// and a bad BP_RANK_TIMEOUT_S is refused.
 TEST_F(CliSweep, LauncherVariablesWithoutAGpuStillRunTheCpuCases) {
   const std::string mixed = "sweep " + kSmall + "--implementation emulated,nccl --layout tp2-ep1-cp1 --path extend ";
   for (const std::string vars : {"SLURM_PROCID=0 SLURM_NTASKS=1 ", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "}) {
@@ -279,6 +280,14 @@ TEST_F(CliSweep, LauncherVariablesWithoutAGpuStillRunTheCpuCases) {
   EXPECT_EQ(shell("SLURM_PROCID=1 SLURM_NTASKS=2 '" + exe() + "' " + mixed + "--json " + path("r1.json")), 0) << err_;
   EXPECT_NE(err_.find("rank 1 of 2 (started by Slurm)"), std::string::npos) << err_;
   EXPECT_FALSE(std::filesystem::exists(path("r1.json")));
+  // A rank's collective timeout that is no number of seconds is refused before any
+  // rank starts (it was read with atof: "abc" and -1 meant 1 ms, 1e400 forever).
+  for (const char* bad : {"0", "-1", "abc", "nan", "1e400", "10s"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(shell(std::string("BP_RANK_TIMEOUT_S=") + bad + " '" + exe() + "' " + mixed), 2) << err_;
+    EXPECT_NE(err_.find(std::string("BP_RANK_TIMEOUT_S=") + bad + ": not a number of seconds"), std::string::npos)
+        << err_;
+  }
 }
 
 // --verify-layers: after the cases, the CPU reference re-runs the chosen layers and
