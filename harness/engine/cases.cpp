@@ -153,6 +153,32 @@ struct CaseEngine::Canonical {
   }
 };
 
+TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
+  TensorRecord rec;
+  rec.name = ref.name;
+  rec.dtype_a = cmp_type_name(ref.type);
+  rec.shape_a = ref.shape;
+  rec.is_logprob = ref.name.rfind("logprobs.", 0) == 0;
+  if (!got) {
+    rec.status = TensorStatus::kOnlyInA;
+    return rec;
+  }
+  rec.dtype_b = cmp_type_name(got->type);
+  rec.shape_b = got->shape;
+  if (got->type != ref.type) {
+    rec.status = TensorStatus::kDtypeMismatch;
+  } else if (got->shape != ref.shape) {
+    rec.status = TensorStatus::kShapeMismatch;
+  } else {
+    rec.metrics = ref.type == CmpType::F32 ? harness::compare(std::span<const float>(ref.f32_values),
+                                                              std::span<const float>(got->f32_values), ref.shape)
+                                           : harness::compare(std::span<const bf16>(ref.bf16_values),
+                                                              std::span<const bf16>(got->bf16_values), ref.shape);
+    rec.metrics->is_logprob = rec.is_logprob;
+  }
+  return rec;
+}
+
 namespace {
 
 NamedTensor f32_tensor(std::string name, std::vector<float> v, std::vector<uint64_t> shape) {
@@ -197,31 +223,6 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, program::ForwardResu
   return out;
 }
 
-TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
-  TensorRecord rec;
-  rec.name = ref.name;
-  rec.dtype_a = cmp_type_name(ref.type);
-  rec.shape_a = ref.shape;
-  rec.is_logprob = ref.name.rfind("logprobs.", 0) == 0;
-  if (!got) {
-    rec.status = TensorStatus::kOnlyInA;
-    return rec;
-  }
-  rec.dtype_b = cmp_type_name(got->type);
-  rec.shape_b = got->shape;
-  if (got->type != ref.type) {
-    rec.status = TensorStatus::kDtypeMismatch;
-  } else if (got->shape != ref.shape) {
-    rec.status = TensorStatus::kShapeMismatch;
-  } else {
-    rec.metrics = ref.type == CmpType::F32 ? harness::compare(std::span<const float>(ref.f32_values),
-                                                              std::span<const float>(got->f32_values), ref.shape)
-                                           : harness::compare(std::span<const bf16>(ref.bf16_values),
-                                                              std::span<const bf16>(got->bf16_values), ref.shape);
-    rec.metrics->is_logprob = rec.is_logprob;
-  }
-  return rec;
-}
 
 // Each expected tensor against the output of its name (none: only in the canonical
 // result), then what the run produced that the canonical result has not (an

@@ -91,6 +91,11 @@ struct CaseSpec {
 std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::function<void()>& prepare,
                                                      const std::function<std::vector<NamedTensor>()>& run);
 
+// The record of one tensor of A (`ref`) against B's of its name (`got`; null: only in
+// A): its status (dtype or shape mismatch) or its metrics. A run against the
+// canonical result, and bisect's two sides, compare their tensors by it.
+TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got);
+
 // Sort key of a dump tensor name in execution order: ops.* in the model graph's op
 // order (graph::op_position; names it does not know sort after them), then
 // logprobs.*, entropy.*, grads.* (each by sequence / name).
