@@ -14,6 +14,7 @@
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
 #include "host/layouts.h"
+#include "program/layouts/emulated.h"
 #include "reference/model/model_graph.h"
 
 namespace bp::harness {
@@ -453,8 +454,12 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::
       break;
     }
     case Implementation::kEmulated:
-      fwd = host::sharded_forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
-      if (grads) bwd = host::sharded_backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
+      try {
+        fwd = host::sharded_forward(cfg, l.weights, kn, c.layout, seqs, c.path, opt);
+        if (grads) bwd = host::sharded_backward(cfg, l.weights, kn, c.layout, seqs, c.model.coefs, plan_.temperature);
+      } catch (const layouts::RanksNotStarted& e) {
+        throw CaseFailed(e.what());  // this case's error; the sweep goes on
+      }
       break;
     case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");

@@ -7,6 +7,8 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 
 namespace bp::layouts {
@@ -99,9 +101,8 @@ void run_emulated(const Layout& layout, const std::function<void(int rank, RankC
   // Bits never depend on the thread count; this only keeps W ranks from
   // oversubscribing the cores.
   const int omp_threads = std::max(1, omp_get_max_threads() / W);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < W; ++rank) {
-    threads.emplace_back([&, rank] {
+  auto rank_thread = [&](int rank) {
+    return std::thread([&, rank] {
       const int t = rank % T, c = (rank / T) % C, e = rank / (T * C);
       EmulatedComm tp(*tp_groups[static_cast<size_t>(e * C + c)], t);
       EmulatedComm cp(*cp_groups[static_cast<size_t>(e * T + t)], c);
@@ -117,6 +118,18 @@ void run_emulated(const Layout& layout, const std::function<void(int rank, RankC
         abort_all();
       }
     });
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(W));  // push_back never reallocates past a started thread
+  try {
+    for (int rank = 0; rank < W; ++rank) threads.push_back(rank_thread(rank));
+  } catch (const std::system_error& e) {
+    // The started ranks wait in their first collective for one that never comes.
+    abort_all();
+    for (std::thread& th : threads) th.join();
+    throw RanksNotStarted("emulated rank " + std::to_string(threads.size()) + " of " + std::to_string(W) +
+                          " could not start its thread (" + e.what() +
+                          "): the process's thread or address-space limit (ulimit -u, -v) is too low for this layout");
   }
   for (std::thread& th : threads) th.join();
   for (const std::exception_ptr& e : errors)

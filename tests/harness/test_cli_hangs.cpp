@@ -191,6 +191,29 @@ TEST_F(CliHangs, AHugeLayerCountIsRefusedByTheEstimateInConstantMemory) {
   EXPECT_FALSE(std::filesystem::exists(path("r.json")));
 }
 
+// Issue 53 item 8: an emulated rank whose thread cannot start (here: every thread's
+// stack, sized by RLIMIT_STACK, is larger than the address-space limit) is its case's
+// error; the sweep goes on and writes its reports (it aborted, exit 134, no report).
+TEST_F(CliHangs, ARankThreadThatCannotStartIsTheCasesError) {
+  const std::string r = path("r.json");
+  const int rc = shell("OMP_NUM_THREADS=1 prlimit --stack=4294967296 --as=3221225472 '" + exe() +
+                       "' sweep --model qwen3-dense-tiny --contract bf16-fmaseq-v2 --lengths 5,9 --path extend "
+                       "--implementation emulated,reference --tp 2,1 --json " + r);
+  EXPECT_EQ(rc, 3) << out_ << err_;
+  ASSERT_TRUE(std::filesystem::exists(r)) << err_;
+  const json j = json::parse(read(r));
+  size_t errors = 0, exact = 0;
+  for (const json& c : j["cases"]) {
+    if (c["verdict"] == "error") {
+      ++errors;
+      EXPECT_NE(c["error"].get<std::string>().find("could not start its thread"), std::string::npos) << c;
+    }
+    if (c["verdict"] == "exact") ++exact;
+  }
+  EXPECT_EQ(errors, 2u) << j["cases"];  // emulated tp2 and tp1
+  EXPECT_EQ(exact, 1u) << j["cases"];   // the reference, after them
+}
+
 // The signals the process catches, from /proc (the SigCgt mask).
 uint64_t caught_signals(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
