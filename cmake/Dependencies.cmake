@@ -5,7 +5,8 @@ find_package(CLI11 REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 
 if(BITPARITY_TESTS)
-  # fast-cpp-csv-parser (header only) reads the captured hardware vectors.
+  # fast-cpp-csv-parser (header only) reads the captured hardware vectors, and is the
+  # third-party reader the report tests check bitparity's CSVs against.
   find_path(BP_FCCP_INCLUDE libfccp/csv.h)
   if(NOT BP_FCCP_INCLUDE)
     message(FATAL_ERROR "fast-cpp-csv-parser not found: install libfccp-dev (scripts/setup) "

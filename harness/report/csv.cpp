@@ -47,7 +47,7 @@ std::string csv_parameters(const std::map<std::string, std::string>& parameters)
   return text;
 }
 
-std::map<std::string, std::string> parameters_from_csv(const std::string& text) {
+std::map<std::string, std::string> parameters_from_csv(const std::string& text, bool escaped) {
   std::map<std::string, std::string> out;
   std::string key, value;
   bool in_value = false;  // past the item's first unescaped '='
@@ -59,7 +59,7 @@ std::map<std::string, std::string> parameters_from_csv(const std::string& text) 
   };
   for (size_t i = 0; i < text.size(); ++i) {
     char ch = text[i];
-    if (ch == kEscape && i + 1 < text.size() && parameter_special(text[i + 1])) {
+    if (escaped && ch == kEscape && i + 1 < text.size() && parameter_special(text[i + 1])) {
       ch = text[++i];
     } else if (ch == ';') {
       finish();

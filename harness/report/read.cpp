@@ -11,10 +11,10 @@
 #include <set>
 #include <tuple>
 
+#include "harness/io/csv_records.h"
 #include "harness/io/errors.h"
 #include "harness/io/files.h"
 #include "harness/io/json_strict.h"
-#include "harness/report/fccp_csv.h"
 
 namespace bp::harness {
 
@@ -355,16 +355,66 @@ std::string repeated_id_message(const Case& c) {
   return "case id \"" + c.id + "\" appears twice (a baseline matches cases by id)";
 }
 
+// What each schema_version after the oldest readable one added (report.h): a case
+// verdict with its summary count, and case fields (optional ones absent, the others
+// null, in a report of an earlier version).
+constexpr uint64_t kOldestReadableSchema = 3;
+struct SchemaAddition {
+  uint64_t version;
+  const char* verdict;  // its summary count is 0 in an earlier report
+  std::vector<const char*> null_case_fields, optional_case_fields;
+};
+const SchemaAddition kSchemaAdditions[] = {
+    {4, "nonfinite", {}, {}},
+    {5, "error", {"error"}, {"ranks", "communication"}},
+};
+
+// A report of an earlier schema_version (3 and later) as the current version's
+// document it stands for: what was added since takes its default, once the report is
+// seen to hold none of it. Only where the document has the shape the strict reader
+// expects; it names anything else afterwards.
+void as_current_schema(json& doc, const std::string& path) {
+  const Node version(doc["schema_version"], "schema_version", path);
+  const uint64_t v = version.count();
+  if (v < kOldestReadableSchema || v > static_cast<uint64_t>(kReportSchemaVersion))
+    version.bad("this bitparity reads schema_version " + std::to_string(kOldestReadableSchema) + " to " +
+                std::to_string(kReportSchemaVersion) + "; this report's is " + std::to_string(v) +
+                (v > static_cast<uint64_t>(kReportSchemaVersion) ? " (written by a later bitparity)"
+                                                                  : "; re-run the command that wrote it"));
+  json& summary = doc["summary"];
+  json& cases = doc["cases"];
+  for (const SchemaAddition& a : kSchemaAdditions) {
+    if (v >= a.version) continue;
+    const std::string absent = "is not in a report of schema_version " + std::to_string(v) +
+                               " (schema_version " + std::to_string(a.version) + " added it)";
+    if (summary.is_object()) {
+      if (summary.contains(a.verdict)) Node(summary[a.verdict], std::string("summary.") + a.verdict, path).bad(absent);
+      summary[a.verdict] = 0;
+    }
+    if (!cases.is_array()) continue;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      json& c = cases[i];
+      if (!c.is_object()) continue;
+      const std::string at = "cases[" + std::to_string(i) + "].";
+      if (c.contains("verdict") && c["verdict"] == a.verdict)
+        Node(c["verdict"], at + "verdict", path).bad("the verdict \"" + std::string(a.verdict) + "\" " + absent);
+      for (const auto* fields : {&a.null_case_fields, &a.optional_case_fields})
+        for (const char* f : *fields)
+          if (c.contains(f)) Node(c[f], at + f, path).bad(absent);
+      for (const char* f : a.null_case_fields) c[f] = nullptr;
+    }
+  }
+  doc["schema_version"] = kReportSchemaVersion;
+}
+
 }  // namespace
 
 Report parse_report_json(std::string_view text, const std::string& path) {
-  const json doc = io::parse_json_strict(text, path);
+  json doc = io::parse_json_strict(text, path);
   const Node root(doc, "", path);
   root.expect_object({"schema_version", "tool", "command", "created_utc", "status", "verdict", "nan_policy",
                       "environment", "summary", "cases"});
-  if (root["schema_version"].count() != static_cast<uint64_t>(kReportSchemaVersion))
-    root["schema_version"].bad("this bitparity reads schema_version " + std::to_string(kReportSchemaVersion) +
-                               "; re-run the command that wrote the report");
+  as_current_schema(doc, path);
   Report r;
   root["tool"].str();
   r.command = root["command"].str();
@@ -395,15 +445,18 @@ Report parse_report_json(std::string_view text, const std::string& path) {
   return r;
 }
 
-Report read_report_json(const std::string& path) { return parse_report_json(io::read_text_file(path), path); }
+// Of any size: what bitparity writes it reads back (a sweep's report can pass the
+// 64 MiB that bounds the inputs a user writes by hand).
+Report read_report_json(const std::string& path) {
+  return parse_report_json(io::read_text_file(path, std::numeric_limits<size_t>::max()), path);
+}
 
 // --- CSV ---------------------------------------------------------------------
 
 namespace {
 
-constexpr size_t kCsvColumnCount = 34;  // kCsvColumns.size(), needed at compile time by the parser
-using CsvRow = std::array<std::string, kCsvColumnCount>;
-using CsvIn = ::io::CSVReader<kCsvColumnCount, ::io::trim_chars<>, ::io::double_quote_escape<',', '"'>>;
+// A row's fields in kCsvColumns' order, whatever the file's order.
+using CsvRow = std::vector<std::string>;
 
 // One CSV row with its line number, so every complaint names line and column.
 class Row {
@@ -540,11 +593,11 @@ bool is_case_column(size_t c) {
 }
 
 // The case columns of a row; rows of one case must agree on them.
-Case case_from_row(const Row& row) {
+Case case_from_row(const Row& row, bool escaped_parameters) {
   Case c;
   c.id = row.text("case_id");
   c.verdict = row.one_of("case_verdict", verdict_from_name, kVerdictWhat);
-  c.parameters = parameters_from_csv(row.text("parameters"));
+  c.parameters = parameters_from_csv(row.text("parameters"), escaped_parameters);
   if (!row.empty("first_divergent_op")) c.first_divergent_op = row.text("first_divergent_op");
   c.seconds = row.non_negative("seconds");
   if (!row.empty("peak_device_bytes")) c.peak_device_bytes = row.count("peak_device_bytes");
@@ -558,21 +611,60 @@ Case case_from_row(const Row& row) {
 bool is_gpu_column(const std::string& name) {
   return std::any_of(std::begin(kGpuFields), std::end(kGpuFields), [&](const GpuField& g) { return name == g.key; });
 }
+// The columns a CSV of schema_version 3 lacks: run_status, error and the GPU's. A CSV
+// written before them reads them as their defaults (an empty error, no GPU, and a
+// complete run: such a CSV never said otherwise).
+bool is_later_column(const std::string& name) { return name == "run_status" || name == "error" || is_gpu_column(name); }
+std::string later_column_default(const std::string& name) { return name == "run_status" ? "complete" : ""; }
 // The report's columns, the same on every row: run_status and the GPU's.
 bool is_report_column(size_t c) { return c == Row::col("run_status") || is_gpu_column(kCsvColumns[c]); }
 
 // The row of a report without cases (csv.cpp): empty but for the report's columns.
 bool is_report_row(const Row& row) { return row.empty("case_id") && row.empty("case_verdict"); }
 void check_report_row(const Row& row) {
-  for (size_t c = 0; c < kCsvColumnCount; ++c)
+  for (size_t c = 0; c < kCsvColumns.size(); ++c)
     if (!is_report_column(c) && !row.at(c).empty())
       row.bad(c, "must be empty in the row of a report without cases (case_id and case_verdict are empty)");
 }
 
+// Where each of kCsvColumns is among the header's fields (npos: absent, a column an
+// earlier bitparity did not write). Every column, in any order, no other, none twice.
+std::vector<size_t> header_columns(const io::CsvRecord& header, const std::string& path) {
+  std::vector<size_t> at(kCsvColumns.size(), std::string::npos);
+  auto bad = [&](const std::string& why) { throw BadInput(path, "line " + std::to_string(header.line), why); };
+  for (size_t i = 0; i < header.fields.size(); ++i) {
+    const std::string& name = header.fields[i];
+    const auto known = std::find(kCsvColumns.begin(), kCsvColumns.end(), name);
+    if (known == kCsvColumns.end()) bad("unknown column \"" + name + "\" in the header");
+    size_t& slot = at[static_cast<size_t>(known - kCsvColumns.begin())];
+    if (slot != std::string::npos) bad("column \"" + name + "\" appears twice in the header");
+    slot = i;
+  }
+  for (size_t c = 0; c < kCsvColumns.size(); ++c)
+    if (at[c] == std::string::npos && !is_later_column(kCsvColumns[c]))
+      bad("column \"" + kCsvColumns[c] + "\" is missing from the header (a bitparity CSV report of schema_version 3 "
+          "or later has it)");
+  return at;
+}
+
+// A record's fields in kCsvColumns' order, an absent column's default in its place.
+CsvRow in_column_order(const io::CsvRecord& record, size_t header_fields, const std::vector<size_t>& columns,
+                       const std::string& path) {
+  if (record.fields.size() != header_fields)
+    throw BadInput(path, "line " + std::to_string(record.line),
+                   "has " + std::to_string(record.fields.size()) + " fields; the header has " +
+                       std::to_string(header_fields));
+  CsvRow f(kCsvColumns.size());
+  for (size_t c = 0; c < kCsvColumns.size(); ++c)
+    f[c] = columns[c] == std::string::npos ? later_column_default(kCsvColumns[c]) : record.fields[columns[c]];
+  return f;
+}
+
 // Consecutive rows with one case_id form a case; a case without tensors is one row
 // with empty tensor columns. Every row carries the report's columns.
-void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
-  CsvRow f, case_head;
+void read_csv_rows(const std::vector<io::CsvRecord>& records, const std::vector<size_t>& columns,
+                   bool escaped_parameters, Report& r, const std::string& path) {
+  CsvRow case_head;
   unsigned case_line = 0, rows = 0;
   bool tensorless = false, report_row = false;
   std::set<std::string> ids;
@@ -581,8 +673,9 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
     if (const std::string why = verdict_problem(r.cases.back()); !why.empty())
       throw BadInput(path, "line " + std::to_string(case_line) + ", column case_verdict", why);
   };
-  while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) {
-    const Row row(f, in.get_file_line(), path);
+  for (size_t i = 1; i < records.size(); ++i) {
+    const CsvRow f = in_column_order(records[i], records[0].fields.size(), columns, path);
+    const Row row(f, records[i].line, path);
     const bool interrupted = row.one_of("run_status", interrupted_from_status, "run status (complete, interrupted)");
     if (rows++ == 0) {
       r.interrupted = interrupted;
@@ -607,10 +700,11 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
         if (row.text(col) != case_head[Row::col(col)]) row.bad(Row::col(col), "differs from the first row of its case");
     } else {
       close_case();
-      if (!ids.insert(row.text("case_id")).second) row.bad(Row::col("case_id"), repeated_id_message(case_from_row(row)));
-      r.cases.push_back(case_from_row(row));
+      const Case c = case_from_row(row, escaped_parameters);
+      if (!ids.insert(c.id).second) row.bad(Row::col("case_id"), repeated_id_message(c));
+      r.cases.push_back(c);
       case_head = f;
-      case_line = in.get_file_line();
+      case_line = records[i].line;
     }
     const bool no_tensor = row.empty("status");
     if (continues && (tensorless || no_tensor))
@@ -619,7 +713,7 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
     if (!no_tensor) {
       r.cases.back().tensors.push_back(tensor_from_row(row));
     } else {
-      for (size_t c = Row::col("tensor"); c < kCsvColumnCount; ++c)
+      for (size_t c = Row::col("tensor"); c < kCsvColumns.size(); ++c)
         if (!is_case_column(c) && !is_report_column(c) && !row.at(c).empty())
           row.bad(c, "must be empty in the row of a case without tensors (status is empty)");
     }
@@ -627,41 +721,18 @@ void read_csv_rows(CsvIn& in, Report& r, const std::string& path) {
   close_case();
 }
 
-// `text` without the blank lines at its end, which tools that save CSV (and an
-// `echo >>`) leave and fccp would read as rows: an empty line is not a record.
-std::string_view without_trailing_blank_lines(std::string_view text) {
-  const size_t last = text.find_last_not_of("\r\n");
-  return text.substr(0, last == std::string_view::npos ? 0 : last + 1);
-}
-
 }  // namespace
 
 Report read_report_csv(const std::string& path) {
-  if (kCsvColumns.size() != kCsvColumnCount) throw std::logic_error("read.cpp: kCsvColumnCount is stale");
-  const std::string text = io::read_text_file(path, std::numeric_limits<size_t>::max());
-  const std::string_view records = without_trailing_blank_lines(text);
+  const std::vector<io::CsvRecord> records =
+      io::csv_records(io::read_text_file(path, std::numeric_limits<size_t>::max()), path);
+  if (records.empty()) throw BadInput(path, "CSV", "no header: the file is empty");
+  const std::vector<size_t> columns = header_columns(records[0], path);
+  // The parameters column is escaped since the GPU columns came (csv.cpp); a CSV
+  // without them splits it as it was written, at every ';' and each item's first '='.
+  const bool escaped_parameters = columns[csv_column(kGpuFields[0].key)] != std::string::npos;
   Report r;
-  try {
-    CsvIn in(path, records.data(), records.data() + records.size());
-    CsvRow names;
-    std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
-    // Every column, no other, in any order (the parser names an extra one, this loop
-    // a missing one); only the GPU columns may be missing (a CSV written before them).
-    std::apply([&](const auto&... n) { in.read_header(::io::ignore_missing_column, n...); }, names);
-    for (const std::string& n : kCsvColumns)
-      if (!in.has_column(n) && !is_gpu_column(n)) {
-        ::io::error::missing_column_in_header e;
-        e.set_column_name(n.c_str());
-        e.set_file_name(in.get_truncated_file_name());
-        throw e;
-      }
-    read_csv_rows(in, r, path);
-  } catch (const ::io::error::can_not_open_file&) {
-    throw io::IoError(path + ": cannot open");
-  } catch (const ::io::error::base& e) {
-    // The parser's own message names the line or column (and a truncated file name).
-    throw BadInput(path, "CSV", e.what());
-  }
+  read_csv_rows(records, columns, escaped_parameters, r, path);
   return r;
 }
 

@@ -201,10 +201,11 @@ std::string csv_field(const std::string& s);  // RFC 4180 quoting when needed
 // A case's parameters in the CSV column "parameters": "key=value;key=value", each
 // backslash, ';' and '=' of a key or value preceded by a backslash, so that any model
 // path reads back as written (a folder "x;contract=bf16-fmaseq-v1" is no second
-// contract). The reader keeps a backslash before any other character as it is: CSVs
-// written before the escaping read as they did.
+// contract). The reader keeps a backslash before any other character as it is.
+// `escaped` false reads a CSV written before the escaping (one without the GPU
+// columns): split at every ';' and each item's first '=', backslashes as they are.
 std::string csv_parameters(const std::map<std::string, std::string>& parameters);
-std::map<std::string, std::string> parameters_from_csv(const std::string& text);
+std::map<std::string, std::string> parameters_from_csv(const std::string& text, bool escaped);
 
 // Writes with io::write_output (io/files.h: "-" is standard output, files atomically;
 // throw bp::io::IoError, a file `path` is then untouched).

@@ -14,7 +14,7 @@
 
 #include "harness/exit_codes.h"
 #include "harness/io/errors.h"
-#include "harness/report/fccp_csv.h"
+#include "support/fccp_csv.h"
 #include "harness/report/report.h"
 #include "support/json_schema.h"
 

@@ -10,11 +10,6 @@
 // patterns as 4 hex digits (no 0x). Each row is d = c + sum_{i<16} a_i·b_i as one
 // mma.sync.m16n8k16 (column mma) and one wgmma.m64n8k16 k16 step (column wgmma).
 #include <gtest/gtest.h>
-// csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-truncation"
-#include <libfccp/csv.h>
-#pragma GCC diagnostic pop
 
 #include <array>
 #include <charconv>
@@ -25,6 +20,7 @@
 #include <tuple>
 
 #include "reference/numerics/dot.h"
+#include "support/fccp_csv.h"
 #include "support/golden.h"
 
 namespace bp {

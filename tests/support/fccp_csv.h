@@ -1,9 +1,9 @@
-// fast-cpp-csv-parser (libfccp's csv.h), included the one way every user in this
-// tree shares: its reader classes are defined in the header, so two translation
-// units of one binary must see the same configuration (test_report links read.cpp).
+// fast-cpp-csv-parser (libfccp's csv.h), a third-party reader the tests check
+// bitparity's CSVs against, included one way: its reader classes are defined in the
+// header, so every translation unit of a binary must see the same configuration.
 #pragma once
 
-// A report is small: read it on this thread (fccp's reader thread buys nothing).
+// Files in tests are small: read them on this thread (fccp's reader thread buys nothing).
 #define CSV_IO_NO_THREAD
 // csv.h copies file names into a fixed buffer with strncpy, truncating on purpose.
 #if defined(__GNUC__) && !defined(__clang__)
