@@ -161,6 +161,10 @@ std::string case_line(const Case& c) {
   return s;
 }
 
+// A negative control that ran and came out bit-identical (the case engine skips it,
+// keeping its tensors; every other skipped case skips before it runs).
+bool control_showed_nothing(const Case& c) { return c.verdict == Verdict::kSkipped && !c.tensors.empty(); }
+
 // What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, peak 2.5 GiB device
 // memory)", "(1.23 s on 2 ranks, peak 2.5 GiB device memory, 3.1 MiB moved in 42 collectives)".
 std::string cost_text(const Case& c) {
@@ -358,6 +362,10 @@ int sweep(const SweepOptions& o) {
       if (shown > 10) std::fprintf(out, "... and %zu more failing cases\n", shown - 10);
     }
   }
+  if (const auto silent = std::count_if(r.cases.begin(), r.cases.end(), control_showed_nothing))
+    std::fprintf(stderr, "bitparity sweep: warning: %zu negative-control case%s came out bit-identical to the contract "
+                 "and show%s nothing on this input: skipped (--verbose and the reports name them)\n", static_cast<size_t>(silent), silent == 1 ? "" : "s",
+                 silent == 1 ? "s" : "");
   const char* verdict = r.interrupted ? "INTERRUPTED"
                         : overall == Verdict::kError ? "ERROR"
                         : overall == Verdict::kMismatch ? "MISMATCH"

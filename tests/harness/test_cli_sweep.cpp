@@ -111,6 +111,27 @@ TEST_F(CliSweep, RingReductionIsCaught) {
   }
 }
 
+// Issue 53 item 3: a negative control that comes out bit-identical on a short input
+// is no pass: its cases skip, tensors kept, naming the control and what to change,
+// with a warning; the sweep is no "ALL EXACT" of the control.
+// (Before: every case exact, "ALL EXACT".)
+TEST_F(CliSweep, AControlThatDidNotDifferIsNoPass) {
+  ASSERT_EQ(run("sweep --model qwen3-dense-tiny --contract bf16-sm90tc-v2 --implementation emulated --layout "
+                "tp2-ep1-cp1+ring --lengths 5,7 --path extend --path decode --json " + path("r.json")),
+            125)
+      << out_ << err_;
+  EXPECT_EQ(out_.find("ALL EXACT"), std::string::npos) << out_;
+  EXPECT_NE(err_.find("warning: 2 negative-control cases came out bit-identical"), std::string::npos) << err_;
+  const json j = valid_report(path("r.json"));
+  ASSERT_EQ(j["cases"].size(), 2u);
+  for (const json& c : j["cases"]) {
+    EXPECT_EQ(c["verdict"], "skipped") << c["id"];
+    EXPECT_NE(c["skip_reason"].get<std::string>().find("the negative control +ring came out bit-identical"),
+              std::string::npos);
+    EXPECT_FALSE(c["tensors"].empty()) << "the compared tensors stay in the report";
+  }
+}
+
 // A sweep that names no contract runs v2's pair (SPEC.md §1.3); v1 stays selectable by name.
 TEST_F(CliSweep, DefaultContractsAreV2) {
   ASSERT_EQ(run("sweep --model qwen3-dense-tiny --lengths 5 --implementation reference --path extend --no-grads "
