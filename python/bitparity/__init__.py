@@ -1,0 +1,20 @@
+"""bitparity for PyTorch engines: capture a model's ops under bitparity's names and
+check them against the bit-defined contract with the `bitparity` CLI.
+
+    import bitparity
+    with bitparity.capture(model) as cap:          # HF Qwen3 / Qwen3-MoE built in
+        model(input_ids, attention_mask=mask)
+    cap.write("engine.safetensors")
+    bitparity.bisect("engine.safetensors", "trainer.safetensors")
+
+docs/python.md has the recipe, the name-map format and what each check proves.
+"""
+
+from .capture import Capture, CaptureError, capture
+from .cli import BitparityError, CliResult, bisect, diff, executable, run
+from .dump import DumpError, read_dump, write_dump
+from .name_maps import BUILT_IN as NAME_MAPS
+
+__all__ = ["Capture", "CaptureError", "capture", "BitparityError", "CliResult", "bisect", "diff", "executable", "run",
+           "DumpError", "read_dump", "write_dump", "NAME_MAPS"]
+__version__ = "0.1.0"

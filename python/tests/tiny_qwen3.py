@@ -1,0 +1,205 @@
+"""A Qwen3 / Qwen3-MoE in plain torch with Hugging Face transformers' module names and
+call structure (transformers is not in Debian): q/k/v/o projections, per-head q/k
+norms, apply_rotary_pos_emb called by name from this module, the MLP's
+gate/up/down projections, a MoE block whose router is `mlp.gate`, and the model's
+forward(input_ids, attention_mask, position_ids, past_key_values). It takes the
+batches engines use: padded (left or right, with an attention mask), packed (one
+row whose position_ids restart per sequence) and KV-cache decoding."""
+
+import math
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+
+class Config(SimpleNamespace):
+    def to_dict(self):
+        return dict(vars(self))
+
+
+def _dense(**kw):
+    c = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=96, hidden_size=32,
+             intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+             rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu",
+             max_position_embeddings=256, attention_bias=False)
+    c.update(kw)
+    return c
+
+
+def dense_config(**kw):
+    return Config(**_dense(**kw))
+
+
+def moe_config(**kw):
+    c = _dense(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=[0],
+                     decoder_sparse_step=1)
+    c.update(kw)
+    return Config(**c)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Qwen3RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        return self.weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, c, layer):
+        super().__init__()
+        self.c, self.layer, self.D = c, layer, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, allowed, cache):
+        B, S, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, S, -1, self.D)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, S, -1, self.D)).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, -1, self.D).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:
+            if len(cache) > self.layer:
+                k = torch.cat([cache[self.layer][0], k], dim=2)
+                v = torch.cat([cache[self.layer][1], v], dim=2)
+                cache[self.layer] = (k, v)
+            else:
+                cache.append((k, v))
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(2, 3)) / math.sqrt(self.D)
+        # The dtype's lowest value, not -inf: a padding row that sees no key stays finite.
+        scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
+        # fp32 as Hugging Face's eager attention, fp64 where the model is (the tests' row checks)
+        o = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype) @ v
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, -1)), None
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, c, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.k, self.norm = c.num_experts_per_tok, c.norm_topk_prob
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = nn.ModuleList([Qwen3MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts)])
+
+    def forward(self, x):
+        B, S, H = x.shape
+        flat = x.view(-1, H)
+        logits = self.gate(flat)
+        w, idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32)),
+                            self.k, dim=-1)
+        if self.norm:
+            w = w / w.sum(-1, keepdim=True)
+        w = w.to(x.dtype)
+        out = torch.zeros_like(flat)
+        for slot in range(self.k):
+            for e, expert in enumerate(self.experts):
+                rows = (idx[:, slot] == e).nonzero().squeeze(1)
+                if len(rows):
+                    out = out.index_add(0, rows, expert(flat[rows]) * w[rows, slot, None])
+        return out.view(B, S, H)
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, c, layer):
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Qwen3Attention(c, layer)
+        self.post_attention_layernorm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
+        moe = getattr(c, "num_experts", 0) and layer not in c.mlp_only_layers
+        self.mlp = Qwen3MoeSparseMoeBlock(c) if moe else Qwen3MLP(c, c.intermediate_size)
+
+    def forward(self, x, cos, sin, allowed, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed, cache)[0]
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(c, i) for i in range(c.num_hidden_layers)])
+        self.norm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.model = Qwen3Model(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def _rope(self, pos, dtype):
+        D = self.config.head_dim
+        inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        f = pos.to(torch.float64)[..., None] * inv
+        emb = torch.cat((f, f), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+        B, S = input_ids.shape
+        cache = past_key_values if past_key_values is not None else ([] if use_cache else None)
+        past = cache[0][0].shape[2] if cache else 0
+        if attention_mask is None:
+            attention_mask = torch.ones(B, past + S, dtype=torch.long)
+        valid = attention_mask.bool()
+        absolute = torch.arange(past + S)
+        if position_ids is not None and B == 1 and S > 1 and (position_ids[0, 1:] == 0).any():
+            segment = (position_ids[0] == 0).cumsum(0)  # packed: attend within a segment
+            allowed = (segment[:, None] == segment[None, :]) & (absolute[None, :] <= absolute[:, None])
+            allowed = allowed[None]
+        else:
+            causal = absolute[None, :] <= absolute[past:, None]
+            allowed = causal[None] & valid[:, None, :]
+            if position_ids is None:
+                position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        cos, sin = self._rope(position_ids, self.model.embed_tokens.weight.dtype)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, allowed, cache)
+        logits = self.lm_head(self.model.norm(x))
+        return SimpleNamespace(logits=logits, past_key_values=cache)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    pass
+
+
+def build(config, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    moe = config.architectures[0] == "Qwen3MoeForCausalLM"
+    m = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.3)
+    return m.to(dtype)
