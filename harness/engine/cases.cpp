@@ -426,11 +426,14 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
 void CaseEngine::refuse_if_untestable(const CaseSpec& c) const {
   if (c.implementation == Implementation::kCuda)
     if (const auto why = cuda_unavailable_reason()) throw CannotTest(*why);
-  if (c.implementation != Implementation::kNccl) return;
-  if (!ranks_) throw CannotTest(nccl_unavailable_reason().value_or("this process is not one of the ranks"));
-  if (c.layout.world() > ranks_->world())
-    throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
-                     " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
+  if (c.implementation != Implementation::kCuda && c.implementation != Implementation::kNccl) return;
+  if (c.implementation == Implementation::kNccl) {
+    if (!ranks_) throw CannotTest(nccl_unavailable_reason().value_or("this process is not one of the ranks"));
+    if (c.layout.world() > ranks_->world())
+      throw CannotTest("layout " + c.layout.name() + " needs " + std::to_string(c.layout.world()) +
+                       " GPUs; this run has " + std::to_string(ranks_->world()) + " ranks (one per GPU)");
+  }
+  if (const auto why = cuda_model_problem(c.model.config)) throw CannotTest(*why);
 }
 
 std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::ForwardOptions& opt,

@@ -9,6 +9,7 @@
 #include "harness/engine/cuda_implementation.h"
 #include "gpu/virtual_ranks.h"
 #include "gpu/cuda_model.h"
+#include "optimized/cuda/attention.h"
 
 namespace bp::harness {
 
@@ -100,6 +101,13 @@ const char* cuda_implementation_summary() {
 
 std::optional<std::string> cuda_unavailable_reason() {
   if (std::string why = cuda::no_hopper_reason(); !why.empty()) return why;
+  return std::nullopt;
+}
+
+std::optional<std::string> cuda_model_problem(const ModelConfig& config) {
+  if (!cuda::attention_takes_head_dim(static_cast<int>(config.head_dim)))
+    return "the CUDA attention takes head_dim " + cuda::attention_head_dims_text() + "; this model's is " +
+           std::to_string(config.head_dim);
   return std::nullopt;
 }
 

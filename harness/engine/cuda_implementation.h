@@ -67,6 +67,10 @@ const char* cuda_implementation_summary();
 // Why cuda cases cannot run here (no CUDA in this build, no Hopper GPU), or nothing.
 std::optional<std::string> cuda_unavailable_reason();
 
+// Why the CUDA kernels cannot run a model of `config` (a head_dim the attention does
+// not take), or nothing: its cuda and nccl cases skip saying so, the others go on.
+std::optional<std::string> cuda_model_problem(const ModelConfig& config);
+
 // This process's GPU (the current device), for a report's environment; a failed
 // query is named in its field. nullopt in a build without CUDA (the fields stay null).
 std::optional<GpuIdentity> gpu_identity();

@@ -17,6 +17,9 @@ std::optional<std::string> cuda_unavailable_reason() {
   return "no CUDA in this build of bitparity (BITPARITY_CUDA=OFF or no nvcc)";
 }
 
+// Never reached: cuda_unavailable_reason() refuses first.
+std::optional<std::string> cuda_model_problem(const ModelConfig&) { return std::nullopt; }
+
 std::optional<GpuIdentity> gpu_identity() { return std::nullopt; }  // no GPU is used without CUDA
 
 struct GpuRunner::Kept {};  // never made: nothing is uploaded without CUDA

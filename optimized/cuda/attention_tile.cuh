@@ -348,8 +348,9 @@ inline void check_args(const Knobs& kn, AttnDims dims, const AttnSeq* seqs, int 
         "attention (CUDA): attn_kv_block must be 64, or 128 for the sm90-tc forward at head_dim 64 or 128 under "
         "softmax_exp exp2_poly in the merged schedule; got " +
         std::to_string(kn.attn_kv_block));
-  if (dims.D != 32 && dims.D != 64 && dims.D != 128)
-    throw std::invalid_argument("attention (CUDA): head_dim must be 32, 64 or 128, got " + std::to_string(dims.D));
+  if (!attention_takes_head_dim(dims.D))
+    throw std::invalid_argument("attention (CUDA): head_dim must be " + attention_head_dims_text() + ", got " +
+                                std::to_string(dims.D));
 }
 
 inline void check_aligned(std::initializer_list<const void*> ptrs) {
