@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
                                  add_bisect_command(app),
                                  add_list_command(app),
                                  add_diff_command(app),
+                                 add_merge_command(app),
                                  add_report_command(app)};
   try {
     app.parse(argc, argv);
