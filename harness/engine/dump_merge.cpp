@@ -19,6 +19,7 @@ using io::TensorInfo;
 constexpr const char* kRank = "bitparity.rank";
 constexpr const char* kWorld = "bitparity.world";
 constexpr const char* kShards = "bitparity.shards";
+constexpr const char* kWeights = "bitparity.weights";  // each rank's own shard
 
 int64_t metadata_integer(const SafetensorsFile& f, const char* key) {
   const auto it = f.metadata().find(key);
@@ -78,7 +79,7 @@ std::map<std::string, int64_t> shard_dims(const SafetensorsFile& f) {
 // The same across ranks: tensor names and dtypes, shards, the other metadata.
 void check_alike(const SafetensorsFile& first, const SafetensorsFile& f) {
   for (const auto& [key, value] : first.metadata()) {
-    if (key == kRank) continue;
+    if (key == kRank || key == kWeights) continue;
     const auto it = f.metadata().find(key);
     if (it == f.metadata().end() || it->second != value)
       throw BadInput(f.path(), key, "differs from rank 0's (" + first.path() + "): the ranks must capture one case");
@@ -164,6 +165,12 @@ MergedDump merge_rank_dumps(const std::vector<std::string>& paths) {
   }
   m.metadata = ranks[0].metadata();
   for (const char* k : {kRank, kWorld, kShards}) m.metadata.erase(k);
+  if (m.metadata.count(kWeights)) {
+    std::string weights;
+    for (size_t r = 0; r < ranks.size(); ++r)
+      weights += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + ranks[r].metadata().at(kWeights);
+    m.metadata[kWeights] = weights;
+  }
   std::string from;
   for (const SafetensorsFile& f : ranks) from += (from.empty() ? "" : ", ") + f.path();
   m.metadata["bitparity.merged"] = std::to_string(ranks.size()) + " ranks: " + from;

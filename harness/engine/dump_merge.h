@@ -8,7 +8,9 @@
 //                     the r-th consecutive slice along dim; every other tensor is
 //                     replicated and must be bit-identical on every rank
 // Every rank holds the same tensor names with the same dtypes, the same shapes but
-// along its shard dim, the same bitparity.shards and the same other metadata.
+// along its shard dim, the same bitparity.shards and the same other metadata, but
+// bitparity.weights (where its own shard came from), which the merged dump lists rank
+// by rank.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,7 +24,8 @@ namespace bp::harness {
 struct MergedDump {
   std::vector<io::WriteTensor> tensors;        // their bytes live in `storage`
   std::vector<std::vector<uint8_t>> storage;
-  std::map<std::string, std::string> metadata;  // rank 0's, less rank, world and shards, plus bitparity.merged
+  std::map<std::string, std::string> metadata;  // rank 0's, less rank, world and shards; every rank's
+                                                // weights; plus bitparity.merged
 };
 
 // Throws bp::io::BadInput naming the file and the tensor or metadata key at fault,

@@ -22,6 +22,7 @@ fp32 (torch.log_softmax of logits.float() / temperature), as trainers commonly d
 Face name (`grads.<name>`, fp32).
 """
 
+import ast
 import hashlib
 import json
 import re
@@ -144,10 +145,15 @@ class _Rows:
 
 
 class Capture:
-    def __init__(self, model, name_map=None, temperature=1.0):
+    def __init__(self, model, name_map=None, temperature=1.0, tp=None):
         self.model = model
         self.map = name_map if name_map is not None else name_maps.for_model(model)
         self.temperature = float(temperature)
+        self.rank, self.world = tp if tp is not None else (0, 1)
+        if not 0 <= self.rank < self.world:
+            raise CaptureError(f"tp=(rank, world) = {tp}: the rank must be in [0, world)")
+        self._sizes = _size_names(model, self.world)
+        self._shards = {}  # tensor -> the dimension this rank holds a slice of (world > 1)
         self._rows = _Rows()
         self._ops = {}  # op -> {(seq, pos): row tensor}
         self._order = []  # ops in the order first seen (execution order)
@@ -179,19 +185,44 @@ class Capture:
             if m:
                 yield name, module, m.groupdict().get("i")
 
+    def _record_entry(self, entry, i, value, what):
+        """Records a module's or function's tensor under the entry's op(s): split along
+        its features where the entry names sizes, its shard dimension noted."""
+        ops = entry["op"] if isinstance(entry["op"], list) else [entry["op"]]
+        layout = entry.get("layout", "bs")
+        parts = [value]
+        if "split" in entry:
+            sizes = [self._size(x, entry) for x in entry["split"]]
+            if value.shape[-1] != sum(sizes):
+                raise CaptureError(f"{what}: {value.shape[-1]} features, but the map splits {sum(sizes)} ({sizes})")
+            parts = list(torch.split(value, sizes, dim=-1))
+        elif len(ops) > 1:
+            raise CaptureError(f"name map: {what} yields {len(ops)} ops from one tensor without a split")
+        for op, part in zip(ops, parts):
+            op = op.format(i=i)
+            self._record(op, part, layout, what)
+            if self.world > 1 and "shard" in entry:
+                self._shards["ops." + op] = 1  # [tokens, features]: the features are sharded
+
+    def _size(self, expression, entry):
+        try:
+            return int(_evaluate(expression, self._sizes))
+        except (ValueError, KeyError, ZeroDivisionError) as e:
+            raise CaptureError(f"name map: split size {expression!r} of {entry.get('module') or entry.get('function')}: "
+                               f"{e} (names: {sorted(self._sizes)})") from None
+
     def _hook_module(self, entry):
         found = False
-        take, layout, index = entry.get("take", "output"), entry.get("layout", "bs"), entry.get("index", 0)
+        take, index = entry.get("take", "output"), entry.get("index", 0)
         for name, module, i in self._modules(entry["module"]):
             found = True
-            op = entry["op"].format(i=i)
             if take == "input":
-                def pre(mod, args, op=op, name=name):
-                    self._record(op, _first_tensor(args), layout, f"{name} (input)")
+                def pre(mod, args, i=i, name=name):
+                    self._record_entry(entry, i, _first_tensor(args), f"{name} (input)")
                 self._undo.append(module.register_forward_pre_hook(pre).remove)
             else:
-                def post(mod, args, out, op=op, name=name):
-                    self._record(op, _first_tensor(out, index), layout, name)
+                def post(mod, args, out, i=i, name=name):
+                    self._record_entry(entry, i, _first_tensor(out, index), name)
                 self._undo.append(module.register_forward_hook(post).remove)
         return found
 
@@ -199,7 +230,7 @@ class Capture:
         owners = list(self._modules(entry["of"]))
         if not owners:
             return False
-        fn_name, ops, layout = entry["function"], entry["op"], entry.get("layout", "bs")
+        fn_name, ops = entry["function"], entry["op"]
         namespaces = {id(sys.modules[type(m).__module__].__dict__): sys.modules[type(m).__module__].__dict__
                       for _, m, _ in owners}
         for ns in namespaces.values():
@@ -211,7 +242,7 @@ class Capture:
                 out = _original(*args, **kwargs)
                 if self._layer is not None:
                     for op, t in zip(ops, out):
-                        self._record(op.format(i=self._layer), t, layout, f"{fn_name} of layer {self._layer}")
+                        self._record_entry(dict(entry, op=op), self._layer, t, f"{fn_name} of layer {self._layer}")
                 return out
             ns[fn_name] = wrapper
             self._undo.append(lambda ns=ns, original=original: ns.__setitem__(fn_name, original))
@@ -313,15 +344,36 @@ class Capture:
         return out
 
     def gradients(self):
-        """{"grads.<name>": fp32} of every parameter that has a gradient."""
-        rename = [(re.compile(a), b) for a, b in self.map.get("grads", {}).get("rename", [])]
+        """{"grads.<name>": fp32} of every parameter that has a gradient, under its
+        Hugging Face name: the map's grads rules rename, split fused parameters
+        (qkv_proj into q/k/v_proj) and say which are sharded (world > 1)."""
+        rules = self.map.get("grads", {})
+        rename = [(re.compile(a), b) for a, b in rules.get("rename", [])]
+        splits = [(re.compile(r["param"]), r) for r in rules.get("split", [])]
+        shards = [(re.compile(a), d) for a, d in rules.get("shard", [])]
         out = {}
         for name, p in self.model.named_parameters():
             if p.grad is None:
                 continue
             for pattern, repl in rename:
                 name = pattern.sub(repl, name)
-            out["grads." + name] = p.grad.detach().float()
+            grad = p.grad.detach().float()
+            pieces = {name: grad}
+            for pattern, rule in splits:
+                m = pattern.fullmatch(name)
+                if m:
+                    sizes = [self._size(x, {"module": name}) for x in rule["sizes"]]
+                    dim = rule.get("dim", 0)
+                    if grad.shape[dim] != sum(sizes):
+                        raise CaptureError(f"grads.{name}: {grad.shape[dim]} rows along {dim}, the map splits {sizes}")
+                    pieces = {m.expand(n): t for n, t in zip(rule["into"], torch.split(grad, sizes, dim=dim))}
+                    break
+            for n, t in pieces.items():
+                out["grads." + n] = t.contiguous()
+                for pattern, dim in shards:
+                    if self.world > 1 and pattern.fullmatch(n):
+                        self._shards["grads." + n] = dim
+                        break
         return out
 
     def tensors(self):
@@ -343,6 +395,9 @@ class Capture:
             "bitparity.calls": str(self._rows.calls),
             "bitparity.weights": weights or _parameters_digest(self.model),
         }
+        if self.world > 1:
+            m["bitparity.rank"], m["bitparity.world"] = str(self.rank), str(self.world)
+            m["bitparity.shards"] = json.dumps(self._shards, sort_keys=True, separators=(",", ":"))
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "to_dict"):
             m["bitparity.config"] = json.dumps(config.to_dict(), default=str, sort_keys=True)
@@ -351,7 +406,8 @@ class Capture:
     def write(self, path, coefficients=None, weights=None):
         """Writes the dump: ops, logprobs, entropy, gradients (if any) and the metadata
         from which `bitparity run` reproduces the case (the tokens as a tokens file)."""
-        _dump.write_dump(path, self.tensors(), self.metadata(coefficients, weights))
+        tensors = self.tensors()  # first: it notes which tensors are sharded
+        _dump.write_dump(path, tensors, self.metadata(coefficients, weights))
 
 
 # bitparity's ops in execution order (SPEC.md §6.3).
@@ -372,6 +428,36 @@ def _op_rank(op, first_seen):
     return (3, 0, first_seen.index(op))
 
 
+def _size_names(model, world):
+    """The names a split size may use: the model config's integers, and world."""
+    names = {"world": world}
+    config = getattr(model, "config", None)
+    if config is not None:
+        items = config.to_dict().items() if hasattr(config, "to_dict") else vars(config).items()
+        names.update({k: v for k, v in items if isinstance(v, int) and not isinstance(v, bool)})
+    return names
+
+
+def _evaluate(expression, names):
+    """An integer expression over `names`: + - * // and parentheses, nothing else."""
+    if isinstance(expression, int):
+        return expression
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b}
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError(f"not an integer expression of names: {ast.dump(node)}")
+    return ev(ast.parse(str(expression), mode="eval"))
+
+
 def _parameters_digest(model):
     h = hashlib.sha256()
     for name, p in model.named_parameters():
@@ -380,6 +466,8 @@ def _parameters_digest(model):
     return "in-memory parameters sha256 " + h.hexdigest()
 
 
-def capture(model, name_map=None, temperature=1.0):
-    """A context manager recording `model`'s ops (see the module's docstring)."""
-    return Capture(model, name_map=name_map, temperature=temperature)
+def capture(model, name_map=None, temperature=1.0, tp=None):
+    """A context manager recording `model`'s ops (see the module's docstring).
+    tp=(rank, world): this process holds rank `rank` of a tensor-parallel group of
+    `world`; its dump says so, and which tensors the map shards, for `bitparity merge`."""
+    return Capture(model, name_map=name_map, temperature=temperature, tp=tp)

@@ -79,6 +79,11 @@ def bisect(a, b):
     return _call(["bisect", a, b])
 
 
+def merge(out, dumps):
+    """`bitparity merge`: per-rank captures of a tensor-parallel engine as one unsharded dump."""
+    return _call(["merge", "--quiet", "--out", out] + list(dumps), report=False)
+
+
 def run(out, model, tokens=None, contract=None, implementation=None, layout=None, path=None, capture_ops=True,
         grads=True, extra=()):
     """`bitparity run`: one case of the oracle (or an implementation) written to the dump `out`.

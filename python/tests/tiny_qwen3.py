@@ -60,22 +60,91 @@ class Qwen3RMSNorm(nn.Module):
         return self.weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
+class _AllReduce(torch.autograd.Function):
+    """A row-parallel layer's partial sums added over the TP group; its backward is the identity."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        torch.distributed.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _GradAllReduce(torch.autograd.Function):
+    """Before a column-parallel layer: the identity, whose backward adds the ranks' input gradients."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        torch.distributed.all_reduce(g)
+        return g
+
+
+class Parallel(SimpleNamespace):
+    """rank and world of the TP group; fused: qkv_proj and gate_up_proj as vLLM and SGLang name them."""
+
+    def column_input(self, x):
+        return _GradAllReduce.apply(x) if self.world > 1 else x
+
+    def row_output(self, y):
+        return _AllReduce.apply(y) if self.world > 1 else y
+
+
+SINGLE = Parallel(rank=0, world=1, fused=False)
+
+
+class RowParallelLinear(nn.Linear):
+    """A row-parallel projection whose output is the whole sum, as vLLM's and Megatron's
+    are: the ranks' partial products added inside the module."""
+
+    def __init__(self, n_in, n_out, par):
+        super().__init__(n_in, n_out, bias=False)
+        self.par = par
+
+    def forward(self, x):
+        return self.par.row_output(super().forward(x))
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, gate_up):
+        g, u = gate_up.chunk(2, dim=-1)
+        return nn.functional.silu(g) * u
+
+
 class Qwen3Attention(nn.Module):
-    def __init__(self, c, layer):
+    def __init__(self, c, layer, par=SINGLE):
         super().__init__()
-        self.c, self.layer, self.D = c, layer, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.c, self.layer, self.D, self.par = c, layer, c.head_dim, par
+        self.q_dim = c.num_attention_heads * c.head_dim // par.world
+        self.kv_dim = c.num_key_value_heads * c.head_dim // par.world
+        if par.fused:
+            self.qkv_proj = nn.Linear(c.hidden_size, self.q_dim + 2 * self.kv_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(c.hidden_size, self.q_dim, bias=False)
+            self.k_proj = nn.Linear(c.hidden_size, self.kv_dim, bias=False)
+            self.v_proj = nn.Linear(c.hidden_size, self.kv_dim, bias=False)
+        self.o_proj = RowParallelLinear(self.q_dim, c.hidden_size, par)
         self.q_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def forward(self, x, cos, sin, allowed, cache):
         B, S, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, S, -1, self.D)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, S, -1, self.D)).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, -1, self.D).transpose(1, 2)
+        x = self.par.column_input(x)
+        if self.par.fused:
+            q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.view(B, S, -1, self.D)).transpose(1, 2)
+        k = self.k_norm(k.view(B, S, -1, self.D)).transpose(1, 2)
+        v = v.view(B, S, -1, self.D).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
             if len(cache) > self.layer:
@@ -95,14 +164,25 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, c, inter):
+    def __init__(self, c, inter, par=SINGLE):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, inter, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, inter, bias=False)
-        self.down_proj = nn.Linear(inter, c.hidden_size, bias=False)
+        self.par = par
+        inter //= par.world
+        if par.fused:
+            self.gate_up_proj = nn.Linear(c.hidden_size, 2 * inter, bias=False)
+            self.act_fn = SiluAndMul()
+        else:
+            self.gate_proj = nn.Linear(c.hidden_size, inter, bias=False)
+            self.up_proj = nn.Linear(c.hidden_size, inter, bias=False)
+        self.down_proj = RowParallelLinear(inter, c.hidden_size, par)
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        x = self.par.column_input(x)
+        if self.par.fused:
+            m = self.act_fn(self.gate_up_proj(x))
+        else:
+            m = nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(m)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
@@ -131,13 +211,13 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, c, layer):
+    def __init__(self, c, layer, par=SINGLE):
         super().__init__()
         self.input_layernorm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Qwen3Attention(c, layer)
+        self.self_attn = Qwen3Attention(c, layer, par)
         self.post_attention_layernorm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
         moe = getattr(c, "num_experts", 0) and layer not in c.mlp_only_layers
-        self.mlp = Qwen3MoeSparseMoeBlock(c) if moe else Qwen3MLP(c, c.intermediate_size)
+        self.mlp = Qwen3MoeSparseMoeBlock(c) if moe else Qwen3MLP(c, c.intermediate_size, par)
 
     def forward(self, x, cos, sin, allowed, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed, cache)[0]
@@ -145,18 +225,18 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, par=SINGLE):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(c, i) for i in range(c.num_hidden_layers)])
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(c, i, par) for i in range(c.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class Qwen3ForCausalLM(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, par=SINGLE):
         super().__init__()
         self.config = c
-        self.model = Qwen3Model(c)
+        self.model = Qwen3Model(c, par)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     def _rope(self, pos, dtype):
@@ -195,11 +275,47 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     pass
 
 
-def build(config, dtype=torch.float64, seed=0):
+def build(config, dtype=torch.float64, seed=0, par=SINGLE):
+    """The model of `seed`'s weights; with `par`, rank par.rank's shard of it (the same
+    weights cut as Megatron cuts them, fused where par.fused)."""
     torch.manual_seed(seed)
     moe = config.architectures[0] == "Qwen3MoeForCausalLM"
-    m = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+    cls = Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM
+    m = cls(config)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.3)
-    return m.to(dtype)
+    if par is SINGLE:
+        return m.to(dtype)
+    shard = cls(config, par)
+    shard.load_state_dict(_shard_state(m.state_dict(), par))
+    return shard.to(dtype)
+
+
+def _shard_state(full, par):
+    """Rank par.rank's slices: column-parallel rows, row-parallel columns; fused as [q | k | v], [gate | up]."""
+    def rows(t):
+        n = t.shape[0] // par.world
+        return t[par.rank * n:(par.rank + 1) * n]
+
+    def cols(t):
+        n = t.shape[1] // par.world
+        return t[:, par.rank * n:(par.rank + 1) * n]
+    out = {}
+    for name, t in full.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            out[name] = rows(t)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            out[name] = cols(t)
+        else:
+            out[name] = t
+    if par.fused:
+        for name in list(out):
+            if name.endswith("q_proj.weight"):
+                base = name[:-len("q_proj.weight")]
+                out[base + "qkv_proj.weight"] = torch.cat([out.pop(base + p + ".weight") for p in ("q_proj", "k_proj", "v_proj")])
+            if name.endswith("gate_proj.weight"):
+                base = name[:-len("gate_proj.weight")]
+                out[base + "gate_up_proj.weight"] = torch.cat([out.pop(base + "gate_proj.weight"),
+                                                                out.pop(base + "up_proj.weight")])
+    return out
