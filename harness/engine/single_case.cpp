@@ -29,7 +29,7 @@ std::vector<NamedTensor> run_float64(const SweepPlan& plan, const layouts::Layou
   meta["bitparity.coefficients"] = batch.coefs.describe();
   check_work_limits(estimate_run(cfg, seqs, plan.grads), plan.force);
   const truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
-                                     io::LoadOptions{plan.allow_nonfinite_weights}, origin);
+                                     io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}}, origin);
   if (on_weights) on_weights(origin);
   truth::ForwardOptions opt;
   opt.temperature = plan.temperature;

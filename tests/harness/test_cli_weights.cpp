@@ -350,7 +350,7 @@ TEST(WeightsLoad, Fp32LoadIsTheStoredValuesAndRefusalsNameTheStoredElement) {
           << e.what();
     }
   }
-  const Weights allowed = io::load_weights(dir.string(), moe, {true});
+  const Weights allowed = io::load_weights(dir.string(), moe, {.allow_nonfinite = true, .progress = {}});
   EXPECT_TRUE(std::isnan(widen(allowed.at(where + "2.up_proj.weight").data[5])));
   fs::remove_all(dir);
 }
