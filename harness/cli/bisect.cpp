@@ -8,12 +8,14 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "harness/cli/common.h"
 #include "harness/engine/cases.h"
 #include "harness/engine/cuda_implementation.h"
 #include "harness/engine/single_case.h"
 #include "harness/exit_codes.h"
+#include "harness/io/json_strict.h"
 #include "harness/io/safetensors.h"
 #include "reference/model/model_graph.h"
 
@@ -39,6 +41,11 @@ struct Side {
   // A run whose path is not extend (or under --no-grads) computes no gradients by
   // design; a dump's missing gradients are a difference like any missing tensor.
   bool computes_grads = true;
+  // Ops an engine capture says its name map cannot take (metadata
+  // bitparity.not_captured, a JSON list of op names without the layer: Hugging
+  // Face's MoE block computes router_weights and expert_out in no module of their
+  // own); the other side's such tensors are left out, said, not a difference.
+  std::set<std::string> not_captured;
 };
 
 // "key=value,key=value": a piece without '=' continues the previous value, so
@@ -147,7 +154,22 @@ Side side_of_dump(const std::string& path) {
       s.num_layers = std::max(s.num_layers, std::atoi(info.name.c_str() + 11) + 1);
     s.tensors.emplace(t.name, std::move(t));
   }
+  if (const auto it = f.metadata().find("bitparity.not_captured"); it != f.metadata().end()) {
+    const nlohmann::json ops = io::parse_json_strict(it->second, path + ": bitparity.not_captured");
+    if (!ops.is_array()) throw io::BadInput(path, "bitparity.not_captured", "expected a JSON list of op names");
+    for (const auto& op : ops) {
+      if (!op.is_string()) throw io::BadInput(path, "bitparity.not_captured", "expected a JSON list of op names");
+      s.not_captured.insert(op.get<std::string>());
+    }
+  }
   return s;
+}
+
+// "router_weights" of "ops.layers.3.router_weights"; "" for other tensors.
+std::string layer_op(const std::string& tensor) {
+  if (tensor.rfind("ops.layers.", 0) != 0) return "";
+  const size_t dot = tensor.find('.', 11);
+  return dot == std::string::npos ? "" : tensor.substr(dot + 1);
 }
 
 bool equal(const NamedTensor& a, const NamedTensor& b) {
@@ -186,12 +208,14 @@ struct Pairing {
   std::vector<std::string> names;         // compared or on one side only, in execution order
   size_t common = 0, only_a = 0, only_b = 0;
   std::vector<std::string> not_computed;  // gradients the other side's run does not compute
+  std::vector<std::string> not_captured;  // ops the other side's capture cannot take
 };
 
 Pairing pair_tensors(const Side& a, const Side& b, int layers) {
   Pairing p;
   auto add = [&](const std::string& name, const Side& lacking, size_t& only) {
     if (name.rfind("grads.", 0) == 0 && !lacking.computes_grads) return p.not_computed.push_back(name);
+    if (lacking.not_captured.count(layer_op(name))) return p.not_captured.push_back(name);
     ++only;
     p.names.push_back(name);
   };
@@ -285,6 +309,9 @@ void print_pairing(const Pairing& p, const Side& a, const Side& b, std::FILE* ou
   if (!p.not_computed.empty())
     std::fprintf(out, "not compared: %zu gradient tensor(s) of one side only: the other run computes no gradients "
                  "(they are computed on the extend path)\n", p.not_computed.size());
+  if (!p.not_captured.empty())
+    std::fprintf(out, "not compared: %zu op tensor(s) of one side only: the other side's capture says its name map "
+                 "cannot take them (bitparity.not_captured)\n", p.not_captured.size());
   if (p.common == 0 && !p.names.empty())
     std::fprintf(out, "bisect: A and B have no tensor in common (A %zu, B %zu): not the same computation, or one "
                  "side's output is missing\n", a.tensors.size(), b.tensors.size());

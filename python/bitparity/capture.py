@@ -339,7 +339,7 @@ class Capture:
                 out[f"logprobs.{n}"] = out[f"entropy.{n}"] = torch.zeros(0)
                 continue
             logp = torch.log_softmax(torch.stack(rows).float() / self.temperature, dim=-1)
-            out[f"logprobs.{n}"] = logp.gather(1, torch.tensor(toks[1:]).unsqueeze(1)).squeeze(1)
+            out[f"logprobs.{n}"] = logp.gather(1, torch.tensor(toks[1:], device=logp.device).unsqueeze(1)).squeeze(1)
             out[f"entropy.{n}"] = -(logp.exp() * logp).sum(dim=-1)
         return out
 
@@ -395,6 +395,8 @@ class Capture:
             "bitparity.calls": str(self._rows.calls),
             "bitparity.weights": weights or _parameters_digest(self.model),
         }
+        if self.map.get("not_captured"):
+            m["bitparity.not_captured"] = json.dumps(list(self.map["not_captured"]))
         if self.world > 1:
             m["bitparity.rank"], m["bitparity.world"] = str(self.rank), str(self.world)
             m["bitparity.shards"] = json.dumps(self._shards, sort_keys=True, separators=(",", ":"))

@@ -28,7 +28,9 @@ is a tuple contributes its first element, unless "index" names another.
     "shard": 1               under tensor parallelism this op's features are this
                              rank's slice (bitparity merge concatenates them)
 
-and the gradients' rules:
+and, at the top level, "not_captured": [op, ...], the ops of bitparity's graph the
+map cannot take (written to the dump; bisect then leaves the other side's out), and
+the gradients' rules:
 
     "grads": {"rename": [[regex, replacement], ...],
               "split": [{"param": regex, "into": [replacement, ...], "sizes": [...], "dim": 0}],
@@ -120,12 +122,14 @@ FUSED_QWEN3 = {
 # gate's output ([batch·seq, E]); the top-k weights and each slot's weighted expert
 # output are computed inside the block's forward, not by a module of their own, so
 # this map does not capture router_weights and expert_out (mlp_out and the gradients
-# judge the experts).
+# judge the experts), and says so: its dumps' bitparity.not_captured lists them, and
+# bisect leaves the other side's out.
 HF_QWEN3_MOE = {
     "name": "hf-qwen3-moe",
     "ops": _attention_ops() + _dense_mlp_ops()
     + [{"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits", "layout": "flat"}] + _tail_ops(),
     "grads": {"shard": _GRAD_SHARDS},
+    "not_captured": ["router_weights", "expert_out"],
 }
 
 BUILT_IN = {m["name"]: m for m in (HF_QWEN3, HF_QWEN3_MOE, FUSED_QWEN3)}

@@ -131,6 +131,8 @@ def test_logprobs_entropy_and_gradients(model):
 def test_moe_router_logits(model):
     moe = tiny_qwen3.build(tiny_qwen3.moe_config())
     cap = capture_each(moe, right_padded)
+    assert cap.metadata()["bitparity.not_captured"] == '["router_weights", "expert_out"]'
+    assert "bitparity.not_captured" not in capture_each(model, extend).metadata()
     ops = cap.ops()
     assert "ops.layers.0.mlp_gate" in ops and "ops.layers.0.router_logits" not in ops  # layer 0: dense
     assert ops["ops.layers.1.router_logits"].shape == (sum(len(s) for s in SEQS), 4)

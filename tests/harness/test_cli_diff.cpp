@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -235,6 +236,35 @@ TEST_F(CliDiff, BisectCountsATensorOnOneSideAsADifference) {
   EXPECT_EQ(run("bisect " + empty + " " + empty), 2) << out_ << err_;
   EXPECT_NE(err_.find("A and B hold no tensor: nothing to bisect"), std::string::npos) << err_;
   EXPECT_EQ(run("bisect " + full + " " + full), 0) << out_ << err_;
+}
+
+// An engine capture whose name map cannot take some ops says so (bitparity.not_captured,
+// issue 54: Hugging Face's MoE block computes router_weights in no module of its own):
+// the other side's such tensors are left out and said, not a difference; without the
+// metadata the same pair is a difference (the negative control).
+TEST_F(CliDiff, BisectLeavesOutWhatACaptureSaysItCannotTake) {
+  const std::vector<uint16_t> v = {0x3f80, 0x4000};
+  auto dump = [&](const std::string& leaf, const std::vector<std::string>& names,
+                  const std::map<std::string, std::string>& meta) {
+    std::vector<io::WriteTensor> t;
+    for (const std::string& n : names) t.push_back({n, io::DType::BF16, {1, 2}, {reinterpret_cast<const uint8_t*>(v.data()), 4}});
+    io::write_safetensors(path(leaf), std::move(t), meta);
+    return path(leaf);
+  };
+  const std::string oracle =
+      dump("oracle.safetensors", {"ops.embed", "ops.layers.1.router_logits", "ops.layers.1.router_weights", "ops.logits"}, {});
+  const std::vector<std::string> captured = {"ops.embed", "ops.layers.1.router_logits", "ops.logits"};
+  const std::string engine = dump("engine.safetensors", captured, {{"bitparity.not_captured", R"(["router_weights"])"}});
+  EXPECT_EQ(run("bisect " + engine + " " + oracle), 0) << out_ << err_;
+  EXPECT_NE(out_.find("not compared: 1 op tensor(s) of one side only: the other side's capture says its name map "
+                      "cannot take them"),
+            std::string::npos)
+      << out_;
+  EXPECT_EQ(run("bisect " + dump("silent.safetensors", captured, {}) + " " + oracle), 1) << out_ << err_;
+  EXPECT_EQ(run("bisect " + dump("bad.safetensors", captured, {{"bitparity.not_captured", "router_weights"}}) + " " +
+                oracle),
+            2);
+  EXPECT_NE(err_.find("bitparity.not_captured"), std::string::npos) << err_;
 }
 
 TEST_F(CliDiff, HelpListsTheExitCodes) {

@@ -12,6 +12,7 @@
 
 #include "harness/report/report.h"
 #include "support/cli_run.h"
+#include "support/golden.h"
 #include "support/sample_report.h"
 
 namespace bp {
@@ -127,17 +128,28 @@ TEST_F(CliReport, MalformedReportsExitTwoNamingFileAndField) {
   EXPECT_EQ(run("report '" + path("bad.csv") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("bad.csv") +
                       ": line 2, column bit_identical: expected true or false, found \"maybe\"\n");
-  // A report of an earlier schema (no case times) asks for a re-run.
+  // A report of a schema before 3 (no case times) asks for a re-run.
   std::string v2 = read(path("r.json"));
   v2.replace(v2.find("\"schema_version\": 5"), 19, "\"schema_version\": 2");
   std::ofstream(path("v2.json"), std::ios::binary) << v2;
   EXPECT_EQ(run("report '" + path("v2.json") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("v2.json") +
-                      ": schema_version: this bitparity reads schema_version 5; re-run the command that wrote the "
-                      "report\n");
+                      ": schema_version: this bitparity reads schema_version 3 to 5; this report's is 2; re-run the "
+                      "command that wrote it\n");
   EXPECT_EQ(run("report '" + path("missing.json") + "'"), 2);
   EXPECT_NE(err_.find("missing.json"), std::string::npos);
   EXPECT_EQ(run("report"), 2);  // REPORT is required
+}
+
+// Issue 53 item 15: last month's report, committed as a CI baseline, survives the
+// upgrade: reports written by the builds of schema 3 and 4 (fixtures/reports/) are read
+// and compared, JSON and CSV; before, `report` refused them (exit 2, "re-run").
+TEST_F(CliReport, ReportsOfEarlierSchemasServeAsBaselines) {
+  const std::string old3 = test::source_path("fixtures/reports/schema3.json");
+  const std::string old4 = test::source_path("fixtures/reports/schema4.csv");
+  EXPECT_EQ(run("report '" + old3 + "'"), 1) << err_;  // its run had two mismatches (the +ring control)
+  EXPECT_NE(out_.find("10 cases"), std::string::npos) << out_;
+  EXPECT_EQ(run("report '" + old4 + "' --baseline '" + old3 + "'"), 0) << out_ << err_;
 }
 
 TEST_F(CliReport, HtmlIsAtomicAndAFailedRunKeepsTheEarlierPage) {
