@@ -142,7 +142,7 @@ TEST_F(CliMerge, BadRankSetsAreRefusedNamingTheField) {
   const auto two = ranks(2, dims, dims);
   expect_bad({two[0]}, "bitparity.world: is 2 but 1 dumps were given: rank 1 missing");
   expect_bad({two[0], two[0]}, "bitparity.rank: 0 is also " + two[0] + "'s rank");
-  const auto spoiled = ranks(2, dims, dims, [](int r, auto& storage, auto& meta) {
+  const auto spoiled = ranks(2, dims, dims, [](int r, auto&, auto& meta) {
     if (r == 1) meta["bitparity.tokens"] = "seed 2 lengths 5,3";
   });
   expect_bad(spoiled, "rank1.safetensors: bitparity.tokens: differs from rank 0's");
