@@ -132,7 +132,10 @@ class Qwen3Program {
   void moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed& pk, State& st, bool cap) const;
   void head_fwd(const std::vector<std::vector<int32_t>>& seqs, const std::vector<Piece>& pieces, const Packed& pk,
                 State& st, BBuf& x, const ForwardOptions& opt, Saved* saved) const;
-  void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b, int feat) const;
+  // Records b's rows as the capture `name`; then, where the forward substitutes
+  // another engine's output for it (ForwardOptions::substitute), overwrites b with
+  // those rows, so that the next op reads them.
+  void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b, int feat) const;
   BBuf loss_dlogits(const std::vector<std::vector<int32_t>>& seqs, const std::vector<std::vector<float>>& c_of,
                     const Saved& sv, float temperature) const;
   void layer_bwd(int64_t li, LayerActs& s, const Saved& sv, const int32_t* pos, LayerGrads& lg, GradMap& G) const;
@@ -207,6 +210,7 @@ struct Qwen3Program<B>::State {
   int64_t total = 0;
   std::vector<Capture> caps;
   std::map<std::string, size_t> cap_index;
+  const std::map<std::string, std::vector<bf16>>* substitute = nullptr;  // ForwardOptions::substitute
 };
 
 template <class B>
@@ -257,7 +261,7 @@ typename Qwen3Program<B>::Targets Qwen3Program<B>::target_runs(const BBuf& logit
 
 // Captured rows go to their canonical row (sequence by sequence), whatever the path.
 template <class B>
-void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const std::string& name, const BBuf& b,
+void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b,
                               int feat) const {
   auto it = st.cap_index.find(name);
   if (it == st.cap_index.end()) {
@@ -269,10 +273,22 @@ void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const
     st.caps.push_back(std::move(c));
   }
   Capture& c = st.caps[it->second];
+  const size_t f = static_cast<size_t>(feat);
   const std::vector<bf16> host = be_.to_host(b.data(), b.size());
   for (size_t t = 0; t < crow.size(); ++t)
-    std::memcpy(&c.bf16_data[static_cast<size_t>(crow[t] * feat)], &host[t * static_cast<size_t>(feat)],
-                sizeof(bf16) * static_cast<size_t>(feat));
+    std::memcpy(&c.bf16_data[static_cast<size_t>(crow[t]) * f], &host[t * f], sizeof(bf16) * f);
+  if (!st.substitute) return;
+  const auto sub = st.substitute->find(name);
+  if (sub == st.substitute->end()) return;
+  if (sub->second.size() != c.bf16_data.size())
+    throw std::invalid_argument("substitute: " + name + " has " + std::to_string(sub->second.size()) +
+                                " values; the model's is " + std::to_string(st.total) + " tokens x " +
+                                std::to_string(feat));
+  std::vector<bf16> rows(crow.size() * f);
+  for (size_t t = 0; t < crow.size(); ++t)
+    std::memcpy(&rows[t * f], &sub->second[static_cast<size_t>(crow[t]) * f], sizeof(bf16) * f);
+  const auto dev = be_.resident(rows);
+  be_.copy(b.data(), dev.data(), rows.size());
 }
 
 // The MoE block by its stages (bit-identical to moe_layer_fwd, which is this chain),
@@ -410,7 +426,7 @@ void Qwen3Program<B>::attention_fwd(int64_t li, const std::vector<Piece>& pieces
                                     bool cap) const {
   const int T = pk.T(), H = d_.H, D = d_.D, Hq = d_.Hq, Hkv = d_.Hkv, QD = d_.QD, KD = d_.KD;
   const ref::RopeTable rt = rope_table();
-  auto cap_out = [&](Op op, const BBuf& b, int feat) {
+  auto cap_out = [&](Op op, BBuf& b, int feat) {
     if (cap) capture(st, pk.crow, cname(li, op), b, feat);
   };
   be_.rmsnorm_fwd(kn_, x.data(), w(lname(li, Param::InputNorm)), d_.eps, a.a1.data(), a.rstd1.data(), T, 1, H);
@@ -542,8 +558,10 @@ ForwardResult Qwen3Program<B>::forward(const std::vector<std::vector<int32_t>>& 
                                        const ForwardOptions& opt) const {
   if (opt.replay && path.kind != Path::Kind::Extend)
     throw std::invalid_argument("replay runs the extend path only (one step over every token)");
+  if (opt.substitute && !opt.capture) throw std::invalid_argument("substitute works through the captures: capture");
   const auto steps = path_steps(seqs, path, cfg_.max_position_embeddings);
   State st = start(seqs, opt.entropy);
+  st.substitute = opt.substitute;
   for (const auto& pieces : steps) step(seqs, pieces, st, opt, nullptr);
   ForwardResult r;
   r.logprob = std::move(st.logprob);

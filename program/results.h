@@ -36,6 +36,14 @@ struct ForwardOptions {
   // order (the embed or the previous layer's resid_mlp). Only those stages run (the
   // embedding always does); without the head's key the logprobs stay 0.
   const std::map<int64_t, std::vector<bf16>>* replay = nullptr;
+  // Conformance (`bitparity conform`): another engine's captured op outputs by
+  // capture name ("layers.3.q_proj"), canonical rows [tokens × features]. With
+  // capture, each such op's output is recorded as this model computes it, then
+  // replaced by the engine's before the next op reads it: every op is computed from
+  // the engine's own inputs. Within the MoE router the routing (the experts chosen)
+  // follows this model's own logits; the engine's router_weights, where given, weight
+  // the experts.
+  const std::map<std::string, std::vector<bf16>>* substitute = nullptr;
 };
 
 struct ForwardResult {

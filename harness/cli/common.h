@@ -36,6 +36,7 @@ Subcommand add_bisect_command(CLI::App& app);
 Subcommand add_list_command(CLI::App& app);
 Subcommand add_diff_command(CLI::App& app);
 Subcommand add_merge_command(CLI::App& app);
+Subcommand add_conform_command(CLI::App& app);
 Subcommand add_report_command(CLI::App& app);
 
 // The plan options shared by run, sweep and bisect (--model, --contract,

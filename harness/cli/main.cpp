@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
                                  add_list_command(app),
                                  add_diff_command(app),
                                  add_merge_command(app),
+                                 add_conform_command(app),
                                  add_report_command(app)};
   try {
     app.parse(argc, argv);

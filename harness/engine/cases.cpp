@@ -423,6 +423,17 @@ std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
   return within_memory(work_, [&] { return run_case(c, case_options()); });
 }
 
+std::vector<NamedTensor> CaseEngine::run_substituted(const CaseSpec& c,
+                                                     const std::map<std::string, std::vector<bf16>>& engine_ops) {
+  program::ForwardOptions opt = case_options();
+  opt.capture = true;
+  opt.substitute = &engine_ops;
+  const host::Model& m = loaded(c.model).model_for(c.contract);
+  return within_memory(work_, [&] {
+    return to_tensors(c.model.config, m.forward(c.model.tokens, program::Path::extend(), opt), nullptr);
+  });
+}
+
 void CaseEngine::refuse_if_untestable(const CaseSpec& c) const {
   if (c.implementation == Implementation::kCuda)
     if (const auto why = cuda_unavailable_reason()) throw CannotTest(*why);

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -146,6 +147,12 @@ class CaseEngine {
   // CaseFailed one with the verdict error, its message and the seconds until it
   // failed. Throws what run() throws otherwise.
   Case compare(const CaseSpec& c);
+  // Conformance (engine/conform.h): the case's model and contract on the CPU
+  // reference, extend path, every op captured as computed from `engine_ops` (another
+  // engine's captured outputs by capture name, canonical rows) instead of from this
+  // model's own earlier ops (program::ForwardOptions::substitute).
+  std::vector<NamedTensor> run_substituted(const CaseSpec& c,
+                                           const std::map<std::string, std::vector<bf16>>& engine_ops);
   // The report case of one stopped by program::run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
 

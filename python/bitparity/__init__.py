@@ -11,10 +11,10 @@ docs/python.md has the recipe, the name-map format and what each check proves.
 """
 
 from .capture import Capture, CaptureError, capture
-from .cli import BitparityError, CliResult, bisect, diff, executable, merge, run
+from .cli import BitparityError, CliResult, bisect, conform, diff, executable, merge, run
 from .dump import DumpError, read_dump, write_dump
 from .name_maps import BUILT_IN as NAME_MAPS
 
-__all__ = ["Capture", "CaptureError", "capture", "BitparityError", "CliResult", "bisect", "diff", "executable", "merge", "run",
+__all__ = ["Capture", "CaptureError", "capture", "BitparityError", "CliResult", "bisect", "conform", "diff", "executable", "merge", "run",
            "DumpError", "read_dump", "write_dump", "NAME_MAPS"]
 __version__ = "0.1.0"

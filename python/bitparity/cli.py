@@ -79,6 +79,12 @@ def bisect(a, b):
     return _call(["bisect", a, b])
 
 
+def conform(dump, model, contract=None):
+    """`bitparity conform`: each op of the capture judged alone against the contract
+    (computed by the oracle from the capture's own inputs); `report` lists every op."""
+    return _call(["conform", dump, "--model", model] + (["--contract", contract] if contract else []))
+
+
 def merge(out, dumps):
     """`bitparity merge`: per-rank captures of a tensor-parallel engine as one unsharded dump."""
     return _call(["merge", "--quiet", "--out", out] + list(dumps), report=False)

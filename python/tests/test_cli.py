@@ -59,6 +59,12 @@ def test_capture_lines_up_with_the_oracle(tmp_path, dense_config):
     assert sorted(tensors) == sorted(want)
     assert all(t["status"] == "compared" for t in tensors.values()), [t for t in tensors.values() if t["status"] != "compared"]
     assert tensors["ops.embed"]["bit_identical"]
+    # Each op judged alone: the ops before the first attention conform, and not every
+    # op of the engine is off the contract (bisect's cascade is not conform's verdict).
+    c = bitparity.conform(engine, folder, contract="bf16-fmaseq-v2")
+    judged = {t["name"]: t["bit_identical"] for case in c.report["cases"] for t in case["tensors"]}
+    assert judged["ops.embed"] and judged["ops.layers.0.input_norm"] and judged["ops.layers.0.q_proj"]
+    assert 0 < sum(not v for v in judged.values()) < len(judged)
     b = bitparity.bisect(engine, oracle)
     assert b.returncode in (0, 1), b.stderr
     if b.returncode == 1:

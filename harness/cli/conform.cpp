@@ -1,0 +1,84 @@
+// `bitparity conform DUMP --model M [--contract C]`: each op of an engine's capture
+// judged alone against the contract (engine/conform.h), its table, reports and exit code.
+#include <cinttypes>
+#include <cstdio>
+
+#include "harness/cli/common.h"
+#include "harness/engine/conform.h"
+#include "harness/exit_codes.h"
+#include "reference/contract/contract.h"
+
+namespace bp::harness {
+
+namespace {
+
+struct ConformOptions {
+  std::string dump, model, contract, json, csv, junit;
+  bool quiet = false;
+};
+
+void print(const ConformResult& r, std::FILE* out) {
+  const Case& c = r.report.cases.front();
+  size_t exact = 0, off = 0;
+  for (const TensorRecord& t : c.tensors) {
+    if (t.matches()) {
+      ++exact;
+      continue;
+    }
+    ++off;
+    std::fprintf(out, "%-34s ", terminal_text(t.name).c_str());
+    if (t.metrics)
+      std::fprintf(out, "%" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp, max |diff| %.3g\n", t.metrics->mismatches,
+                   t.metrics->elements, t.metrics->max_ulp_diff, t.metrics->max_abs_diff);
+    else
+      std::fprintf(out, "%s\n", tensor_status_name(t.status));
+  }
+  if (!r.not_captured.empty())
+    std::fprintf(out, "not captured: %zu op tensor(s) (computed by the reference from the ops before them), first %s\n",
+                 r.not_captured.size(), terminal_text(r.not_captured.front()).c_str());
+  if (!r.unknown.empty())
+    std::fprintf(out, "not judged: %zu tensor(s) that are no output of the model, first %s\n", r.unknown.size(),
+                 terminal_text(r.unknown.front()).c_str());
+  if (r.gradients) std::fprintf(out, "not judged: %zu gradient(s) (diff them against bitparity run)\n", r.gradients);
+  std::fprintf(out, "conform: %zu tensors judged alone against %s: %zu exact, %zu off the contract%s\n",
+               c.tensors.size(), c.parameters.at("contract").c_str(), exact, off,
+               c.first_divergent_op ? (", first " + terminal_text(*c.first_divergent_op)).c_str() : "");
+}
+
+int conform(const ConformOptions& o) {
+  const ReportPaths paths{o.json, o.csv, o.junit, ""};
+  if (const int rc = check_report_paths("conform", paths, {o.dump}, stderr)) return rc;
+  WeightsLog weights("conform", o.quiet);
+  ConformResult r = build_conform(o.dump, o.model, o.contract, weights.listener());
+  r.report.environment.weights = weights.origins();
+  if (!o.quiet) print(r, text_stream({o.json, o.csv, o.junit}));
+  if (const int rc = write_reports("conform", r.report, paths, stderr)) return rc;
+  const Verdict v = r.report.cases.front().verdict;
+  if (v == Verdict::kNonFinite) return nonfinite_exit("conform", r.report, false, stderr);
+  return v == Verdict::kExact ? kExitExact : kExitMismatch;
+}
+
+}  // namespace
+
+Subcommand add_conform_command(CLI::App& app) {
+  auto o = std::make_shared<ConformOptions>();
+  o->contract = default_contract_names().front();
+  CLI::App* sub = app.add_subcommand(
+      "conform",
+      "judge each op of an engine's capture alone against a contract: the CPU reference computes every captured op "
+      "from the engine's own captured inputs (its tokens from the dump's bitparity.tokens) and compares the bits, so "
+      "an op that left the contract shows alone at its position. Exit 0 every op exact, 1 an op off the contract, 2 "
+      "bad usage or input (no tokens in the dump, an op that is not BF16, rows that are not the tokens'), 3 internal "
+      "error");
+  sub->add_option("DUMP", o->dump, "the engine's capture (.safetensors: ops.<op> BF16 [tokens, features])")->required();
+  sub->add_option("--model", o->model, "the checkpoint the engine ran (a folder with a '/', or a fixture name)")
+      ->required();
+  sub->add_option("--contract", o->contract, "the contract to judge against (default: " + o->contract + ")");
+  sub->add_option("--json", o->json, "write a JSON report (tensors in execution order); '-': stdout");
+  sub->add_option("--csv", o->csv, "write a CSV report; '-': stdout");
+  sub->add_option("--junit", o->junit, "write a JUnit XML report; '-': stdout");
+  sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
+  return guarded_subcommand(sub, [o] { return conform(*o); });
+}
+
+}  // namespace bp::harness

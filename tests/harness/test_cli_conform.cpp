@@ -1,0 +1,122 @@
+// `bitparity conform` (issue 54): each op of a capture judged alone against the
+// contract. The reference's own capture conforms at every op; a capture whose engine
+// computed one op otherwise (everything after it computed from that op's output, as
+// in a real engine) is found at that op alone, while `diff` against the reference
+// sees the whole cascade (the negative control); the same capture judged under
+// another contract parts at the ops whose reductions the contracts order otherwise;
+// a dump without tokens, an op that is not BF16 and rows that are not the tokens'
+// are bad input (exit 2) naming the field.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/engine/cases.h"
+#include "harness/engine/single_case.h"
+#include "harness/io/safetensors.h"
+#include "support/cli_run.h"
+
+namespace bp {
+namespace {
+
+using harness::NamedTensor;
+using io::SafetensorsFile;
+
+class CliConform : public test::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    ASSERT_EQ(run("run --model qwen3-dense-tiny --contract bf16-fmaseq-v2 --lengths 5,3 --capture ops --no-grads "
+                  "--out " + path("ref.safetensors") + " -q"), 0) << err_;
+  }
+  static const std::string kModel;
+  int conform(const std::string& dump, const std::string& contract = "bf16-fmaseq-v2") {
+    return run("conform " + dump + " --model " + kModel + " --contract " + contract);
+  }
+  // `tensors` written as a dump with ref.safetensors' metadata, `edit`ed.
+  std::string write_dump(const std::string& leaf, const std::vector<NamedTensor>& tensors,
+                         std::map<std::string, std::string> meta) {
+    std::vector<io::WriteTensor> w;
+    for (const NamedTensor& t : tensors) {
+      const bool b = t.type == harness::CmpType::BF16;
+      w.push_back({t.name, b ? io::DType::BF16 : io::DType::F32, t.shape,
+                   {b ? reinterpret_cast<const uint8_t*>(t.bf16_values.data())
+                      : reinterpret_cast<const uint8_t*>(t.f32_values.data()),
+                    b ? t.bf16_values.size() * 2 : t.f32_values.size() * 4}});
+    }
+    io::write_safetensors(path(leaf), std::move(w), meta);
+    return path(leaf);
+  }
+};
+const std::string CliConform::kModel = "qwen3-dense-tiny";
+
+// The reference's own ops, each recomputed from the capture's substitutes.
+std::vector<NamedTensor> reference_run(const std::map<std::string, std::vector<bf16>>& substitute) {
+  harness::SweepPlan plan = harness::single_case_defaults();
+  plan.models = {"qwen3-dense-tiny"};
+  plan.contracts = {"bf16-fmaseq-v2"};
+  plan.tokens.lengths = {5, 3};
+  plan.grads = false;
+  plan.capture_ops = true;
+  harness::CaseEngine engine(plan);
+  return engine.run_substituted(engine.cases().at(0), substitute);
+}
+
+TEST_F(CliConform, TheReferencesCaptureConformsAtEveryOp) {
+  EXPECT_EQ(conform(path("ref.safetensors")), 0) << out_ << err_;
+  EXPECT_NE(out_.find("58 tensors judged alone against bf16-fmaseq-v2: 58 exact, 0 off the contract"),
+            std::string::npos) << out_;
+}
+
+TEST_F(CliConform, OneOpComputedOtherwiseIsFoundAlone) {
+  const std::string op = "layers.1.q_proj";
+  const SafetensorsFile ref = SafetensorsFile::open(path("ref.safetensors"));
+  std::vector<bf16> off = ref.read_bf16(ref.at("ops." + op));
+  off[7].bits ^= 0x0080;  // one element, twice or half its value
+  // The engine: that op computed otherwise, every later op from its output.
+  std::vector<NamedTensor> engine = reference_run({{op, off}});
+  for (NamedTensor& t : engine)
+    if (t.name == "ops." + op) t.bf16_values = off;
+  const std::string dump = write_dump("engine.safetensors", engine, ref.metadata());
+  EXPECT_EQ(conform(dump), 1) << out_ << err_;
+  EXPECT_NE(out_.find("57 exact, 1 off the contract, first layers.1.q_proj"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ops.layers.1.q_proj                1 of 2048 elements differ"), std::string::npos) << out_;
+  // The negative control: diff against the reference sees the cascade (the q norm
+  // and RoPE computed from the changed q), not the op that started it.
+  EXPECT_EQ(run("diff " + path("ref.safetensors") + " " + dump), 1);
+  EXPECT_NE(out_.find("ops.layers.1.q_norm      BF16  [8, 256]       DIFFER"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ops.layers.1.q_rope      BF16  [8, 256]       DIFFER"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("first differing tensor (file order of A): ops.layers.1.q_norm"), std::string::npos) << out_;
+}
+
+TEST_F(CliConform, AnotherContractPartsAtItsReductions) {
+  EXPECT_EQ(conform(path("ref.safetensors"), "bf16-sm90tc-v2"), 1) << out_ << err_;
+  EXPECT_NE(out_.find("off the contract, first layers."), std::string::npos) << out_;
+  EXPECT_EQ(out_.find("ops.layers.0.q_norm "), std::string::npos) << "a norm reduces alike under both: " << out_;
+}
+
+TEST_F(CliConform, BadCapturesAreRefusedNamingTheField) {
+  const SafetensorsFile ref = SafetensorsFile::open(path("ref.safetensors"));
+  std::vector<NamedTensor> ops = reference_run({});
+  auto meta = ref.metadata();
+  meta.erase("bitparity.tokens");
+  EXPECT_EQ(conform(write_dump("untokened.safetensors", ops, meta)), 2);
+  EXPECT_NE(err_.find("bitparity.tokens: missing"), std::string::npos) << err_;
+  meta = ref.metadata();
+  meta["bitparity.tokens"] = "seed 1 lengths 5,4";
+  EXPECT_EQ(conform(write_dump("retokened.safetensors", ops, meta)), 2);
+  EXPECT_NE(err_.find("(the dump's rows are not the tokens of bitparity.tokens?)"), std::string::npos) << err_;
+  std::vector<NamedTensor> wide = ops;
+  for (NamedTensor& t : wide)
+    if (t.name == "ops.embed") {
+      t.type = harness::CmpType::F32;
+      for (const bf16 v : t.bf16_values) t.f32_values.push_back(widen(v));
+      t.bf16_values.clear();
+    }
+  EXPECT_EQ(conform(write_dump("wide.safetensors", wide, ref.metadata())), 2);
+  EXPECT_NE(err_.find("ops.embed: is F32: the contract's ops are BF16"), std::string::npos) << err_;
+}
+
+}  // namespace
+}  // namespace bp
