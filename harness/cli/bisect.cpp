@@ -29,7 +29,7 @@ struct BisectOptions {
   PlanFlags plan;  // what both specs start from
   std::string a, b;                 // --a / --b specs
   std::vector<std::string> dumps;   // or two dump files
-  std::string json;
+  std::string json, html;
   bool quiet = false;
 };
 
@@ -331,9 +331,9 @@ int bisect(const BisectOptions& o) {
     for (const SweepPlan* p : {&*plan_a, &*plan_b})
       for (std::string& f : o.plan.input_files(*p)) read_files.push_back(std::move(f));
   }
-  const ReportPaths paths{o.json, "", "", ""};
+  const ReportPaths paths{o.json, "", "", o.html};
   if (const int rc = check_report_paths("bisect", paths, read_files, stderr)) return rc;
-  std::FILE* const out = text_stream({o.json});
+  std::FILE* const out = text_stream({o.json, o.html});
   WeightsLog weights("bisect", o.quiet);
   const Side a = by_dumps ? side_of_dump(o.dumps[0]) : side_of_spec(*plan_a, weights);
   const Side b = by_dumps ? side_of_dump(o.dumps[1]) : side_of_spec(*plan_b, weights);
@@ -385,6 +385,7 @@ Subcommand add_bisect_command(CLI::App& app) {
                                "temperature)");
   sub->add_option("--b", o->b, "spec of run B");
   sub->add_option("--json", o->json, "write a JSON report (tensors in execution order); '-': stdout");
+  sub->add_option("--html", o->html, "write an HTML page (a layers x ops heat map of the captured ops); '-': stdout");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
   return guarded_subcommand(sub, [o] { return bisect(*o); });
 }

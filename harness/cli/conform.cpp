@@ -13,7 +13,7 @@ namespace bp::harness {
 namespace {
 
 struct ConformOptions {
-  std::string dump, model, contract, json, csv, junit;
+  std::string dump, model, contract, json, csv, junit, html;
   bool quiet = false;
 };
 
@@ -46,12 +46,12 @@ void print(const ConformResult& r, std::FILE* out) {
 }
 
 int conform(const ConformOptions& o) {
-  const ReportPaths paths{o.json, o.csv, o.junit, ""};
+  const ReportPaths paths{o.json, o.csv, o.junit, o.html};
   if (const int rc = check_report_paths("conform", paths, {o.dump}, stderr)) return rc;
   WeightsLog weights("conform", o.quiet);
   ConformResult r = build_conform(o.dump, o.model, o.contract, weights.listener());
   r.report.environment.weights = weights.origins();
-  if (!o.quiet) print(r, text_stream({o.json, o.csv, o.junit}));
+  if (!o.quiet) print(r, text_stream({o.json, o.csv, o.junit, o.html}));
   if (const int rc = write_reports("conform", r.report, paths, stderr)) return rc;
   const Verdict v = r.report.cases.front().verdict;
   if (v == Verdict::kNonFinite) return nonfinite_exit("conform", r.report, false, stderr);
@@ -77,6 +77,8 @@ Subcommand add_conform_command(CLI::App& app) {
   sub->add_option("--json", o->json, "write a JSON report (tensors in execution order); '-': stdout");
   sub->add_option("--csv", o->csv, "write a CSV report; '-': stdout");
   sub->add_option("--junit", o->junit, "write a JUnit XML report; '-': stdout");
+  sub->add_option("--html", o->html, "write an HTML page (a layers x ops heat map: exact or the largest ULP distance "
+                                     "of each op, the first off the contract outlined); '-': stdout");
   sub->add_flag("--quiet,-q", o->quiet, "print nothing but errors");
   return guarded_subcommand(sub, [o] { return conform(*o); });
 }

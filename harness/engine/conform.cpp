@@ -135,6 +135,8 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
 
   ConformResult r;
   r.report = make_report("conform");
+  r.report.environment.contract_name = spec.contract.name;
+  r.report.environment.contract_knob_hash = spec.contract.knob_hash();
   Case c;
   c.id = "conform";
   c.parameters = {{"dump", dump},

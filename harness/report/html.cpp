@@ -3,7 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <optional>
+#include <set>
+
+#include "reference/model/model_graph.h"
 
 namespace bp::harness {
 
@@ -22,6 +27,9 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .interrupted{background:#fff3cd;padding:.3em .6em}.regression{color:#b00020;font-weight:bold}
 .env th{font-weight:normal;color:#555}code{font-size:90%}
 svg.hist rect.bar{fill:#c62828}svg.hist text{font-size:9px;fill:#444}
+table.heat td{width:2.6em;height:1.4em;text-align:center;font-size:11px;padding:0}
+table.heat th{font-size:11px;font-weight:normal;writing-mode:vertical-rl}table.heat th.row{writing-mode:initial}
+table.heat td.exact{background:#c8e6c9}table.heat td.first{outline:3px solid #000;outline-offset:-3px}
 )";
 
 std::string verdict_span(Verdict v) {
@@ -187,6 +195,77 @@ std::string histogram_svg(const TensorMetrics& m) {
   return h + "</svg>\n";
 }
 
+// A captured op's place in the heat map: its layer (-1 for the model's own ops:
+// embed, final_norm, logits) and its op name; nullopt for other tensors.
+std::optional<std::pair<int64_t, std::string>> op_cell(const std::string& tensor) {
+  if (tensor.rfind("ops.", 0) != 0) return std::nullopt;
+  const std::string op = tensor.substr(4);
+  if (op.rfind("layers.", 0) != 0) return std::pair<int64_t, std::string>{-1, op};
+  const size_t dot = op.find('.', 7);
+  if (dot == std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  const long long layer = std::strtoll(op.c_str() + 7, &end, 10);
+  if (end != op.c_str() + dot || layer < 0) return std::nullopt;
+  return std::pair<int64_t, std::string>{layer, op.substr(dot + 1)};
+}
+
+// One cell: exact (green), or the largest ULP distance, red darker with its log2
+// (1 ulp light, 2^20 and beyond darkest), the first divergent op outlined.
+std::string heat_cell(const TensorRecord& t, bool first) {
+  const std::string cls = std::string(t.matches() ? "exact" : "off") + (first ? " first" : "");
+  std::string title = t.name + ": ";
+  std::string text, style;
+  if (t.matches()) {
+    title += "exact";
+  } else if (!t.metrics) {
+    title += tensor_status_name(t.status);
+    text = "&ndash;";
+    style = " style=\"background:#e0e0e0\"";
+  } else {
+    const TensorMetrics& m = *t.metrics;
+    title += std::to_string(m.mismatches) + " of " + std::to_string(m.elements) + " differ, max " +
+             metric_text(m.max_ulp_diff, "%.0f") + " ulp";
+    const double bits = std::isfinite(m.max_ulp_diff) ? std::log2(std::max(1.0, m.max_ulp_diff)) : 20.0;
+    text = std::isfinite(m.max_ulp_diff) && m.max_ulp_diff < 1000 ? metric_text(m.max_ulp_diff, "%.0f")
+                                                                   : "2^" + std::to_string(std::lround(bits));
+    style = " style=\"background:hsl(0,70%," + std::to_string(85 - std::lround(2 * std::min(bits, 20.0))) + "%)\"";
+  }
+  return "<td class=\"" + cls + "\"" + style + " title=\"" + html_escape(title) + "\">" + text + "</td>";
+}
+
+// The case's captured ops as a layers × ops grid in execution order (graph::kOps):
+// a row per layer and one for the model's own ops; "" for a case without captured ops.
+std::string heat_map(const Case& c) {
+  std::map<std::pair<int64_t, std::string>, const TensorRecord*> cells;
+  std::set<int64_t> layers;
+  std::set<std::string> ops;
+  for (const TensorRecord& t : c.tensors)
+    if (const auto cell = op_cell(t.name)) {
+      cells[*cell] = &t;
+      layers.insert(cell->first);
+      ops.insert(cell->second);
+    }
+  if (cells.empty()) return "";
+  std::vector<std::string> columns;
+  for (const graph::OpRow& row : graph::kOps)
+    if (ops.erase(row.name)) columns.push_back(row.name);
+  columns.insert(columns.end(), ops.begin(), ops.end());  // names the graph does not know, after its own
+  const std::string first = c.first_divergent_op ? "ops." + *c.first_divergent_op : "";
+  std::string h = "<figure><figcaption>Captured ops, layer by layer: exact, or the largest ULP distance"
+                  "</figcaption>\n<table class=\"heat\"><tr><th class=\"row\"></th>";
+  for (const std::string& col : columns) h += "<th>" + html_escape(col) + "</th>";
+  h += "</tr>\n";
+  for (const int64_t layer : layers) {
+    h += "<tr><th class=\"row\">" + (layer < 0 ? std::string("model") : "layer " + std::to_string(layer)) + "</th>";
+    for (const std::string& col : columns) {
+      const auto it = cells.find({layer, col});
+      h += it == cells.end() ? "<td></td>" : heat_cell(*it->second, it->second->name == first);
+    }
+    h += "</tr>\n";
+  }
+  return h + "</table></figure>\n";
+}
+
 std::string shape_text(const std::optional<std::vector<uint64_t>>& s) {
   if (!s) return "";
   std::string t = "[";
@@ -239,6 +318,7 @@ std::string case_section(const Case& c, size_t index) {
   h += communication_line(c);
   if (c.first_divergent_op) h += "<p>First divergent op: <code>" + html_escape(*c.first_divergent_op) + "</code></p>\n";
   if (c.tensors.empty()) return h + "</section>\n";
+  h += heat_map(c);
   h += "<table class=\"tensors\"><tr><th>tensor</th><th>status</th><th>dtype</th><th>shape</th><th>mismatches</th>"
        "<th>max ULP</th><th>max |diff|</th><th>mean |diff|</th><th>first</th><th>NaN/Inf (A/B)</th></tr>\n";
   for (const TensorRecord& t : c.tensors) h += tensor_row(t);

@@ -11,8 +11,12 @@
 //     backend without a device), in human units (duration_text, bytes_text);
 //   - per case: its parameters, skip reason or error, the ranks it ran on and the
 //     bytes its collectives moved (where it ran on several processes), first
-//     divergent op, and a table of its tensors with their metrics; a ULP-distance
-//     histogram (inline SVG bars) per mismatching tensor.
+//     divergent op; where it holds captured ops (ops.*: a sweep with --capture ops,
+//     bisect, conform), a heat map <table class="heat">, layers as rows and ops as
+//     columns in execution order, each cell exact or its largest ULP distance (red,
+//     darker with its log2), the first divergent op outlined; a table of its tensors
+//     with their metrics; a ULP-distance histogram (inline SVG bars) per mismatching
+//     tensor.
 // Every text from the report is escaped (names may hold <, &, quotes, control bytes).
 #pragma once
 #include <string>

@@ -82,6 +82,12 @@ TEST_F(CliConform, OneOpComputedOtherwiseIsFoundAlone) {
   EXPECT_EQ(conform(dump), 1) << out_ << err_;
   EXPECT_NE(out_.find("57 exact, 1 off the contract, first layers.1.q_proj"), std::string::npos) << out_;
   EXPECT_NE(out_.find("ops.layers.1.q_proj                1 of 2048 elements differ"), std::string::npos) << out_;
+  // The page: the heat map with that op's cell outlined, no other off the contract.
+  EXPECT_EQ(run("conform " + dump + " --model " + kModel + " --contract bf16-fmaseq-v2 -q --html " + path("c.html")), 1);
+  const std::string page = read(path("c.html"));
+  EXPECT_NE(page.find("<td class=\"off first\""), std::string::npos);
+  EXPECT_NE(page.find("title=\"ops.layers.1.q_proj: 1 of 2048 differ"), std::string::npos);
+  EXPECT_EQ(page.find("<td class=\"off\""), std::string::npos) << "only the one op is off the contract";
   // The negative control: diff against the reference sees the cascade (the q norm
   // and RoPE computed from the changed q), not the op that started it.
   EXPECT_EQ(run("diff " + path("ref.safetensors") + " " + dump), 1);

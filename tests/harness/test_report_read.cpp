@@ -760,6 +760,36 @@ TEST(ReportHtml, GridCellsHistogramsAndEscaping) {
   EXPECT_NE(render_html(r, "r.json", &d).find("<h2>Against baseline <code>old&lt;.json</code></h2>"), std::string::npos);
 }
 
+// Issue 54: a case holding captured ops shows them as a layers × ops heat map in
+// execution order: exact cells green, the others their largest ULP distance (darker
+// red with its log2), the first divergent op outlined; a case without ops has none.
+TEST(ReportHtml, HeatMapOfCapturedOps) {
+  Report r = sample_sweep_report();
+  Case& c = sample_case(r, "tp1-full");
+  c.tensors = {compared_tensor("ops.embed", 0, 0), compared_tensor("ops.layers.0.q_proj", 0, 0),
+               compared_tensor("ops.layers.0.attn", 3, 5000), compared_tensor("ops.layers.1.q_proj", 1, 1),
+               compared_tensor("ops.logits", 0, 0), compared_tensor("logprobs.0", 0, 0)};
+  c.first_divergent_op = "layers.0.attn";
+  c.settle();
+  const std::string h = render_html(r, "r.json", nullptr);
+  EXPECT_EQ(count(h, "<table class=\"heat\">"), 1u) << "only the case with captured ops";
+  const std::string heat = h.substr(h.find("<table class=\"heat\">"), h.find("</table></figure>", h.find("class=\"heat\"")) -
+                                                                         h.find("<table class=\"heat\">"));
+  // Columns in execution order, only the ops present: embed, q_proj, attn, logits.
+  EXPECT_NE(heat.find("<th>embed</th><th>q_proj</th><th>attn</th><th>logits</th>"), std::string::npos) << heat;
+  EXPECT_NE(heat.find("<th class=\"row\">model</th><td class=\"exact\""), std::string::npos) << heat;
+  EXPECT_EQ(count(heat, "<td class=\"exact\""), 3u);  // embed, layers.0.q_proj, logits
+  EXPECT_NE(heat.find("<td class=\"off first\" style=\"background:hsl(0,70%,60%)\" title=\"ops.layers.0.attn: 3 of 8 "
+                      "differ, max 5000 ulp\">2^12</td>"),
+            std::string::npos)
+      << heat;
+  EXPECT_NE(heat.find("<td class=\"off\" style=\"background:hsl(0,70%,85%)\" title=\"ops.layers.1.q_proj: 1 of 8 differ, "
+                      "max 1 ulp\">1</td>"),
+            std::string::npos)
+      << heat;
+  EXPECT_EQ(heat.find("logprobs"), std::string::npos);
+}
+
 TEST(ReportHtml, ErrorCaseAndCommunication) {
   const Report r = sample_with_error();
   const std::string h = render_html(r, "r.json", nullptr);
