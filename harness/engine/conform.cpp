@@ -12,6 +12,8 @@
 #include <regex>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/engine/cases.h"
 #include "harness/engine/single_case.h"
 #include "harness/io/errors.h"
@@ -108,6 +110,28 @@ std::map<std::string, NamedTensor> read_tensors(const io::SafetensorsFile& f,
   return out;
 }
 
+// The model the dump says it ran must be --model: a capture's config (bitparity.config)
+// must agree on the sizes, a run dump's fixture name (bitparity.model) must be it.
+void check_same_model(const io::SafetensorsFile& f, const std::string& model, const ModelConfig& cfg) {
+  const auto& meta = f.metadata();
+  if (const auto it = meta.find("bitparity.model"); it != meta.end() && it->second != model)
+    throw BadInput(f.path(), "bitparity.model", "the dump ran model \"" + it->second + "\", not --model " + model);
+  const auto it = meta.find("bitparity.config");
+  if (it == meta.end()) return;
+  const nlohmann::json c = nlohmann::json::parse(it->second, nullptr, false);
+  if (!c.is_object()) throw BadInput(f.path(), "bitparity.config", "is not a JSON object");
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"hidden_size", cfg.hidden_size},         {"num_hidden_layers", cfg.num_hidden_layers},
+      {"num_attention_heads", cfg.num_attention_heads}, {"num_key_value_heads", cfg.num_key_value_heads},
+      {"head_dim", cfg.head_dim},               {"vocab_size", cfg.vocab_size},
+      {"intermediate_size", cfg.intermediate_size}};
+  for (const auto& [key, value] : sizes)
+    if (c.contains(key) && c[key].is_number_integer() && c[key].get<int64_t>() != value)
+      throw BadInput(f.path(), std::string("bitparity.config.") + key,
+                     "the engine's model has " + std::to_string(c[key].get<int64_t>()) + "; --model " + model +
+                         " has " + std::to_string(value) + ": not the model the engine ran");
+}
+
 }  // namespace
 
 ConformResult build_conform(const std::string& dump, const std::string& model, const std::string& contract,
@@ -119,11 +143,13 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
   plan.grads = false;
   plan.capture_ops = true;
   plan.temperature = temperature_of(f);
+  plan.origins["models"] = plan.origins["contracts"] = {"command line", true};
   const std::unique_ptr<TokensFile> tokens = set_tokens(f, plan);
   std::map<std::string, std::vector<bf16>> ops;
   const std::map<std::string, NamedTensor> engine = read_tensors(f, ops);
   CaseEngine cases(plan, on_weights);
   const CaseSpec& spec = cases.cases().at(0);
+  check_same_model(f, model, spec.model.config);
   std::vector<NamedTensor> reference;
   try {
     reference = cases.run_substituted(spec, ops);

@@ -4,8 +4,9 @@
 // in a real engine) is found at that op alone, while `diff` against the reference
 // sees the whole cascade (the negative control); the same capture judged under
 // another contract parts at the ops whose reductions the contracts order otherwise;
-// a dump without tokens, an op that is not BF16 and rows that are not the tokens'
-// are bad input (exit 2) naming the field.
+// a dump without tokens, an op that is not BF16, rows that are not the tokens', a
+// dump of another model than --model and a model that is not there are bad input
+// (exit 2) naming the field.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -113,6 +114,17 @@ TEST_F(CliConform, BadCapturesAreRefusedNamingTheField) {
   meta["bitparity.tokens"] = "seed 1 lengths 5,4";
   EXPECT_EQ(conform(write_dump("retokened.safetensors", ops, meta)), 2);
   EXPECT_NE(err_.find("(the dump's rows are not the tokens of bitparity.tokens?)"), std::string::npos) << err_;
+  EXPECT_EQ(run("conform " + path("ref.safetensors") + " --model qwen3-moe-tiny"), 2);
+  EXPECT_NE(err_.find("bitparity.model: the dump ran model \"qwen3-dense-tiny\", not --model qwen3-moe-tiny"),
+            std::string::npos) << err_;
+  meta = ref.metadata();
+  meta.erase("bitparity.model");
+  meta["bitparity.config"] = R"({"hidden_size": 64, "num_hidden_layers": 4})";
+  EXPECT_EQ(conform(write_dump("other-model.safetensors", ops, meta)), 2);
+  EXPECT_NE(err_.find("bitparity.config.num_hidden_layers: the engine's model has 4; --model qwen3-dense-tiny has 3"),
+            std::string::npos) << err_;
+  EXPECT_EQ(run("conform " + path("ref.safetensors") + " --model ./nope"), 2);
+  EXPECT_NE(err_.find("command line: --model"), std::string::npos) << err_;
   std::vector<NamedTensor> wide = ops;
   for (NamedTensor& t : wide)
     if (t.name == "ops.embed") {
