@@ -165,11 +165,9 @@ Side side_of_dump(const std::string& path) {
   return s;
 }
 
-// "router_weights" of "ops.layers.3.router_weights"; "" for other tensors.
-std::string layer_op(const std::string& tensor) {
-  if (tensor.rfind("ops.layers.", 0) != 0) return "";
-  const size_t dot = tensor.find('.', 11);
-  return dot == std::string::npos ? "" : tensor.substr(dot + 1);
+// (layer, op) of "ops.layers.3.router_weights"; nullopt for other tensors.
+std::optional<std::pair<int, std::string_view>> layer_op(std::string_view tensor) {
+  return tensor.starts_with("ops.") ? graph::split_layer_capture(tensor.substr(4)) : std::nullopt;
 }
 
 bool equal(const NamedTensor& a, const NamedTensor& b) {
@@ -193,12 +191,8 @@ std::string element_text(const NamedTensor& t, int64_t i) {
 // "layer 3, op q_norm" for ops.layers.3.q_norm; "op embed"; "" for non-op tensors.
 std::string where_text(const std::string& tensor) {
   if (tensor.rfind("ops.", 0) != 0) return "";
-  const std::string op = tensor.substr(4);
-  if (op.rfind("layers.", 0) == 0) {
-    const size_t dot = op.find('.', 7);
-    return "layer " + op.substr(7, dot - 7) + ", op " + op.substr(dot + 1);
-  }
-  return "op " + op;
+  if (const auto lo = layer_op(tensor)) return "layer " + std::to_string(lo->first) + ", op " + std::string(lo->second);
+  return "op " + tensor.substr(4);
 }
 
 // The tensors of two sides, paired by name, in execution order. A tensor on one
@@ -215,7 +209,8 @@ Pairing pair_tensors(const Side& a, const Side& b, int layers) {
   Pairing p;
   auto add = [&](const std::string& name, const Side& lacking, size_t& only) {
     if (name.rfind("grads.", 0) == 0 && !lacking.computes_grads) return p.not_computed.push_back(name);
-    if (lacking.not_captured.count(layer_op(name))) return p.not_captured.push_back(name);
+    if (const auto lo = layer_op(name); lo && lacking.not_captured.count(std::string(lo->second)))
+      return p.not_captured.push_back(name);
     ++only;
     p.names.push_back(name);
   };

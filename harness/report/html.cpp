@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -200,13 +199,9 @@ std::string histogram_svg(const TensorMetrics& m) {
 std::optional<std::pair<int64_t, std::string>> op_cell(const std::string& tensor) {
   if (tensor.rfind("ops.", 0) != 0) return std::nullopt;
   const std::string op = tensor.substr(4);
-  if (op.rfind("layers.", 0) != 0) return std::pair<int64_t, std::string>{-1, op};
-  const size_t dot = op.find('.', 7);
-  if (dot == std::string::npos) return std::nullopt;
-  char* end = nullptr;
-  const long long layer = std::strtoll(op.c_str() + 7, &end, 10);
-  if (end != op.c_str() + dot || layer < 0) return std::nullopt;
-  return std::pair<int64_t, std::string>{layer, op.substr(dot + 1)};
+  if (const auto lo = graph::split_layer_capture(op)) return std::pair<int64_t, std::string>{lo->first, lo->second};
+  if (op.rfind("layers.", 0) == 0) return std::nullopt;  // "layers.x.y" that is no layer's op
+  return std::pair<int64_t, std::string>{-1, op};
 }
 
 // One cell: exact (green), or the largest ULP distance, red darker with its log2

@@ -19,20 +19,6 @@ const ParamRow& scoped(Param p, bool expert) {
   return r;
 }
 
-// "layers.<i>.<op>" -> (i, op); nullopt for other names.
-std::optional<std::pair<int, std::string_view>> split_layer_capture(std::string_view name) {
-  constexpr std::string_view kPrefix = "layers.";
-  if (!name.starts_with(kPrefix)) return std::nullopt;
-  const size_t dot = name.find('.', kPrefix.size());
-  if (dot == std::string_view::npos || dot == kPrefix.size()) return std::nullopt;
-  int layer = 0;
-  for (size_t i = kPrefix.size(); i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9' || layer > 1'000'000) return std::nullopt;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  return std::make_pair(layer, name.substr(dot + 1));
-}
-
 const OpRow* find_op(std::string_view name, bool in_layer) {
   for (const OpRow& r : kOps)
     if (name == r.name && (r.scope != Scope::Model) == in_layer) return &r;
@@ -48,6 +34,20 @@ std::string input_name(int layer, Op input) {
 }
 
 }  // namespace
+
+std::optional<std::pair<int, std::string_view>> split_layer_capture(std::string_view name) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string_view::npos || dot == kPrefix.size()) return std::nullopt;
+  int layer = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || layer > 1'000'000) return std::nullopt;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return std::make_pair(layer, name.substr(dot + 1));
+}
+
 
 const ParamRow& row(Param p) {
   const auto it = std::find_if(std::begin(kParams), std::end(kParams), [&](const ParamRow& r) { return r.param == p; });

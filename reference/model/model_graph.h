@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace bp::graph {
@@ -135,6 +137,9 @@ std::string layer_input_name(int64_t layer);
 // The backward's gradient of layer i's input, dL/d(layer_input_name(i)), bf16
 // [tokens, hidden] (i = num_layers: of the final norm's input): "resid_grad.{i}".
 std::string resid_grad_name(int64_t layer);
+
+// "layers.<i>.<op>" -> (i, op) (the op a view into `name`); nullopt for other names.
+std::optional<std::pair<int, std::string_view>> split_layer_capture(std::string_view name);
 
 // Where a capture stands in execution order: (layer, index in kOps) with layer −1
 // for embed and num_layers for final_norm and logits; nullopt for a name that is
