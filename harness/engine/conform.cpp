@@ -110,11 +110,20 @@ std::map<std::string, NamedTensor> read_tensors(const io::SafetensorsFile& f,
   return out;
 }
 
+// Two model specs naming one model: the fixture name, or one folder however written
+// (relative, with a trailing '/': a folder spec holds a '/', models.h).
+bool same_model(const std::string& a, const std::string& b) {
+  if (a.find('/') == std::string::npos || b.find('/') == std::string::npos) return a == b;
+  std::error_code ea, eb;
+  const fs::path pa = fs::weakly_canonical(a, ea), pb = fs::weakly_canonical(b, eb);
+  return !ea && !eb && (pa / "").lexically_normal() == (pb / "").lexically_normal();
+}
+
 // The model the dump says it ran must be --model: a capture's config (bitparity.config)
 // must agree on the sizes, a run dump's fixture name (bitparity.model) must be it.
 void check_same_model(const io::SafetensorsFile& f, const std::string& model, const ModelConfig& cfg) {
   const auto& meta = f.metadata();
-  if (const auto it = meta.find("bitparity.model"); it != meta.end() && it->second != model)
+  if (const auto it = meta.find("bitparity.model"); it != meta.end() && !same_model(it->second, model))
     throw BadInput(f.path(), "bitparity.model", "the dump ran model \"" + it->second + "\", not --model " + model);
   const auto it = meta.find("bitparity.config");
   if (it == meta.end()) return;

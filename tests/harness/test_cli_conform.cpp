@@ -9,6 +9,7 @@
 // (exit 2) naming the field.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "harness/engine/single_case.h"
 #include "harness/io/safetensors.h"
 #include "support/cli_run.h"
+#include "support/golden.h"
 
 namespace bp {
 namespace {
@@ -123,6 +125,13 @@ TEST_F(CliConform, BadCapturesAreRefusedNamingTheField) {
   EXPECT_EQ(conform(write_dump("other-model.safetensors", ops, meta)), 2);
   EXPECT_NE(err_.find("bitparity.config.num_hidden_layers: the engine's model has 4; --model qwen3-dense-tiny has 3"),
             std::string::npos) << err_;
+  // One folder, written two ways, is one model.
+  std::filesystem::create_directories(path("m"));
+  std::filesystem::copy_file(test::source_path("fixtures/models/qwen3-dense-tiny/config.json"), path("m/config.json"));
+  meta = ref.metadata();
+  meta["bitparity.model"] = path("m") + "/";
+  EXPECT_EQ(run("conform " + write_dump("folder.safetensors", ops, meta) + " --model " + path("m") +
+                " --contract bf16-fmaseq-v2"), 0) << out_ << err_;
   EXPECT_EQ(run("conform " + path("ref.safetensors") + " --model ./nope"), 2);
   EXPECT_NE(err_.find("command line: --model"), std::string::npos) << err_;
   std::vector<NamedTensor> wide = ops;
