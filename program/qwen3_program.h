@@ -21,6 +21,7 @@
 #include "reference/numerics/chunked.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/moe_experts.h"
+#include "reference/ops/moe_router.h"
 #include "reference/ops/rope.h"
 
 namespace bp::program {
@@ -134,8 +135,8 @@ class Qwen3Program {
                 State& st, BBuf& x, const ForwardOptions& opt, Saved* saved) const;
   // Records b's rows as the capture `name`; then, where the forward substitutes
   // another engine's output for it (ForwardOptions::substitute), overwrites b with
-  // those rows, so that the next op reads them.
-  void capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b, int feat) const;
+  // those rows, so that the next op reads them, and returns true.
+  bool capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b, int feat) const;
   BBuf loss_dlogits(const std::vector<std::vector<int32_t>>& seqs, const std::vector<std::vector<float>>& c_of,
                     const Saved& sv, float temperature) const;
   void layer_bwd(int64_t li, LayerActs& s, const Saved& sv, const int32_t* pos, LayerGrads& lg, GradMap& G) const;
@@ -261,7 +262,7 @@ typename Qwen3Program<B>::Targets Qwen3Program<B>::target_runs(const BBuf& logit
 
 // Captured rows go to their canonical row (sequence by sequence), whatever the path.
 template <class B>
-void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b,
+bool Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const std::string& name, BBuf& b,
                               int feat) const {
   auto it = st.cap_index.find(name);
   if (it == st.cap_index.end()) {
@@ -277,9 +278,9 @@ void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const
   const std::vector<bf16> host = be_.to_host(b.data(), b.size());
   for (size_t t = 0; t < crow.size(); ++t)
     std::memcpy(&c.bf16_data[static_cast<size_t>(crow[t]) * f], &host[t * f], sizeof(bf16) * f);
-  if (!st.substitute) return;
+  if (!st.substitute) return false;
   const auto sub = st.substitute->find(name);
-  if (sub == st.substitute->end()) return;
+  if (sub == st.substitute->end()) return false;
   if (sub->second.size() != c.bf16_data.size())
     throw std::invalid_argument("substitute: " + name + " has " + std::to_string(sub->second.size()) +
                                 " values; the model's is " + std::to_string(st.total) + " tokens x " +
@@ -289,6 +290,7 @@ void Qwen3Program<B>::capture(State& st, const std::vector<int64_t>& crow, const
     std::memcpy(&rows[t * f], &sub->second[static_cast<size_t>(crow[t]) * f], sizeof(bf16) * f);
   const auto dev = be_.resident(rows);
   be_.copy(b.data(), dev.data(), rows.size());
+  return true;
 }
 
 // The MoE block by its stages (bit-identical to moe_layer_fwd, which is this chain),
@@ -306,7 +308,16 @@ void Qwen3Program<B>::moe_fwd(int64_t li, const BBuf& a2, BBuf& mo, const Packed
   Buf<int> ids = be_.template zeros<int>(static_cast<size_t>(T) * K);
   be_.router_fwd(kn_, a2.data(), w(lname(li, Param::Router)), rl.data(), ids.data(), tw.data(), T, H, E, K,
                  cfg_.norm_topk_prob);
-  if (cap) capture(st, crow, cname(li, Op::RouterLogits), rl, E);
+  if (cap && capture(st, crow, cname(li, Op::RouterLogits), rl, E)) {
+    // Another engine's logits: its routing is theirs too, so the experts judged
+    // next are the ones that engine chose (substitution runs on the host reference).
+    std::vector<int> ids_sub(ids.size());
+    std::vector<bf16> tw_sub(tw.size());
+    ref::router_select(kn_, be_.to_host(rl.data(), rl.size()).data(), ids_sub.data(), tw_sub.data(), T, E, K,
+                       cfg_.norm_topk_prob);
+    be_.copy(ids.data(), be_.resident(ids_sub).data(), ids_sub.size());
+    be_.copy(tw.data(), be_.resident(tw_sub).data(), tw_sub.size());
+  }
   if (cap) capture(st, crow, cname(li, Op::RouterWeights), tw, K);
   const std::vector<int> ids_host = be_.to_host(ids.data(), ids.size());
   std::vector<int> off(static_cast<size_t>(E) + 1), ptok(ids_host.size()), pslot(ids_host.size());

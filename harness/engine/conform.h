@@ -4,7 +4,8 @@
 // own earlier outputs (program::ForwardOptions::substitute), and each op's bits are
 // compared with the engine's: an op that left the contract shows alone, at its
 // position, whatever followed from it in the engine (an engine's difference
-// cascades; its ops judged alone do not).
+// cascades; its ops judged alone do not). Routing follows the engine's router
+// logits: the experts the reference runs are the ones those logits choose.
 //
 // The capture: a dump of `ops.<op>` tensors (BF16 [tokens, features], canonical
 // rows), and optionally `logprobs.<s>`, `entropy.<s>` (F32; judged from the engine's

@@ -58,13 +58,18 @@ void router_topk(const float* probs, int* ids, float* weights, int T, int E, int
   }
 }
 
-void router_fwd(const Knobs& kn, const bf16* a, const bf16* wr, bf16* logits, int* ids, bf16* topk_w, int T, int H,
-                int E, int k, bool norm_topk_prob) {
+void router_select(const Knobs& kn, const bf16* logits, int* ids, bf16* topk_w, int T, int E, int k,
+                   bool norm_topk_prob) {
   std::vector<float> probs(static_cast<size_t>(T) * E), weights(static_cast<size_t>(T) * k);
-  linear_fwd(kn, a, wr, logits, T, H, E, 1);
   router_probs(kn, logits, probs.data(), T, E);
   router_topk(probs.data(), ids, weights.data(), T, E, k, norm_topk_prob);
   for (size_t i = 0; i < weights.size(); ++i) topk_w[i] = round_bf16(weights[i]);
+}
+
+void router_fwd(const Knobs& kn, const bf16* a, const bf16* wr, bf16* logits, int* ids, bf16* topk_w, int T, int H,
+                int E, int k, bool norm_topk_prob) {
+  linear_fwd(kn, a, wr, logits, T, H, E, 1);
+  router_select(kn, logits, ids, topk_w, T, E, k, norm_topk_prob);
 }
 
 void router_bwd(const Knobs& kn, const bf16* a, const bf16* wr, const bf16* logits, const int* ids,

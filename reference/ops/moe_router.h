@@ -68,7 +68,11 @@ void router_probs(const Knobs& kn, const bf16* logits, float* probs, int T, int 
 // probabilities, divided by their slot-order sum when norm_topk_prob.
 void router_topk(const float* probs, int* ids, float* weights, int T, int E, int k, bool norm_topk_prob);
 
-// logits = R(a·wr) (K = H unsplit), then router_probs, router_topk and topk_w = R(weights).
+// The routing of given logits: router_probs, router_topk and topk_w = R(weights).
+void router_select(const Knobs& kn, const bf16* logits, int* ids, bf16* topk_w, int T, int E, int k,
+                   bool norm_topk_prob);
+
+// logits = R(a·wr) (K = H unsplit), then router_select.
 void router_fwd(const Knobs& kn, const bf16* a, const bf16* wr, bf16* logits, int* ids, bf16* topk_w, int T, int H,
                 int E, int k, bool norm_topk_prob);
 

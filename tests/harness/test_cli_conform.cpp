@@ -55,9 +55,10 @@ class CliConform : public test::CliTest {
 const std::string CliConform::kModel = "qwen3-dense-tiny";
 
 // The reference's own ops, each recomputed from the capture's substitutes.
-std::vector<NamedTensor> reference_run(const std::map<std::string, std::vector<bf16>>& substitute) {
+std::vector<NamedTensor> reference_run(const std::map<std::string, std::vector<bf16>>& substitute,
+                                       const std::string& model = "qwen3-dense-tiny") {
   harness::SweepPlan plan = harness::single_case_defaults();
-  plan.models = {"qwen3-dense-tiny"};
+  plan.models = {model};
   plan.contracts = {"bf16-fmaseq-v2"};
   plan.tokens.lengths = {5, 3};
   plan.grads = false;
@@ -103,6 +104,36 @@ TEST_F(CliConform, AnotherContractPartsAtItsReductions) {
   EXPECT_EQ(conform(path("ref.safetensors"), "bf16-sm90tc-v2"), 1) << out_ << err_;
   EXPECT_NE(out_.find("off the contract, first layers."), std::string::npos) << out_;
   EXPECT_EQ(out_.find("ops.layers.0.q_norm "), std::string::npos) << "a norm reduces alike under both: " << out_;
+}
+
+// The router judged from the engine's own logits: an expert raised above the others
+// in one token's logits is that engine's choice, so its routing weights (still the
+// old ones here) are off the contract at that token, and so are the experts' outputs
+// (the old experts'); mlp_out, computed from the engine's expert outputs, is not.
+// Before the routing followed the substituted logits, the weights read exact.
+TEST_F(CliConform, TheRouterIsJudgedFromTheEnginesOwnLogits) {
+  const std::string moe = "qwen3-moe-tiny", op = "layers.1.router_logits";
+  ASSERT_EQ(run("run --model " + moe + " --contract bf16-fmaseq-v2 --lengths 5,3 --capture ops --no-grads --out " +
+                path("moe.safetensors") + " -q"), 0) << err_;
+  const SafetensorsFile ref = SafetensorsFile::open(path("moe.safetensors"));
+  std::vector<NamedTensor> engine = reference_run({}, moe);
+  const int E = 8, row = 2;
+  for (NamedTensor& t : engine)
+    if (t.name == "ops." + op) {
+      bf16* logits = &t.bf16_values[row * E];
+      int top = 0, low = 0;
+      for (int e = 1; e < E; ++e) {
+        if (widen(logits[e]) > widen(logits[top])) top = e;
+        if (widen(logits[e]) < widen(logits[low])) low = e;
+      }
+      logits[low] = round_bf16(widen(logits[top]) + 1.0f);  // the least likely expert now the most
+    }
+  EXPECT_EQ(run("conform " + write_dump("rerouted.safetensors", engine, ref.metadata()) + " --model " + moe +
+                " --contract bf16-fmaseq-v2"), 1) << out_ << err_;
+  EXPECT_NE(out_.find("3 off the contract, first layers.1.router_logits"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ops.layers.1.router_weights"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ops.layers.1.expert_out"), std::string::npos) << out_;
+  EXPECT_EQ(out_.find("ops.layers.1.mlp_out"), std::string::npos) << out_;
 }
 
 TEST_F(CliConform, BadCapturesAreRefusedNamingTheField) {
