@@ -128,14 +128,18 @@ SweepPlan spec_plan(const BisectOptions& o, const std::string& spec, const char*
 Side side_of_spec(const SweepPlan& plan, WeightsLog& weights) {
   SingleRun r = run_single_case(plan, weights.listener());
   const bool grads = plan.grads && plan.paths.at(0).kind == program::Path::Kind::Extend;
-  Side s{r.id, {}, r.num_layers, grads};
+  Side s;
+  s.label = r.id;
+  s.num_layers = r.num_layers;
+  s.computes_grads = grads;
   for (NamedTensor& t : r.tensors) s.tensors.emplace(t.name, std::move(t));
   return s;
 }
 
 Side side_of_dump(const std::string& path) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(path);
-  Side s{path, {}, 0};
+  Side s;
+  s.label = path;
   for (const io::TensorInfo& info : f.tensors()) {
     NamedTensor t;
     t.name = info.name;

@@ -17,21 +17,52 @@ struct ConformOptions {
   bool quiet = false;
 };
 
-void print(const ConformResult& r, std::FILE* out) {
-  const Case& c = r.report.cases.front();
-  size_t exact = 0, off = 0;
+// "max 0.51 / mean 0.12 ulp" of a side's distance from the float64 truth.
+std::string truth_text(const TruthError& e) {
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "max %.3g / mean %.3g ulp", e.max_ulp, e.mean_ulp);
+  return buf;
+}
+
+// An op less accurate than the contract on the same inputs: its mean distance from
+// the truth above the contract's.
+bool less_accurate(const TensorRecord& t) {
+  return t.truth_error_a && t.truth_error_b && t.truth_error_a->mean_ulp > t.truth_error_b->mean_ulp;
+}
+
+// One line per tensor off the contract: the bits, then both sides' distance from
+// the float64 truth (--contract float64: every tensor, its distance alone).
+void print_tensors(const Case& c, bool truth_only, std::FILE* out) {
   for (const TensorRecord& t : c.tensors) {
-    if (t.matches()) {
-      ++exact;
+    if (t.matches() && !truth_only) continue;
+    std::fprintf(out, "%-34s ", terminal_text(t.name).c_str());
+    if (!t.metrics) {
+      std::fprintf(out, "%s\n", tensor_status_name(t.status));
       continue;
     }
-    ++off;
-    std::fprintf(out, "%-34s ", terminal_text(t.name).c_str());
-    if (t.metrics)
-      std::fprintf(out, "%" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp, max |diff| %.3g\n", t.metrics->mismatches,
-                   t.metrics->elements, t.metrics->max_ulp_diff, t.metrics->max_abs_diff);
-    else
-      std::fprintf(out, "%s\n", tensor_status_name(t.status));
+    if (truth_only) {
+      std::fprintf(out, "from float64: %s; %" PRIu64 " of %" PRIu64 " elements not the truth rounded\n",
+                   t.truth_error_a ? truth_text(*t.truth_error_a).c_str() : "not measured", t.metrics->mismatches,
+                   t.metrics->elements);
+      continue;
+    }
+    std::fprintf(out, "%" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp", t.metrics->mismatches,
+                 t.metrics->elements, t.metrics->max_ulp_diff);
+    if (t.truth_error_a && t.truth_error_b)
+      std::fprintf(out, "; from float64: engine %s, contract %s%s", truth_text(*t.truth_error_a).c_str(),
+                   truth_text(*t.truth_error_b).c_str(), less_accurate(t) ? " (less accurate)" : "");
+    std::fprintf(out, "\n");
+  }
+}
+
+void print(const ConformResult& r, std::FILE* out) {
+  const Case& c = r.report.cases.front();
+  const bool truth_only = c.parameters.at("contract") == kConformFloat64;
+  print_tensors(c, truth_only, out);
+  size_t exact = 0, less = 0;
+  for (const TensorRecord& t : c.tensors) {
+    exact += t.matches();
+    less += !t.matches() && less_accurate(t);
   }
   if (!r.not_captured.empty())
     std::fprintf(out, "not captured: %zu op tensor(s) (computed by the reference from the ops before them), first %s\n",
@@ -40,9 +71,16 @@ void print(const ConformResult& r, std::FILE* out) {
     std::fprintf(out, "not judged: %zu tensor(s) that are no output of the model, first %s\n", r.unknown.size(),
                  terminal_text(r.unknown.front()).c_str());
   if (r.gradients) std::fprintf(out, "not judged: %zu gradient(s) (diff them against bitparity run)\n", r.gradients);
-  std::fprintf(out, "conform: %zu tensors judged alone against %s: %zu exact, %zu off the contract%s\n",
-               c.tensors.size(), c.parameters.at("contract").c_str(), exact, off,
-               c.first_divergent_op ? (", first " + terminal_text(*c.first_divergent_op)).c_str() : "");
+  const std::string first = c.first_divergent_op ? ", first " + terminal_text(*c.first_divergent_op) : "";
+  if (truth_only) {
+    std::fprintf(out, "conform: %zu tensors judged alone against the float64 truth: %zu correctly rounded, %zu not%s\n",
+                 c.tensors.size(), exact, c.tensors.size() - exact, first.c_str());
+    return;
+  }
+  std::fprintf(out, "conform: %zu tensors judged alone against %s: %zu exact, %zu off the contract%s; %zu of them less "
+               "accurate than the contract (mean distance from the float64 truth)\n",
+               c.tensors.size(), c.parameters.at("contract").c_str(), exact, c.tensors.size() - exact, first.c_str(),
+               less);
 }
 
 int conform(const ConformOptions& o) {
@@ -67,13 +105,16 @@ Subcommand add_conform_command(CLI::App& app) {
       "conform",
       "judge each op of an engine's capture alone against a contract: the CPU reference computes every captured op "
       "from the engine's own captured inputs (its tokens from the dump's bitparity.tokens) and compares the bits, so "
-      "an op that left the contract shows alone at its position. Exit 0 every op exact, 1 an op off the contract, 2 "
+      "an op that left the contract shows alone at its position; beside each op off the contract, the engine's and "
+      "the contract's distance from the op's float64 truth on the same inputs. --contract float64: the distances "
+      "alone, each op against its truth rounded. Exit 0 every op exact, 1 an op off the contract, 2 "
       "bad usage or input (no tokens in the dump, an op that is not BF16, rows that are not the tokens'), 3 internal "
       "error");
   sub->add_option("DUMP", o->dump, "the engine's capture (.safetensors: ops.<op> BF16 [tokens, features])")->required();
   sub->add_option("--model", o->model, "the checkpoint the engine ran (a folder with a '/', or a fixture name)")
       ->required();
-  sub->add_option("--contract", o->contract, "the contract to judge against (default: " + o->contract + ")");
+  sub->add_option("--contract", o->contract,
+                  "the contract to judge against, or float64 (default: " + o->contract + ")");
   sub->add_option("--json", o->json, "write a JSON report (tensors in execution order); '-': stdout");
   sub->add_option("--csv", o->csv, "write a CSV report; '-': stdout");
   sub->add_option("--junit", o->junit, "write a JUnit XML report; '-': stdout");

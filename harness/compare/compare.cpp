@@ -131,6 +131,45 @@ TensorMetrics compare(std::span<const bf16> a, std::span<const bf16> b, std::vec
                        reinterpret_cast<const uint8_t*>(b.data()), a.size(), std::move(shape));
 }
 
+double ulp_at(CmpType t, double truth) {
+  const int e = std::max(std::ilogb(truth == 0 ? 0x1p-126 : truth), -126);
+  return std::ldexp(1.0, e - (t == CmpType::BF16 ? 7 : 23));
+}
+
+namespace {
+
+// |v − t| in ulp_at(t); equal non-finite values (NaN with NaN, an infinity with
+// itself) are 0 apart, any other pair with a non-finite member +inf.
+double ulps_from_truth(CmpType type, double v, double t) {
+  if (!std::isfinite(v) || !std::isfinite(t)) return (v == t || (std::isnan(v) && std::isnan(t))) ? 0 : INFINITY;
+  return std::fabs(v - t) / ulp_at(type, t);
+}
+
+double as_double(bf16 v) { return widen(v); }
+double as_double(float v) { return v; }
+
+template <class T>
+TruthError truth_error_of(CmpType type, std::span<const T> values, std::span<const double> truth) {
+  if (values.size() != truth.size()) throw std::invalid_argument("truth_error: tensors of different sizes");
+  TruthError e;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double u = ulps_from_truth(type, as_double(values[i]), truth[i]);
+    e.max_ulp = std::max(e.max_ulp, u);
+    e.mean_ulp += u;
+  }
+  if (!values.empty()) e.mean_ulp /= static_cast<double>(values.size());
+  return e;
+}
+
+}  // namespace
+
+TruthError truth_error(std::span<const bf16> values, std::span<const double> truth) {
+  return truth_error_of(CmpType::BF16, values, truth);
+}
+TruthError truth_error(std::span<const float> values, std::span<const double> truth) {
+  return truth_error_of(CmpType::F32, values, truth);
+}
+
 bool looks_like_logprob(const std::string& name) {
   std::string s = name;
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -78,6 +78,21 @@ TensorMetrics compare_bytes(CmpType t, const uint8_t* a, const uint8_t* b, uint6
 TensorMetrics compare(std::span<const float> a, std::span<const float> b, std::vector<uint64_t> shape = {});
 TensorMetrics compare(std::span<const bf16> a, std::span<const bf16> b, std::vector<uint64_t> shape = {});
 
+// A tensor's distance from its float64 truth (reference/truth), in units in the
+// last place of the tensor's own dtype at the truth value: ulp(t) = 2^(e − p) with
+// e = max(⌊log2 |t|⌋, −126) and p = 7 (BF16) or 23 (F32), so that a correctly
+// rounded value is within 0.5 and the unit does not vanish at t = 0. A non-finite
+// value against a finite truth is +inf. `bitparity conform` sets it beside the bit
+// comparison: the engine's and the contract's, each on the same inputs.
+struct TruthError {
+  double max_ulp = 0;   // may be +inf
+  double mean_ulp = 0;  // over the elements, summed in element order; may be +inf
+  bool operator==(const TruthError&) const = default;
+};
+double ulp_at(CmpType t, double truth);
+TruthError truth_error(std::span<const bf16> values, std::span<const double> truth);
+TruthError truth_error(std::span<const float> values, std::span<const double> truth);
+
 // Heuristic used by `bitparity diff`: the tensor holds log-probabilities when its
 // name contains "logprob" (any case).
 bool looks_like_logprob(const std::string& name);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -18,6 +19,7 @@
 #include "harness/engine/single_case.h"
 #include "harness/io/errors.h"
 #include "harness/io/safetensors.h"
+#include "reference/truth/qwen3.h"
 
 namespace bp::harness {
 
@@ -141,14 +143,68 @@ void check_same_model(const io::SafetensorsFile& f, const std::string& model, co
                          " has " + std::to_string(value) + ": not the model the engine ran");
 }
 
+// The float64 truth of a judged tensor (ops.<op>, logprobs.<s>, entropy.<s>),
+// flattened as the tensor is; nullopt for any other name.
+std::optional<std::vector<double>> truth_of(const truth::EachOp& each, const std::string& name) {
+  auto flat = [](const auto& m) { return std::vector<double>(m.data(), m.data() + m.size()); };
+  if (name.rfind("ops.", 0) == 0) {
+    const auto it = each.ops.find(name.substr(4));
+    if (it != each.ops.end()) return flat(it->second);
+    return std::nullopt;
+  }
+  for (const auto& [prefix, per_seq] : {std::pair{"logprobs.", &each.logprob}, std::pair{"entropy.", &each.entropy}}) {
+    const std::string p = prefix;
+    if (name.rfind(p, 0) != 0) continue;
+    const std::string s = name.substr(p.size());
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9) return std::nullopt;
+    const size_t i = std::stoul(s);
+    if (i < per_seq->size()) return flat((*per_seq)[i]);
+  }
+  return std::nullopt;
+}
+
+// The truth rounded to nearest in `like`'s dtype: --contract float64's reference.
+NamedTensor rounded_truth(const NamedTensor& like, const std::vector<double>& t) {
+  NamedTensor r;
+  r.name = like.name;
+  r.shape = like.shape;
+  r.type = like.type;
+  for (const double v : t)
+    if (like.type == CmpType::BF16) r.bf16_values.push_back(truth::nearest_bf16(v));
+    else r.f32_values.push_back(static_cast<float>(v));  // a double narrows to float to nearest even
+  return r;
+}
+
+TruthError error_from_truth(const NamedTensor& t, const std::vector<double>& truth) {
+  return t.type == CmpType::BF16 ? truth_error(t.bf16_values, truth) : truth_error(t.f32_values, truth);
+}
+
+// The ops that flow into the truth's: the engine's, else the contract's own.
+std::map<std::string, std::vector<bf16>> flowing(std::map<std::string, std::vector<bf16>> engine_ops,
+                                                 const std::vector<NamedTensor>& reference) {
+  for (const NamedTensor& t : reference)
+    if (t.name.rfind("ops.", 0) == 0) engine_ops.emplace(t.name.substr(4), t.bf16_values);
+  return engine_ops;
+}
+
+// The float64 truth model of --model, loaded as the plan says.
+truth::Model load_truth(const SweepPlan& plan, const ModelConfig& cfg, const WeightsListener& on_weights) {
+  WeightsOrigin origin;
+  truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
+                               io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}}, origin);
+  if (on_weights) on_weights(origin);
+  return m;
+}
+
 }  // namespace
 
 ConformResult build_conform(const std::string& dump, const std::string& model, const std::string& contract,
                             const WeightsListener& on_weights) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(dump);
+  const bool truth_only = contract == kConformFloat64;
   SweepPlan plan = single_case_defaults();
   plan.models = {model};
-  plan.contracts = {contract};
+  plan.contracts = {truth_only ? default_contract_names().front() : contract};
   plan.grads = false;
   plan.capture_ops = true;
   plan.temperature = temperature_of(f);
@@ -156,30 +212,50 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
   const std::unique_ptr<TokensFile> tokens = set_tokens(f, plan);
   std::map<std::string, std::vector<bf16>> ops;
   const std::map<std::string, NamedTensor> engine = read_tensors(f, ops);
-  CaseEngine cases(plan, on_weights);
-  const CaseSpec& spec = cases.cases().at(0);
-  check_same_model(f, model, spec.model.config);
+
   std::vector<NamedTensor> reference;
+  truth::EachOp each;
+  std::optional<CaseEngine> cases;
+  ModelConfig cfg;
+  std::vector<std::vector<int32_t>> seqs;
+  if (truth_only) {
+    cfg = model_config(model, plan.base_dir, "command line", "--model");
+    seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings).seqs;
+  } else {
+    cases.emplace(plan, on_weights);
+    cfg = cases->cases().at(0).model.config;
+    seqs = cases->cases().at(0).model.tokens;
+  }
+  check_same_model(f, model, cfg);
   try {
-    reference = cases.run_substituted(spec, ops);
+    if (!truth_only) reference = cases->run_substituted(cases->cases().at(0), ops);
+    // The truth reads the weights again, in double, beside the contract's bf16 copy.
+    each = load_truth(plan, cfg, truth_only ? on_weights : WeightsListener{}).each_op(seqs, flowing(ops, reference),
+                                                                                      plan.temperature);
   } catch (const std::invalid_argument& e) {
     const std::string why = e.what();
-    if (why.rfind("substitute: ", 0) != 0) throw;
-    throw BadInput(dump, "ops", why.substr(12) + " (the dump's rows are not the tokens of bitparity.tokens?)");
+    for (const std::string prefix : {"substitute: ", "each_op: "})
+      if (why.rfind(prefix, 0) == 0)
+        throw BadInput(dump, "ops", why.substr(prefix.size()) + " (the dump's rows are not the tokens of bitparity.tokens?)");
+    throw;
   }
+  if (truth_only)
+    for (const auto& [name, t] : engine)
+      if (const auto truth = truth_of(each, name)) reference.push_back(rounded_truth(t, *truth));
 
   ConformResult r;
   r.report = make_report("conform");
-  r.report.environment.contract_name = spec.contract.name;
-  r.report.environment.contract_knob_hash = spec.contract.knob_hash();
+  const Contract* c_of = truth_only ? nullptr : &cases->cases().at(0).contract;
+  if (c_of) {
+    r.report.environment.contract_name = c_of->name;
+    r.report.environment.contract_knob_hash = c_of->knob_hash();
+  }
   Case c;
   c.id = "conform";
-  c.parameters = {{"dump", dump},
-                  {"model", spec.model.name},
-                  {"contract", spec.contract.name},
-                  {"contract_knob_hash", spec.contract.knob_hash()}};
+  c.parameters = {{"dump", dump}, {"model", model}, {"contract", truth_only ? kConformFloat64 : c_of->name}};
+  if (c_of) c.parameters["contract_knob_hash"] = c_of->knob_hash();
   std::set<std::string> judged;
-  const int layers = static_cast<int>(spec.model.config.num_hidden_layers);
+  const int layers = static_cast<int>(cfg.num_hidden_layers);
   std::vector<const NamedTensor*> order;
   for (const NamedTensor& t : reference) order.push_back(&t);
   std::stable_sort(order.begin(), order.end(), [&](const NamedTensor* x, const NamedTensor* y) {
@@ -192,8 +268,16 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
       continue;
     }
     judged.insert(ref->name);
-    c.tensors.push_back(compare_tensors(it->second, ref));
+    TensorRecord rec = compare_tensors(it->second, ref);
+    if (const auto truth = truth_of(each, ref->name); truth && rec.status == TensorStatus::kCompared) {
+      rec.truth_error_a = error_from_truth(it->second, *truth);
+      rec.truth_error_b = error_from_truth(*ref, *truth);
+    }
+    c.tensors.push_back(std::move(rec));
   }
+  if (truth_only)
+    for (const auto& [name, _] : each.ops)
+      if (!engine.count("ops." + name)) r.not_captured.push_back("ops." + name);
   for (const auto& [name, _] : engine) {
     if (judged.count(name)) continue;
     if (name.rfind("grads.", 0) == 0) ++r.gradients;

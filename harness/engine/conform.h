@@ -30,6 +30,10 @@ struct ConformResult {
   size_t gradients = 0;                   // the capture's gradients: not judged (no backward runs)
 };
 
+// `--contract float64`: no contract; each op's reference is its float64 truth
+// rounded to nearest in the op's dtype, on the same inputs.
+inline constexpr const char* kConformFloat64 = "float64";
+
 // Throws bp::io::BadInput naming the dump and the tensor or metadata key at fault
 // (no tokens, an op that is not BF16, rows that are not the tokens'), and what the
 // case engine throws for the model and contract.

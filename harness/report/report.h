@@ -110,6 +110,9 @@ struct TensorRecord {
   std::string dtype_a, dtype_b;  // "" when absent on that side
   std::optional<std::vector<uint64_t>> shape_a, shape_b;
   std::optional<TensorMetrics> metrics;
+  // Each side's distance from the float64 truth of the op on the same inputs
+  // (`conform`: A the engine, B the contract); absent where nobody measured it.
+  std::optional<TruthError> truth_error_a, truth_error_b;
   bool is_logprob = false;
   bool matches() const { return status == TensorStatus::kCompared && metrics && metrics->bit_identical; }
   // Matches, but proves nothing: every element is NaN or Inf, or (a logprob tensor)

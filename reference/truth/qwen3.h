@@ -33,6 +33,14 @@ struct BackwardResult {
   std::map<std::string, std::vector<double>> grads;  // HF names, row-major; tied: embed_tokens only
 };
 
+// Every captured op (SPEC.md §6.3) computed alone from the bf16 values it reads
+// (Model::each_op): what `bitparity conform` measures an engine's and the
+// contract's outputs against, each op's inputs being the same for all three.
+struct EachOp {
+  std::map<std::string, MatD> ops;     // by capture name, [tokens][features], canonical rows
+  std::vector<VecD> logprob, entropy;  // per sequence (t < len − 1), from the logits that flow
+};
+
 struct ForwardOptions {
   double temperature = 1.0;
   bool entropy = false;
@@ -59,6 +67,16 @@ class Model {
   // fp32_storage: the forward's activations as in ForwardOptions (the backward exact).
   BackwardResult backward(const std::vector<std::vector<int32_t>>& seqs, const ref::LossCoefficients& coefs,
                           double temperature = 1.0, bool fp32_storage = false) const;
+
+  // Each op alone: an op reads `given`'s value of each capture it reads (by capture
+  // name, [tokens][features] in canonical rows: sequence by sequence, positions from
+  // 0), and where a capture is not given, that op's own float64 value rounded to
+  // bf16 (to nearest even). The MoE top-k is chosen on the exact probabilities of the
+  // router logits that flow (the contract's fp32 probabilities choose the same
+  // experts but for near-ties), and weighs each expert by the routing weights that
+  // flow. std::invalid_argument for a given capture of the wrong size.
+  EachOp each_op(const std::vector<std::vector<int32_t>>& seqs, const std::map<std::string, std::vector<bf16>>& given,
+                 double temperature) const;
 
   const ModelConfig& config() const { return cfg_; }
   const WeightsD& weights() const { return w_; }

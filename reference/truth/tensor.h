@@ -2,6 +2,8 @@
 // the bit-defined ops are compared against with a tolerance.
 #pragma once
 #include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "reference/numerics/bf16.h"
@@ -18,5 +20,17 @@ inline MatD widen(const bf16* p, int rows, int cols) {
   return m;
 }
 inline MatD widen(const std::vector<bf16>& v, int rows, int cols) { return widen(v.data(), rows, cols); }
+
+// x rounded once to bf16, to nearest even (through float, x would round twice):
+// on the grid of x's binade, subnormals on the grid of 2^-133; past the largest
+// finite bf16 by half an ulp or more, an infinity.
+inline bf16 nearest_bf16(double x) {
+  if (!std::isfinite(x) || x == 0) return round_bf16(static_cast<float>(x));
+  const double ulp = std::ldexp(1.0, std::max(std::ilogb(x), -126) - 7);
+  const double r = std::nearbyint(x / ulp) * ulp;  // the default rounding mode: to nearest even
+  constexpr double kMax = 0x1.fep127;
+  if (std::fabs(r) > kMax) return round_bf16(static_cast<float>(std::copysign(INFINITY, x)));
+  return round_bf16(static_cast<float>(r));  // exact
+}
 
 }  // namespace bp::truth

@@ -86,6 +86,10 @@ TEST_F(CliConform, OneOpComputedOtherwiseIsFoundAlone) {
   EXPECT_EQ(conform(dump), 1) << out_ << err_;
   EXPECT_NE(out_.find("57 exact, 1 off the contract, first layers.1.q_proj"), std::string::npos) << out_;
   EXPECT_NE(out_.find("ops.layers.1.q_proj                1 of 2048 elements differ"), std::string::npos) << out_;
+  // Beside it, the distance from the float64 truth on the same inputs: the changed
+  // element is far from it, so the engine's op is less accurate than the contract's.
+  EXPECT_NE(out_.find("(less accurate)\n"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("1 of them less accurate than the contract"), std::string::npos) << out_;
   // The page: the heat map with that op's cell outlined, no other off the contract.
   EXPECT_EQ(run("conform " + dump + " --model " + kModel + " --contract bf16-fmaseq-v2 -q --html " + path("c.html")), 1);
   const std::string page = read(path("c.html"));
@@ -98,6 +102,31 @@ TEST_F(CliConform, OneOpComputedOtherwiseIsFoundAlone) {
   EXPECT_NE(out_.find("ops.layers.1.q_norm      BF16  [8, 256]       DIFFER"), std::string::npos) << out_;
   EXPECT_NE(out_.find("ops.layers.1.q_rope      BF16  [8, 256]       DIFFER"), std::string::npos) << out_;
   EXPECT_NE(out_.find("first differing tensor (file order of A): ops.layers.1.q_norm"), std::string::npos) << out_;
+}
+
+// --contract float64: each op against its float64 truth on the same inputs, rounded.
+// The embedding copies bf16 weights (0 ulp); a residual add's fp32 sum of two bf16
+// values is exact (their exponents are never 16 apart here), so its one rounding is
+// the truth rounded: 0 elements off. One residual element moved by one ulp is the
+// negative control: it alone is off, by more than half an ulp.
+TEST_F(CliConform, AgainstFloat64EachOpHasItsDistanceFromTheTruth) {
+  EXPECT_EQ(conform(path("ref.safetensors"), "float64"), 1) << out_ << err_;
+  EXPECT_NE(out_.find("ops.embed                          from float64: max 0 / mean 0 ulp; 0 of 512 elements"),
+            std::string::npos) << out_;
+  for (const char* op : {"layers.0.resid_attn", "layers.2.resid_mlp"})
+    EXPECT_NE(out_.find("ops." + std::string(op)), std::string::npos) << out_;
+  EXPECT_NE(out_.find("ulp; 0 of 512 elements not the truth rounded\nops.layers.0.post_norm"), std::string::npos)
+      << "resid_attn is the truth rounded: " << out_;
+  EXPECT_NE(out_.find("conform: 58 tensors judged alone against the float64 truth:"), std::string::npos) << out_;
+
+  const std::string op = "layers.0.resid_attn";
+  const SafetensorsFile ref = SafetensorsFile::open(path("ref.safetensors"));
+  std::vector<NamedTensor> engine = reference_run({});
+  for (NamedTensor& t : engine)
+    if (t.name == "ops." + op) ++t.bf16_values[5].bits;
+  EXPECT_EQ(conform(write_dump("moved.safetensors", engine, ref.metadata()), "float64"), 1) << out_ << err_;
+  EXPECT_NE(out_.find("ulp; 1 of 512 elements not the truth rounded\nops.layers.0.post_norm"), std::string::npos)
+      << out_;
 }
 
 TEST_F(CliConform, AnotherContractPartsAtItsReductions) {
