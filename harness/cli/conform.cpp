@@ -26,9 +26,7 @@ std::string truth_text(const TruthError& e) {
 
 // An op less accurate than the contract on the same inputs: its mean distance from
 // the truth above the contract's.
-bool less_accurate(const TensorRecord& t) {
-  return t.truth_error_a && t.truth_error_b && t.truth_error_a->mean_ulp > t.truth_error_b->mean_ulp;
-}
+bool less_accurate(const TensorRecord& t) { return t.truth_ratio().value_or(1) > 1; }
 
 // One line per tensor off the contract: the bits, then both sides' distance from
 // the float64 truth (--contract float64: every tensor, its distance alone).

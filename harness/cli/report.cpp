@@ -24,6 +24,29 @@ struct ReportOptions {
   bool strict = false;
 };
 
+// "  TRUTH <case>: ..." for a case whose tensors have both sides' truth errors (conform:
+// the engine's and the contract's distance from the float64 truth): in how many the
+// engine is the farther (TensorRecord::truth_ratio > 1), and the worst; "" otherwise.
+std::string truth_line(const Case& c) {
+  size_t measured = 0, farther = 0;
+  const TensorRecord* worst = nullptr;
+  for (const TensorRecord& t : c.tensors) {
+    const std::optional<double> ratio = t.truth_ratio();
+    if (!ratio) continue;
+    ++measured;
+    if (*ratio <= 1) continue;
+    ++farther;
+    if (!worst || *ratio > *worst->truth_ratio()) worst = &t;
+  }
+  if (measured == 0) return "";
+  const std::string head = "  TRUTH " + terminal_text(c.id) + ": the engine is ";
+  const std::string of = std::to_string(measured) + (measured == 1 ? " tensor" : " tensors");
+  if (!worst) return head + "no farther from the float64 truth than the contract in any of " + of + "\n";
+  return head + "farther from the float64 truth than the contract in " + std::to_string(farther) + " of " + of +
+         ", most in " + terminal_text(worst->name) + " (mean " + metric_text(worst->truth_error_a->mean_ulp, "%.3g") +
+         " / " + metric_text(worst->truth_error_b->mean_ulp, "%.3g") + " ulp)\n";
+}
+
 // For a terminal: names pass through terminal_text.
 void print_summary(const Report& r, const std::string& path, std::FILE* out) {
   std::fprintf(out, "report %s: %zu cases: %s%s\n", terminal_text(path).c_str(), r.cases.size(),
@@ -31,12 +54,14 @@ void print_summary(const Report& r, const std::string& path, std::FILE* out) {
   for (const Case& c : r.cases) {
     if (c.verdict == Verdict::kError)
       std::fprintf(out, "  ERROR %s: %s\n", terminal_text(c.id).c_str(), terminal_text(c.error).c_str());
-    if (c.verdict != Verdict::kMismatch) continue;
-    const TensorRecord* t = c.first_mismatch();
-    std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", terminal_text(c.id).c_str(),
-                 t ? terminal_text(t->name).c_str() : "?", t ? tensor_status_name(t->status) : "?",
-                 c.first_divergent_op ? ", first divergent op " : "",
-                 terminal_text(c.first_divergent_op.value_or("")).c_str());
+    if (c.verdict == Verdict::kMismatch) {
+      const TensorRecord* t = c.first_mismatch();
+      std::fprintf(out, "  MISMATCH %s: first tensor %s (%s)%s%s\n", terminal_text(c.id).c_str(),
+                   t ? terminal_text(t->name).c_str() : "?", t ? tensor_status_name(t->status) : "?",
+                   c.first_divergent_op ? ", first divergent op " : "",
+                   terminal_text(c.first_divergent_op.value_or("")).c_str());
+    }
+    std::fputs(truth_line(c).c_str(), out);
   }
   std::fprintf(out, "verdict: %s\n", verdict_name(r.overall()));
   if (r.interrupted)

@@ -21,6 +21,8 @@ const std::vector<std::string> kCsvColumns = {
     "error",
     // the report's status (complete, interrupted), on every row
     "run_status",
+    // schema_version 6: each side's distance from the float64 truth (kTruthColumns), else empty
+    "truth_max_ulp_a", "truth_mean_ulp_a", "truth_max_ulp_b", "truth_mean_ulp_b",
     // where it was made (kGpuFields), on every row; empty when no GPU was used
     "gpu_name", "gpu_driver", "cuda_version", "nccl_version",
 };
@@ -166,6 +168,11 @@ std::string render_csv(const Report& r) {
                            std::to_string(m->inf_b), m->nan_policy});
       }
       case_tail(f);
+      for (const TruthColumns& c : kTruthColumns)
+        if (const std::optional<TruthError>& e = t.*c.side) {
+          f[csv_column(c.max_ulp)] = num(e->max_ulp);
+          f[csv_column(c.mean_ulp)] = num(e->mean_ulp);
+        }
       // An empty histogram (bit identical) is an empty field, as for absent metrics.
       if (t.metrics && !t.metrics->ulp_histogram.empty())
         f[csv_column("ulp_histogram")] = list_text(t.metrics->ulp_histogram);

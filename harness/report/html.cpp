@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -29,6 +30,9 @@ svg.hist rect.bar{fill:#c62828}svg.hist text{font-size:9px;fill:#444}
 table.heat td{width:2.6em;height:1.4em;text-align:center;font-size:11px;padding:0}
 table.heat th{font-size:11px;font-weight:normal;writing-mode:vertical-rl}table.heat th.row{writing-mode:initial}
 table.heat td.exact{background:#c8e6c9}table.heat td.first{outline:3px solid #000;outline-offset:-3px}
+.heats{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.heats figure{margin:.4em 0}
+td.better{background:#c8e6c9}td.unmeasured{background:#e0e0e0}
+table.legend td{font-size:11px;padding:0 .6em;text-align:center}
 )";
 
 std::string verdict_span(Verdict v) {
@@ -228,37 +232,125 @@ std::string heat_cell(const TensorRecord& t, bool first) {
   return "<td class=\"" + cls + "\"" + style + " title=\"" + html_escape(title) + "\">" + text + "</td>";
 }
 
-// The case's captured ops as a layers × ops grid in execution order (graph::kOps):
-// a row per layer and one for the model's own ops; "" for a case without captured ops.
-std::string heat_map(const Case& c) {
+// The case's captured ops as a layers × ops grid in execution order (graph::kOps): a
+// row per layer and one (layer -1) for the model's own ops.
+struct OpGrid {
   std::map<std::pair<int64_t, std::string>, const TensorRecord*> cells;
   std::set<int64_t> layers;
+  std::vector<std::string> columns;
+};
+
+OpGrid op_grid(const Case& c) {
+  OpGrid g;
   std::set<std::string> ops;
   for (const TensorRecord& t : c.tensors)
     if (const auto cell = op_cell(t.name)) {
-      cells[*cell] = &t;
-      layers.insert(cell->first);
+      g.cells[*cell] = &t;
+      g.layers.insert(cell->first);
       ops.insert(cell->second);
     }
-  if (cells.empty()) return "";
-  std::vector<std::string> columns;
   for (const graph::OpRow& row : graph::kOps)
-    if (ops.erase(row.name)) columns.push_back(row.name);
-  columns.insert(columns.end(), ops.begin(), ops.end());  // names the graph does not know, after its own
-  const std::string first = c.first_divergent_op ? "ops." + *c.first_divergent_op : "";
-  std::string h = "<figure><figcaption>Captured ops, layer by layer: exact, or the largest ULP distance"
-                  "</figcaption>\n<table class=\"heat\"><tr><th class=\"row\"></th>";
-  for (const std::string& col : columns) h += "<th>" + html_escape(col) + "</th>";
+    if (ops.erase(row.name)) g.columns.push_back(row.name);
+  g.columns.insert(g.columns.end(), ops.begin(), ops.end());  // names the graph does not know, after its own
+  return g;
+}
+
+// The grid as <table class="`cls`">, each captured op's cell drawn by `cell`.
+std::string op_table(const OpGrid& g, const char* cls, const std::function<std::string(const TensorRecord&)>& cell) {
+  std::string h = std::string("<table class=\"") + cls + "\"><tr><th class=\"row\"></th>";
+  for (const std::string& col : g.columns) h += "<th>" + html_escape(col) + "</th>";
   h += "</tr>\n";
-  for (const int64_t layer : layers) {
+  for (const int64_t layer : g.layers) {
     h += "<tr><th class=\"row\">" + (layer < 0 ? std::string("model") : "layer " + std::to_string(layer)) + "</th>";
-    for (const std::string& col : columns) {
-      const auto it = cells.find({layer, col});
-      h += it == cells.end() ? "<td></td>" : heat_cell(*it->second, it->second->name == first);
+    for (const std::string& col : g.columns) {
+      const auto it = g.cells.find({layer, col});
+      h += it == g.cells.end() ? "<td></td>" : cell(*it->second);
     }
     h += "</tr>\n";
   }
-  return h + "</table></figure>\n";
+  return h + "</table>";
+}
+
+bool has_truth_error(const TensorRecord& t) { return t.truth_error_a || t.truth_error_b; }
+
+// A ratio of A's error from the truth to B's as a cell: its class (better: A is as
+// close or closer; worse: farther, red darker with the ratio's log2, 256 and beyond
+// darkest; unmeasured: a side is missing), its style and its text.
+struct RatioLook {
+  std::string cls, style, text;
+};
+RatioLook ratio_look(std::optional<double> ratio) {
+  if (!ratio) return {"unmeasured", "", "&ndash;"};
+  const double r = *ratio;
+  const std::string text = !std::isfinite(r) ? "inf"
+                           : r < 999.5       ? metric_text(r, "%.3g")
+                                             : "2^" + std::to_string(std::lround(std::log2(r)));
+  if (r <= 1) return {"better", "", text};
+  const long lightness = 85 - std::lround(5 * std::min(std::log2(r), 8.0));
+  return {"worse", " style=\"background:hsl(0,70%," + std::to_string(lightness) + "%)\"", text};
+}
+
+// "max 40, mean 8 ulp", or "not measured".
+std::string truth_side_text(const std::optional<TruthError>& e) {
+  if (!e) return "not measured";
+  return "max " + metric_text(e->max_ulp, "%.6g") + ", mean " + metric_text(e->mean_ulp, "%.6g") + " ulp";
+}
+
+std::string truth_cell(const TensorRecord& t) {
+  const std::optional<double> ratio = t.truth_ratio();
+  const RatioLook look = ratio_look(ratio);
+  const std::string title = t.name + ": engine (A) " + truth_side_text(t.truth_error_a) + "; contract (B) " +
+                            truth_side_text(t.truth_error_b) + (ratio ? "; ratio " + look.text : "");
+  return "<td class=\"" + look.cls + "\"" + look.style + " title=\"" + html_escape(title) + "\">" + look.text + "</td>";
+}
+
+std::string truth_legend() {
+  std::string h = "<table class=\"legend\"><tr>";
+  for (const double r : {1.0, 2.0, 4.0, 16.0, 256.0}) {
+    const RatioLook look = ratio_look(r);
+    const std::string text = r == 1 ? "&le; 1" : r == 256 ? "&ge; 256" : look.text;
+    h += "<td class=\"" + look.cls + "\"" + look.style + ">" + text + "</td>";
+  }
+  return h + "</tr></table>\n";
+}
+
+// The heat map of the case's captured ops, and beside it, where they have truth errors,
+// its twin of each op's engine / contract ratio of mean ulp from the float64 truth; ""
+// for a case without captured ops.
+std::string heat_maps(const Case& c) {
+  const OpGrid g = op_grid(c);
+  if (g.cells.empty()) return "";
+  const std::string first = c.first_divergent_op ? "ops." + *c.first_divergent_op : "";
+  std::string h = "<div class=\"heats\">\n<figure><figcaption>Captured ops, layer by layer: exact, or the largest ULP "
+                  "distance</figcaption>\n" +
+                  op_table(g, "heat", [&first](const TensorRecord& t) { return heat_cell(t, t.name == first); }) +
+                  "</figure>\n";
+  if (std::any_of(g.cells.begin(), g.cells.end(), [](const auto& cell) { return has_truth_error(*cell.second); }))
+    h += "<figure><figcaption>Error against float64 truth, engine / contract (mean ulp ratio)</figcaption>\n" +
+         op_table(g, "heat truth", truth_cell) + "\n" + truth_legend() + "</figure>\n";
+  return h + "</div>\n";
+}
+
+// Each side's max and mean ulp from the float64 truth, per tensor that has them, and A's
+// mean over B's; "" for a case without truth errors.
+std::string truth_table(const Case& c) {
+  auto side = [](const std::optional<TruthError>& e) {
+    if (!e) return std::string("<td class=\"num\">&ndash;</td><td class=\"num\">&ndash;</td>");
+    return "<td class=\"num\">" + metric_text(e->max_ulp, "%.6g") + "</td><td class=\"num\">" +
+           metric_text(e->mean_ulp, "%.6g") + "</td>";
+  };
+  std::string rows;
+  for (const TensorRecord& t : c.tensors) {
+    if (!has_truth_error(t)) continue;
+    const RatioLook look = ratio_look(t.truth_ratio());
+    rows += "<tr><td>" + html_escape(t.name) + "</td>" + side(t.truth_error_a) + side(t.truth_error_b) +
+            "<td class=\"num " + look.cls + "\"" + look.style + ">" + look.text + "</td></tr>\n";
+  }
+  if (rows.empty()) return "";
+  return "<figure><figcaption>Error against the float64 truth of each op on the same inputs, in ulps of its "
+         "dtype</figcaption>\n<table class=\"truth\"><tr><th>tensor</th><th>engine (A) max</th><th>engine (A) "
+         "mean</th><th>contract (B) max</th><th>contract (B) mean</th><th>engine / contract (mean)</th></tr>\n" +
+         rows + "</table></figure>\n";
 }
 
 std::string shape_text(const std::optional<std::vector<uint64_t>>& s) {
@@ -313,11 +405,11 @@ std::string case_section(const Case& c, size_t index) {
   h += communication_line(c);
   if (c.first_divergent_op) h += "<p>First divergent op: <code>" + html_escape(*c.first_divergent_op) + "</code></p>\n";
   if (c.tensors.empty()) return h + "</section>\n";
-  h += heat_map(c);
+  h += heat_maps(c);
   h += "<table class=\"tensors\"><tr><th>tensor</th><th>status</th><th>dtype</th><th>shape</th><th>mismatches</th>"
        "<th>max ULP</th><th>max |diff|</th><th>mean |diff|</th><th>first</th><th>NaN/Inf (A/B)</th></tr>\n";
   for (const TensorRecord& t : c.tensors) h += tensor_row(t);
-  h += "</table>\n";
+  h += "</table>\n" + truth_table(c);
   for (const TensorRecord& t : c.tensors)
     if (t.metrics && !t.metrics->ulp_histogram.empty())
       h += "<figure><figcaption>ULP distances of the " + std::to_string(t.metrics->mismatches) +

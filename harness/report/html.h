@@ -14,9 +14,14 @@
 //     divergent op; where it holds captured ops (ops.*: a sweep with --capture ops,
 //     bisect, conform), a heat map <table class="heat">, layers as rows and ops as
 //     columns in execution order, each cell exact or its largest ULP distance (red,
-//     darker with its log2), the first divergent op outlined; a table of its tensors
-//     with their metrics; a ULP-distance histogram (inline SVG bars) per mismatching
-//     tensor.
+//     darker with its log2), the first divergent op outlined, and beside it, where the
+//     ops have truth errors (schema 6: conform), <table class="heat truth">: each op's
+//     ratio of the engine's (A's) mean ulp from the float64 truth to the contract's
+//     (B's), green where at most 1, red darker with its log2 above, grey where a side
+//     is missing, the numbers in the title, a legend below; a table of its tensors
+//     with their metrics; where its tensors have truth errors, <table class="truth">
+//     of both sides' max and mean ulp and that ratio; a ULP-distance histogram (inline
+//     SVG bars) per mismatching tensor.
 // Every text from the report is escaped (names may hold <, &, quotes, control bytes).
 #pragma once
 #include <string>

@@ -1,6 +1,5 @@
-// JSON rendering (reports/schema/report.schema.json, schema_version 5: 5 added the
-// "error" verdict, each case's "error" message and the summary's "error" count, and
-// each case's optional "ranks" and "communication"; earlier versions: report.h).
+// JSON rendering (reports/schema/report.schema.json, schema_version 6: 6 added each
+// tensor's optional "truth_error"; earlier versions: report.h).
 #include <cmath>
 
 #include "harness/report/report.h"
@@ -33,8 +32,12 @@ json metrics_json(const TensorMetrics& m, bool is_logprob) {
   return j;
 }
 
+json truth_side_json(const std::optional<TruthError>& e) {
+  return e ? json{{"max_ulp", number(e->max_ulp)}, {"mean_ulp", number(e->mean_ulp)}} : json(nullptr);
+}
+
 json tensor_json(const TensorRecord& t) {
-  return {
+  json j = {
       {"name", t.name},
       {"name_b", str_or_null(t.name_b)},
       {"status", tensor_status_name(t.status)},
@@ -46,6 +49,10 @@ json tensor_json(const TensorRecord& t) {
       {"is_logprob", t.is_logprob},
       {"metrics", t.metrics ? metrics_json(*t.metrics, t.is_logprob) : json(nullptr)},
   };
+  // Only where a side was measured (conform), so that other reports read as before.
+  if (t.truth_error_a || t.truth_error_b)
+    j["truth_error"] = {{"a", truth_side_json(t.truth_error_a)}, {"b", truth_side_json(t.truth_error_b)}};
+  return j;
 }
 
 json weights_json(const WeightsOrigin& w) {

@@ -249,9 +249,25 @@ TensorMetrics read_metrics(const Node& n) {
   return m;
 }
 
+std::optional<TruthError> read_truth_side(const Node& n) {
+  if (n.is_null()) return std::nullopt;
+  n.expect_object({"max_ulp", "mean_ulp"});
+  return TruthError{n["max_ulp"].diff(), n["mean_ulp"].diff()};
+}
+
+// Written only where a side is set (json.cpp).
+void read_truth_error(const Node& n, TensorRecord& t) {
+  n.expect_object({"a", "b"});
+  t.truth_error_a = read_truth_side(n["a"]);
+  t.truth_error_b = read_truth_side(n["b"]);
+  if (!t.truth_error_a && !t.truth_error_b)
+    n.bad("has neither side (a tensor without truth errors has no \"truth_error\")");
+}
+
 TensorRecord read_tensor(const Node& n) {
   n.expect_object({"name", "name_b", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "bit_identical", "is_logprob",
-                   "metrics"});
+                   "metrics"},
+                  {"truth_error"});
   TensorRecord t;
   t.name = n["name"].str();
   t.name_b = n["name_b"].str_or_null().value_or("");
@@ -268,6 +284,7 @@ TensorRecord read_tensor(const Node& n) {
     metrics.bad(compared ? "a compared tensor needs metrics" : "must be null unless status is \"compared\"");
   if (compared) t.metrics = read_metrics(metrics);
   bind_metrics(t);
+  if (n.has("truth_error")) read_truth_error(n["truth_error"], t);
   return t;
 }
 
@@ -356,18 +373,42 @@ std::string repeated_id_message(const Case& c) {
 }
 
 // What each schema_version after the oldest readable one added (report.h): a case
-// verdict with its summary count, and case fields (optional ones absent, the others
-// null, in a report of an earlier version).
+// verdict with its summary count, case fields (optional ones absent, the others null,
+// in a report of an earlier version) and optional tensor fields.
 constexpr uint64_t kOldestReadableSchema = 3;
 struct SchemaAddition {
   uint64_t version;
-  const char* verdict;  // its summary count is 0 in an earlier report
-  std::vector<const char*> null_case_fields, optional_case_fields;
+  const char* verdict;  // its summary count is 0 in an earlier report; nullptr for none
+  std::vector<const char*> null_case_fields, optional_case_fields, optional_tensor_fields;
 };
 const SchemaAddition kSchemaAdditions[] = {
-    {4, "nonfinite", {}, {}},
-    {5, "error", {"error"}, {"ranks", "communication"}},
+    {4, "nonfinite", {}, {}, {}},
+    {5, "error", {"error"}, {"ranks", "communication"}, {}},
+    {6, nullptr, {}, {}, {"truth_error"}},
 };
+
+// Refuses any of `fields` in `object` (at the path prefix `at`) with `absent`.
+void refuse_fields(const json& object, const std::vector<const char*>& fields, const std::string& at,
+                   const std::string& absent, const std::string& path) {
+  if (!object.is_object()) return;
+  for (const char* f : fields)
+    if (object.contains(f)) Node(object[f], at + f, path).bad(absent);
+}
+
+// One case of a report that predates `a`: none of what `a` added, its null fields set.
+void case_before(json& c, const SchemaAddition& a, const std::string& at, const std::string& absent,
+                 const std::string& path) {
+  if (!c.is_object()) return;
+  if (a.verdict && c.contains("verdict") && c["verdict"] == a.verdict)
+    Node(c["verdict"], at + "verdict", path).bad("the verdict \"" + std::string(a.verdict) + "\" " + absent);
+  refuse_fields(c, a.null_case_fields, at, absent, path);
+  refuse_fields(c, a.optional_case_fields, at, absent, path);
+  for (const char* f : a.null_case_fields) c[f] = nullptr;
+  if (!c.contains("tensors") || !c["tensors"].is_array()) return;
+  const json& tensors = c["tensors"];
+  for (size_t k = 0; k < tensors.size(); ++k)
+    refuse_fields(tensors[k], a.optional_tensor_fields, at + "tensors[" + std::to_string(k) + "].", absent, path);
+}
 
 // A report of an earlier schema_version (3 and later) as the current version's
 // document it stands for: what was added since takes its default, once the report is
@@ -387,22 +428,12 @@ void as_current_schema(json& doc, const std::string& path) {
     if (v >= a.version) continue;
     const std::string absent = "is not in a report of schema_version " + std::to_string(v) +
                                " (schema_version " + std::to_string(a.version) + " added it)";
-    if (summary.is_object()) {
+    if (a.verdict && summary.is_object()) {
       if (summary.contains(a.verdict)) Node(summary[a.verdict], std::string("summary.") + a.verdict, path).bad(absent);
       summary[a.verdict] = 0;
     }
     if (!cases.is_array()) continue;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      json& c = cases[i];
-      if (!c.is_object()) continue;
-      const std::string at = "cases[" + std::to_string(i) + "].";
-      if (c.contains("verdict") && c["verdict"] == a.verdict)
-        Node(c["verdict"], at + "verdict", path).bad("the verdict \"" + std::string(a.verdict) + "\" " + absent);
-      for (const auto* fields : {&a.null_case_fields, &a.optional_case_fields})
-        for (const char* f : *fields)
-          if (c.contains(f)) Node(c[f], at + f, path).bad(absent);
-      for (const char* f : a.null_case_fields) c[f] = nullptr;
-    }
+    for (size_t i = 0; i < cases.size(); ++i) case_before(cases[i], a, "cases[" + std::to_string(i) + "].", absent, path);
   }
   doc["schema_version"] = kReportSchemaVersion;
 }
@@ -563,6 +594,17 @@ TensorMetrics metrics_from_row(const Row& row, bool is_logprob) {
   return m;
 }
 
+// Both of a side's columns, or neither (kTruthColumns).
+std::optional<TruthError> truth_from_row(const Row& row, const TruthColumns& c) {
+  const bool has_max = !row.empty(c.max_ulp), has_mean = !row.empty(c.mean_ulp);
+  if (has_max != has_mean)
+    row.bad(Row::col(has_max ? c.mean_ulp : c.max_ulp), std::string("is empty but ") +
+                                                          (has_max ? c.max_ulp : c.mean_ulp) +
+                                                          " is not (a side's truth error is both numbers or neither)");
+  if (!has_max) return std::nullopt;
+  return TruthError{row.diff(c.max_ulp), row.diff(c.mean_ulp)};
+}
+
 TensorRecord tensor_from_row(const Row& row) {
   TensorRecord t;
   t.name = row.text("tensor");
@@ -580,6 +622,7 @@ TensorRecord tensor_from_row(const Row& row) {
       if (!row.empty(c)) row.bad(Row::col(c), "must be empty unless status is \"compared\"");
   }
   bind_metrics(t);
+  for (const TruthColumns& c : kTruthColumns) t.*c.side = truth_from_row(row, c);
   if (row.boolean("bit_identical") != t.matches())
     row.bad(Row::col("bit_identical"), t.matches() ? "is false but the metrics say identical" : "is true but the tensor does not match");
   return t;
@@ -611,10 +654,16 @@ Case case_from_row(const Row& row, bool escaped_parameters) {
 bool is_gpu_column(const std::string& name) {
   return std::any_of(std::begin(kGpuFields), std::end(kGpuFields), [&](const GpuField& g) { return name == g.key; });
 }
-// The columns a CSV of schema_version 3 lacks: run_status, error and the GPU's. A CSV
-// written before them reads them as their defaults (an empty error, no GPU, and a
-// complete run: such a CSV never said otherwise).
-bool is_later_column(const std::string& name) { return name == "run_status" || name == "error" || is_gpu_column(name); }
+bool is_truth_column(const std::string& name) {
+  return std::any_of(std::begin(kTruthColumns), std::end(kTruthColumns),
+                     [&](const TruthColumns& t) { return name == t.max_ulp || name == t.mean_ulp; });
+}
+// The columns a CSV of schema_version 3 lacks: run_status, error, the truth errors'
+// and the GPU's. A CSV written before them reads them as their defaults (an empty
+// error, no truth errors, no GPU, and a complete run: such a CSV never said otherwise).
+bool is_later_column(const std::string& name) {
+  return name == "run_status" || name == "error" || is_truth_column(name) || is_gpu_column(name);
+}
 std::string later_column_default(const std::string& name) { return name == "run_status" ? "complete" : ""; }
 // The report's columns, the same on every row: run_status and the GPU's.
 bool is_report_column(size_t c) { return c == Row::col("run_status") || is_gpu_column(kCsvColumns[c]); }

@@ -148,6 +148,12 @@ bool TensorRecord::nonfinite() const {
   return nonfinite_elements == metrics->elements || (is_logprob && nonfinite_elements > 0);
 }
 
+std::optional<double> TensorRecord::truth_ratio() const {
+  if (!truth_error_a || !truth_error_b) return std::nullopt;
+  const double a = truth_error_a->mean_ulp, b = truth_error_b->mean_ulp;
+  return a == b ? 1.0 : a / b;  // equal infinities too
+}
+
 void Case::settle() {
   if (verdict == Verdict::kSkipped || verdict == Verdict::kError) return;
   const bool any_nonfinite = std::any_of(tensors.begin(), tensors.end(), [](const TensorRecord& t) { return t.nonfinite(); });

@@ -4,12 +4,14 @@
 // the same directory + fsync + rename, through a symbolic link to its target), so an
 // error never leaves a partial report and never destroys an earlier one; "-",
 // a device or a FIFO straight:
-//   JSON   schema reports/schema/report.schema.json, "schema_version": 5 (2 changed
+//   JSON   schema reports/schema/report.schema.json, "schema_version": 6 (2 changed
 //          ulp_histogram to the mismatch-only bins of compare/compare.h, added
 //          first_divergent_op; 3 added each case's seconds and peak_device_bytes;
 //          4 added the "nonfinite" verdict and its summary count; 5 added the
 //          "error" verdict with each case's "error" message and its summary count,
-//          and each case's optional "ranks" and "communication")
+//          and each case's optional "ranks" and "communication"; 6 added each
+//          tensor's optional "truth_error", {"a": ..., "b": ...}, each side null or
+//          its {"max_ulp", "mean_ulp"}, written where a side is set)
 //   CSV    one row per case x tensor (a case with no tensors: one row with empty
 //          tensor columns; a report with no cases: one row with only run_status,
 //          the report's status, which every row carries), header row, stable
@@ -19,6 +21,8 @@
 //          "error" (a case's error message); ranks and communication are JSON only.
 //          The environment's GPU fields (kGpuFields), every row, empty when null,
 //          are the last columns (added after schema 5, without a new JSON field).
+//          Schema 6 added the truth errors' columns (kTruthColumns) before them,
+//          empty where a side is unset.
 //   JUnit  one <testcase> per case, its time attribute the case's seconds; a
 //          mismatching case has one <failure> naming its first mismatching tensor; a
 //          case that failed with an error has one <error> with its message; a
@@ -40,7 +44,7 @@
 
 namespace bp::harness {
 
-inline constexpr int kReportSchemaVersion = 5;
+inline constexpr int kReportSchemaVersion = 6;
 
 // Where one model's weights came from: generated from a seed, or read from
 // checkpoint files (docs/failure-modes.md).
@@ -115,11 +119,25 @@ struct TensorRecord {
   std::optional<TruthError> truth_error_a, truth_error_b;
   bool is_logprob = false;
   bool matches() const { return status == TensorStatus::kCompared && metrics && metrics->bit_identical; }
+  // How many times farther A is from the truth than B, by their mean ulp; nullopt
+  // unless both sides are set. Equal means give 1 (0 and 0: both exact), a mean of 0
+  // against a larger one 0 or +inf.
+  std::optional<double> truth_ratio() const;
   // Matches, but proves nothing: every element is NaN or Inf, or (a logprob tensor)
   // any element is. Two NaN-filled results are bit-identical, and one NaN weight
   // makes every logprob and gradient NaN; such a match must never read as "exact".
   bool nonfinite() const;
 };
+
+// Each side's truth error by its CSV columns (max and mean ulp; both empty when unset).
+struct TruthColumns {
+  const char* max_ulp;
+  const char* mean_ulp;
+  std::optional<TruthError> TensorRecord::*side;
+};
+inline constexpr TruthColumns kTruthColumns[] = {
+    {"truth_max_ulp_a", "truth_mean_ulp_a", &TensorRecord::truth_error_a},
+    {"truth_max_ulp_b", "truth_mean_ulp_b", &TensorRecord::truth_error_b}};
 
 // A case is kNonFinite when its tensors all match but one of them is nonfinite().
 // kError: the case's run failed (a rank killed or throwing); nothing was compared.

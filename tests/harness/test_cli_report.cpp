@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "harness/report/report.h"
 #include "support/cli_run.h"
@@ -32,6 +34,13 @@ class CliReport : public test::CliTest {
   }
 
 };
+
+size_t count_lines_with(const std::string& text, const std::string& what) {
+  std::istringstream lines(text);
+  size_t n = 0;
+  for (std::string line; std::getline(lines, line);) n += line.find(what) != std::string::npos;
+  return n;
+}
 
 Report exact_only() {
   Report r = sample_sweep_report();
@@ -130,26 +139,55 @@ TEST_F(CliReport, MalformedReportsExitTwoNamingFileAndField) {
                       ": line 2, column bit_identical: expected true or false, found \"maybe\"\n");
   // A report of a schema before 3 (no case times) asks for a re-run.
   std::string v2 = read(path("r.json"));
-  v2.replace(v2.find("\"schema_version\": 5"), 19, "\"schema_version\": 2");
+  v2.replace(v2.find("\"schema_version\": 6"), 19, "\"schema_version\": 2");
   std::ofstream(path("v2.json"), std::ios::binary) << v2;
   EXPECT_EQ(run("report '" + path("v2.json") + "'"), 2);
   EXPECT_EQ(err_, "bitparity report: bad input: " + path("v2.json") +
-                      ": schema_version: this bitparity reads schema_version 3 to 5; this report's is 2; re-run the "
+                      ": schema_version: this bitparity reads schema_version 3 to 6; this report's is 2; re-run the "
                       "command that wrote it\n");
   EXPECT_EQ(run("report '" + path("missing.json") + "'"), 2);
   EXPECT_NE(err_.find("missing.json"), std::string::npos);
   EXPECT_EQ(run("report"), 2);  // REPORT is required
 }
 
+// A case whose tensors have both sides' truth errors (conform: the engine's and the
+// contract's distance from the float64 truth) gets one line: in how many tensors the
+// engine is the farther, and the worst of them; JSON and CSV alike.
+TEST_F(CliReport, TruthErrorsInTheSummary) {
+  Report r = exact_only();
+  std::vector<harness::TensorRecord>& t = r.cases[0].tensors;  // tp1-full: logprobs, a gradient
+  t[0].truth_error_a = harness::TruthError{4, 2};
+  t[0].truth_error_b = t[1].truth_error_a = t[1].truth_error_b = harness::TruthError{1, 0.5};
+  r.cases[1].tensors[0].truth_error_a = harness::TruthError{1, 0.5};  // one side only: no line
+  const std::string farther = "  TRUTH tp1-full: the engine is farther from the float64 truth than the contract in 1 "
+                              "of 2 tensors, most in logprobs (mean 2 / 0.5 ulp)\n";
+  EXPECT_EQ(run("report '" + json_report("truth.json", r) + "'"), 0) << err_;
+  EXPECT_NE(out_.find(farther), std::string::npos) << out_;
+  EXPECT_EQ(count_lines_with(out_, "TRUTH"), 1u) << out_;
+  harness::write_csv(r, path("truth.csv"));
+  EXPECT_EQ(run("report '" + path("truth.csv") + "'"), 0) << err_;
+  EXPECT_NE(out_.find(farther), std::string::npos) << out_;
+  t[0].truth_error_a = harness::TruthError{1, 0.5};
+  EXPECT_EQ(run("report '" + json_report("truth.json", r) + "'"), 0) << err_;
+  EXPECT_NE(out_.find("  TRUTH tp1-full: the engine is no farther from the float64 truth than the contract in any "
+                      "of 2 tensors\n"),
+            std::string::npos)
+      << out_;
+  EXPECT_EQ(run("report '" + json_report("exact.json", exact_only()) + "'"), 0) << err_;
+  EXPECT_EQ(out_.find("TRUTH"), std::string::npos) << out_;
+}
+
 // Issue 53 item 15: last month's report, committed as a CI baseline, survives the
-// upgrade: reports written by the builds of schema 3 and 4 (fixtures/reports/) are read
+// upgrade: reports written by the builds of schema 3, 4 and 5 (fixtures/reports/) are read
 // and compared, JSON and CSV; before, `report` refused them (exit 2, "re-run").
 TEST_F(CliReport, ReportsOfEarlierSchemasServeAsBaselines) {
   const std::string old3 = test::source_path("fixtures/reports/schema3.json");
   const std::string old4 = test::source_path("fixtures/reports/schema4.csv");
+  const std::string old5 = test::source_path("fixtures/reports/schema5.csv");
   EXPECT_EQ(run("report '" + old3 + "'"), 1) << err_;  // its run had two mismatches (the +ring control)
   EXPECT_NE(out_.find("10 cases"), std::string::npos) << out_;
   EXPECT_EQ(run("report '" + old4 + "' --baseline '" + old3 + "'"), 0) << out_ << err_;
+  EXPECT_EQ(run("report '" + old5 + "' --baseline '" + old4 + "'"), 0) << out_ << err_;
 }
 
 TEST_F(CliReport, HtmlIsAtomicAndAFailedRunKeepsTheEarlierPage) {
@@ -214,6 +252,14 @@ TEST_F(CliReportBrowser, PageLoadsWithTheGridAndNoConsoleErrors) {
   const std::string old = json_report("old.json", sample_sweep_report());
   Report now = sample_sweep_report();
   sample_case(now, "tp1-full").tensors[0] = compared_tensor("logprobs", 1, 1);
+  // Captured ops with truth errors: the heat map, its truth twin beside it, the table of them.
+  const std::pair<const char*, double> engine_mean_ulp[] = {{"ops.embed", 0.25}, {"ops.layers.0.attn", 2}};
+  for (const auto& [op, mean] : engine_mean_ulp) {
+    harness::TensorRecord t = compared_tensor(op, 0, 0);
+    t.truth_error_a = harness::TruthError{4 * mean, mean};
+    t.truth_error_b = harness::TruthError{1, 0.5};
+    sample_case(now, "tp1-full").tensors.push_back(t);
+  }
   sample_case(now, "tp1-full").settle();
   const std::string page = path("page.html");
   ASSERT_EQ(run("report '" + json_report("now.json", now) + "' --baseline '" + old + "' --html '" + page + "'"), 1)
@@ -225,6 +271,10 @@ TEST_F(CliReportBrowser, PageLoadsWithTheGridAndNoConsoleErrors) {
   EXPECT_EQ(count(dom_, "<td class=\"cell "), static_cast<size_t>(test::kSampleGridCells));
   EXPECT_EQ(count(dom_, "<svg class=\"hist\""), 2u);  // tp1-full and tp2-decode logprobs
   EXPECT_NE(dom_.find("id=\"baseline\""), std::string::npos);
+  EXPECT_EQ(count(dom_, "<table class=\"heat\">"), 1u);
+  EXPECT_EQ(count(dom_, "<table class=\"heat truth\">"), 1u);
+  EXPECT_EQ(count(dom_, "<table class=\"legend\">"), 1u);
+  EXPECT_EQ(count(dom_, "<table class=\"truth\">"), 1u);
   EXPECT_EQ(dom_.find("<script"), std::string::npos);  // hostile names stayed text
   EXPECT_EQ(console_, "");
 

@@ -176,5 +176,46 @@ TEST(Compare, LogprobAliasAndUnalignedBytes) {
   EXPECT_TRUE(compare(std::vector<float>{}, std::vector<float>{}).bit_identical);
 }
 
+// The unit of the distance from the float64 truth: 2^(floor(log2 |t|) - p) of the
+// tensor's dtype (p = 7 for BF16, 23 for F32), its exponent held at the normal range's
+// least (-126) so that it does not vanish at or near 0.
+TEST(TruthError, UlpAtTheTruth) {
+  EXPECT_EQ(ulp_at(CmpType::BF16, 1.0), 0x1p-7);
+  EXPECT_EQ(ulp_at(CmpType::F32, 1.0), 0x1p-23);
+  EXPECT_EQ(ulp_at(CmpType::BF16, 1.999), 0x1p-7);  // the binade of the truth, not of its rounding
+  EXPECT_EQ(ulp_at(CmpType::BF16, -3.0), 0x1p-6);   // the magnitude's
+  EXPECT_EQ(ulp_at(CmpType::F32, 0x1p100), 0x1p77);
+  EXPECT_EQ(ulp_at(CmpType::BF16, 0.0), 0x1p-133);
+  EXPECT_EQ(ulp_at(CmpType::BF16, -0.0), 0x1p-133);
+  EXPECT_EQ(ulp_at(CmpType::F32, 0.0), 0x1p-149);
+  EXPECT_EQ(ulp_at(CmpType::F32, 0x1p-140), 0x1p-149);  // a subnormal truth: the smallest normal's unit
+  EXPECT_EQ(ulp_at(CmpType::F32, 0x1p-126), 0x1p-149);
+}
+
+TEST(TruthError, DistancesInUlpsOfTheTruth) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Exact values: 0 apart. Empty: 0.
+  EXPECT_EQ(truth_error(std::vector<float>{1.0f, -2.0f, 0.0f}, std::vector<double>{1.0, -2.0, 0.0}), (TruthError{0, 0}));
+  EXPECT_EQ(truth_error(std::vector<float>{}, std::vector<double>{}), (TruthError{0, 0}));
+  // A value 3 ulps off (F32 at 1: 3 * 2^-23), one half an ulp off (a correct rounding of 1 + 2^-24).
+  EXPECT_EQ(truth_error(std::vector<float>{f(0x3f800003)}, std::vector<double>{1.0}), (TruthError{3, 3}));
+  EXPECT_EQ(truth_error(std::vector<float>{1.0f}, std::vector<double>{1.0 + 0x1p-24}), (TruthError{0.5, 0.5}));
+  // BF16: 1 + 2^-7 against 1 is one ulp; 0 against 2^-137 a sixteenth (of the unit 2^-133 near 0).
+  EXPECT_EQ(truth_error(std::vector<bf16>{bf16{0x3f81}}, std::vector<double>{1.0}), (TruthError{1, 1}));
+  EXPECT_EQ(truth_error(std::vector<bf16>{bf16{0x0000}}, std::vector<double>{0x1p-137}), (TruthError{0x1p-4, 0x1p-4}));
+  // The mean over the elements, the max the largest: 0, 3 and 1 ulp.
+  EXPECT_EQ(truth_error(std::vector<float>{1.0f, f(0x3f800003), f(0x40000001)}, std::vector<double>{1.0, 1.0, 2.0}),
+            (TruthError{3, 4.0 / 3}));
+  // NaN against a finite truth: inf (max and mean); NaN against a NaN truth and an
+  // infinity against itself: 0; an infinity against a finite truth: inf.
+  EXPECT_EQ(truth_error(std::vector<float>{NAN, 1.0f}, std::vector<double>{1.0, 1.0}), (TruthError{kInf, kInf}));
+  EXPECT_EQ(truth_error(std::vector<float>{NAN, f(0x3f800001)}, std::vector<double>{nan, 1.0}), (TruthError{1, 0.5}));
+  EXPECT_EQ(truth_error(std::vector<bf16>{bf16{0x7fc0}}, std::vector<double>{nan}), (TruthError{0, 0}));
+  EXPECT_EQ(truth_error(std::vector<float>{INFINITY, -INFINITY}, std::vector<double>{kInf, -kInf}), (TruthError{0, 0}));
+  EXPECT_EQ(truth_error(std::vector<bf16>{bf16{0x7f80}}, std::vector<double>{1.0}), (TruthError{kInf, kInf}));
+  EXPECT_EQ(truth_error(std::vector<float>{1.0f}, std::vector<double>{nan}), (TruthError{kInf, kInf}));
+  EXPECT_THROW(truth_error(std::vector<float>{1.0f}, std::vector<double>{}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace bp::harness

@@ -7,6 +7,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -137,7 +138,7 @@ TEST(Report, JsonValidatesAgainstTheSchema) {
   const Report r = sample_report();
   const json j = json::parse(render_json(r));
   EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
-  EXPECT_EQ(j["schema_version"], 5);
+  EXPECT_EQ(j["schema_version"], 6);
   EXPECT_EQ(j["status"], "complete");
   EXPECT_EQ(j["verdict"], "mismatch");
   EXPECT_EQ(j["summary"]["cases"], 3);
@@ -224,6 +225,47 @@ TEST(Report, ErrorVerdictRanksAndCommunicationInJson) {
   EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0].erase("bytes"); }));
   EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0]["calls"] = -1; }));
   EXPECT_TRUE(broken([](json& b) { b["cases"][0]["communication"][0]["rank"] = 0; }));
+}
+
+// The sample with each side's distance from the float64 truth on two tensors: both
+// sides on the exact case's, only A (one of them infinite) on the logprobs.
+Report with_truth_errors() {
+  Report r = sample_report();
+  r.cases[0].tensors[0].truth_error_a = TruthError{0.5, 0.25};
+  r.cases[0].tensors[0].truth_error_b = TruthError{1, 0.5};
+  r.cases[1].tensors[0].truth_error_a = TruthError{INFINITY, 3};
+  return r;
+}
+
+// Schema 6: a tensor's optional "truth_error", {"a": ..., "b": ...}, each side null or
+// its max and mean ulp from the float64 truth ("inf" where infinite); absent where
+// neither side was measured.
+TEST(Report, TruthErrorsInJson) {
+  const json j = json::parse(render_json(with_truth_errors()));
+  EXPECT_EQ(joined(test::schema_errors(test::report_schema(), j)), "");
+  const json& exact = j["cases"][0]["tensors"][0];
+  EXPECT_EQ(exact.at("truth_error"),  // at(): a missing key fails the test, never asserts
+            json::parse(R"({"a": {"max_ulp": 0.5, "mean_ulp": 0.25}, "b": {"max_ulp": 1.0, "mean_ulp": 0.5}})"));
+  nlohmann::ordered_json in_order = nlohmann::ordered_json::parse(render_json(with_truth_errors()));
+  EXPECT_EQ(std::prev(in_order["cases"][0]["tensors"][0].end()).key(), "truth_error");  // after the metrics
+  EXPECT_EQ(j["cases"][1]["tensors"][0].at("truth_error"),
+            json::parse(R"({"a": {"max_ulp": "inf", "mean_ulp": 3.0}, "b": null})"));
+  EXPECT_FALSE(j["cases"][1]["tensors"][1].contains("truth_error"));
+  EXPECT_FALSE(json::parse(render_json(sample_report()))["cases"][0]["tensors"][0].contains("truth_error"));
+  // Negative controls on the schema's new field.
+  auto broken = [&](auto mutate) {
+    json b = j;
+    mutate(b);
+    return !test::schema_errors(test::report_schema(), b).empty();
+  };
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"].erase("b"); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["c"] = nullptr; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["a"] = 3; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["a"].erase("mean_ulp"); }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["a"]["max_ulp"] = -1; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["a"]["mean_ulp"] = "nan"; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"]["b"]["ulp"] = 1; }));
+  EXPECT_TRUE(broken([](json& b) { b["cases"][0]["tensors"][0]["truth_error"] = nullptr; }));
 }
 
 TEST(Report, ErrorVerdictOutranksEveryOther) {
@@ -375,7 +417,11 @@ TEST(Report, CsvRowsColumnsAndQuoting) {
   EXPECT_EQ(kCsvColumns[27], "peak_device_bytes");
   EXPECT_EQ(kCsvColumns[28], "error");  // version 5
   EXPECT_EQ(kCsvColumns[29], "run_status");
-  EXPECT_EQ(kCsvColumns.back(), "nccl_version");  // the GPU columns, after schema 5's
+  ASSERT_EQ(kCsvColumns.size(), 38u);
+  EXPECT_EQ(kCsvColumns[30], "truth_max_ulp_a");  // version 6
+  EXPECT_EQ(kCsvColumns[33], "truth_mean_ulp_b");
+  EXPECT_EQ(kCsvColumns[34], "gpu_name");
+  EXPECT_EQ(kCsvColumns.back(), "nccl_version");  // the GPU columns, the last
   EXPECT_EQ(csv_column("seconds"), 26u);
   EXPECT_THROW(csv_column("nope"), std::logic_error);
 }
@@ -389,7 +435,7 @@ TEST(Report, CsvReadableByFastCppCsvParser) {
   const fs::path d = temp_dir("fccp");
   const std::string p = (d / "r.csv").string();
   write_csv(r, p);
-  constexpr size_t kN = 34;
+  constexpr size_t kN = 38;
   ASSERT_EQ(kCsvColumns.size(), kN);
   std::array<std::string, kN> names;
   std::copy(kCsvColumns.begin(), kCsvColumns.end(), names.begin());
@@ -450,6 +496,25 @@ TEST(Report, CsvCarriesTheErrorMessage) {
   EXPECT_EQ(rows[6][3], "");  // no tensors
   EXPECT_EQ(rows[6][csv_column("error")], "rank 1 was killed by signal 9 during the case");
   EXPECT_EQ(rows[6][csv_column("seconds")], "2.5");
+}
+
+// Each side's truth error in two columns, its max and mean ulp (%.17g, "inf"),
+// empty where unset; rows of tensors without truth errors leave all four empty.
+TEST(Report, CsvCarriesTruthErrors) {
+  Report r = with_truth_errors();
+  r.cases[0].tensors[0].truth_error_b = TruthError{1.0 / 3, 0.1};
+  const auto rows = parse_csv(render_csv(r));
+  ASSERT_EQ(rows.size(), 1u + 1 + 3 + 1);
+  auto truth = [&rows](size_t row) {
+    std::vector<std::string> out;
+    for (const char* c : {"truth_max_ulp_a", "truth_mean_ulp_a", "truth_max_ulp_b", "truth_mean_ulp_b"})
+      out.push_back(rows[row][csv_column(c)]);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(truth(1), (V{"0.5", "0.25", "0.33333333333333331", "0.10000000000000001"}));
+  EXPECT_EQ(truth(2), (V{"inf", "3", "", ""}));
+  for (const size_t row : {3, 4, 5}) EXPECT_EQ(truth(row), (V{"", "", "", ""})) << row;
 }
 
 // --- human units -------------------------------------------------------------

@@ -90,10 +90,11 @@ TEST_F(ReportFiles, EveryFormatCarriesTheGpu) {
   EXPECT_EQ(j["environment"]["gpu_driver"], "570.133.20 (CUDA 12.8)");
   EXPECT_EQ(j["environment"]["cuda_version"], "13.0");
   EXPECT_EQ(j["environment"]["nccl_version"], "2.28.3");
-  // CSV: the last columns of every row (the header's line aside), and read back.
+  // CSV: the last columns of every row (the header's line aside), after run_status and the
+  // (empty) truth errors, and read back.
   harness::write_csv(r, path("r.csv"));
   const std::string csv = read(path("r.csv"));
-  EXPECT_EQ(count(csv, ",complete,NVIDIA H200 x2,570.133.20 (CUDA 12.8),13.0,2.28.3\r\n"), count(csv, "\r\n") - 1)
+  EXPECT_EQ(count(csv, ",complete,,,,,NVIDIA H200 x2,570.133.20 (CUDA 12.8),13.0,2.28.3\r\n"), count(csv, "\r\n") - 1)
       << csv;
   const Report back = harness::read_report_csv(path("r.csv"));
   for (const harness::GpuField& g : harness::kGpuFields)
@@ -110,14 +111,15 @@ TEST_F(ReportFiles, EveryFormatCarriesTheGpu) {
   EXPECT_NE(h.find("<tr><th>NCCL</th><td>2.28.3</td></tr>"), std::string::npos);
 }
 
-// A CSV written before the GPU columns reads back as made without a GPU; rows that
-// disagree on one are refused.
+// A CSV written before the GPU columns (and the truth errors' after them) reads back as
+// made without a GPU; rows that disagree on one are refused.
 TEST_F(ReportFiles, CsvGpuColumnsOptionalAndTheSameOnEveryRow) {
-  // The sample's GPU columns are empty: every row ends in ",,,,".
+  // The sample's truth and GPU columns are empty: every row ends in ",,,,,,,,".
   std::string old = harness::render_csv(test::sample_sweep_report());
-  const std::string header_tail = ",gpu_name,gpu_driver,cuda_version,nccl_version\r\n";
+  const std::string header_tail = ",truth_max_ulp_a,truth_mean_ulp_a,truth_max_ulp_b,truth_mean_ulp_b,gpu_name,"
+                                  "gpu_driver,cuda_version,nccl_version\r\n";
   old.replace(old.find(header_tail), header_tail.size(), "\r\n");
-  for (size_t at = old.find(",,,,\r\n"); at != std::string::npos; at = old.find(",,,,\r\n", at)) old.erase(at, 4);
+  for (size_t at = old.find(",,,,,,,,\r\n"); at != std::string::npos; at = old.find(",,,,,,,,\r\n", at)) old.erase(at, 8);
   ASSERT_NE(old.find(",run_status\r\n"), std::string::npos) << old.substr(0, 400);
   ASSERT_EQ(count(old, ",complete\r\n"), count(old, "\r\n") - 1) << old;
   write("old.csv", old);

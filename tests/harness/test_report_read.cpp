@@ -70,6 +70,9 @@ Report with_what_csv_drops(Report back, const Report& r) {
   return back;
 }
 
+// What follows run_status ("complete") on a row without truth errors and GPU: their empty columns.
+std::string empty_after_status() { return std::string(kCsvColumns.size() - 1 - csv_column("run_status"), ','); }
+
 // --- JSON ----------------------------------------------------------------------
 
 TEST(ReportRead, JsonRoundTripIsByteIdentical) {
@@ -112,7 +115,7 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["metrics"]["elements"] = -8; }),
             "r.json: cases[0].tensors[0].metrics.elements: expected an integer >= 0, found -8");
   EXPECT_EQ(broken([](json& j) { j["schema_version"] = 1; }),
-            "r.json: schema_version: this bitparity reads schema_version 3 to 5; this report's is 1; re-run the "
+            "r.json: schema_version: this bitparity reads schema_version 3 to 6; this report's is 1; re-run the "
             "command that wrote it");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["surprise"] = 1; }), "r.json: cases[0].surprise: unknown field");
   EXPECT_EQ(broken([](json& j) { j["cases"][0]["verdict"] = "exactish"; }),
@@ -144,13 +147,102 @@ TEST(ReportRead, JsonMalformedNamesTheField) {
   EXPECT_NE(json_error("[]").find("r.json: (top level): expected an object, found an array"), std::string::npos);
 }
 
+// The sample with truth errors (schema 6) on tp1-full's two tensors, both sides, one
+// side, an infinite one, and on a tensor only in A.
+Report with_truth_errors() {
+  Report r = sample_sweep_report();
+  Case& c = sample_case(r, "tp1-full");
+  c.tensors[0].truth_error_a = TruthError{0.5, 1.0 / 3};
+  c.tensors[0].truth_error_b = TruthError{INFINITY, 0.1};
+  c.tensors[1].truth_error_b = TruthError{2, 0.75};
+  sample_case(r, "other <b>&'\"").tensors[1].truth_error_a = TruthError{1e-300, 3e-5};
+  return r;
+}
+
+// Every tensor's truth errors, in record order.
+std::vector<std::pair<std::optional<TruthError>, std::optional<TruthError>>> truth_errors(const Report& r) {
+  std::vector<std::pair<std::optional<TruthError>, std::optional<TruthError>>> out;
+  for (const Case& c : r.cases)
+    for (const TensorRecord& t : c.tensors) out.emplace_back(t.truth_error_a, t.truth_error_b);
+  return out;
+}
+
+TEST(ReportRead, TruthErrorsRoundTripExactly) {
+  const Report r = with_truth_errors();
+  const std::string text = render_json(r);
+  const Report back = parse_report_json(text, "r.json");
+  EXPECT_EQ(render_json(back), text);
+  EXPECT_EQ(truth_errors(back), truth_errors(r));
+  EXPECT_EQ(sample_case(const_cast<Report&>(back), "tp1-full").tensors[0].truth_error_b->max_ulp, INFINITY);
+  const fs::path p = temp_file("truth.csv");
+  write_csv(r, p.string());
+  const Report csv = read_report(p.string());
+  EXPECT_EQ(truth_errors(csv), truth_errors(r));
+  EXPECT_EQ(render_json(with_what_csv_drops(csv, r)), text);
+}
+
+TEST(ReportRead, TruthErrorsMalformedNamesTheField) {
+  const json good = json::parse(render_json(with_truth_errors()));
+  auto broken = [&](const std::function<void(json&)>& mutate) {
+    json j = good;
+    mutate(j);
+    return json_error(j.dump());
+  };
+  const std::string at = "r.json: cases[0].tensors[0].truth_error";
+  EXPECT_EQ(broken([](json&) {}), "");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"]["a"]["max_ulp"] = -1; }),
+            at + ".a.max_ulp: expected a number >= 0 or \"inf\", found -1");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"]["b"]["mean_ulp"] = "nan"; }),
+            at + ".b.mean_ulp: expected a number >= 0 or \"inf\", found \"nan\"");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"].erase("b"); }),
+            at + ".b: required field is missing");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"]["c"] = nullptr; }), at + ".c: unknown field");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"]["a"].erase("mean_ulp"); }),
+            at + ".a.mean_ulp: required field is missing");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"]["a"] = 3; }),
+            at + ".a: expected an object, found an integer");
+  EXPECT_EQ(broken([](json& j) { j["cases"][0]["tensors"][0]["truth_error"] = {{"a", nullptr}, {"b", nullptr}}; }),
+            at + ": has neither side (a tensor without truth errors has no \"truth_error\")");
+  // A side on any tensor reads (the writer writes what it is given).
+  EXPECT_EQ(broken([](json& j) {
+              j["cases"][1]["tensors"][0]["truth_error"] = {{"a", nullptr}, {"b", {{"max_ulp", 1}, {"mean_ulp", 0.5}}}};
+            }),
+            "");
+
+  const fs::path p = temp_file("truth-bad.csv");
+  const std::string csv = render_csv(with_truth_errors());
+  auto csv_broken = [&](const std::string& from, const std::string& to) {
+    std::string text = csv;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return csv_error(p, text.replace(at, from.size(), to));
+  };
+  EXPECT_EQ(csv_error(p, csv), "");
+  EXPECT_EQ(csv_broken(",0.5,0.33333333333333331,", ",0.5,,"),
+            p.string() + ": line 2, column truth_mean_ulp_a: is empty but truth_max_ulp_a is not (a side's truth "
+                         "error is both numbers or neither)");
+  EXPECT_EQ(csv_broken(",inf,0.10000000000000001,", ",,0.10000000000000001,"),
+            p.string() + ": line 2, column truth_max_ulp_b: is empty but truth_mean_ulp_b is not (a side's truth "
+                         "error is both numbers or neither)");
+  EXPECT_EQ(csv_broken(",0.5,0.33333333333333331,", ",-0.5,0.33333333333333331,"),
+            p.string() + ": line 2, column truth_max_ulp_a: expected a number >= 0 or \"inf\", found \"-0.5\"");
+  // The row of a case without tensors has none.
+  const size_t skipped = csv.find("moe-ep2-decode");
+  ASSERT_NE(skipped, std::string::npos);
+  std::string tensorless = csv;
+  tensorless.replace(tensorless.find(",complete,,,", skipped), 12, ",complete,1,1,");
+  EXPECT_NE(csv_error(p, tensorless).find("column truth_max_ulp_a: must be empty in the row of a case without tensors"),
+            std::string::npos)
+      << csv_error(p, tensorless);
+}
+
 // Issue 53 item 15: a CI baseline survives an upgrade. Reports written by earlier
 // builds (fixtures/reports/README.md) read back, JSON and CSV, to the same cases, and
 // serve as a baseline; what their version did not have is refused naming the
 // version; versions before 3 and after the current one are refused. (Before: every
 // earlier version was refused, "re-run the command that wrote the report".)
 TEST(ReportRead, EarlierSchemaVersionsReadBack) {
-  for (const int v : {3, 4}) {
+  for (const int v : {3, 4, 5}) {
     const std::string stem = test::source_path("fixtures/reports/schema" + std::to_string(v));
     const Report j = read_report(stem + ".json"), c = read_report(stem + ".csv");
     ASSERT_EQ(j.cases.size(), 10u) << v;
@@ -189,6 +281,14 @@ TEST(ReportRead, EarlierSchemaVersionsReadBack) {
             "r.json: cases[2].error: is not in a report of schema_version 4 (schema_version 5 added it)");
   EXPECT_EQ(broken(v4, [](json& j) { j["cases"][2]["ranks"] = 2; }),
             "r.json: cases[2].ranks: is not in a report of schema_version 4 (schema_version 5 added it)");
+  EXPECT_EQ(broken(v4, [](json& j) { j["cases"][0]["tensors"][0]["truth_error"] = {{"a", nullptr}, {"b", nullptr}}; }),
+            "r.json: cases[0].tensors[0].truth_error: is not in a report of schema_version 4 (schema_version 6 added it)");
+  const json v5 = json::parse(std::ifstream(test::source_path("fixtures/reports/schema5.json")));
+  EXPECT_EQ(json_error(v5.dump()), "");
+  EXPECT_EQ(broken(v5, [](json& j) {
+              j["cases"][2]["tensors"][1]["truth_error"] = {{"a", {{"max_ulp", 1}, {"mean_ulp", 0.5}}}, {"b", nullptr}};
+            }),
+            "r.json: cases[2].tensors[1].truth_error: is not in a report of schema_version 5 (schema_version 6 added it)");
   // What the version had is held to it as in a current report.
   EXPECT_EQ(broken(v4, [](json& j) { j["summary"]["nonfinite"] = 1; }),
             "r.json: summary.nonfinite: disagrees with the rest of the report (expected 0)");
@@ -197,10 +297,10 @@ TEST(ReportRead, EarlierSchemaVersionsReadBack) {
   json v2 = json::parse(render_json(sample_sweep_report()));
   v2["schema_version"] = 2;
   for (json& c : v2["cases"]) c.erase("seconds"), c.erase("peak_device_bytes");
-  EXPECT_EQ(json_error(v2.dump()), "r.json: schema_version: this bitparity reads schema_version 3 to 5; this "
+  EXPECT_EQ(json_error(v2.dump()), "r.json: schema_version: this bitparity reads schema_version 3 to 6; this "
                                    "report's is 2; re-run the command that wrote it");
-  EXPECT_EQ(broken(v4, [](json& j) { j["schema_version"] = 6; }),
-            "r.json: schema_version: this bitparity reads schema_version 3 to 5; this report's is 6 (written by a "
+  EXPECT_EQ(broken(v4, [](json& j) { j["schema_version"] = 7; }),
+            "r.json: schema_version: this bitparity reads schema_version 3 to 6; this report's is 7 (written by a "
             "later bitparity)");
 }
 
@@ -308,12 +408,13 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   EXPECT_EQ(error_of(skipped_time), "");
   // Every row carries the report's status, the same on every row.
   std::string bad_status = good;
-  bad_status.replace(bad_status.find(",complete,,,,\r\n"), 9, ",finished");
+  bad_status.replace(bad_status.find(",complete" + empty_after_status() + "\r\n"), 9, ",finished");
   EXPECT_EQ(error_of(bad_status),
             p.string() + ": line 2, column run_status: \"finished\" is not a run status (complete, interrupted)");
   std::string split_status = good;
-  const size_t first_status = split_status.find(",complete,,,,\r\n");  // run_status, then the empty GPU columns
-  split_status.replace(split_status.find(",complete,,,,\r\n", first_status + 1), 9, ",interrupted");
+  const std::string status_end = ",complete" + empty_after_status() + "\r\n";  // then the empty truth and GPU columns
+  const size_t first_status = split_status.find(status_end);
+  split_status.replace(split_status.find(status_end, first_status + 1), 9, ",interrupted");
   EXPECT_EQ(error_of(split_status), p.string() + ": line 3, column run_status: differs from the first row's");
   // A report without cases is one row with only its status, and only then.
   Report none = sample_sweep_report();
@@ -328,7 +429,7 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   EXPECT_EQ(error_of(stray), p.string() + ": line 2, column parameters: must be empty in the row of a report without "
                                           "cases (case_id and case_verdict are empty)");
   const std::string report_row = empty.substr(empty.find("\r\n") + 2);
-  EXPECT_NE(error_of(good + report_row.substr(0, report_row.find(",interrupted")) + ",complete,,,,\r\n")
+  EXPECT_NE(error_of(good + report_row.substr(0, report_row.find(",interrupted")) + status_end)
                 .find("column case_id: a report without cases has one row"),
             std::string::npos);
   // Line ends: CRLF as written, LF, none at the end, blank lines at the end.
@@ -336,8 +437,9 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
   for (size_t at = lf.find("\r\n"); at != std::string::npos; at = lf.find("\r\n", at)) lf.erase(at, 1);
   for (const std::string& text : {lf, good.substr(0, good.size() - 2), good + "\r\n\r\n", lf + "\n"})
     EXPECT_EQ(error_of(text), "") << text.substr(text.size() - 20);
-  // A CSV in the schema 2 layout (without seconds, peak_device_bytes, error, run_status and the GPU columns)
-  // is refused, naming them; one in the schema 4 layout (without error and the GPU columns) reads.
+  // A CSV in the schema 2 layout (without seconds, peak_device_bytes, error, run_status, the truth errors and
+  // the GPU columns) is refused, naming them; one in the schema 4 layout (without error, the truth errors
+  // and the GPU columns) reads, and one in the schema 5 layout (without the truth errors) reads as written.
   // `good` without the columns `drop`, counted from the last (0); the sample's quoted
   // commas all sit left of them, and joining the fields back restores them.
   auto without_columns = [&good](std::initializer_list<size_t> drop) {
@@ -358,13 +460,18 @@ TEST(ReportRead, CsvMalformedNamesLineAndColumn) {
     }
     return out;
   };
-  const std::string v2 = without_columns({0, 1, 2, 3, 4, 5, 6, 7});
+  const std::string v2 = without_columns({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
   ASSERT_EQ(v2.rfind("case_id,", 0), 0u);
   ASSERT_NE(v2.find(",ulp_histogram\r\n"), std::string::npos);
   EXPECT_NE(error_of(v2).find("seconds"), std::string::npos) << error_of(v2);
-  const std::string v4 = without_columns({0, 1, 2, 3, 5});
+  const std::string v4 = without_columns({0, 1, 2, 3, 4, 5, 6, 7, 9});
   ASSERT_NE(v4.find(",peak_device_bytes,run_status\r\n"), std::string::npos) << v4.substr(0, 400);
   EXPECT_EQ(error_of(v4), "");
+  const std::string v5 = without_columns({4, 5, 6, 7});
+  ASSERT_NE(v5.find(",error,run_status,gpu_name,"), std::string::npos) << v5.substr(0, 400);
+  EXPECT_EQ(error_of(v5), "");
+  EXPECT_EQ(render_json(with_what_csv_drops(read_report_csv(p.string()), sample_sweep_report())),
+            render_json(sample_sweep_report()));
   EXPECT_NE(error_of("case_id\r\nx\r\n").find(p.string()), std::string::npos);
 }
 
@@ -604,7 +711,7 @@ TEST(ReportError, CsvCarriesTheVerdictAndMessage) {
   // An error message on a case that did not fail is refused.
   std::string text = render_csv(r);
   const size_t row = text.find("\r\ntp1-decode,") + 2;
-  const size_t error_field = text.find(",,complete,,,,\r\n", row);  // error (empty), then run_status
+  const size_t error_field = text.find(",,complete" + empty_after_status() + "\r\n", row);  // error (empty), then run_status
   ASSERT_NE(error_field, std::string::npos);
   text.insert(error_field + 1, "boom");
   std::ofstream(p, std::ios::binary) << text;
@@ -635,7 +742,7 @@ TEST(ReportRead, CsvFieldsWithLineBreaksReadBack) {
   EXPECT_EQ(error_of(header + "a,b\"c\r\n"), p.string() + ": line 2: a '\"' inside a field that does not start with one");
   EXPECT_EQ(error_of(header + "\"a\nb\",\"c\"d\r\n"),
             p.string() + ": line 3: expected ',' or a line end after a closing quote");
-  EXPECT_EQ(error_of(header + "\"a\nb\",c\r\n"), p.string() + ": line 2: has 2 fields; the header has 34");
+  EXPECT_EQ(error_of(header + "\"a\nb\",c\r\n"), p.string() + ": line 2: has 2 fields; the header has 38");
   EXPECT_EQ(error_of(""), p.string() + ": CSV: no header: the file is empty");
   EXPECT_EQ(error_of("\xEF\xBB\xBF" + render_csv(r)), "") << "a byte order mark (a spreadsheet's save)";
 }
@@ -788,6 +895,92 @@ TEST(ReportHtml, HeatMapOfCapturedOps) {
             std::string::npos)
       << heat;
   EXPECT_EQ(heat.find("logprobs"), std::string::npos);
+}
+
+// Schema 6: where a case's tensors have truth errors, a table of them (each side's max
+// and mean ulp from the float64 truth, and A's mean over B's), and beside the heat map
+// of its captured ops a second one of that ratio: green where the engine is as close to
+// the truth as the contract or closer, red darker with the ratio's log2 where it is
+// farther, grey where a side is missing; the numbers on hover, a legend below.
+TEST(ReportHtml, TruthErrorsBesideTheHeatMap) {
+  Report r = sample_sweep_report();
+  Case& c = sample_case(r, "tp1-full");
+  c.tensors = {compared_tensor("ops.embed", 0, 0), compared_tensor("ops.layers.0.q_proj", 0, 0),
+               compared_tensor("ops.layers.0.attn", 0, 0), compared_tensor("ops.layers.1.q_proj", 0, 0),
+               compared_tensor("ops.logits", 0, 0), compared_tensor("logprobs.0", 0, 0)};
+  c.settle();
+  const std::string plain = render_html(r, "r.json", nullptr);
+  EXPECT_EQ(count(plain, "<table class=\"heat\">"), 1u);
+  EXPECT_EQ(count(plain, "<table class=\"heat truth\">"), 0u) << "no truth errors, no second map";
+  EXPECT_EQ(count(plain, "<table class=\"truth\">"), 0u);
+  EXPECT_EQ(plain.find("float64 truth"), std::string::npos);
+
+  c.tensors[0].truth_error_a = c.tensors[0].truth_error_b = TruthError{1, 0.25};  // as close: 1
+  c.tensors[1].truth_error_a = TruthError{0.5, 0.125};                             // closer: 0.5
+  c.tensors[1].truth_error_b = TruthError{1, 0.25};
+  c.tensors[2].truth_error_a = TruthError{40, 8};  // 16 times farther
+  c.tensors[2].truth_error_b = TruthError{1, 0.5};
+  c.tensors[3].truth_error_a = TruthError{INFINITY, INFINITY};  // a NaN: infinitely farther
+  c.tensors[3].truth_error_b = TruthError{0.5, 0.25};
+  c.tensors[4].truth_error_a = TruthError{1, 0.5};  // the contract's not measured
+  c.tensors[5].truth_error_a = TruthError{3, 1};    // no op: in the table only
+  c.tensors[5].truth_error_b = TruthError{0.5, 0.5};
+  const std::string h = render_html(r, "r.json", nullptr);
+  EXPECT_EQ(count(h, "<table class=\"heat\">"), 1u);
+  ASSERT_EQ(count(h, "<table class=\"heat truth\">"), 1u);
+  EXPECT_NE(h.find("<div class=\"heats\">\n<figure>"), std::string::npos);  // side by side
+  const size_t from = h.find("<table class=\"heat truth\">");
+  const std::string map = h.substr(from, h.find("</figure>", from) - from);
+  EXPECT_NE(h.rfind("<figcaption>Error against float64 truth, engine / contract (mean ulp ratio)</figcaption>", from),
+            std::string::npos);
+  // The first map's rows and columns.
+  EXPECT_NE(map.find("<th>embed</th><th>q_proj</th><th>attn</th><th>logits</th>"), std::string::npos) << map;
+  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.embed: engine (A) max 1, mean 0.25 ulp; contract (B) max 1, "
+                     "mean 0.25 ulp; ratio 1\">1</td>"),
+            std::string::npos)
+      << map;
+  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.layers.0.q_proj: engine (A) max 0.5, mean 0.125 ulp; contract "
+                     "(B) max 1, mean 0.25 ulp; ratio 0.5\">0.5</td>"),
+            std::string::npos)
+      << map;
+  EXPECT_NE(map.find("<td class=\"worse\" style=\"background:hsl(0,70%,65%)\" title=\"ops.layers.0.attn: engine (A) "
+                     "max 40, mean 8 ulp; contract (B) max 1, mean 0.5 ulp; ratio 16\">16</td>"),
+            std::string::npos)
+      << map;
+  EXPECT_NE(map.find("<td class=\"worse\" style=\"background:hsl(0,70%,45%)\" title=\"ops.layers.1.q_proj: engine (A) "
+                     "max inf, mean inf ulp; contract (B) max 0.5, mean 0.25 ulp; ratio inf\">inf</td>"),
+            std::string::npos)
+      << map;
+  EXPECT_NE(map.find("<td class=\"unmeasured\" title=\"ops.logits: engine (A) max 1, mean 0.5 ulp; contract (B) not "
+                     "measured\">&ndash;</td>"),
+            std::string::npos)
+      << map;
+  EXPECT_EQ(map.find("logprobs"), std::string::npos);
+  // Its legend, after the map.
+  EXPECT_NE(h.find("<table class=\"legend\"><tr><td class=\"better\">&le; 1</td><td class=\"worse\" "
+                   "style=\"background:hsl(0,70%,80%)\">2</td>",
+                   from),
+            std::string::npos);
+  // The case's table: every tensor with truth errors, the logprobs too.
+  ASSERT_EQ(count(h, "<table class=\"truth\">"), 1u);
+  const size_t table = h.find("<table class=\"truth\">");
+  const std::string rows = h.substr(table, h.find("</table>", table) - table);
+  EXPECT_EQ(count(rows, "<tr><td>"), 6u);
+  EXPECT_NE(rows.find("<tr><td>logprobs.0</td><td class=\"num\">3</td><td class=\"num\">1</td><td class=\"num\">0.5"
+                      "</td><td class=\"num\">0.5</td><td class=\"num worse\" style=\"background:hsl(0,70%,80%)\">2"
+                      "</td></tr>"),
+            std::string::npos)
+      << rows;
+  EXPECT_NE(rows.find("<tr><td>ops.logits</td><td class=\"num\">1</td><td class=\"num\">0.5</td><td class=\"num\">"
+                      "&ndash;</td><td class=\"num\">&ndash;</td><td class=\"num unmeasured\">&ndash;</td></tr>"),
+            std::string::npos)
+      << rows;
+  // A case with truth errors but no captured ops: the table, no map.
+  Report no_ops = sample_sweep_report();
+  sample_case(no_ops, "tp1-decode").tensors[0].truth_error_a = TruthError{1, 1};
+  const std::string t = render_html(no_ops, "r.json", nullptr);
+  EXPECT_EQ(count(t, "<table class=\"truth\">"), 1u);
+  EXPECT_EQ(count(t, "<table class=\"heat"), 0u);
 }
 
 TEST(ReportHtml, ErrorCaseAndCommunication) {
