@@ -2,7 +2,7 @@
 check them against the bit-defined contract with the `bitparity` CLI.
 
     import bitparity
-    with bitparity.capture(model) as cap:          # HF Qwen3 / Qwen3-MoE built in
+    with bitparity.capture(model) as cap:          # HF, vLLM and SGLang Qwen3 / Qwen3-MoE built in
         model(input_ids, attention_mask=mask)
     cap.write("engine.safetensors")
     bitparity.bisect("engine.safetensors", "trainer.safetensors")
@@ -10,11 +10,11 @@ check them against the bit-defined contract with the `bitparity` CLI.
 docs/python.md has the recipe, the name-map format and what each check proves.
 """
 
-from .capture import Capture, CaptureError, capture
+from .capture import Capture, CaptureError, CaptureWarning, capture
 from .cli import BitparityError, CliResult, bisect, conform, diff, executable, merge, run
 from .dump import DumpError, read_dump, write_dump
 from .name_maps import BUILT_IN as NAME_MAPS
 
-__all__ = ["Capture", "CaptureError", "capture", "BitparityError", "CliResult", "bisect", "conform", "diff", "executable", "merge", "run",
-           "DumpError", "read_dump", "write_dump", "NAME_MAPS"]
+__all__ = ["Capture", "CaptureError", "CaptureWarning", "capture", "BitparityError", "CliResult", "bisect", "conform",
+           "diff", "executable", "merge", "run", "DumpError", "read_dump", "write_dump", "NAME_MAPS"]
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@
 A map is a dict (JSON-able, so it can be kept in a file):
 
     {"name": "hf-qwen3",
+     "tokens": "batched",                                 # or "flat" (below); batched is the default
      "ops": [entry, ...],
      "grads": {"rename": [[regex, replacement], ...]}}    # optional
 
@@ -18,9 +19,25 @@ Each entry names one place and the op(s) it yields:
      "layout": "bhsd"}                                # [batch, heads, seq, head_dim]
 
 "layout" says how a captured tensor's rows are laid out: "bs" (the default:
-[batch, seq, ...]), "bhsd" ([batch, heads, seq, dim], heads folded into the row)
-or "flat" ([batch·seq, ...], as MoE routers see their input). A module output that
-is a tuple contributes its first element, unless "index" names another.
+[batch, seq, ...]), "bhsd" ([batch, heads, seq, dim], heads folded into the row),
+"flat" ([batch·seq, ...], as MoE routers see their input; [tokens, ...] of a flat
+call, the default of a flat map) or "flat_heads" ([tokens·heads, dim], token-major:
+SGLang's q/k norms). A module output that is a tuple contributes its first element,
+unless "index" names another; "attr" takes an attribute of an output object first
+(SGLang's LogitsProcessorOutput.next_token_logits).
+
+An op name's {expression} is an integer expression of i, the config's integers and
+world: {"module": "model.layers.{i}.input_layernorm", "index": 1, "op":
+"layers.{i - 1}.resid_mlp"} takes the residual sum a fused norm returns as the op of
+the layer before; where an expression is negative (layer 0) the entry yields nothing.
+A module that several layers share (one rotary_emb in every layer's path) takes i
+from the layer running it.
+
+A flat map ("tokens": "flat") is of an engine whose forward takes input_ids
+[tokens] and positions [tokens] (vLLM, SGLang): the caller says which sequence each
+token is with cap.rows() before each call (capture.py). "rows": "sampled" marks an
+op computed for some rows of a call only (the logits of the sampled rows); one that
+lacks rows at write() is left out of the dump and named in bitparity.not_captured.
 
     "split": [size, ...]     the tensor's features cut into one op each ("op" a list);
                              a size is an integer expression of the model config's
@@ -33,7 +50,8 @@ map cannot take (written to the dump; bisect then leaves the other side's out), 
 the gradients' rules:
 
     "grads": {"rename": [[regex, replacement], ...],
-              "split": [{"param": regex, "into": [replacement, ...], "sizes": [...], "dim": 0}],
+              "split": [{"param": regex, "into": [replacement, ...], "sizes": [...], "dim": 0,
+                         "per_expert": False}],   # True: dim 0 stacks experts, {e} in "into"
               "shard": [[regex, dim], ...]}      # of the Hugging Face name, after rename/split
 """
 
@@ -105,15 +123,15 @@ HF_QWEN3 = {"name": "hf-qwen3", "ops": _attention_ops() + _dense_mlp_ops() + _ta
 # [gate | up]; mlp.act_fn: silu(gate)·up), on Hugging Face's [batch, seq] calls. Their
 # gradients are split back into Hugging Face's parameters. Each rank holds whole kv
 # heads (num_key_value_heads a multiple of the TP size).
+_FUSED_GRADS = [{"param": r"(.*)\.qkv_proj\.weight",
+                 "into": [r"\1.q_proj.weight", r"\1.k_proj.weight", r"\1.v_proj.weight"],
+                 "sizes": [_Q_LOCAL, _KV_LOCAL, _KV_LOCAL]},
+                {"param": r"(.*)\.gate_up_proj\.weight", "into": [r"\1.gate_proj.weight", r"\1.up_proj.weight"],
+                 "sizes": ["intermediate_size // world"] * 2}]
 FUSED_QWEN3 = {
     "name": "fused-qwen3",
     "ops": _attention_ops(fused=True) + _dense_mlp_ops(fused=True) + _tail_ops(),
-    "grads": {"split": [{"param": r"(.*)\.qkv_proj\.weight", "into": [r"\1.q_proj.weight", r"\1.k_proj.weight",
-                                                                       r"\1.v_proj.weight"],
-                         "sizes": [_Q_LOCAL, _KV_LOCAL, _KV_LOCAL]},
-                        {"param": r"(.*)\.gate_up_proj\.weight", "into": [r"\1.gate_proj.weight", r"\1.up_proj.weight"],
-                         "sizes": ["intermediate_size // world"] * 2}],
-              "shard": _GRAD_SHARDS},
+    "grads": {"split": _FUSED_GRADS, "shard": _GRAD_SHARDS},
 }
 
 # Hugging Face transformers' Qwen3MoeForCausalLM. Dense layers (mlp_only_layers, or off
@@ -132,15 +150,92 @@ HF_QWEN3_MOE = {
     "not_captured": ["router_weights", "expert_out"],
 }
 
-BUILT_IN = {m["name"]: m for m in (HF_QWEN3, HF_QWEN3_MOE, FUSED_QWEN3)}
+
+
+def _engine_ops(qk_layout, logits):
+    """vLLM's and SGLang's Qwen3 module tree on flat [tokens] calls (docs/python.md
+    names the source read). Their linear layers return (out, bias) and their fused
+    norms (normed, residual sum): layer i's input_layernorm(x, residual) gives layer
+    i-1's resid_mlp (layer 0's, called without a residual, one tensor),
+    post_attention_layernorm resid_attn, model.norm the last layer's resid_mlp. RoPE
+    is one module shared by every layer, (q, k) = rotary_emb(positions, q, k) of
+    [tokens, heads·dim]; attention is a module; the o_proj and down_proj outputs are
+    all-reduced inside them. The logits come from a LogitsProcessor for the sampled
+    rows only."""
+    return [
+        {"module": "model.embed_tokens", "op": "embed"},
+        {"module": _LAYER + ".input_layernorm", "op": "layers.{i}.input_norm"},
+        {"module": _LAYER + ".input_layernorm", "index": 1, "op": "layers.{i - 1}.resid_mlp"},
+        *_qkv_ops(fused=True),
+        {"module": _ATTN + ".q_norm", "op": "layers.{i}.q_norm", "layout": qk_layout, "shard": 1},
+        {"module": _ATTN + ".k_norm", "op": "layers.{i}.k_norm", "layout": qk_layout, "shard": 1},
+        {"module": _ATTN + ".rotary_emb", "index": 0, "op": "layers.{i}.q_rope", "shard": 1},
+        {"module": _ATTN + ".rotary_emb", "index": 1, "op": "layers.{i}.k_rope", "shard": 1},
+        {"module": _ATTN + ".attn", "op": "layers.{i}.attn", "shard": 1},
+        {"module": _ATTN + ".o_proj", "op": "layers.{i}.attn_out"},
+        {"module": _LAYER + ".post_attention_layernorm", "op": "layers.{i}.post_norm"},
+        {"module": _LAYER + ".post_attention_layernorm", "index": 1, "op": "layers.{i}.resid_attn"},
+        *_dense_mlp_ops(fused=True),
+        {"module": _LAYER + ".mlp", "op": "layers.{i}.mlp_out"},
+        {"module": "model.norm", "op": "final_norm"},
+        {"module": "model.norm", "index": 1, "op": "layers.{num_hidden_layers - 1}.resid_mlp"},
+        dict(logits, module="logits_processor", op="logits", rows="sampled"),
+    ]
+
+
+# FusedMoE's stacked experts: w13_weight [E, 2·I, H] = [gate | up] of each expert,
+# w2_weight [E, H, I] its down projection; under TP each holds the rank's slice of I.
+_EXPERT_GRADS = [{"param": r"(.*)\.experts\.w13_weight", "per_expert": True,
+                  "into": [r"\1.experts.{e}.gate_proj.weight", r"\1.experts.{e}.up_proj.weight"],
+                  "sizes": ["moe_intermediate_size // world"] * 2},
+                 {"param": r"(.*)\.experts\.w2_weight", "per_expert": True,
+                  "into": [r"\1.experts.{e}.down_proj.weight"], "sizes": ["moe_intermediate_size // world"], "dim": 1}]
+# The engines' embedding and LM head are vocab-parallel: a rank holds a slice of the rows.
+_ENGINE_SHARDS = _GRAD_SHARDS + [[r"model\.embed_tokens\.weight", 0], [r"lm_head\.weight", 0]]
+
+
+def _engine_map(name, qk_layout, logits, moe):
+    """A flat-token engine's map: the MoE one adds the router (gate, a ReplicatedLinear:
+    its logits [tokens, E]); FusedMoE computes the top-k weights and each slot's expert
+    output inside one kernel, so router_weights and expert_out are not captured, and the
+    block all-reduces the experts' partial sums, so mlp_out is whole under TP."""
+    ops = _engine_ops(qk_layout, logits)
+    if moe:
+        ops.append({"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits"})
+    m = {"name": name, "tokens": "flat", "ops": ops,
+         "grads": {"split": _FUSED_GRADS + (_EXPERT_GRADS if moe else []), "shard": _ENGINE_SHARDS}}
+    if moe:
+        m["not_captured"] = ["router_weights", "expert_out"]
+    return m
+
+
+# vLLM: q/k norms on a [tokens, heads, dim] view; compute_logits() runs the
+# LogitsProcessor, which returns the logits tensor, outside the model's forward.
+VLLM_QWEN3 = _engine_map("vllm-qwen3", "flat", {}, moe=False)
+VLLM_QWEN3_MOE = _engine_map("vllm-qwen3-moe", "flat", {}, moe=True)
+# SGLang: q/k norms on a [tokens·heads, dim] view; the forward ends in the
+# LogitsProcessor, whose LogitsProcessorOutput holds next_token_logits.
+SGLANG_QWEN3 = _engine_map("sglang-qwen3", "flat_heads", {"attr": "next_token_logits"}, moe=False)
+SGLANG_QWEN3_MOE = _engine_map("sglang-qwen3-moe", "flat_heads", {"attr": "next_token_logits"}, moe=True)
+
+BUILT_IN = {m["name"]: m for m in (HF_QWEN3, HF_QWEN3_MOE, FUSED_QWEN3, VLLM_QWEN3, VLLM_QWEN3_MOE, SGLANG_QWEN3,
+                                   SGLANG_QWEN3_MOE)}
+
+# Hugging Face's, vLLM's and SGLang's classes share their names: the package defining
+# the class tells them apart.
+_BY_CLASS = {("Qwen3ForCausalLM", "vllm"): VLLM_QWEN3, ("Qwen3MoeForCausalLM", "vllm"): VLLM_QWEN3_MOE,
+             ("Qwen3ForCausalLM", "sglang"): SGLANG_QWEN3, ("Qwen3MoeForCausalLM", "sglang"): SGLANG_QWEN3_MOE,
+             ("Qwen3ForCausalLM", None): HF_QWEN3, ("Qwen3MoeForCausalLM", None): HF_QWEN3_MOE}
 
 
 def for_model(model):
-    """The built-in map of `model`'s class (by the class name Hugging Face gives it)."""
-    name = type(model).__name__
-    if name == "Qwen3ForCausalLM":
-        return HF_QWEN3
-    if name == "Qwen3MoeForCausalLM":
-        return HF_QWEN3_MOE
-    raise ValueError(f"no built-in name map for {name}: pass name_map= (docs/python.md, \"Name maps\"), "
-                     f"one of {sorted(BUILT_IN)} or your own")
+    """The built-in map of `model`'s class: by its name, and by its package for vLLM's
+    and SGLang's (vllm.model_executor.models.qwen3, sglang.srt.models.qwen3); any
+    other package's class of that name is taken for Hugging Face's."""
+    cls = type(model)
+    package = cls.__module__.split(".")[0]
+    found = _BY_CLASS.get((cls.__name__, package if package in ("vllm", "sglang") else None))
+    if found is None:
+        raise ValueError(f"no built-in name map for {cls.__name__}: pass name_map= (docs/python.md, \"Name maps\"), "
+                         f"one of {sorted(BUILT_IN)} or your own")
+    return found

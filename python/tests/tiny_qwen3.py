@@ -49,6 +49,15 @@ def apply_rotary_pos_emb(q, k, cos, sin):
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+def rope(c, pos, dtype):
+    """cos and sin of each position, [..., head_dim], computed in float64."""
+    D = c.head_dim
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    f = pos.to(torch.float64)[..., None] * inv
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class Qwen3RMSNorm(nn.Module):
     def __init__(self, n, eps):
         super().__init__()
@@ -239,13 +248,6 @@ class Qwen3ForCausalLM(nn.Module):
         self.model = Qwen3Model(c, par)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
-    def _rope(self, pos, dtype):
-        D = self.config.head_dim
-        inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
-        f = pos.to(torch.float64)[..., None] * inv
-        emb = torch.cat((f, f), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
         B, S = input_ids.shape
         cache = past_key_values if past_key_values is not None else ([] if use_cache else None)
@@ -263,7 +265,7 @@ class Qwen3ForCausalLM(nn.Module):
             allowed = causal[None] & valid[:, None, :]
             if position_ids is None:
                 position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-        cos, sin = self._rope(position_ids, self.model.embed_tokens.weight.dtype)
+        cos, sin = rope(self.config, position_ids, self.model.embed_tokens.weight.dtype)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, allowed, cache)
