@@ -209,12 +209,22 @@ struct Pairing {
   std::vector<std::string> not_captured;  // ops the other side's capture cannot take
 };
 
+// Whether `tensor` is one `s`'s capture says it cannot take: a layer's op by its
+// name without the layer, a model's op by its name, and where the logits are not
+// captured (an engine's logits of its sampled rows only), the logprobs and entropy
+// a capture computes from them.
+bool cannot_take(const Side& s, const std::string& tensor) {
+  if (const auto lo = layer_op(tensor)) return s.not_captured.count(std::string(lo->second)) > 0;
+  if (tensor.rfind("ops.", 0) == 0) return s.not_captured.count(tensor.substr(4)) > 0;
+  const bool from_logits = tensor.rfind("logprobs.", 0) == 0 || tensor.rfind("entropy.", 0) == 0;
+  return from_logits && s.not_captured.count("logits") > 0;
+}
+
 Pairing pair_tensors(const Side& a, const Side& b, int layers) {
   Pairing p;
   auto add = [&](const std::string& name, const Side& lacking, size_t& only) {
     if (name.rfind("grads.", 0) == 0 && !lacking.computes_grads) return p.not_computed.push_back(name);
-    if (const auto lo = layer_op(name); lo && lacking.not_captured.count(std::string(lo->second)))
-      return p.not_captured.push_back(name);
+    if (cannot_take(lacking, name)) return p.not_captured.push_back(name);
     ++only;
     p.names.push_back(name);
   };

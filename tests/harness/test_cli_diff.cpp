@@ -260,6 +260,12 @@ TEST_F(CliDiff, BisectLeavesOutWhatACaptureSaysItCannotTake) {
                       "cannot take them"),
             std::string::npos)
       << out_;
+  // A flat-token engine computes the logits of its sampled rows only: without them,
+  // the logprobs and entropy a capture computes from them are left out too.
+  const std::string with_logprobs = dump("oracle-lp.safetensors", {"ops.embed", "ops.logits", "logprobs.0", "entropy.0"}, {});
+  EXPECT_EQ(run("bisect " + dump("sampled.safetensors", {"ops.embed"}, {{"bitparity.not_captured", R"(["logits"])"}}) +
+                " " + with_logprobs), 0) << out_ << err_;
+  EXPECT_NE(out_.find("not compared: 3 op tensor(s) of one side only"), std::string::npos) << out_;
   EXPECT_EQ(run("bisect " + dump("silent.safetensors", captured, {}) + " " + oracle), 1) << out_ << err_;
   EXPECT_EQ(run("bisect " + dump("bad.safetensors", captured, {{"bitparity.not_captured", "router_weights"}}) + " " +
                 oracle),
