@@ -5,6 +5,7 @@
 
 #include "harness/engine/models.h"
 #include "harness/engine/work.h"
+#include "harness/io/files.h"
 #include "reference/truth/qwen3.h"
 
 namespace bp::harness {
@@ -82,11 +83,19 @@ layouts::Layout require_one_case(const SweepPlan& p) {
   return l;
 }
 
-std::string tokens_text(const TokenSpec& t) {
-  if (!t.file.empty()) return "file " + t.file;
+// The dump's record of its tokens: "seed S lengths a,b,...", or a tokens file's JSON
+// itself (a file named by its path may be gone or changed by the time a dump is read:
+// conform runs the tokens the dump records), its path beside it.
+void record_tokens(const SweepPlan& plan, std::map<std::string, std::string>& m) {
+  const TokenSpec& t = plan.tokens;
+  if (!t.file.empty()) {
+    m["bitparity.tokens"] = io::read_text_file(tokens_file(plan), size_t{64} << 20);
+    m["bitparity.tokens_file"] = tokens_file(plan);
+    return;
+  }
   std::string s = "seed " + std::to_string(t.seed) + " lengths ";
   for (size_t i = 0; i < t.lengths.size(); ++i) s += (i ? "," : "") + std::to_string(t.lengths[i]);
-  return s;
+  m["bitparity.tokens"] = s;
 }
 
 // The dump's record of where the weights came from: the seed only when one made them.
@@ -115,9 +124,9 @@ SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weigh
   m = {{"bitparity.model", plan.models[0]},
        {"bitparity.implementation", implementation_name(plan.implementations[0])},
        {"bitparity.path", path_name(plan.paths[0])},
-       {"bitparity.tokens", tokens_text(plan.tokens)},
        {"bitparity.temperature", std::to_string(plan.temperature)},
        {"bitparity.capture", plan.capture_ops ? "ops" : "none"}};
+  record_tokens(plan, m);
   WeightsOrigin origin;
   if (plan.implementations[0] == Implementation::kFloat64) {
     r.tensors = run_float64(plan, layout, origin, on_weights, m);

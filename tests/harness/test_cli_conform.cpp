@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -127,6 +128,19 @@ TEST_F(CliConform, AgainstFloat64EachOpHasItsDistanceFromTheTruth) {
   EXPECT_EQ(conform(write_dump("moved.safetensors", engine, ref.metadata()), "float64"), 1) << out_ << err_;
   EXPECT_NE(out_.find("ulp; 1 of 512 elements not the truth rounded\nops.layers.0.post_norm"), std::string::npos)
       << out_;
+}
+
+// A run from a tokens file records the file's JSON, not only its path: the dump
+// conforms after the file is gone (bitparity.run of a capture's tokens writes them to
+// a temporary file). Before, conform failed: "tokens.json: no such file".
+TEST_F(CliConform, ADumpOfATokensFileHoldsItsTokens) {
+  const std::string tokens = path("tokens.json");
+  std::ofstream(tokens) << R"({"sequences": [[5, 9, 2, 7], [3, 8, 1]]})";
+  ASSERT_EQ(run("run --model " + kModel + " --contract bf16-fmaseq-v2 --tokens " + tokens +
+                " --capture ops --no-grads -q --out " + path("filed.safetensors")), 0) << err_;
+  std::filesystem::remove(tokens);
+  EXPECT_EQ(conform(path("filed.safetensors")), 0) << out_ << err_;
+  EXPECT_EQ(SafetensorsFile::open(path("filed.safetensors")).metadata().at("bitparity.tokens_file"), tokens);
 }
 
 TEST_F(CliConform, AnotherContractPartsAtItsReductions) {
