@@ -179,21 +179,15 @@ TruthError error_from_truth(const NamedTensor& t, const std::vector<double>& tru
   return t.type == CmpType::BF16 ? truth_error(t.bf16_values, truth) : truth_error(t.f32_values, truth);
 }
 
-// The ops that flow into the truth's: the engine's, else the contract's own.
-std::map<std::string, std::vector<bf16>> flowing(std::map<std::string, std::vector<bf16>> engine_ops,
-                                                 const std::vector<NamedTensor>& reference) {
-  for (const NamedTensor& t : reference)
-    if (t.name.rfind("ops.", 0) == 0) engine_ops.emplace(t.name.substr(4), t.bf16_values);
-  return engine_ops;
-}
-
-// The float64 truth model of --model, loaded as the plan says.
+// The float64 truth model on the weights the engine and the contract ran: the
+// checkpoint's rounded to bf16, as they are for a bf16 engine, widened exactly.
 truth::Model load_truth(const SweepPlan& plan, const ModelConfig& cfg, const WeightsListener& on_weights) {
   WeightsOrigin origin;
-  truth::Model m = truth_model(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
-                               io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}}, origin);
+  const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
+                                  io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}},
+                                  origin);
   if (on_weights) on_weights(origin);
-  return m;
+  return truth::Model(cfg, w);
 }
 
 }  // namespace
@@ -229,9 +223,8 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
   check_same_model(f, model, cfg);
   try {
     if (!truth_only) reference = cases->run_substituted(cases->cases().at(0), ops);
-    // The truth reads the weights again, in double, beside the contract's bf16 copy.
-    each = load_truth(plan, cfg, truth_only ? on_weights : WeightsListener{}).each_op(seqs, flowing(ops, reference),
-                                                                                      plan.temperature);
+    // The truth reads the weights again and widens them, beside the contract's bf16 copy.
+    each = load_truth(plan, cfg, truth_only ? on_weights : WeightsListener{}).each_op(seqs, ops, plan.temperature);
   } catch (const std::invalid_argument& e) {
     const std::string why = e.what();
     for (const std::string prefix : {"substitute: ", "each_op: "})

@@ -26,7 +26,8 @@ VecD vec(const MatD& row) { return row.row(0).transpose(); }
 MatD heads(const MatD& x, int D) { return Eigen::Map<const MatD>(x.data(), x.size() / D, D); }
 MatD unheads(const MatD& x, Eigen::Index rows) { return Eigen::Map<const MatD>(x.data(), rows, x.size() / rows); }
 
-// The values flowing between ops: a given capture, else the op's own value rounded.
+// The values flowing between ops: a given capture, else the op's own exact value
+// (an op reading an uncaptured one is judged as the two composed).
 class Flow {
  public:
   Flow(const std::map<std::string, std::vector<bf16>>& given, EachOp& out, int tokens)
@@ -39,7 +40,7 @@ class Flow {
   MatD in(const std::string& name) const {
     const MatD& own = out_.ops.at(name);
     const auto it = given_.find(name);
-    if (it == given_.end()) return own.unaryExpr([](double v) { return static_cast<double>(widen(nearest_bf16(v))); });
+    if (it == given_.end()) return own;
     if (it->second.size() != static_cast<size_t>(own.size()))
       throw std::invalid_argument("each_op: " + name + " has " + std::to_string(it->second.size()) + " values, not " +
                                   std::to_string(tokens_) + " tokens x " + std::to_string(own.cols()));

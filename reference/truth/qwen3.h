@@ -70,11 +70,12 @@ class Model {
 
   // Each op alone: an op reads `given`'s value of each capture it reads (by capture
   // name, [tokens][features] in canonical rows: sequence by sequence, positions from
-  // 0), and where a capture is not given, that op's own float64 value rounded to
-  // bf16 (to nearest even). The MoE top-k is chosen on the exact probabilities of the
-  // router logits that flow (the contract's fp32 probabilities choose the same
-  // experts but for near-ties), and weighs each expert by the routing weights that
-  // flow. std::invalid_argument for a given capture of the wrong size.
+  // 0), and where a capture is not given, that op's own exact value: an engine that
+  // captured no expert_out is judged on its MoE block from post_norm, as one op. The
+  // MoE top-k is chosen on the exact probabilities of the router logits that flow
+  // (the contract's fp32 probabilities choose the same experts but for near-ties),
+  // and weighs each expert by the routing weights that flow. std::invalid_argument
+  // for a given capture of the wrong size.
   EachOp each_op(const std::vector<std::vector<int32_t>>& seqs, const std::map<std::string, std::vector<bf16>>& given,
                  double temperature) const;
 
