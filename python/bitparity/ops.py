@@ -1,0 +1,215 @@
+"""bitparity.ops: the contract's ops as torch ops, forward and backward (docs/torch-ops.md).
+
+A CPU tensor runs the reference op itself (bitparity._C, compiled from reference/ with
+SPEC.md §3's flags), so its bits are the oracle's. Activations are bf16 [tokens, features]
+in the canonical token order; weight gradients are fp32 (SPEC.md §4), so a weight that
+takes a gradient is an fp32 tensor holding bf16 values (a trainer's master weights): the
+op reads it as bf16, exactly, and its gradient comes out fp32.
+
+    import bitparity.ops as bo
+    c = bo.contract("bf16-sm90tc-v2")
+    h = bo.rmsnorm(x, norm_weight, 1e-6, c)
+    logits = bo.linear(h, lm_head_weight, c)
+    logprob, entropy = bo.logprob(logits[rows], targets, c)
+
+Built so far: embedding, rmsnorm, linear, rope and logprob (with entropy). Not yet: the
+fused q/k/v and MLP ops, attention, the MoE block, the CUDA kernels, bitparity.patch and
+bitparity.dist (issue 55).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from . import _C
+except ImportError as e:  # built without torch's C++ headers (setup.py)
+    _C = None
+    _MISSING = str(e)
+
+
+class OpsUnavailable(ImportError):
+    """This installation has no bitparity._C: says what its build lacked."""
+
+
+def _ops():
+    if _C is None:
+        raise OpsUnavailable(f"bitparity.ops needs bitparity._C, which this installation lacks ({_MISSING}): "
+                             "reinstall with torch's C++ headers present (Debian: apt-get install libtorch-dev "
+                             "pybind11-dev; then pip install ./python)")
+    return _C
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A named contract (SPEC.md §1), its knob hash as reports stamp it, and its
+    tp_tree_width: the chunks of a shardable reduction (linear's k_chunks of a
+    row-parallel layer, n_chunks of a column-parallel one's input gradient)."""
+    name: str
+    knob_hash: str
+    tp_tree_width: int
+
+
+def contract(name):
+    """The contract of that name; ValueError naming the known ones otherwise."""
+    names = _ops().contract_names()
+    if name not in names:
+        raise ValueError(f"no contract {name!r}: one of {names}")
+    return Contract(name, _C.knob_hash(name), _C.tp_tree_width(name))
+
+
+def _name(c):
+    if not isinstance(c, Contract):
+        raise TypeError(f"expected a bitparity.ops.Contract (bitparity.ops.contract(name)), got {type(c).__name__}")
+    return c.name
+
+
+def _as_bf16(w, what):
+    """A weight as the op reads it: bf16, or an fp32 master copy holding bf16 values exactly."""
+    if w.dtype == torch.bfloat16:
+        return w.detach().contiguous()
+    if w.dtype != torch.float32:
+        raise TypeError(f"{what} is {w.dtype}: the contract's weights are bf16 values (bf16, or fp32 holding them)")
+    b = w.detach().to(torch.bfloat16)
+    if not torch.equal(b.float(), w.detach()):
+        raise ValueError(f"{what} holds values that are not bf16: round it to bf16 first (the contract's weights are)")
+    return b.contiguous()
+
+
+def _weight_grad(w, g32, what):
+    """The fp32 gradient of weight w, for autograd (which gives a tensor its own dtype)."""
+    if w.dtype != torch.float32:
+        raise TypeError(f"{what} is {w.dtype}: its contract gradient is fp32, so keep the weight as an fp32 master "
+                        "copy holding bf16 values (docs/torch-ops.md)")
+    return g32
+
+
+def _activation(x, what):
+    if x.dtype != torch.bfloat16 or x.dim() != 2:
+        raise TypeError(f"{what} must be a bf16 [tokens, features] tensor, got {x.dtype} {list(x.shape)}")
+    return x.contiguous()
+
+
+def _int32(t, what):
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise TypeError(f"{what} must be a 1-D integer tensor, got {t.dtype} {list(t.shape)}")
+    return t.to(torch.int32).contiguous()
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, table, name):
+        ctx.save_for_backward(tokens)
+        ctx.vocab, ctx.name = table.shape[0], name
+        return _C.embedding_fwd(tokens, _as_bf16(table, "the embedding table"), name)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (tokens,) = ctx.saved_tensors
+        return None, _C.embedding_bwd(tokens, dout.contiguous(), ctx.vocab, ctx.name), None
+
+
+def embedding(tokens, table, c):
+    """Rows of `table` [V, H] for `tokens` [T] (SPEC.md §5.1); its gradient token-chunked, fp32."""
+    _ops()
+    return _Embedding.apply(_int32(tokens, "tokens"), table, _name(c))
+
+
+class _RmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, heads, name):
+        w = _as_bf16(weight, "the norm's weight")
+        out, rstd = _C.rmsnorm_fwd(x, w, eps, heads, name)
+        ctx.save_for_backward(x, w, rstd, weight)
+        ctx.heads, ctx.name = heads, name
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, rstd, weight = ctx.saved_tensors
+        dx, dw = _C.rmsnorm_bwd(x, w, rstd, dy.contiguous(), ctx.heads, ctx.name)
+        dweight = _weight_grad(weight, dw, "the norm's weight") if ctx.needs_input_grad[1] else None
+        return dx, dweight, None, None, None
+
+
+def rmsnorm(x, weight, eps, c, heads=1):
+    """RMSNorm of each of `heads` slices of x [T, heads·n] by weight [n] (SPEC.md §5.2)."""
+    _ops()
+    return _RmsNorm.apply(_activation(x, "x"), weight, float(eps), int(heads), _name(c))
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, k_chunks, n_chunks, name):
+        w = _as_bf16(weight, "the weight")
+        ctx.save_for_backward(x, w, weight)
+        ctx.n_chunks, ctx.name = n_chunks, name
+        return _C.linear_fwd(x, w, k_chunks, name)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, weight = ctx.saved_tensors
+        dx, dw = _C.linear_bwd(x, w, dy.contiguous(), ctx.n_chunks, ctx.name)
+        dweight = _weight_grad(weight, dw, "the weight") if ctx.needs_input_grad[1] else None
+        return dx, dweight, None, None, None
+
+
+def linear(x, weight, c, k_chunks=1, n_chunks=1):
+    """x [T, K] · weightᵀ [N, K] (SPEC.md §5.4): K cut into k_chunks for the forward (a
+    row-parallel layer's tp_tree_width), N into n_chunks for the input gradient (a
+    column-parallel one's, the LM head's)."""
+    _ops()
+    return _Linear.apply(_activation(x, "x"), weight, int(k_chunks), int(n_chunks), _name(c))
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, positions, cos, sin, name):
+        ctx.save_for_backward(positions, cos, sin)
+        ctx.name = name
+        return _C.rope_apply(x, positions, cos, sin, False, name)
+
+    @staticmethod
+    def backward(ctx, dout):
+        positions, cos, sin = ctx.saved_tensors
+        return _C.rope_apply(dout.contiguous(), positions, cos, sin, True, ctx.name), None, None, None, None
+
+
+def rope_tables(theta, head_dim, max_positions):
+    """The contract's bf16 cos and sin tables, [max_positions, head_dim/2] each (SPEC.md §5.5)."""
+    return tuple(_ops().rope_tables(float(theta), int(head_dim), int(max_positions)))
+
+
+def rope(x, positions, tables, c):
+    """Each head of x [T, H·D] rotated by its token's position (SPEC.md §5.5); `tables`
+    from rope_tables covering every position."""
+    _ops()
+    cos, sin = tables
+    return _Rope.apply(_activation(x, "x"), _int32(positions, "positions"), cos, sin, _name(c))
+
+
+class _Logprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, name):
+        lp, entropy, row_max, row_sum = _C.logprob_fwd(logits, targets, temperature, name)
+        ctx.save_for_backward(logits, targets, row_max, row_sum)
+        ctx.temperature, ctx.name = temperature, name
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(entropy)
+        return lp, entropy
+
+    @staticmethod
+    def backward(ctx, dlp, dentropy):
+        if dlp is None:
+            return None, None, None, None
+        logits, targets, row_max, row_sum = ctx.saved_tensors
+        coef = dlp.to(torch.float32).contiguous()
+        return _C.logprob_bwd(logits, targets, coef, row_max, row_sum, ctx.temperature, ctx.name), None, None, None
+
+
+def logprob(logits, targets, c, temperature=1.0):
+    """(logprob, entropy), fp32 [R], of each row of logits [R, V] at its target (SPEC.md
+    §5.10). The logprob's gradient is the contract's: the loss's coefficient c_r of each
+    row is the gradient arriving at logprob r. The contract defines no entropy gradient."""
+    _ops()
+    return _Logprob.apply(_activation(logits, "logits"), _int32(targets, "targets"), float(temperature), _name(c))

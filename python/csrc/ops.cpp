@@ -1,0 +1,216 @@
+// bitparity._C: the contract's ops on torch tensors (docs/torch-ops.md). Each
+// function checks its tensors (CPU, contiguous, the dtypes SPEC.md §4 gives the op)
+// and calls the reference op itself, so a CPU tensor's result is the oracle's bits.
+// The autograd wiring is bitparity/ops.py's; here every forward returns what its
+// backward needs, and every backward is a function of its own.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "reference/contract/contract.h"
+#include "reference/ops/embedding.h"
+#include "reference/ops/linear.h"
+#include "reference/ops/logprob.h"
+#include "reference/ops/rmsnorm.h"
+#include "reference/ops/rope.h"
+
+namespace {
+
+using torch::Tensor;
+
+const bp::Knobs& knobs(const std::string& contract) {
+  const bp::Contract* c = bp::find_contract(contract);
+  TORCH_CHECK(c, "bitparity: no contract \"", contract, "\" (bitparity list names them)");
+  return c->knobs;
+}
+
+// A tensor an op reads: on the CPU, contiguous, of the op's dtype, `dims` dimensions.
+void check(const Tensor& t, const char* name, at::ScalarType dtype, int64_t dims) {
+  TORCH_CHECK(t.device().is_cpu(), "bitparity: ", name, " is on ", t.device().str(),
+              ": this build has the CPU reference only (docs/torch-ops.md)");
+  TORCH_CHECK(t.scalar_type() == dtype, "bitparity: ", name, " is ", t.scalar_type(), ", the contract's op takes ",
+              dtype);
+  TORCH_CHECK(t.dim() == dims, "bitparity: ", name, " has ", t.dim(), " dimensions, not ", dims);
+  TORCH_CHECK(t.is_contiguous(), "bitparity: ", name, " is not contiguous");
+}
+
+int as_int(int64_t v, const char* what) {
+  TORCH_CHECK(v >= 0 && v <= INT32_MAX, "bitparity: ", what, " ", v, " is out of range");
+  return static_cast<int>(v);
+}
+
+const bp::bf16* bf(const Tensor& t) { return reinterpret_cast<const bp::bf16*>(t.data_ptr<at::BFloat16>()); }
+bp::bf16* bf_out(Tensor& t) { return reinterpret_cast<bp::bf16*>(t.data_ptr<at::BFloat16>()); }
+
+Tensor bf16_empty(at::IntArrayRef shape) { return torch::empty(shape, torch::dtype(torch::kBFloat16)); }
+Tensor f32_empty(at::IntArrayRef shape) { return torch::empty(shape, torch::dtype(torch::kFloat32)); }
+
+// ---- embedding (SPEC.md §5.1) ----
+
+Tensor embedding_fwd(const Tensor& tokens, const Tensor& table, const std::string& contract) {
+  check(tokens, "tokens", torch::kInt32, 1);
+  check(table, "table", torch::kBFloat16, 2);
+  const int T = as_int(tokens.size(0), "tokens"), V = as_int(table.size(0), "vocab"), H = as_int(table.size(1), "hidden");
+  Tensor out = bf16_empty({T, H});
+  bp::ref::embedding_fwd(knobs(contract), tokens.data_ptr<int32_t>(), bf(table), bf_out(out), T, V, H);
+  return out;
+}
+
+Tensor embedding_bwd(const Tensor& tokens, const Tensor& dout, int64_t vocab, const std::string& contract) {
+  check(tokens, "tokens", torch::kInt32, 1);
+  check(dout, "grad", torch::kBFloat16, 2);
+  const int T = as_int(tokens.size(0), "tokens"), V = as_int(vocab, "vocab"), H = as_int(dout.size(1), "hidden");
+  TORCH_CHECK(dout.size(0) == T, "bitparity: the gradient has ", dout.size(0), " rows for ", T, " tokens");
+  Tensor dtable = f32_empty({V, H});
+  bp::ref::embedding_bwd(knobs(contract), tokens.data_ptr<int32_t>(), bf(dout), dtable.data_ptr<float>(), T, V, H);
+  return dtable;
+}
+
+// ---- rmsnorm (§5.2): x [T][heads·n], w [n] ----
+
+std::vector<Tensor> rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, int64_t heads,
+                                const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 1);
+  const int T = as_int(x.size(0), "tokens"), n = as_int(w.size(0), "width"), H = as_int(heads, "heads");
+  TORCH_CHECK(H > 0 && x.size(1) == static_cast<int64_t>(H) * n, "bitparity: x has ", x.size(1), " features, not ",
+              heads, " heads x ", n);
+  Tensor out = bf16_empty({T, x.size(1)}), rstd = f32_empty({static_cast<int64_t>(T) * H});
+  bp::ref::rmsnorm_fwd(knobs(contract), bf(x), bf(w), static_cast<float>(eps), bf_out(out), rstd.data_ptr<float>(),
+                       T, H, n);
+  return {out, rstd};
+}
+
+std::vector<Tensor> rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, int64_t heads,
+                                const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 1);
+  check(rstd, "rstd", torch::kFloat32, 1);
+  check(dy, "grad", torch::kBFloat16, 2);
+  TORCH_CHECK(dy.sizes() == x.sizes(), "bitparity: the gradient's shape is not x's");
+  const int T = as_int(x.size(0), "tokens"), n = as_int(w.size(0), "width"), H = as_int(heads, "heads");
+  Tensor dx = bf16_empty({T, x.size(1)}), dw = f32_empty({n});
+  bp::ref::rmsnorm_bwd(knobs(contract), bf(x), bf(w), rstd.data_ptr<float>(), bf(dy), bf_out(dx), dw.data_ptr<float>(),
+                       T, H, n);
+  return {dx, dw};
+}
+
+// ---- linear (§5.4): x [T][K], w [N][K] ----
+
+Tensor linear_fwd(const Tensor& x, const Tensor& w, int64_t k_chunks, const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 2);
+  TORCH_CHECK(x.size(1) == w.size(1), "bitparity: x has ", x.size(1), " features, the weight takes ", w.size(1));
+  const int T = as_int(x.size(0), "tokens"), K = as_int(x.size(1), "K"), N = as_int(w.size(0), "N");
+  Tensor y = bf16_empty({T, N});
+  bp::ref::linear_fwd(knobs(contract), bf(x), bf(w), bf_out(y), T, K, N, as_int(k_chunks, "k_chunks"));
+  return y;
+}
+
+std::vector<Tensor> linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, int64_t n_chunks,
+                               const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 2);
+  check(dy, "grad", torch::kBFloat16, 2);
+  const int T = as_int(x.size(0), "tokens"), K = as_int(x.size(1), "K"), N = as_int(w.size(0), "N");
+  TORCH_CHECK(dy.size(0) == T && dy.size(1) == N, "bitparity: the gradient is not [tokens, N]");
+  Tensor dx = bf16_empty({T, K}), dw = f32_empty({N, K});
+  const bp::Knobs& kn = knobs(contract);
+  bp::ref::linear_dgrad(kn, bf(dy), bf(w), bf_out(dx), T, K, N, as_int(n_chunks, "n_chunks"));
+  bp::ref::linear_wgrad(kn, bf(dy), bf(x), dw.data_ptr<float>(), T, K, N);
+  return {dx, dw};
+}
+
+// ---- rope (§5.5): x [T][H·D], the tables of max_pos positions ----
+
+std::vector<Tensor> rope_tables(double theta, int64_t head_dim, int64_t max_pos) {
+  const int D = as_int(head_dim, "head_dim"), P = as_int(max_pos, "positions");
+  Tensor c = bf16_empty({P, D / 2}), s = bf16_empty({P, D / 2});
+  bp::ref::rope_tables(static_cast<float>(theta), D, P, bf_out(c), bf_out(s));
+  return {c, s};
+}
+
+Tensor rope_apply(const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool backward,
+                  const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(positions, "positions", torch::kInt32, 1);
+  check(cos, "cos table", torch::kBFloat16, 2);
+  check(sin, "sin table", torch::kBFloat16, 2);
+  const int T = as_int(x.size(0), "tokens"), D = as_int(cos.size(1) * 2, "head_dim");
+  TORCH_CHECK(positions.size(0) == T, "bitparity: ", positions.size(0), " positions for ", T, " tokens");
+  TORCH_CHECK(x.size(1) % D == 0, "bitparity: x has ", x.size(1), " features, not whole heads of ", D);
+  const bp::ref::RopeTable table{bf(cos), bf(sin), as_int(cos.size(0), "positions"), D};
+  Tensor out = bf16_empty({T, x.size(1)});
+  const int H = as_int(x.size(1) / D, "heads");
+  if (backward)
+    bp::ref::rope_bwd(knobs(contract), table, positions.data_ptr<int32_t>(), bf(x), bf_out(out), T, H);
+  else
+    bp::ref::rope_fwd(knobs(contract), table, positions.data_ptr<int32_t>(), bf(x), bf_out(out), T, H);
+  return out;
+}
+
+// ---- logprob (§5.10): logits [R][V] of the target rows ----
+
+std::vector<Tensor> logprob_fwd(const Tensor& logits, const Tensor& targets, double temperature,
+                                const std::string& contract) {
+  check(logits, "logits", torch::kBFloat16, 2);
+  check(targets, "targets", torch::kInt32, 1);
+  const int R = as_int(logits.size(0), "rows"), V = as_int(logits.size(1), "vocab");
+  TORCH_CHECK(targets.size(0) == R, "bitparity: ", targets.size(0), " targets for ", R, " rows");
+  Tensor lp = f32_empty({R}), row_max = f32_empty({R}), row_sum = f32_empty({R}), entropy = f32_empty({R});
+  bp::ref::logprob_fwd(knobs(contract), bf(logits), targets.data_ptr<int32_t>(), R, V, static_cast<float>(temperature),
+                       lp.data_ptr<float>(), row_max.data_ptr<float>(), row_sum.data_ptr<float>(),
+                       entropy.data_ptr<float>());
+  return {lp, entropy, row_max, row_sum};
+}
+
+Tensor logprob_bwd(const Tensor& logits, const Tensor& targets, const Tensor& coef, const Tensor& row_max,
+                   const Tensor& row_sum, double temperature, const std::string& contract) {
+  check(logits, "logits", torch::kBFloat16, 2);
+  check(targets, "targets", torch::kInt32, 1);
+  for (const auto& [t, name] : {std::pair{&coef, "grad"}, {&row_max, "row_max"}, {&row_sum, "row_sum"}}) {
+    check(*t, name, torch::kFloat32, 1);
+    TORCH_CHECK(t->size(0) == logits.size(0), "bitparity: ", name, " is not one value a row");
+  }
+  const int R = as_int(logits.size(0), "rows"), V = as_int(logits.size(1), "vocab");
+  Tensor dlogits = bf16_empty({R, V});
+  bp::ref::logprob_bwd(knobs(contract), bf(logits), targets.data_ptr<int32_t>(), coef.data_ptr<float>(),
+                       row_max.data_ptr<float>(), row_sum.data_ptr<float>(), R, V, static_cast<float>(temperature),
+                       bf_out(dlogits));
+  return dlogits;
+}
+
+std::vector<std::string> contract_names() {
+  std::vector<std::string> names;
+  for (const bp::Contract& c : bp::contracts()) names.push_back(c.name);
+  return names;
+}
+
+std::string knob_hash(const std::string& contract) {
+  knobs(contract);
+  return bp::find_contract(contract)->knob_hash();
+}
+
+// The chunks of a shardable reduction (a row-parallel layer's K, the LM head's input
+// gradient's N): what linear's k_chunks and n_chunks take there.
+int64_t tp_tree_width(const std::string& contract) { return knobs(contract).tp_tree_width; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "bitparity's contract ops on CPU tensors (the reference itself); docs/torch-ops.md";
+  m.def("contract_names", &contract_names);
+  m.def("knob_hash", &knob_hash);
+  m.def("tp_tree_width", &tp_tree_width);
+  m.def("embedding_fwd", &embedding_fwd);
+  m.def("embedding_bwd", &embedding_bwd);
+  m.def("rmsnorm_fwd", &rmsnorm_fwd);
+  m.def("rmsnorm_bwd", &rmsnorm_bwd);
+  m.def("linear_fwd", &linear_fwd);
+  m.def("linear_bwd", &linear_bwd);
+  m.def("rope_tables", &rope_tables);
+  m.def("rope_apply", &rope_apply);
+  m.def("logprob_fwd", &logprob_fwd);
+  m.def("logprob_bwd", &logprob_bwd);
+}

@@ -1,0 +1,168 @@
+"""bitparity.ops (docs/torch-ops.md) against the oracle's own run: the CLI's `bitparity run`
+of a Hugging Face checkpoint (fixtures/hf/dense-gqa1-untied-sharded: untied, so the LM
+head's gradient is the head's alone) with ops captured and gradients, and the torch ops
+applied to the run's own captured inputs. Forward: the embedding, every norm, projection
+and RoPE, the logits and the logprobs and entropy are the run's bits. Backward: through
+logprob -> LM head -> final norm, the gradients of lm_head.weight and model.norm.weight
+are the run's bits (they come from the head alone, SPEC.md §6.5). The negative
+controls: another contract's LM head gradient, and the loss's coefficients of another
+row order, differ. RoPE's backward is the transpose of its forward within the bound of
+its two roundings."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import bitparity
+
+import bitparity.ops as ops
+
+if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":  # the tests' install requires it
+    pytest.skip("this installation has no bitparity._C (docs/torch-ops.md)", allow_module_level=True)
+
+SOURCE = os.environ.get("BP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(SOURCE, "fixtures", "hf", "dense-gqa1-untied-sharded")
+SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
+COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
+
+
+def weights():
+    """The checkpoint's parameters by Hugging Face name, as fp32 master copies of their bf16 values."""
+    with open(os.path.join(MODEL, "model.safetensors.index.json")) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for name in files:
+        tensors, _ = bitparity.read_dump(os.path.join(MODEL, name))
+        out.update({k: v.to(torch.bfloat16).float() for k, v in tensors.items()})
+    return out
+
+
+def config():
+    with open(os.path.join(MODEL, "config.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """`bitparity run`'s dump of the checkpoint under each v2 contract, ops and gradients."""
+    folder = tmp_path_factory.mktemp("oracle")
+    tokens = folder / "tokens.json"
+    tokens.write_text(json.dumps({"sequences": SEQS, "coefficients": COEFS}))
+    dumps = {}
+    for c in ("bf16-sm90tc-v2", "bf16-fmaseq-v2"):
+        out = str(folder / f"{c}.safetensors")
+        bitparity.run(out, MODEL + "/", tokens=str(tokens), contract=c)
+        dumps[c] = bitparity.read_dump(out)[0]
+    return dumps
+
+
+def positions():
+    return torch.tensor([p for s in SEQS for p in range(len(s))], dtype=torch.int32)
+
+
+def target_rows():
+    """(rows of the packed batch that predict a next token, their targets)."""
+    rows, targets, at = [], [], 0
+    for s in SEQS:
+        rows += range(at, at + len(s) - 1)
+        targets += s[1:]
+        at += len(s)
+    return torch.tensor(rows), torch.tensor(targets, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+def test_each_forward_op_is_the_runs_bits(oracle, name):
+    run, w, cfg, c = oracle[name], weights(), config(), ops.contract(name)
+    eps, D = cfg["rms_norm_eps"], cfg["head_dim"]
+    tokens = torch.tensor([t for s in SEQS for t in s], dtype=torch.int32)
+    assert torch.equal(ops.embedding(tokens, w["model.embed_tokens.weight"], c), run["ops.embed"])
+    tables = ops.rope_tables(cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"],
+                             D, 64)
+    for i in range(cfg["num_hidden_layers"]):
+        p, at = f"model.layers.{i}.", f"ops.layers.{i}."
+        x = run["ops.embed"] if i == 0 else run[f"ops.layers.{i - 1}.resid_mlp"]
+        assert torch.equal(ops.rmsnorm(x, w[p + "input_layernorm.weight"], eps, c), run[at + "input_norm"])
+        for proj in ("q", "k", "v"):
+            got = ops.linear(run[at + "input_norm"], w[p + f"self_attn.{proj}_proj.weight"], c)
+            assert torch.equal(got, run[at + f"{proj}_proj"]), proj
+        for h in ("q", "k"):
+            heads = run[at + f"{h}_proj"].shape[1] // D
+            normed = ops.rmsnorm(run[at + f"{h}_proj"], w[p + f"self_attn.{h}_norm.weight"], eps, c, heads=heads)
+            assert torch.equal(normed, run[at + f"{h}_norm"]), h
+            assert torch.equal(ops.rope(run[at + f"{h}_norm"], positions(), tables, c), run[at + f"{h}_rope"]), h
+        assert torch.equal(ops.rmsnorm(run[at + "resid_attn"], w[p + "post_attention_layernorm.weight"], eps, c),
+                           run[at + "post_norm"])
+    last = run[f"ops.layers.{cfg['num_hidden_layers'] - 1}.resid_mlp"]
+    assert torch.equal(ops.rmsnorm(last, w["model.norm.weight"], eps, c), run["ops.final_norm"])
+    assert torch.equal(ops.linear(run["ops.final_norm"], w["lm_head.weight"], c), run["ops.logits"])
+
+
+def head(run, w, c, coefs):
+    """logprob -> LM head -> final norm from the run's last layer output; the loss's backward."""
+    cfg = config()
+    x = run[f"ops.layers.{cfg['num_hidden_layers'] - 1}.resid_mlp"].clone().requires_grad_(True)
+    norm_w = w["model.norm.weight"].clone().requires_grad_(True)
+    lm = w["lm_head.weight"].clone().requires_grad_(True)
+    logits = ops.linear(ops.rmsnorm(x, norm_w, cfg["rms_norm_eps"], c), lm, c, n_chunks=c.tp_tree_width)
+    rows, targets = target_rows()
+    lp, entropy = ops.logprob(logits[rows], targets, c)
+    (lp * torch.tensor([v for row in coefs for v in row])).sum().backward()
+    return lp, entropy, norm_w.grad, lm.grad
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+def test_the_heads_backward_is_the_runs_bits(oracle, name):
+    run, w, c = oracle[name], weights(), ops.contract(name)
+    lp, entropy, d_norm, d_lm = head(run, w, c, COEFS)
+    at = 0
+    for s, seq in enumerate(SEQS):
+        n = len(seq) - 1
+        assert torch.equal(lp[at:at + n].detach(), run[f"logprobs.{s}"]), s
+        assert torch.equal(entropy[at:at + n], run[f"entropy.{s}"]), s
+        at += n
+    assert d_norm.dtype == torch.float32 and d_lm.dtype == torch.float32
+    assert torch.equal(d_norm, run["grads.model.norm.weight"])
+    assert torch.equal(d_lm, run["grads.lm_head.weight"])
+    # Negative controls: another contract's bits, and the coefficients of other rows.
+    other = "bf16-fmaseq-v2" if name == "bf16-sm90tc-v2" else "bf16-sm90tc-v2"
+    assert not torch.equal(head(run, w, ops.contract(other), COEFS)[3], d_lm)
+    assert not torch.equal(head(run, w, c, [COEFS[0][::-1], COEFS[1]])[3], d_lm)
+
+
+def test_rope_backward_is_the_forwards_transpose():
+    """Each element of rope_bwd(g) is R(R(a) ± R(b)) with a, b exact products of g and the
+    bf16 tables; from the float64 transpose a ± b it is at most u(1+u)(|a|+|b|) + u|a ± b|
+    away, u = 2^-8 (bf16's unit roundoff): one rounding of each product, one of the sum."""
+    c, D, T, H = ops.contract("bf16-sm90tc-v2"), 16, 9, 3
+    cos, sin = ops.rope_tables(1e6, D, T)
+    pos = torch.arange(T, dtype=torch.int32)
+    g = torch.randn(T, H * D, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x = torch.zeros(T, H * D, dtype=torch.bfloat16, requires_grad=True)
+    ops.rope(x, pos, (cos, sin), c).backward(g)
+    gd = g.double().view(T, H, 2, D // 2)
+    cd, sd = cos.double()[pos.long()][:, None, :], sin.double()[pos.long()][:, None, :]
+    a1, b1 = gd[:, :, 0] * cd, gd[:, :, 1] * sd  # first half: g1·c + g2·s
+    a2, b2 = gd[:, :, 1] * cd, -gd[:, :, 0] * sd  # second half: g2·c − g1·s
+    exact = torch.stack([a1 + b1, a2 + b2], dim=2).reshape(T, H * D)
+    mag = torch.stack([a1.abs() + b1.abs(), a2.abs() + b2.abs()], dim=2).reshape(T, H * D)
+    u = 2.0 ** -8
+    err = (x.grad.double() - exact).abs()
+    assert bool((err <= u * (1 + u) * mag + u * exact.abs()).all()), float(err.max())
+    assert float(err.max()) > 0  # the bound is exercised: bf16 rounding happened
+
+
+def test_mistakes_are_named():
+    c = ops.contract("bf16-fmaseq-v2")
+    with pytest.raises(ValueError, match="no contract 'bf16-nope'"):
+        ops.contract("bf16-nope")
+    x = torch.zeros(2, 4, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="fp32 master copy"):
+        ops.linear(x, torch.zeros(3, 4, dtype=torch.bfloat16, requires_grad=True), c).sum().backward()
+    with pytest.raises(ValueError, match="not bf16"):
+        ops.linear(x, torch.full((3, 4), 0.1), c)
+    with pytest.raises(TypeError, match="bf16 \\[tokens, features\\]"):
+        ops.rmsnorm(torch.zeros(2, 4), torch.ones(4), 1e-6, c)
+    with pytest.raises(ValueError, match="outside"):
+        ops.embedding(torch.tensor([7]), torch.zeros(4, 2), c)
