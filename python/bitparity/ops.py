@@ -12,9 +12,9 @@ op reads it as bf16, exactly, and its gradient comes out fp32.
     logits = bo.linear(h, lm_head_weight, c)
     logprob, entropy = bo.logprob(logits[rows], targets, c)
 
-Built so far: embedding, rmsnorm, linear, rope and logprob (with entropy). Not yet: the
-fused q/k/v and MLP ops, attention, the MoE block, the CUDA kernels, bitparity.patch and
-bitparity.dist (issue 55).
+Built so far: embedding, rmsnorm, qkv, rope, attention (whole sequences), linear, the
+dense mlp and logprob (with entropy). Not yet: the MoE block, attention over a KV cache,
+the CUDA kernels, bitparity.patch and bitparity.dist (issue 55).
 """
 
 from dataclasses import dataclass
@@ -160,6 +160,81 @@ def linear(x, weight, c, k_chunks=1, n_chunks=1):
     column-parallel one's, the LM head's)."""
     _ops()
     return _Linear.apply(_activation(x, "x"), weight, int(k_chunks), int(n_chunks), _name(c))
+
+
+class _Qkv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, wq, wk, wv, name):
+        ws = [_as_bf16(w, f"the {p} weight") for w, p in zip((wq, wk, wv), "qkv")]
+        ctx.save_for_backward(a, *ws, wq, wk, wv)
+        ctx.name = name
+        return tuple(_C.linear_fwd(a, w, 1, name) for w in ws)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        a, bq, bk, bv, wq, wk, wv = ctx.saved_tensors
+        grads = [g.contiguous() if g is not None else torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
+                 for g, w in zip((dq, dk, dv), (bq, bk, bv))]
+        da, *dws = _C.qkv_bwd(a, [bq, bk, bv], grads, ctx.name)
+        dws = [_weight_grad(w, g, f"the {p} weight") if need else None
+               for w, g, p, need in zip((wq, wk, wv), dws, "qkv", ctx.needs_input_grad[1:4])]
+        return (da, *dws, None)
+
+
+def qkv(a, wq, wk, wv, c):
+    """(a·Wqᵀ, a·Wkᵀ, a·Wvᵀ), each a linear of K unsplit; the backward sums the three
+    input-gradient accumulators in fp32 before one rounding, as SPEC.md §6.5 does (three
+    separate linears would round each and let autograd add the bf16 results)."""
+    _ops()
+    return _Qkv.apply(_activation(a, "a"), wq, wk, wv, _name(c))
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, head_dim, name):
+        o, m, l = _C.attention_fwd(q, k, v, lengths, head_dim, name)
+        ctx.save_for_backward(q, k, v, o, m, l)
+        ctx.lengths, ctx.head_dim, ctx.name = lengths, head_dim, name
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o, m, l = ctx.saved_tensors
+        dq, dk, dv = _C.attention_bwd(q, k, v, o, m, l, dout.contiguous(), ctx.lengths, ctx.head_dim, ctx.name)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q, k, v, lengths, head_dim, c):
+    """Causal attention of whole sequences packed one after another (`lengths` tokens
+    each): q [T, Hq·D], k and v [T, Hkv·D] after RoPE (SPEC.md §5.6, extend)."""
+    _ops()
+    return _Attention.apply(_activation(q, "q"), _activation(k, "k"), _activation(v, "v"),
+                            [int(n) for n in lengths], int(head_dim), _name(c))
+
+
+class _Mlp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, wg, wu, wd, name):
+        ws = [_as_bf16(w, f"the {p} weight") for w, p in zip((wg, wu, wd), ("gate", "up", "down"))]
+        ctx.save_for_backward(a, *ws, wg, wu, wd)
+        ctx.name = name
+        return _C.mlp_fwd(a, *ws, name)
+
+    @staticmethod
+    def backward(ctx, dd):
+        a, bg, bu, bd, wg, wu, wd = ctx.saved_tensors
+        da, *dws = _C.mlp_bwd(a, bg, bu, bd, dd.contiguous(), ctx.name)
+        dws = [_weight_grad(w, g, f"the {p} weight") if need else None
+               for w, g, p, need in zip((wg, wu, wd), dws, ("gate", "up", "down"), ctx.needs_input_grad[1:4])]
+        return (da, *dws, None)
+
+
+def mlp(a, w_gate, w_up, w_down, c):
+    """The dense MLP, R(silu(g)·u)·Wdᵀ with the down projection's K in tp_tree_width
+    chunks (SPEC.md §5.7); its backward sums gate's and up's input gradients in fp32
+    before one rounding."""
+    _ops()
+    return _Mlp.apply(_activation(a, "a"), w_gate, w_up, w_down, _name(c))
 
 
 class _Rope(torch.autograd.Function):

@@ -9,11 +9,15 @@
 #include <vector>
 
 #include "reference/contract/contract.h"
+#include "reference/numerics/chunked.h"
+#include "reference/ops/attention.h"
 #include "reference/ops/embedding.h"
 #include "reference/ops/linear.h"
 #include "reference/ops/logprob.h"
+#include "reference/ops/residual.h"
 #include "reference/ops/rmsnorm.h"
 #include "reference/ops/rope.h"
+#include "reference/ops/swiglu.h"
 
 namespace {
 
@@ -122,6 +126,111 @@ std::vector<Tensor> linear_bwd(const Tensor& x, const Tensor& w, const Tensor& d
   return {dx, dw};
 }
 
+// ---- q, k, v (§6.5 step 3): one input a feeds three column-parallel projections ----
+
+// The backward of q, k, v = a·Wq, a·Wk, a·Wv: da = R(((0 + acc_q) + acc_k) + acc_v),
+// each accumulator an input-gradient dot in tp_tree_width chunks over its projection's
+// output features; the weights' gradients token-chunked, fp32.
+std::vector<Tensor> qkv_bwd(const Tensor& a, const std::vector<Tensor>& w, const std::vector<Tensor>& dy,
+                            const std::string& contract) {
+  check(a, "a", torch::kBFloat16, 2);
+  TORCH_CHECK(w.size() == 3 && dy.size() == 3, "bitparity: qkv takes three weights and three gradients");
+  const bp::Knobs& kn = knobs(contract);
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), C = kn.tp_tree_width;
+  std::vector<Tensor> acc, out;
+  for (size_t i = 0; i < 3; ++i) {
+    check(w[i], "weight", torch::kBFloat16, 2);
+    check(dy[i], "grad", torch::kBFloat16, 2);
+    const int N = as_int(w[i].size(0), "N");
+    TORCH_CHECK(w[i].size(1) == H && dy[i].size(0) == T && dy[i].size(1) == N, "bitparity: qkv's shapes disagree");
+    acc.push_back(f32_empty({T, H}));
+    bp::ref::linear_dgrad_acc(kn, bf(dy[i]), bf(w[i]), acc.back().data_ptr<float>(), T, H, N, C,
+                              bp::fixed_chunk_len(N, C));
+  }
+  Tensor da = bf16_empty({T, H});
+  const float* parts[3] = {acc[0].data_ptr<float>(), acc[1].data_ptr<float>(), acc[2].data_ptr<float>()};
+  bp::ref::sum_round(parts, 3, bf_out(da), static_cast<size_t>(T) * H);
+  out.push_back(da);
+  for (size_t i = 0; i < 3; ++i) {
+    const int N = as_int(w[i].size(0), "N");
+    Tensor dw = f32_empty({N, H});
+    bp::ref::linear_wgrad(kn, bf(dy[i]), bf(a), dw.data_ptr<float>(), T, H, N);
+    out.push_back(dw);
+  }
+  return out;
+}
+
+// ---- attention (§5.6), whole sequences packed: q [T][Hq·D], k and v [T][Hkv·D] ----
+
+std::vector<bp::ref::AttnSeq> packed(const std::vector<int64_t>& lengths, int64_t T) {
+  std::vector<bp::ref::AttnSeq> seqs;
+  int at = 0;
+  for (const int64_t n : lengths) {
+    TORCH_CHECK(n > 0, "bitparity: a sequence of ", n, " tokens");
+    seqs.push_back({at, as_int(n, "length"), 0, at});
+    at += static_cast<int>(n);
+  }
+  TORCH_CHECK(at == T, "bitparity: the sequences' lengths add up to ", at, ", not the ", T, " tokens");
+  return seqs;
+}
+
+bp::ref::AttnDims dims_of(const Tensor& q, const Tensor& k, int64_t head_dim) {
+  const int D = as_int(head_dim, "head_dim");
+  TORCH_CHECK(D > 0 && q.size(1) % D == 0 && k.size(1) % D == 0, "bitparity: q and k are not whole heads of ", D);
+  return {as_int(q.size(1) / D, "heads"), as_int(k.size(1) / D, "kv heads"), D};
+}
+
+std::vector<Tensor> attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<int64_t>& lengths,
+                                  int64_t head_dim, const std::string& contract) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check(*t, name, torch::kBFloat16, 2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0), "bitparity: q, k and v disagree on their shapes");
+  const bp::ref::AttnDims d = dims_of(q, k, head_dim);
+  const auto seqs = packed(lengths, q.size(0));
+  Tensor o = bf16_empty({q.size(0), q.size(1)}), m = f32_empty({q.size(0) * d.Hq}), l = f32_empty({q.size(0) * d.Hq});
+  bp::ref::attention_fwd(knobs(contract), d, seqs.data(), static_cast<int>(seqs.size()), bf(q), bf(k), bf(v), bf_out(o),
+                         m.data_ptr<float>(), l.data_ptr<float>());
+  return {o, m, l};
+}
+
+std::vector<Tensor> attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& m,
+                                  const Tensor& l, const Tensor& dout, const std::vector<int64_t>& lengths,
+                                  int64_t head_dim, const std::string& contract) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}, {&dout, "grad"}})
+    check(*t, name, torch::kBFloat16, 2);
+  TORCH_CHECK(dout.sizes() == o.sizes(), "bitparity: the gradient's shape is not the output's");
+  const bp::ref::AttnDims d = dims_of(q, k, head_dim);
+  const auto seqs = packed(lengths, q.size(0));
+  Tensor dq = bf16_empty({q.size(0), q.size(1)}), dk = bf16_empty({k.size(0), k.size(1)}),
+         dv = bf16_empty({v.size(0), v.size(1)});
+  bp::ref::attention_bwd(knobs(contract), d, seqs.data(), static_cast<int>(seqs.size()), bf(q), bf(k), bf(v), bf(o),
+                         m.data_ptr<float>(), l.data_ptr<float>(), bf(dout), bf_out(dq), bf_out(dk), bf_out(dv));
+  return {dq, dk, dv};
+}
+
+// ---- the dense MLP (§5.7): a [T][H], gate and up [I][H], down [H][I] ----
+
+Tensor mlp_fwd(const Tensor& a, const Tensor& wg, const Tensor& wu, const Tensor& wd, const std::string& contract) {
+  check(a, "a", torch::kBFloat16, 2);
+  for (const auto& [t, name] : {std::pair{&wg, "gate"}, {&wu, "up"}, {&wd, "down"}}) check(*t, name, torch::kBFloat16, 2);
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), I = as_int(wg.size(0), "intermediate");
+  TORCH_CHECK(wg.size(1) == H && wu.sizes() == wg.sizes() && wd.size(0) == H && wd.size(1) == I,
+              "bitparity: the MLP's weights are not [I, H], [I, H], [H, I]");
+  Tensor d = bf16_empty({T, H});
+  bp::ref::mlp_fwd(knobs(contract), bf(a), bf(wg), bf(wu), bf(wd), bf_out(d), T, H, I);
+  return d;
+}
+
+std::vector<Tensor> mlp_bwd(const Tensor& a, const Tensor& wg, const Tensor& wu, const Tensor& wd, const Tensor& dd,
+                            const std::string& contract) {
+  check(dd, "grad", torch::kBFloat16, 2);
+  TORCH_CHECK(dd.sizes() == a.sizes(), "bitparity: the gradient's shape is not the MLP's output's");
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), I = as_int(wg.size(0), "intermediate");
+  Tensor da = bf16_empty({T, H}), dwg = f32_empty({I, H}), dwu = f32_empty({I, H}), dwd = f32_empty({H, I});
+  bp::ref::mlp_bwd(knobs(contract), bf(a), bf(wg), bf(wu), bf(wd), bf(dd), bf_out(da), dwg.data_ptr<float>(),
+                   dwu.data_ptr<float>(), dwd.data_ptr<float>(), T, H, I);
+  return {da, dwg, dwu, dwd};
+}
+
 // ---- rope (§5.5): x [T][H·D], the tables of max_pos positions ----
 
 std::vector<Tensor> rope_tables(double theta, int64_t head_dim, int64_t max_pos) {
@@ -209,6 +318,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_bwd", &rmsnorm_bwd);
   m.def("linear_fwd", &linear_fwd);
   m.def("linear_bwd", &linear_bwd);
+  m.def("qkv_bwd", &qkv_bwd);
+  m.def("attention_fwd", &attention_fwd);
+  m.def("attention_bwd", &attention_bwd);
+  m.def("mlp_fwd", &mlp_fwd);
+  m.def("mlp_bwd", &mlp_bwd);
   m.def("rope_tables", &rope_tables);
   m.def("rope_apply", &rope_apply);
   m.def("logprob_fwd", &logprob_fwd);

@@ -4,10 +4,11 @@ head's gradient is the head's alone) with ops captured and gradients, and the to
 applied to the run's own captured inputs. Forward: the embedding, every norm, projection
 and RoPE, the logits and the logprobs and entropy are the run's bits. Backward: through
 logprob -> LM head -> final norm, the gradients of lm_head.weight and model.norm.weight
-are the run's bits (they come from the head alone, SPEC.md §6.5). The negative
-controls: another contract's LM head gradient, and the loss's coefficients of another
-row order, differ. RoPE's backward is the transpose of its forward within the bound of
-its two roundings."""
+are the run's bits (they come from the head alone, SPEC.md §6.5). The whole dense model
+built of the ops gives the run's logprobs, entropy and every parameter's gradient. The
+negative controls: another contract's LM head gradient, and the loss's coefficients of
+another row order, differ. RoPE's backward is the transpose of its forward within the
+bound of its two roundings."""
 
 import json
 import os
@@ -129,6 +130,62 @@ def test_the_heads_backward_is_the_runs_bits(oracle, name):
     other = "bf16-fmaseq-v2" if name == "bf16-sm90tc-v2" else "bf16-sm90tc-v2"
     assert not torch.equal(head(run, w, ops.contract(other), COEFS)[3], d_lm)
     assert not torch.equal(head(run, w, c, [COEFS[0][::-1], COEFS[1]])[3], d_lm)
+
+
+def dense_qwen3(w, c, fused_qkv=True):
+    """Qwen3 (dense, untied) on the packed sequences, every op bitparity.ops', the residual
+    adds torch's own (one rounding of a bf16 sum: SPEC.md §5.3's, and autograd's sum of a
+    tensor's two gradients likewise); its loss's backward. The parameters' gradients, and
+    the logprobs and entropy. fused_qkv=False: q, k, v as three linears, whose input
+    gradients autograd rounds and adds in bf16."""
+    cfg = config()
+    eps, D = cfg["rms_norm_eps"], cfg["head_dim"]
+    theta = cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"]
+    P = {n: t.clone().requires_grad_(True) for n, t in w.items()}
+    tokens = torch.tensor([t for s in SEQS for t in s], dtype=torch.int32)
+    lengths, tables = [len(s) for s in SEQS], ops.rope_tables(theta, D, max(len(s) for s in SEQS))
+    x = ops.embedding(tokens, P["model.embed_tokens.weight"], c)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = ops.rmsnorm(x, P[p + "input_layernorm.weight"], eps, c)
+        wq, wk, wv = (P[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        q, k, v = ops.qkv(a, wq, wk, wv, c) if fused_qkv else (ops.linear(a, w_, c) for w_ in (wq, wk, wv))
+        q = ops.rope(ops.rmsnorm(q, P[p + "self_attn.q_norm.weight"], eps, c, heads=q.shape[1] // D), positions(),
+                     tables, c)
+        k = ops.rope(ops.rmsnorm(k, P[p + "self_attn.k_norm.weight"], eps, c, heads=k.shape[1] // D), positions(),
+                     tables, c)
+        o = ops.attention(q, k, v, lengths, D, c)
+        x = x + ops.linear(o, P[p + "self_attn.o_proj.weight"], c, k_chunks=c.tp_tree_width)  # row-parallel
+        a = ops.rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps, c)
+        x = x + ops.mlp(a, *(P[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), c)
+    logits = ops.linear(ops.rmsnorm(x, P["model.norm.weight"], eps, c), P["lm_head.weight"], c,
+                        n_chunks=c.tp_tree_width)
+    rows, targets = target_rows()
+    lp, entropy = ops.logprob(logits[rows], targets, c)
+    (lp * torch.tensor([v for row in COEFS for v in row])).sum().backward()
+    return lp.detach(), entropy, {n: t.grad for n, t in P.items()}
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+def test_a_model_of_the_ops_is_the_runs_bits(oracle, name):
+    """The whole dense model built of bitparity.ops: its logprobs, entropy and every
+    parameter's gradient are `bitparity run --implementation reference`'s, bit for bit.
+    The negative control: q, k, v as three separate linears (their input gradients
+    rounded and added in bf16 by autograd) change the gradients below them."""
+    run, c = oracle[name], ops.contract(name)
+    lp, entropy, grads = dense_qwen3(weights(), c)
+    at = 0
+    for s, seq in enumerate(SEQS):
+        n = len(seq) - 1
+        assert torch.equal(lp[at:at + n], run[f"logprobs.{s}"]), s
+        assert torch.equal(entropy[at:at + n], run[f"entropy.{s}"]), s
+        at += n
+    expected = {k[len("grads."):]: v for k, v in run.items() if k.startswith("grads.")}
+    assert set(grads) == set(expected)
+    differing = [n for n in expected if not torch.equal(grads[n], expected[n])]
+    assert not differing, differing
+    unfused = dense_qwen3(weights(), c, fused_qkv=False)[2]
+    assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
 
 
 def test_rope_backward_is_the_forwards_transpose():
