@@ -13,7 +13,7 @@ op reads it as bf16, exactly, and its gradient comes out fp32.
     logprob, entropy = bo.logprob(logits[rows], targets, c)
 
 Built so far: embedding, rmsnorm, qkv, rope, attention (whole sequences), linear, the
-dense mlp and logprob (with entropy). Not yet: the MoE block, attention over a KV cache,
+dense mlp, the MoE block and logprob (with entropy). Not yet: attention over a KV cache,
 the CUDA kernels, bitparity.patch and bitparity.dist (issue 55).
 """
 
@@ -235,6 +235,38 @@ def mlp(a, w_gate, w_up, w_down, c):
     before one rounding."""
     _ops()
     return _Mlp.apply(_activation(a, "a"), w_gate, w_up, w_down, _name(c))
+
+
+class _Moe(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, router, k, norm_topk_prob, name, *experts):
+        E = len(experts) // 3
+        b = [_as_bf16(w, f"expert {i // 3}'s {('gate', 'up', 'down')[i % 3]} weight") for i, w in enumerate(experts)]
+        br = _as_bf16(router, "the router's weight")
+        ctx.save_for_backward(a, br, router, *b, *experts)
+        ctx.k, ctx.norm, ctx.name, ctx.E = k, norm_topk_prob, name, E
+        return _C.moe_fwd(a, br, b[0::3], b[1::3], b[2::3], k, norm_topk_prob, name)
+
+    @staticmethod
+    def backward(ctx, dout):
+        a, br, router, *rest = ctx.saved_tensors
+        b, experts = rest[:3 * ctx.E], rest[3 * ctx.E:]
+        da, dwr, *dws = _C.moe_bwd(a, br, b[0::3], b[1::3], b[2::3], dout.contiguous(), ctx.k, ctx.norm, ctx.name)
+        need = ctx.needs_input_grad
+        drouter = _weight_grad(router, dwr, "the router's weight") if need[1] else None
+        dexperts = [_weight_grad(w, g, "an expert's weight") if need[5 + i] else None
+                    for i, (w, g) in enumerate(zip(experts, dws))]
+        return (da, drouter, None, None, None, *dexperts)
+
+
+def moe(a, router, experts, k, norm_topk_prob, c):
+    """The Qwen3-MoE block (SPEC.md §5.8, §5.9): router logits, top-k (ties to the lower
+    expert), routing weights, each token's experts and their combine in slot order.
+    `experts`: per expert (gate [I, H], up [I, H], down [H, I]). The backward adds the
+    router's input gradient to the experts' before one rounding."""
+    _ops()
+    flat = [w for e in experts for w in e]
+    return _Moe.apply(_activation(a, "a"), router, int(k), bool(norm_topk_prob), _name(c), *flat)
 
 
 class _Rope(torch.autograd.Function):

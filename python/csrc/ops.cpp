@@ -14,6 +14,7 @@
 #include "reference/ops/embedding.h"
 #include "reference/ops/linear.h"
 #include "reference/ops/logprob.h"
+#include "reference/ops/moe_experts.h"
 #include "reference/ops/residual.h"
 #include "reference/ops/rmsnorm.h"
 #include "reference/ops/rope.h"
@@ -231,6 +232,72 @@ std::vector<Tensor> mlp_bwd(const Tensor& a, const Tensor& wg, const Tensor& wu,
   return {da, dwg, dwu, dwd};
 }
 
+// ---- the MoE block (§5.8, §5.9): router [E][H], each expert's gate and up [I][H], down [H][I] ----
+
+struct Experts {
+  std::vector<const bp::bf16*> gate, up, down;
+  int E = 0, I = 0;
+  bp::ref::ExpertWeights view() const { return {gate.data(), up.data(), down.data()}; }
+};
+
+Experts experts_of(const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
+                   const std::vector<Tensor>& down) {
+  check(a, "a", torch::kBFloat16, 2);
+  check(wr, "router", torch::kBFloat16, 2);
+  Experts x;
+  x.E = as_int(wr.size(0), "experts");
+  TORCH_CHECK(wr.size(1) == a.size(1), "bitparity: the router takes ", wr.size(1), " features, a has ", a.size(1));
+  TORCH_CHECK(gate.size() == static_cast<size_t>(x.E) && up.size() == gate.size() && down.size() == gate.size(),
+              "bitparity: ", x.E, " experts in the router, ", gate.size(), " gate, ", up.size(), " up and ",
+              down.size(), " down weights given");
+  x.I = x.E ? as_int(gate[0].size(0), "intermediate") : 0;
+  for (int e = 0; e < x.E; ++e) {
+    for (const auto& [t, name] : {std::pair{&gate[e], "gate"}, {&up[e], "up"}, {&down[e], "down"}})
+      check(*t, name, torch::kBFloat16, 2);
+    TORCH_CHECK(gate[e].size(0) == x.I && gate[e].size(1) == a.size(1) && up[e].sizes() == gate[e].sizes() &&
+                    down[e].size(0) == a.size(1) && down[e].size(1) == x.I,
+                "bitparity: expert ", e, "'s weights are not [I, H], [I, H], [H, I]");
+    x.gate.push_back(bf(gate[e]));
+    x.up.push_back(bf(up[e]));
+    x.down.push_back(bf(down[e]));
+  }
+  return x;
+}
+
+Tensor moe_fwd(const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
+               const std::vector<Tensor>& down, int64_t k, bool norm_topk_prob, const std::string& contract) {
+  const Experts x = experts_of(a, wr, gate, up, down);
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden");
+  Tensor out = bf16_empty({T, H});
+  bp::ref::moe_layer_fwd(knobs(contract), bf(a), bf(wr), x.view(), bf_out(out), T, H, x.E, as_int(k, "top-k"), x.I,
+                         norm_topk_prob);
+  return out;
+}
+
+// (da, dwr, then every expert's gate, up and down gradients, expert by expert).
+std::vector<Tensor> moe_bwd(const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate,
+                            const std::vector<Tensor>& up, const std::vector<Tensor>& down, const Tensor& dout, int64_t k,
+                            bool norm_topk_prob, const std::string& contract) {
+  const Experts x = experts_of(a, wr, gate, up, down);
+  check(dout, "grad", torch::kBFloat16, 2);
+  TORCH_CHECK(dout.sizes() == a.sizes(), "bitparity: the gradient's shape is not the block's output's");
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden");
+  std::vector<Tensor> out = {bf16_empty({T, H}), f32_empty({x.E, H})};
+  std::vector<float*> dg, du, dd;
+  for (int e = 0; e < x.E; ++e) {
+    out.push_back(f32_empty({x.I, H}));
+    dg.push_back(out.back().data_ptr<float>());
+    out.push_back(f32_empty({x.I, H}));
+    du.push_back(out.back().data_ptr<float>());
+    out.push_back(f32_empty({H, x.I}));
+    dd.push_back(out.back().data_ptr<float>());
+  }
+  bp::ref::moe_layer_bwd(knobs(contract), bf(a), bf(wr), x.view(), bf(dout), bf_out(out[0]), out[1].data_ptr<float>(),
+                         bp::ref::ExpertGrads{dg.data(), du.data(), dd.data()}, T, H, x.E, as_int(k, "top-k"), x.I,
+                         norm_topk_prob);
+  return out;
+}
+
 // ---- rope (§5.5): x [T][H·D], the tables of max_pos positions ----
 
 std::vector<Tensor> rope_tables(double theta, int64_t head_dim, int64_t max_pos) {
@@ -323,6 +390,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_bwd", &attention_bwd);
   m.def("mlp_fwd", &mlp_fwd);
   m.def("mlp_bwd", &mlp_bwd);
+  m.def("moe_fwd", &moe_fwd);
+  m.def("moe_bwd", &moe_bwd);
   m.def("rope_tables", &rope_tables);
   m.def("rope_apply", &rope_apply);
   m.def("logprob_fwd", &logprob_fwd);

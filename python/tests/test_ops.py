@@ -4,8 +4,9 @@ head's gradient is the head's alone) with ops captured and gradients, and the to
 applied to the run's own captured inputs. Forward: the embedding, every norm, projection
 and RoPE, the logits and the logprobs and entropy are the run's bits. Backward: through
 logprob -> LM head -> final norm, the gradients of lm_head.weight and model.norm.weight
-are the run's bits (they come from the head alone, SPEC.md §6.5). The whole dense model
-built of the ops gives the run's logprobs, entropy and every parameter's gradient. The
+are the run's bits (they come from the head alone, SPEC.md §6.5). The whole model built
+of the ops, dense and MoE (fixtures/hf/qwen3-moe-tiny), gives the run's logprobs, entropy
+and every parameter's gradient. The
 negative controls: another contract's LM head gradient, and the loss's coefficients of
 another row order, differ. RoPE's backward is the transpose of its forward within the
 bound of its two roundings."""
@@ -25,38 +26,47 @@ if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":  # the tes
 
 SOURCE = os.environ.get("BP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(SOURCE, "fixtures", "hf", "dense-gqa1-untied-sharded")
+MOE_MODEL = os.path.join(SOURCE, "fixtures", "hf", "qwen3-moe-tiny")
 SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
 COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
+CONTRACTS = ["bf16-sm90tc-v2", "bf16-fmaseq-v2"]
 
 
-def weights():
+def weights(model=MODEL):
     """The checkpoint's parameters by Hugging Face name, as fp32 master copies of their bf16 values."""
-    with open(os.path.join(MODEL, "model.safetensors.index.json")) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
+    index = os.path.join(model, "model.safetensors.index.json")
+    files = ["model.safetensors"]
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
     out = {}
     for name in files:
-        tensors, _ = bitparity.read_dump(os.path.join(MODEL, name))
+        tensors, _ = bitparity.read_dump(os.path.join(model, name))
         out.update({k: v.to(torch.bfloat16).float() for k, v in tensors.items()})
     return out
 
 
-def config():
-    with open(os.path.join(MODEL, "config.json")) as f:
+def config(model=MODEL):
+    with open(os.path.join(model, "config.json")) as f:
         return json.load(f)
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    """`bitparity run`'s dump of the checkpoint under each v2 contract, ops and gradients."""
-    folder = tmp_path_factory.mktemp("oracle")
-    tokens = folder / "tokens.json"
-    tokens.write_text(json.dumps({"sequences": SEQS, "coefficients": COEFS}))
-    dumps = {}
-    for c in ("bf16-sm90tc-v2", "bf16-fmaseq-v2"):
-        out = str(folder / f"{c}.safetensors")
-        bitparity.run(out, MODEL + "/", tokens=str(tokens), contract=c)
-        dumps[c] = bitparity.read_dump(out)[0]
-    return dumps
+    """`bitparity run`'s dump of a checkpoint under a contract, ops and gradients, made once."""
+    folder, tokens, dumps = tmp_path_factory.mktemp("oracle"), None, {}
+
+    def get(name, model=MODEL):
+        nonlocal tokens
+        if tokens is None:
+            tokens = folder / "tokens.json"
+            tokens.write_text(json.dumps({"sequences": SEQS, "coefficients": COEFS}))
+        if (model, name) not in dumps:
+            out = str(folder / f"{os.path.basename(model)}-{name}.safetensors")
+            bitparity.run(out, model + "/", tokens=str(tokens), contract=name)
+            dumps[model, name] = bitparity.read_dump(out)[0]
+        return dumps[model, name]
+    return get
 
 
 def positions():
@@ -73,9 +83,9 @@ def target_rows():
     return torch.tensor(rows), torch.tensor(targets, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+@pytest.mark.parametrize("name", CONTRACTS)
 def test_each_forward_op_is_the_runs_bits(oracle, name):
-    run, w, cfg, c = oracle[name], weights(), config(), ops.contract(name)
+    run, w, cfg, c = oracle(name), weights(), config(), ops.contract(name)
     eps, D = cfg["rms_norm_eps"], cfg["head_dim"]
     tokens = torch.tensor([t for s in SEQS for t in s], dtype=torch.int32)
     assert torch.equal(ops.embedding(tokens, w["model.embed_tokens.weight"], c), run["ops.embed"])
@@ -113,9 +123,9 @@ def head(run, w, c, coefs):
     return lp, entropy, norm_w.grad, lm.grad
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+@pytest.mark.parametrize("name", CONTRACTS)
 def test_the_heads_backward_is_the_runs_bits(oracle, name):
-    run, w, c = oracle[name], weights(), ops.contract(name)
+    run, w, c = oracle(name), weights(), ops.contract(name)
     lp, entropy, d_norm, d_lm = head(run, w, c, COEFS)
     at = 0
     for s, seq in enumerate(SEQS):
@@ -132,13 +142,24 @@ def test_the_heads_backward_is_the_runs_bits(oracle, name):
     assert not torch.equal(head(run, w, c, [COEFS[0][::-1], COEFS[1]])[3], d_lm)
 
 
-def dense_qwen3(w, c, fused_qkv=True):
-    """Qwen3 (dense, untied) on the packed sequences, every op bitparity.ops', the residual
-    adds torch's own (one rounding of a bf16 sum: SPEC.md §5.3's, and autograd's sum of a
-    tensor's two gradients likewise); its loss's backward. The parameters' gradients, and
-    the logprobs and entropy. fused_qkv=False: q, k, v as three linears, whose input
-    gradients autograd rounds and adds in bf16."""
-    cfg = config()
+def num_experts(cfg):
+    """transformers 5 writes num_local_experts, 4.x num_experts."""
+    return cfg.get("num_experts", cfg.get("num_local_experts", 0))
+
+
+def is_moe_layer(cfg, i):
+    """Qwen3-MoE's rule: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer."""
+    return (num_experts(cfg) > 0 and i not in cfg.get("mlp_only_layers", [])
+            and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+
+
+def qwen3(w, c, model=MODEL, fused_qkv=True):
+    """Qwen3 or Qwen3-MoE (untied) on the packed sequences, every op bitparity.ops', the
+    residual adds torch's own (one rounding of a bf16 sum: SPEC.md §5.3's, and autograd's
+    sum of a tensor's two gradients likewise); its loss's backward. The parameters'
+    gradients, and the logprobs and entropy. fused_qkv=False: q, k, v as three linears,
+    whose input gradients autograd rounds and adds in bf16."""
+    cfg = config(model)
     eps, D = cfg["rms_norm_eps"], cfg["head_dim"]
     theta = cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"]
     P = {n: t.clone().requires_grad_(True) for n, t in w.items()}
@@ -157,7 +178,12 @@ def dense_qwen3(w, c, fused_qkv=True):
         o = ops.attention(q, k, v, lengths, D, c)
         x = x + ops.linear(o, P[p + "self_attn.o_proj.weight"], c, k_chunks=c.tp_tree_width)  # row-parallel
         a = ops.rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps, c)
-        x = x + ops.mlp(a, *(P[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), c)
+        if is_moe_layer(cfg, i):
+            experts = [tuple(P[p + f"mlp.experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
+                       for e in range(num_experts(cfg))]
+            x = x + ops.moe(a, P[p + "mlp.gate.weight"], experts, cfg["num_experts_per_tok"], cfg["norm_topk_prob"], c)
+        else:
+            x = x + ops.mlp(a, *(P[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), c)
     logits = ops.linear(ops.rmsnorm(x, P["model.norm.weight"], eps, c), P["lm_head.weight"], c,
                         n_chunks=c.tp_tree_width)
     rows, targets = target_rows()
@@ -166,14 +192,15 @@ def dense_qwen3(w, c, fused_qkv=True):
     return lp.detach(), entropy, {n: t.grad for n, t in P.items()}
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
-def test_a_model_of_the_ops_is_the_runs_bits(oracle, name):
-    """The whole dense model built of bitparity.ops: its logprobs, entropy and every
-    parameter's gradient are `bitparity run --implementation reference`'s, bit for bit.
-    The negative control: q, k, v as three separate linears (their input gradients
+@pytest.mark.parametrize("model", [MODEL, MOE_MODEL], ids=["dense", "moe"])
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_a_model_of_the_ops_is_the_runs_bits(oracle, name, model):
+    """The whole model built of bitparity.ops, dense and MoE: its logprobs, entropy and
+    every parameter's gradient are `bitparity run --implementation reference`'s, bit for
+    bit. The negative control: q, k, v as three separate linears (their input gradients
     rounded and added in bf16 by autograd) change the gradients below them."""
-    run, c = oracle[name], ops.contract(name)
-    lp, entropy, grads = dense_qwen3(weights(), c)
+    run, c = oracle(name, model), ops.contract(name)
+    lp, entropy, grads = qwen3(weights(model), c, model)
     at = 0
     for s, seq in enumerate(SEQS):
         n = len(seq) - 1
@@ -184,7 +211,7 @@ def test_a_model_of_the_ops_is_the_runs_bits(oracle, name):
     assert set(grads) == set(expected)
     differing = [n for n in expected if not torch.equal(grads[n], expected[n])]
     assert not differing, differing
-    unfused = dense_qwen3(weights(), c, fused_qkv=False)[2]
+    unfused = qwen3(weights(model), c, model, fused_qkv=False)[2]
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
 
 
