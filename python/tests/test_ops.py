@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import bitparity
-
 import bitparity.ops as ops
+import tiny_qwen3
 
 if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":  # the tests' install requires it
     pytest.skip("this installation has no bitparity._C (docs/torch-ops.md)", allow_module_level=True)
@@ -142,77 +142,70 @@ def test_the_heads_backward_is_the_runs_bits(oracle, name):
     assert not torch.equal(head(run, w, c, [COEFS[0][::-1], COEFS[1]])[3], d_lm)
 
 
-def num_experts(cfg):
-    """transformers 5 writes num_local_experts, 4.x num_experts."""
-    return cfg.get("num_experts", cfg.get("num_local_experts", 0))
+def hf_model(model):
+    """The checkpoint in the tests' torch Qwen3 with Hugging Face's module names (tiny_qwen3)."""
+    text = config(model)
+    cfg = tiny_qwen3.Config(**text)
+    cfg.rope_theta = text["rope_parameters"]["rope_theta"] if "rope_parameters" in text else text["rope_theta"]
+    cfg.num_experts = text.get("num_experts", text.get("num_local_experts", 0))
+    m = tiny_qwen3.build(cfg, dtype=torch.bfloat16)
+    m.load_state_dict(weights(model))
+    return m
 
 
-def is_moe_layer(cfg, i):
-    """Qwen3-MoE's rule: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer."""
-    return (num_experts(cfg) > 0 and i not in cfg.get("mlp_only_layers", [])
-            and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+def patched_loss(model, c):
+    """The patched model on SEQS as one batch, the second row left-padded; the loss's backward."""
+    m = bitparity.patch(hf_model(model), c)
+    S = max(len(s) for s in SEQS)
+    ids, mask, coef = torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S - 1)
+    for b, (seq, cs) in enumerate(zip(SEQS, COEFS)):
+        pad = S - len(seq)
+        ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
+    out = m(ids, attention_mask=mask)
+    (out.logprobs * coef).sum().backward()
+    lp = [out.logprobs[b][out.logprob_mask[b]].detach() for b in range(2)]
+    entropy = [out.entropy[b][out.logprob_mask[b]] for b in range(2)]
+    return lp, entropy, {n: p.grad for n, p in m.named_parameters()}
 
 
-def qwen3(w, c, model=MODEL, fused_qkv=True):
-    """Qwen3 or Qwen3-MoE (untied) on the packed sequences, every op bitparity.ops', the
-    residual adds torch's own (one rounding of a bf16 sum: SPEC.md §5.3's, and autograd's
-    sum of a tensor's two gradients likewise); its loss's backward. The parameters'
-    gradients, and the logprobs and entropy. fused_qkv=False: q, k, v as three linears,
-    whose input gradients autograd rounds and adds in bf16."""
-    cfg = config(model)
-    eps, D = cfg["rms_norm_eps"], cfg["head_dim"]
-    theta = cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"]
-    P = {n: t.clone().requires_grad_(True) for n, t in w.items()}
-    tokens = torch.tensor([t for s in SEQS for t in s], dtype=torch.int32)
-    lengths, tables = [len(s) for s in SEQS], ops.rope_tables(theta, D, max(len(s) for s in SEQS))
-    x = ops.embedding(tokens, P["model.embed_tokens.weight"], c)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        a = ops.rmsnorm(x, P[p + "input_layernorm.weight"], eps, c)
-        wq, wk, wv = (P[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
-        q, k, v = ops.qkv(a, wq, wk, wv, c) if fused_qkv else (ops.linear(a, w_, c) for w_ in (wq, wk, wv))
-        q = ops.rope(ops.rmsnorm(q, P[p + "self_attn.q_norm.weight"], eps, c, heads=q.shape[1] // D), positions(),
-                     tables, c)
-        k = ops.rope(ops.rmsnorm(k, P[p + "self_attn.k_norm.weight"], eps, c, heads=k.shape[1] // D), positions(),
-                     tables, c)
-        o = ops.attention(q, k, v, lengths, D, c)
-        x = x + ops.linear(o, P[p + "self_attn.o_proj.weight"], c, k_chunks=c.tp_tree_width)  # row-parallel
-        a = ops.rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps, c)
-        if is_moe_layer(cfg, i):
-            experts = [tuple(P[p + f"mlp.experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
-                       for e in range(num_experts(cfg))]
-            x = x + ops.moe(a, P[p + "mlp.gate.weight"], experts, cfg["num_experts_per_tok"], cfg["norm_topk_prob"], c)
-        else:
-            x = x + ops.mlp(a, *(P[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), c)
-    logits = ops.linear(ops.rmsnorm(x, P["model.norm.weight"], eps, c), P["lm_head.weight"], c,
-                        n_chunks=c.tp_tree_width)
-    rows, targets = target_rows()
-    lp, entropy = ops.logprob(logits[rows], targets, c)
-    (lp * torch.tensor([v for row in COEFS for v in row])).sum().backward()
-    return lp.detach(), entropy, {n: t.grad for n, t in P.items()}
+def three_linears(a, wq, wk, wv, c):
+    """q, k, v as three separate linears: autograd rounds each input gradient and adds them in bf16."""
+    return tuple(ops.linear(a, w, c) for w in (wq, wk, wv))
 
 
 @pytest.mark.parametrize("model", [MODEL, MOE_MODEL], ids=["dense", "moe"])
 @pytest.mark.parametrize("name", CONTRACTS)
-def test_a_model_of_the_ops_is_the_runs_bits(oracle, name, model):
-    """The whole model built of bitparity.ops, dense and MoE: its logprobs, entropy and
-    every parameter's gradient are `bitparity run --implementation reference`'s, bit for
-    bit. The negative control: q, k, v as three separate linears (their input gradients
-    rounded and added in bf16 by autograd) change the gradients below them."""
-    run, c = oracle(name, model), ops.contract(name)
-    lp, entropy, grads = qwen3(weights(model), c, model)
-    at = 0
-    for s, seq in enumerate(SEQS):
-        n = len(seq) - 1
-        assert torch.equal(lp[at:at + n], run[f"logprobs.{s}"]), s
-        assert torch.equal(entropy[at:at + n], run[f"entropy.{s}"]), s
-        at += n
+def test_a_patched_model_is_the_runs_bits(oracle, name, model, monkeypatch):
+    """A torch Qwen3 / Qwen3-MoE with Hugging Face's module names, bitparity.patch'ed, on a
+    left-padded batch: its logprobs, entropy and every parameter's gradient are `bitparity
+    run --implementation reference`'s, bit for bit. The negative control: q, k, v as three
+    separate linears (their input gradients rounded and added in bf16 by autograd) change
+    the gradients below them."""
+    run = oracle(name, model)
+    lp, entropy, grads = patched_loss(model, name)
+    for s in range(len(SEQS)):
+        assert torch.equal(lp[s], run[f"logprobs.{s}"]), s
+        assert torch.equal(entropy[s], run[f"entropy.{s}"]), s
     expected = {k[len("grads."):]: v for k, v in run.items() if k.startswith("grads.")}
     assert set(grads) == set(expected)
     differing = [n for n in expected if not torch.equal(grads[n], expected[n])]
     assert not differing, differing
-    unfused = qwen3(weights(model), c, model, fused_qkv=False)[2]
+    monkeypatch.setattr(ops, "qkv", three_linears)
+    unfused = patched_loss(model, name)[2]
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
+
+
+def test_the_patch_refuses_what_it_cannot_run():
+    m = bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2")
+    ids = torch.tensor([[5, 17, 3, 44]])
+    with pytest.raises(NotImplementedError, match="KV cache"):
+        m(ids, use_cache=True)
+    with pytest.raises(ValueError, match="not one run"):
+        m(ids, attention_mask=torch.tensor([[1, 0, 1, 1]]))
+    with pytest.raises(ValueError, match="packed rows"):
+        m(ids, position_ids=torch.tensor([[0, 1, 0, 1]]))
+    with pytest.raises(TypeError, match="labels"):
+        m(ids, labels=ids)
 
 
 def test_rope_backward_is_the_forwards_transpose():
