@@ -13,8 +13,8 @@ op reads it as bf16, exactly, and its gradient comes out fp32.
     logprob, entropy = bo.logprob(logits[rows], targets, c)
 
 Built so far: embedding, rmsnorm, qkv, rope, attention (whole sequences), linear, the
-dense mlp, the MoE block and logprob (with entropy). Not yet: attention over a KV cache,
-the CUDA kernels, bitparity.patch and bitparity.dist (issue 55).
+dense mlp, the MoE block and logprob (with entropy); attention after cached keys
+(forward). Not yet: the CUDA kernels and bitparity.dist (issue 55).
 """
 
 from dataclasses import dataclass
@@ -210,6 +210,19 @@ def attention(q, k, v, lengths, head_dim, c):
     _ops()
     return _Attention.apply(_activation(q, "q"), _activation(k, "k"), _activation(v, "v"),
                             [int(n) for n in lengths], int(head_dim), _name(c))
+
+
+def attention_cached(q, k, v, sequences, head_dim, c):
+    """Attention of new queries after cached keys (chunked prefill, decoding: SPEC.md §5.6's
+    paths, the same bits as extend): `sequences` are (q_begin, q_len, past_len, kv_begin),
+    k and v [rows, Hkv·D] hold each sequence's keys 0 .. past_len + q_len - 1 from kv_begin.
+    Forward only: the contract's backward runs whole sequences (SPEC.md §6.5)."""
+    _ops()
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise RuntimeError("bitparity.ops.attention_cached has no backward: the contract's backward runs whole "
+                           "sequences (SPEC.md §6.5); run it under torch.no_grad()")
+    return _C.attention_cached_fwd(_activation(q, "q"), _activation(k, "k"), _activation(v, "v"),
+                                   [[int(x) for x in s] for s in sequences], int(head_dim), _name(c))
 
 
 class _Mlp(torch.autograd.Function):

@@ -13,8 +13,15 @@ fp32 tensors holding their bf16 values (the contract's weight gradients are fp32
 out.logprobs [B, S-1] holds at column j the logprob of the token after position j, where
 both are tokens of the row (out.logprob_mask), 0 elsewhere; out.entropy likewise.
 
-Not yet (issue 55): decoding and chunked prefill through HF's KV cache, packed rows
-(position_ids restarting within a row), CUDA tensors, tensor/expert/context parallelism.
+With use_cache=True the call returns its own cache (bitparity.patch.Cache) as
+past_key_values; passing it back continues each batch row's sequence (chunked prefill,
+decoding one token a step), under torch.no_grad(): the contract makes those paths the
+same bits as one whole-sequence call (SPEC.md §6.2), and its backward runs whole
+sequences. The logprob of a token the engine samples is
+bitparity.ops.logprob(out.logits[b, -1:], token, contract).
+
+Not yet (issue 55): packed rows (position_ids restarting within a row), HF's own Cache
+objects (generate()), CUDA tensors, tensor/expert/context parallelism.
 """
 
 import functools
@@ -58,20 +65,42 @@ class _Config:
         return self.experts > 0 and i not in self.mlp_only and (i + 1) % self.sparse_step == 0
 
 
-def _rows(input_ids, attention_mask, position_ids):
-    """Each batch row's token positions (a contiguous run where the mask is 1)."""
+class Cache:
+    """A patched model's KV cache: per layer and batch row (sequence), the keys and values
+    after RoPE, bf16 [tokens, kv_heads·head_dim], and each sequence's length."""
+
+    def __init__(self, layers, batch):
+        self.k = [[None] * batch for _ in range(layers)]
+        self.v = [[None] * batch for _ in range(layers)]
+        self.length = [0] * batch
+
+    def get_seq_length(self, layer_idx=0):
+        return max(self.length)
+
+    def extend(self, layer, b, k, v):
+        """Sequence b's keys and values of `layer` with the new ones appended."""
+        for store, new in ((self.k, k), (self.v, v)):
+            old = store[layer][b]
+            store[layer][b] = new if old is None else torch.cat([old, new])
+        return self.k[layer][b], self.v[layer][b]
+
+
+def _rows(input_ids, attention_mask, position_ids, past):
+    """Each batch row's new token columns (one run where the mask is 1); the mask may
+    cover the cached tokens too (HF's convention), its last columns being this call's."""
     B, S = input_ids.shape
-    mask = torch.ones(B, S, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()
+    mask = torch.ones(B, S, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()[:, -S:]
     if mask.shape != (B, S):
-        raise ValueError(f"bitparity.patch: attention_mask {list(mask.shape)} is not input_ids' {[B, S]}")
+        raise ValueError(f"bitparity.patch: attention_mask {list(attention_mask.shape)} does not end in input_ids' "
+                         f"{[B, S]}")
     rows = []
     for b in range(B):
         at = mask[b].nonzero().squeeze(1)
         if len(at) == 0 or int(at[-1] - at[0]) + 1 != len(at):
             raise ValueError(f"bitparity.patch: batch row {b}'s tokens are not one run (padding left or right only)")
-        if position_ids is not None and not torch.equal(position_ids[b, at].cpu(), torch.arange(len(at))):
-            raise ValueError(f"bitparity.patch: batch row {b}'s position_ids are not 0..{len(at) - 1}: packed rows "
-                             "and a KV cache are not supported yet (issue 55)")
+        if position_ids is not None and not torch.equal(position_ids[b, at].cpu(), past[b] + torch.arange(len(at))):
+            raise ValueError(f"bitparity.patch: batch row {b}'s position_ids are not {past[b]}..{past[b] + len(at) - 1}:"
+                             " packed rows are not supported yet (issue 55)")
         rows.append(at)
     return rows
 
@@ -81,28 +110,37 @@ def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, p
     taken = sorted(k for k, v in unsupported.items() if v is not None and v is not False and k != "return_dict")
     if taken:
         raise TypeError(f"bitparity.patch: the patched forward does not take {taken}")
-    if past_key_values is not None or use_cache:
-        raise NotImplementedError("bitparity.patch: decoding and chunked prefill through a KV cache are not supported "
-                                  "yet (issue 55): run whole sequences, use_cache=False")
+    if past_key_values is not None and not isinstance(past_key_values, Cache):
+        raise TypeError(f"bitparity.patch: past_key_values is a {type(past_key_values).__name__}: pass back the "
+                        "patched model's own (HF's Cache objects are not supported yet, issue 55)")
     if input_ids.device.type != "cpu":
         raise NotImplementedError(f"bitparity.patch: input on {input_ids.device}: this build runs the CPU reference")
-    rows = _rows(input_ids, attention_mask, position_ids)
+    B, S = input_ids.shape
+    cache = past_key_values or (Cache(cfg.layers, B) if use_cache else None)
+    if cache is not None and torch.is_grad_enabled():
+        raise RuntimeError("bitparity.patch: a KV cache runs under torch.no_grad(): the contract's backward runs "
+                           "whole sequences (SPEC.md §6.5)")
+    if cache is not None and len(cache.length) != B:
+        raise ValueError(f"bitparity.patch: the cache holds {len(cache.length)} sequences, the batch {B} rows")
+    past = cache.length if cache is not None else [0] * B
+    rows = _rows(input_ids, attention_mask, position_ids, past)
     tokens = torch.cat([input_ids[b, at] for b, at in enumerate(rows)]).to(torch.int32)
     lengths = [len(at) for at in rows]
-    positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
-    logits = _packed_logits(model, cfg, c, tokens, lengths, positions)
+    positions = torch.cat([p + torch.arange(n, dtype=torch.int32) for p, n in zip(past, lengths)])
+    logits = _packed_logits(model, cfg, c, tokens, lengths, positions, cache)
+    if cache is not None:
+        cache.length = [p + n for p, n in zip(past, lengths)]
 
-    B, S = input_ids.shape
     batch = torch.cat([torch.full((n,), b) for b, n in enumerate(lengths)])
     column = torch.cat(rows)
     out_logits = torch.zeros(B, S, logits.shape[1], dtype=logits.dtype).index_put((batch, column), logits)
-    # Packed row r predicts the next token of its sequence where it has one.
+    # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
     predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long()
     lp, entropy = ops.logprob(logits[predicting], tokens[predicting + 1], c)
     where = (batch[predicting], column[predicting])
     mask = torch.zeros(B, max(S - 1, 0), dtype=torch.bool).index_put(where, torch.tensor(True))
-    return SimpleNamespace(logits=out_logits, past_key_values=None, logprob_mask=mask,
+    return SimpleNamespace(logits=out_logits, past_key_values=cache, logprob_mask=mask,
                            logprobs=torch.zeros(B, max(S - 1, 0)).index_put(where, lp),
                            entropy=torch.zeros(B, max(S - 1, 0)).index_put(where, entropy))
 
@@ -118,10 +156,25 @@ def _experts(mlp):
     return [(ex.gate_up_proj[e, :I], ex.gate_up_proj[e, I:], ex.down_proj[e]) for e in range(ex.gate_up_proj.shape[0])]
 
 
-def _packed_logits(model, cfg, c, tokens, lengths, positions):
+def _attention(cache, layer, q, k, v, lengths, D, c):
+    """Whole sequences (autograd), or each sequence's new queries after its cached keys."""
+    if cache is None:
+        return ops.attention(q, k, v, lengths, D, c)
+    ks, vs, seqs, q_at, kv_at = [], [], [], 0, 0
+    for b, n in enumerate(lengths):
+        past = cache.length[b]
+        kb, vb = cache.extend(layer, b, k[q_at:q_at + n], v[q_at:q_at + n])
+        ks.append(kb)
+        vs.append(vb)
+        seqs.append((q_at, n, past, kv_at))
+        q_at, kv_at = q_at + n, kv_at + past + n
+    return ops.attention_cached(q, torch.cat(ks), torch.cat(vs), seqs, D, c)
+
+
+def _packed_logits(model, cfg, c, tokens, lengths, positions, cache):
     """The model on the packed tokens, op by op as SPEC.md §6 runs it; logits [T, V]."""
     m, D = model.model, cfg.head_dim
-    tables = ops.rope_tables(cfg.theta, D, max(lengths))
+    tables = ops.rope_tables(cfg.theta, D, int(positions.max()) + 1)
     x = ops.embedding(tokens, m.embed_tokens.weight, c)
     for i, layer in enumerate(m.layers):
         at = layer.self_attn
@@ -129,7 +182,7 @@ def _packed_logits(model, cfg, c, tokens, lengths, positions):
         q, k, v = ops.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, c)
         q = ops.rope(ops.rmsnorm(q, at.q_norm.weight, cfg.eps, c, heads=q.shape[1] // D), positions, tables, c)
         k = ops.rope(ops.rmsnorm(k, at.k_norm.weight, cfg.eps, c, heads=k.shape[1] // D), positions, tables, c)
-        o = ops.attention(q, k, v, lengths, D, c)
+        o = _attention(cache, i, q, k, v, lengths, D, c)
         x = x + ops.linear(o, at.o_proj.weight, c, k_chunks=c.tp_tree_width)  # row-parallel: K in chunks
         a = ops.rmsnorm(x, layer.post_attention_layernorm.weight, cfg.eps, c)
         if cfg.is_moe_layer(i):

@@ -193,6 +193,30 @@ std::vector<Tensor> attention_fwd(const Tensor& q, const Tensor& k, const Tensor
   return {o, m, l};
 }
 
+// Queries of each sequence after its cached keys (chunked prefill, decoding): seqs are
+// (q_begin, q_len, past_len, kv_begin), k and v every sequence's keys 0 .. past_len +
+// q_len - 1 from its kv_begin. Forward only: the backward runs whole sequences (§6.5).
+Tensor attention_cached_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const std::vector<std::vector<int64_t>>& seqs, int64_t head_dim,
+                            const std::string& contract) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check(*t, name, torch::kBFloat16, 2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "bitparity: k and v disagree on their shapes");
+  const bp::ref::AttnDims d = dims_of(q, k, head_dim);
+  std::vector<bp::ref::AttnSeq> s;
+  for (const auto& x : seqs) {
+    TORCH_CHECK(x.size() == 4, "bitparity: a sequence is (q_begin, q_len, past_len, kv_begin)");
+    const bp::ref::AttnSeq a{as_int(x[0], "q_begin"), as_int(x[1], "q_len"), as_int(x[2], "past_len"),
+                             as_int(x[3], "kv_begin")};
+    TORCH_CHECK(a.q_begin + a.q_len <= q.size(0) && a.kv_begin + a.past_len + a.q_len <= k.size(0),
+                "bitparity: a sequence reaches past the queries or the keys given");
+    s.push_back(a);
+  }
+  Tensor o = bf16_empty({q.size(0), q.size(1)}), m = f32_empty({q.size(0) * d.Hq}), l = f32_empty({q.size(0) * d.Hq});
+  bp::ref::attention_fwd(knobs(contract), d, s.data(), static_cast<int>(s.size()), bf(q), bf(k), bf(v), bf_out(o),
+                         m.data_ptr<float>(), l.data_ptr<float>());
+  return o;
+}
+
 std::vector<Tensor> attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& m,
                                   const Tensor& l, const Tensor& dout, const std::vector<int64_t>& lengths,
                                   int64_t head_dim, const std::string& contract) {
@@ -388,6 +412,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qkv_bwd", &qkv_bwd);
   m.def("attention_fwd", &attention_fwd);
   m.def("attention_bwd", &attention_bwd);
+  m.def("attention_cached_fwd", &attention_cached_fwd);
   m.def("mlp_fwd", &mlp_fwd);
   m.def("mlp_bwd", &mlp_bwd);
   m.def("moe_fwd", &moe_fwd);

@@ -195,11 +195,38 @@ def test_a_patched_model_is_the_runs_bits(oracle, name, model, monkeypatch):
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
 
 
+@pytest.mark.parametrize("model", [MODEL, MOE_MODEL], ids=["dense", "moe"])
+def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model):
+    """Through the patched model's own KV cache: one call prefilling the first sequence's
+    first 4 tokens beside the second's first (left-padded), then three steps of one token
+    each for both rows, under torch.no_grad(). The logits of every position, their
+    contract logprobs and entropy are the whole-sequence run's, bit for bit."""
+    name = "bf16-sm90tc-v2"
+    run, c = oracle(name, model), ops.contract(name)
+    m = bitparity.patch(hf_model(model), c)
+    s0, s1 = SEQS
+    with torch.no_grad():
+        out = m(torch.tensor([s0[:4], [0, 0, 0, s1[0]]]), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]),
+                use_cache=True)
+        rows = [list(out.logits[0]), [out.logits[1, 3]]]
+        for t in range(3):
+            out = m(torch.tensor([[s0[4 + t]], [s1[1 + t]]]), past_key_values=out.past_key_values, use_cache=True)
+            rows[0].append(out.logits[0, 0])
+            rows[1].append(out.logits[1, 0])
+        for b, seq in enumerate(SEQS):
+            lp, entropy = ops.logprob(torch.stack(rows[b][:-1]), torch.tensor(seq[1:]), c)
+            assert torch.equal(lp, run[f"logprobs.{b}"]), b
+            assert torch.equal(entropy, run[f"entropy.{b}"]), b
+    assert out.past_key_values.length == [7, 4]
+
+
 def test_the_patch_refuses_what_it_cannot_run():
     m = bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2")
     ids = torch.tensor([[5, 17, 3, 44]])
-    with pytest.raises(NotImplementedError, match="KV cache"):
+    with pytest.raises(RuntimeError, match="torch.no_grad"):
         m(ids, use_cache=True)
+    with pytest.raises(TypeError, match="pass back the patched model's own"):
+        m(ids, past_key_values=[])
     with pytest.raises(ValueError, match="not one run"):
         m(ids, attention_mask=torch.tensor([[1, 0, 1, 1]]))
     with pytest.raises(ValueError, match="packed rows"):
