@@ -6,9 +6,10 @@
     (out.logprobs * coefficients).sum().backward()  # every p.grad: the contract's, fp32
 
 Afterwards the model's forward runs bitparity.ops on the CPU reference: each batch row is
-one sequence, its tokens where the attention mask is 1 (left or right padding), packed
-one after another in the canonical order (SPEC.md §6.3), so its logprobs, entropy and
-parameter gradients are `bitparity run`'s whatever the padding. The parameters become
+one sequence, its tokens where the attention mask is 1 (left or right padding), or several
+packed in the row where position_ids restart at 0; the sequences run one after another in
+the canonical order (SPEC.md §6.3), so the logprobs, entropy and parameter gradients are
+`bitparity run`'s whatever the padding or packing. The parameters become
 fp32 tensors holding their bf16 values (the contract's weight gradients are fp32).
 out.logprobs [B, S-1] holds at column j the logprob of the token after position j, where
 both are tokens of the row (out.logprob_mask), 0 elsewhere; out.entropy likewise.
@@ -20,8 +21,8 @@ same bits as one whole-sequence call (SPEC.md §6.2), and its backward runs whol
 sequences. The logprob of a token the engine samples is
 bitparity.ops.logprob(out.logits[b, -1:], token, contract).
 
-Not yet (issue 55): packed rows (position_ids restarting within a row), HF's own Cache
-objects (generate()), CUDA tensors, tensor/expert/context parallelism.
+Not yet (issue 55): HF's own Cache objects (generate()), CUDA tensors,
+tensor/expert/context parallelism.
 """
 
 import functools
@@ -85,24 +86,32 @@ class Cache:
         return self.k[layer][b], self.v[layer][b]
 
 
-def _rows(input_ids, attention_mask, position_ids, past):
-    """Each batch row's new token columns (one run where the mask is 1); the mask may
-    cover the cached tokens too (HF's convention), its last columns being this call's."""
+def _sequences(input_ids, attention_mask, position_ids, past):
+    """The call's sequences, each (batch row, its new token columns): per row one run where
+    the mask is 1 (left or right padding; the mask may cover the cached tokens too, HF's
+    convention, its last columns being this call's), cut where position_ids restart at 0
+    (sequences packed in one row; not with a cache)."""
     B, S = input_ids.shape
     mask = torch.ones(B, S, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()[:, -S:]
     if mask.shape != (B, S):
         raise ValueError(f"bitparity.patch: attention_mask {list(attention_mask.shape)} does not end in input_ids' "
                          f"{[B, S]}")
-    rows = []
+    seqs = []
     for b in range(B):
         at = mask[b].nonzero().squeeze(1)
         if len(at) == 0 or int(at[-1] - at[0]) + 1 != len(at):
             raise ValueError(f"bitparity.patch: batch row {b}'s tokens are not one run (padding left or right only)")
-        if position_ids is not None and not torch.equal(position_ids[b, at].cpu(), past[b] + torch.arange(len(at))):
-            raise ValueError(f"bitparity.patch: batch row {b}'s position_ids are not {past[b]}..{past[b] + len(at) - 1}:"
-                             " packed rows are not supported yet (issue 55)")
-        rows.append(at)
-    return rows
+        pos = past[b] + torch.arange(len(at)) if position_ids is None else position_ids[b, at].cpu()
+        starts = [0] + [j for j in range(1, len(at)) if pos[j] == 0]
+        if len(starts) > 1 and past[b]:
+            raise ValueError(f"bitparity.patch: batch row {b} packs sequences: not with a KV cache")
+        for first, end in zip(starts, starts[1:] + [len(at)]):
+            if not torch.equal(pos[first:end], past[b] + torch.arange(end - first)):
+                raise ValueError(f"bitparity.patch: batch row {b}'s position_ids from column {int(at[first])} are "
+                                 f"not {past[b]}, {past[b] + 1}, ...: each sequence's positions count up from the "
+                                 "cache's length (or 0)")
+            seqs.append((b, at[first:end]))
+    return seqs
 
 
 def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
@@ -123,16 +132,16 @@ def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, p
     if cache is not None and len(cache.length) != B:
         raise ValueError(f"bitparity.patch: the cache holds {len(cache.length)} sequences, the batch {B} rows")
     past = cache.length if cache is not None else [0] * B
-    rows = _rows(input_ids, attention_mask, position_ids, past)
-    tokens = torch.cat([input_ids[b, at] for b, at in enumerate(rows)]).to(torch.int32)
-    lengths = [len(at) for at in rows]
-    positions = torch.cat([p + torch.arange(n, dtype=torch.int32) for p, n in zip(past, lengths)])
+    seqs = _sequences(input_ids, attention_mask, position_ids, past)
+    tokens = torch.cat([input_ids[b, at] for b, at in seqs]).to(torch.int32)
+    lengths = [len(at) for _, at in seqs]
+    positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs])
     logits = _packed_logits(model, cfg, c, tokens, lengths, positions, cache)
-    if cache is not None:
+    if cache is not None:  # one sequence a row
         cache.length = [p + n for p, n in zip(past, lengths)]
 
-    batch = torch.cat([torch.full((n,), b) for b, n in enumerate(lengths)])
-    column = torch.cat(rows)
+    batch = torch.cat([torch.full((len(at),), b) for b, at in seqs])
+    column = torch.cat([at for _, at in seqs])
     out_logits = torch.zeros(B, S, logits.shape[1], dtype=logits.dtype).index_put((batch, column), logits)
     # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)

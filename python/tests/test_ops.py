@@ -153,9 +153,17 @@ def hf_model(model):
     return m
 
 
-def patched_loss(model, c):
-    """The patched model on SEQS as one batch, the second row left-padded; the loss's backward."""
+def patched_loss(model, c, packed=False):
+    """The patched model on SEQS as one batch, the second row left-padded (packed: both
+    sequences in one row, position_ids restarting); the loss's backward."""
     m = bitparity.patch(hf_model(model), c)
+    if packed:
+        ids, pos = torch.tensor([SEQS[0] + SEQS[1]]), torch.tensor([list(range(len(SEQS[0]))) + list(range(len(SEQS[1])))])
+        coef = torch.tensor([COEFS[0] + [0.0] + COEFS[1]])  # the first sequence's last token predicts nothing
+        out = m(ids, position_ids=pos)
+        (out.logprobs * coef).sum().backward()
+        lp, entropy, n0 = out.logprobs[0][out.logprob_mask[0]].detach(), out.entropy[0][out.logprob_mask[0]], len(COEFS[0])
+        return [lp[:n0], lp[n0:]], [entropy[:n0], entropy[n0:]], {n: p.grad for n, p in m.named_parameters()}
     S = max(len(s) for s in SEQS)
     ids, mask, coef = torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S - 1)
     for b, (seq, cs) in enumerate(zip(SEQS, COEFS)):
@@ -173,16 +181,17 @@ def three_linears(a, wq, wk, wv, c):
     return tuple(ops.linear(a, w, c) for w in (wq, wk, wv))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("model", [MODEL, MOE_MODEL], ids=["dense", "moe"])
 @pytest.mark.parametrize("name", CONTRACTS)
-def test_a_patched_model_is_the_runs_bits(oracle, name, model, monkeypatch):
+def test_a_patched_model_is_the_runs_bits(oracle, name, model, packed, monkeypatch):
     """A torch Qwen3 / Qwen3-MoE with Hugging Face's module names, bitparity.patch'ed, on a
-    left-padded batch: its logprobs, entropy and every parameter's gradient are `bitparity
-    run --implementation reference`'s, bit for bit. The negative control: q, k, v as three
-    separate linears (their input gradients rounded and added in bf16 by autograd) change
-    the gradients below them."""
+    left-padded batch and on both sequences packed in one row: its logprobs, entropy and
+    every parameter's gradient are `bitparity run --implementation reference`'s, bit for
+    bit. The negative control: q, k, v as three separate linears (their input gradients
+    rounded and added in bf16 by autograd) change the gradients below them."""
     run = oracle(name, model)
-    lp, entropy, grads = patched_loss(model, name)
+    lp, entropy, grads = patched_loss(model, name, packed)
     for s in range(len(SEQS)):
         assert torch.equal(lp[s], run[f"logprobs.{s}"]), s
         assert torch.equal(entropy[s], run[f"entropy.{s}"]), s
@@ -191,7 +200,7 @@ def test_a_patched_model_is_the_runs_bits(oracle, name, model, monkeypatch):
     differing = [n for n in expected if not torch.equal(grads[n], expected[n])]
     assert not differing, differing
     monkeypatch.setattr(ops, "qkv", three_linears)
-    unfused = patched_loss(model, name)[2]
+    unfused = patched_loss(model, name, packed)[2]
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
 
 
@@ -229,8 +238,8 @@ def test_the_patch_refuses_what_it_cannot_run():
         m(ids, past_key_values=[])
     with pytest.raises(ValueError, match="not one run"):
         m(ids, attention_mask=torch.tensor([[1, 0, 1, 1]]))
-    with pytest.raises(ValueError, match="packed rows"):
-        m(ids, position_ids=torch.tensor([[0, 1, 0, 1]]))
+    with pytest.raises(ValueError, match="count up"):
+        m(ids, position_ids=torch.tensor([[0, 1, 3, 4]]))
     with pytest.raises(TypeError, match="labels"):
         m(ids, labels=ids)
 
