@@ -15,8 +15,9 @@ from .capture import Capture, CaptureError, CaptureWarning, capture
 from .cli import BitparityError, CliResult, bisect, conform, diff, executable, merge, run
 from .dump import DumpError, read_dump, write_dump
 from .name_maps import BUILT_IN as NAME_MAPS
+from .ops import contract
 from .patch import patch
 
 __all__ = ["Capture", "CaptureError", "CaptureWarning", "capture", "BitparityError", "CliResult", "bisect", "conform",
-           "diff", "executable", "merge", "run", "DumpError", "read_dump", "write_dump", "NAME_MAPS", "patch"]
+           "diff", "executable", "merge", "run", "DumpError", "read_dump", "write_dump", "NAME_MAPS", "contract", "patch"]
 __version__ = "0.1.0"
