@@ -10,6 +10,7 @@
 
 #include "reference/contract/contract.h"
 #include "reference/numerics/chunked.h"
+#include "reference/numerics/reduce.h"
 #include "reference/ops/attention.h"
 #include "reference/ops/embedding.h"
 #include "reference/ops/linear.h"
@@ -322,6 +323,66 @@ std::vector<Tensor> moe_bwd(const Tensor& a, const Tensor& wr, const std::vector
   return out;
 }
 
+// ---- tensor-parallel pieces (SPEC.md §7): subtrees of a C-chunk reduction, the tree over ranks ----
+
+// acc[t][n]: x's K slice against w's, cut into k_chunks chunks of chunk_len (a rank's
+// whole aligned subtree of the unsharded C chunks of ⌈K/C⌉), fp32, unrounded.
+Tensor linear_acc(const Tensor& x, const Tensor& w, int64_t k_chunks, int64_t chunk_len, const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 2);
+  TORCH_CHECK(x.size(1) == w.size(1), "bitparity: x has ", x.size(1), " features, the weight takes ", w.size(1));
+  const int T = as_int(x.size(0), "tokens"), K = as_int(x.size(1), "K"), N = as_int(w.size(0), "N");
+  Tensor acc = f32_empty({T, N});
+  bp::ref::linear_acc(knobs(contract), bf(x), bf(w), acc.data_ptr<float>(), T, K, N, as_int(k_chunks, "k_chunks"),
+                      as_int(chunk_len, "chunk_len"));
+  return acc;
+}
+
+// The input-gradient accumulator of a column-parallel weight's N slice, likewise.
+Tensor linear_dgrad_acc(const Tensor& dy, const Tensor& w, int64_t n_chunks, int64_t chunk_len,
+                        const std::string& contract) {
+  check(dy, "grad", torch::kBFloat16, 2);
+  check(w, "weight", torch::kBFloat16, 2);
+  TORCH_CHECK(dy.size(1) == w.size(0), "bitparity: the gradient has ", dy.size(1), " features, the weight ", w.size(0));
+  const int T = as_int(dy.size(0), "tokens"), K = as_int(w.size(1), "K"), N = as_int(w.size(0), "N");
+  Tensor acc = f32_empty({T, K});
+  bp::ref::linear_dgrad_acc(knobs(contract), bf(dy), bf(w), acc.data_ptr<float>(), T, K, N,
+                            as_int(n_chunks, "n_chunks"), as_int(chunk_len, "chunk_len"));
+  return acc;
+}
+
+// pairwise_tree over dim 0 of parts [P, ...] (the ranks' subtrees in rank order), fp32.
+Tensor rank_tree(const Tensor& parts) {
+  TORCH_CHECK(parts.device().is_cpu() && parts.scalar_type() == torch::kFloat32 && parts.is_contiguous() &&
+                  parts.dim() >= 1,
+              "bitparity: the ranks' partials are a contiguous fp32 CPU tensor [ranks, ...]");
+  const int64_t P = parts.size(0), n = P ? parts.numel() / P : 0;
+  Tensor out = torch::empty(parts.sizes().slice(1), torch::dtype(torch::kFloat32));
+  const float* in = parts.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  std::vector<float> v(static_cast<size_t>(P));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t p = 0; p < P; ++p) v[static_cast<size_t>(p)] = in[p * n + i];
+    o[i] = bp::pairwise_tree(v.data(), static_cast<int>(P));
+  }
+  return out;
+}
+
+// R(((+0 + parts[0]) + parts[1]) + ...), elementwise: accumulators of one input added, rounded once.
+Tensor sum_round(const std::vector<Tensor>& parts) {
+  TORCH_CHECK(!parts.empty(), "bitparity: nothing to sum");
+  std::vector<const float*> p;
+  for (const Tensor& t : parts) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() &&
+                    t.sizes() == parts[0].sizes(),
+                "bitparity: the accumulators are contiguous fp32 CPU tensors of one shape");
+    p.push_back(t.data_ptr<float>());
+  }
+  Tensor out = bf16_empty(parts[0].sizes());
+  bp::ref::sum_round(p.data(), static_cast<int>(p.size()), bf_out(out), static_cast<size_t>(parts[0].numel()));
+  return out;
+}
+
 // ---- rope (§5.5): x [T][H·D], the tables of max_pos positions ----
 
 std::vector<Tensor> rope_tables(double theta, int64_t head_dim, int64_t max_pos) {
@@ -417,6 +478,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mlp_bwd", &mlp_bwd);
   m.def("moe_fwd", &moe_fwd);
   m.def("moe_bwd", &moe_bwd);
+  m.def("linear_acc", &linear_acc);
+  m.def("linear_dgrad_acc", &linear_dgrad_acc);
+  m.def("rank_tree", &rank_tree);
+  m.def("sum_round", &sum_round);
   m.def("rope_tables", &rope_tables);
   m.def("rope_apply", &rope_apply);
   m.def("logprob_fwd", &logprob_fwd);

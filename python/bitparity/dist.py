@@ -1,0 +1,107 @@
+"""bitparity.dist: tensor-parallel linears whose bits are the unsharded model's
+(docs/torch-ops.md, SPEC.md §7).
+
+A reduction the unsharded op cuts into the contract's C = tp_tree_width fixed chunks
+(a row-parallel layer's K, a column-parallel layer's input gradient over N) is shared out
+by chunk: rank t of a TP group of size tp holds chunks [t·C/tp, (t+1)·C/tp), a whole
+aligned subtree of the pairwise tree (C is a power of two). Each rank computes its
+subtree in fp32, the group all-gathers them (never all_reduce: NCCL's and gloo's sums
+have their own order), and every rank runs the tree's last levels and rounds once.
+
+    y = bitparity.dist.row_parallel_linear(o_slice, w_o_slice, c, group)   # o_proj, down_proj
+    q, k, v = bitparity.dist.qkv(a, w_q_rows, w_k_rows, w_v_rows, c, group)  # column-parallel
+
+Built so far: these two, on CPU tensors over any torch.distributed backend. Not yet: the
+MLP's gate/up, the vocabulary-parallel head and logprob, expert and context parallelism,
+and a patched model's layout (issue 55).
+"""
+
+import torch
+import torch.distributed as torch_dist
+
+from . import ops
+
+
+def _world(group):
+    return torch_dist.get_world_size(group)
+
+
+def _gather(t, group):
+    """Every rank's t, in rank order, stacked: [tp, ...]."""
+    parts = [torch.empty_like(t) for _ in range(_world(group))]
+    torch_dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.stack(parts)
+
+
+def _chunks(c, group, what):
+    tp = _world(group)
+    if c.tp_tree_width % tp:
+        raise ValueError(f"bitparity.dist: {what}: a TP group of {tp} does not divide the contract's "
+                         f"tp_tree_width {c.tp_tree_width} (SPEC.md §7)")
+    return c.tp_tree_width // tp
+
+
+def _chunk_len(full, c):
+    return -(-full // c.tp_tree_width)
+
+
+class _RowParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, k_full, name, c, group):
+        w = ops._as_bf16(weight, "the weight")
+        acc = ops._C.linear_acc(x, w, _chunks(c, group, "row_parallel_linear"), _chunk_len(k_full, c), name)
+        ctx.save_for_backward(x, w, weight)
+        ctx.name = name
+        return ops._C.sum_round([ops._C.rank_tree(_gather(acc, group))])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, weight = ctx.saved_tensors
+        # The input gradient reduces over N, which every rank holds whole: local, one chain.
+        dx, dw = ops._C.linear_bwd(x, w, dy.contiguous(), 1, ctx.name)
+        dweight = ops._weight_grad(weight, dw, "the weight") if ctx.needs_input_grad[1] else None
+        return dx, dweight, None, None, None, None
+
+
+def row_parallel_linear(x, weight, c, group=None, k_full=None):
+    """R(x · Wᵀ) of the unsharded K (o_proj, down_proj): x [T, K/tp] and weight [N, K/tp]
+    this rank's K slice, its chunks of the unsharded C; the result [T, N] on every rank
+    is `ops.linear(x_full, W_full, c, k_chunks=C)`'s bits. k_full defaults to K/tp · tp."""
+    ops._ops()
+    k_full = int(k_full or x.shape[1] * _world(group))
+    return _RowParallel.apply(ops._activation(x, "x"), weight, k_full, ops._name(c), c, group)
+
+
+class _ColumnParallelQkv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, wq, wk, wv, fulls, name, c, group):
+        ws = [ops._as_bf16(w, f"the {p} weight") for w, p in zip((wq, wk, wv), "qkv")]
+        ctx.save_for_backward(a, *ws, wq, wk, wv)
+        ctx.fulls, ctx.name, ctx.c, ctx.group = fulls, name, c, group
+        return tuple(ops._C.linear_fwd(a, w, 1, name) for w in ws)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        a, bq, bk, bv, wq, wk, wv = ctx.saved_tensors
+        c, group, name = ctx.c, ctx.group, ctx.name
+        local = _chunks(c, group, "qkv")
+        trees, dws = [], []
+        for g, b, full in zip(grads, (bq, bk, bv), ctx.fulls):
+            g = g.contiguous() if g is not None else torch.zeros(a.shape[0], b.shape[0], dtype=torch.bfloat16)
+            acc = ops._C.linear_dgrad_acc(g, b, local, _chunk_len(full, c), name)
+            trees.append(ops._C.rank_tree(_gather(acc, group)))
+            dws.append(ops._C.linear_bwd(a, b, g, 1, name)[1])
+        da = ops._C.sum_round(trees)  # ((0 + q) + k) + v, one rounding: SPEC.md §6.5
+        dweights = [ops._weight_grad(w, d, f"the {p} weight") if need else None
+                    for w, d, p, need in zip((wq, wk, wv), dws, "qkv", ctx.needs_input_grad[1:4])]
+        return (da, *dweights, None, None, None, None)
+
+
+def qkv(a, wq, wk, wv, c, group=None):
+    """This rank's q, k, v rows (its heads) of a column-parallel q/k/v projection: a [T, H]
+    whole on every rank, each weight this rank's rows, as the unsharded `ops.qkv` cut by
+    output features. The input gradient, on every rank, is the unsharded one's bits."""
+    ops._ops()
+    tp = _world(group)
+    fulls = tuple(int(w.shape[0]) * tp for w in (wq, wk, wv))
+    return _ColumnParallelQkv.apply(ops._activation(a, "a"), wq, wk, wv, fulls, ops._name(c), c, group)

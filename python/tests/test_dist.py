@@ -1,0 +1,85 @@
+"""bitparity.dist over gloo, two processes on the CPU: a row-parallel linear and the
+column-parallel q/k/v, each rank holding its slice of the unsharded weights, give the
+unsharded ops' bits: the row-parallel output on every rank, its input and weight
+gradients' slices; the q/k/v outputs' slices, their weight gradients' slices and the
+input gradient on every rank. The negative control: a rank summing its K slice as one
+chain instead of its chunks' subtree (what a plain sharded matmul does) differs."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+import torch.multiprocessing as mp
+
+import bitparity.ops as ops
+
+if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":
+    pytest.skip("this installation has no bitparity._C (docs/torch-ops.md)", allow_module_level=True)
+
+import bitparity.dist as bdist  # noqa: E402
+
+WORLD, T, H, NQ, NKV = 2, 16, 512, 256, 128
+
+
+def data():
+    """Inputs and weights, bf16 values (weights as fp32 masters), and the gradients arriving."""
+    g = torch.Generator().manual_seed(11)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    return {"x": r(T, H), "wo": r(H, H).float(), "dy": r(T, H), "a": r(T, H), "wq": r(NQ, H).float(),
+            "wk": r(NKV, H).float(), "wv": r(NKV, H).float(), "dq": r(T, NQ), "dk": r(T, NKV), "dv": r(T, NKV)}
+
+
+def rows(t, rank):
+    n = t.shape[0] // WORLD
+    return t[rank * n:(rank + 1) * n]
+
+
+def cols(t, rank):
+    n = t.shape[1] // WORLD
+    return t[:, rank * n:(rank + 1) * n].contiguous()
+
+
+def _rank(rank, store, out, name):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, d = ops.contract(name), data()
+        x = cols(d["x"], rank).requires_grad_(True)
+        wo = cols(d["wo"], rank).requires_grad_(True)
+        y = bdist.row_parallel_linear(x, wo, c)
+        y.backward(d["dy"])
+        a = d["a"].clone().requires_grad_(True)
+        ws = [rows(d[k], rank).clone().requires_grad_(True) for k in ("wq", "wk", "wv")]
+        qkv = bdist.qkv(a, *ws, c)
+        torch.autograd.backward(qkv, [cols(d[k], rank) for k in ("dq", "dk", "dv")])
+        # The control: this rank's K slice summed as one chain, then the same tree over ranks.
+        chain = ops._C.linear_acc(x.detach(), wo.detach().to(torch.bfloat16), 1, x.shape[1], name)
+        y_chain = ops._C.sum_round([ops._C.rank_tree(bdist._gather(chain, None))])
+        torch.save({"y": y.detach(), "dx": x.grad, "dwo": wo.grad, "qkv": [t.detach() for t in qkv], "da": a.grad,
+                    "dw": [w.grad for w in ws], "y_chain": y_chain}, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+def test_tensor_parallel_linears_are_the_unsharded_bits(tmp_path, name):
+    mp.start_processes(_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD, start_method="fork")
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    c, d = ops.contract(name), data()
+    x, wo = d["x"].clone().requires_grad_(True), d["wo"].clone().requires_grad_(True)
+    y = ops.linear(x, wo, c, k_chunks=c.tp_tree_width)
+    y.backward(d["dy"])
+    a = d["a"].clone().requires_grad_(True)
+    ws = [d[k].clone().requires_grad_(True) for k in ("wq", "wk", "wv")]
+    qkv = ops.qkv(a, *ws, c)
+    torch.autograd.backward(qkv, [d[k] for k in ("dq", "dk", "dv")])
+    for r, g in enumerate(got):
+        assert torch.equal(g["y"], y.detach()), r
+        assert torch.equal(g["dx"], cols(x.grad, r)), r
+        assert torch.equal(g["dwo"], cols(wo.grad, r)), r
+        for mine, full, w_mine, w_full in zip(g["qkv"], qkv, g["dw"], ws):
+            assert torch.equal(mine, cols(full.detach(), r)), r
+            assert torch.equal(w_mine, rows(w_full.grad, r)), r
+        assert torch.equal(g["da"], a.grad), r
+    if name == "bf16-fmaseq-v2":  # a chain per rank is not the chunks' subtree
+        assert not torch.equal(got[0]["y_chain"], y.detach())
