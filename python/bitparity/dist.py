@@ -8,12 +8,13 @@ aligned subtree of the pairwise tree (C is a power of two). Each rank computes i
 subtree in fp32, the group all-gathers them (never all_reduce: NCCL's and gloo's sums
 have their own order), and every rank runs the tree's last levels and rounds once.
 
-    y = bitparity.dist.row_parallel_linear(o_slice, w_o_slice, c, group)   # o_proj, down_proj
+    y = bitparity.dist.row_parallel_linear(o_slice, w_o_slice, c, group)   # o_proj
     q, k, v = bitparity.dist.qkv(a, w_q_rows, w_k_rows, w_v_rows, c, group)  # column-parallel
+    d = bitparity.dist.mlp(a, w_gate_rows, w_up_rows, w_down_cols, c, group)  # gate/up, then down
 
-Built so far: these two, on CPU tensors over any torch.distributed backend. Not yet: the
-MLP's gate/up, the vocabulary-parallel head and logprob, expert and context parallelism,
-and a patched model's layout (issue 55).
+Built so far: these three, on CPU tensors over any torch.distributed backend. Not yet: the
+vocabulary-parallel head and logprob, expert and context parallelism, and a patched
+model's layout (issue 55).
 """
 
 import torch
@@ -105,3 +106,39 @@ def qkv(a, wq, wk, wv, c, group=None):
     tp = _world(group)
     fulls = tuple(int(w.shape[0]) * tp for w in (wq, wk, wv))
     return _ColumnParallelQkv.apply(ops._activation(a, "a"), wq, wk, wv, fulls, ops._name(c), c, group)
+
+
+class _Mlp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, wg, wu, wd, i_full, name, c, group):
+        bg, bu, bd = (ops._as_bf16(w, f"the {p} weight") for w, p in zip((wg, wu, wd), ("gate", "up", "down")))
+        g, u = ops._C.linear_fwd(a, bg, 1, name), ops._C.linear_fwd(a, bu, 1, name)
+        m = ops._C.swiglu_fwd(g, u)
+        acc = ops._C.linear_acc(m, bd, _chunks(c, group, "mlp"), _chunk_len(i_full, c), name)
+        ctx.save_for_backward(a, bg, bu, bd, g, u, m, wg, wu, wd)
+        ctx.i_full, ctx.name, ctx.c, ctx.group = i_full, name, c, group
+        return ops._C.sum_round([ops._C.rank_tree(_gather(acc, group))])
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, bg, bu, bd, g, u, m, wg, wu, wd = ctx.saved_tensors
+        c, group, name = ctx.c, ctx.group, ctx.name
+        dm, dwd = ops._C.linear_bwd(m, bd, dy.contiguous(), 1, name)  # N = H whole on every rank
+        dg, du = ops._C.swiglu_bwd(g, u, dm)
+        local, chunk = _chunks(c, group, "mlp"), _chunk_len(ctx.i_full, c)
+        trees = [ops._C.rank_tree(_gather(ops._C.linear_dgrad_acc(d, b, local, chunk, name), group))
+                 for d, b in ((dg, bg), (du, bu))]
+        da = ops._C.sum_round(trees)  # gate's then up's, one rounding: SPEC.md §5.7
+        dws = (ops._C.linear_bwd(a, bg, dg, 1, name)[1], ops._C.linear_bwd(a, bu, du, 1, name)[1], dwd)
+        dweights = [ops._weight_grad(w, d, f"the {p} weight") if need else None
+                    for w, d, p, need in zip((wg, wu, wd), dws, ("gate", "up", "down"), ctx.needs_input_grad[1:4])]
+        return (da, *dweights, None, None, None, None)
+
+
+def mlp(a, w_gate, w_up, w_down, c, group=None):
+    """This rank's share of the dense MLP: gate and up rows and down columns of its slice of
+    the intermediate size I (its chunks of the unsharded C), a [T, H] whole on every rank;
+    the output and the input gradient on every rank are the unsharded `ops.mlp`'s bits."""
+    ops._ops()
+    i_full = int(w_gate.shape[0]) * _world(group)
+    return _Mlp.apply(ops._activation(a, "a"), w_gate, w_up, w_down, i_full, ops._name(c), c, group)

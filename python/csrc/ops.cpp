@@ -233,6 +233,25 @@ std::vector<Tensor> attention_bwd(const Tensor& q, const Tensor& k, const Tensor
   return {dq, dk, dv};
 }
 
+// ---- swiglu (§5.7): m = R(silu(g)·u), elementwise ----
+
+Tensor swiglu_fwd(const Tensor& g, const Tensor& u) {
+  check(g, "gate", torch::kBFloat16, 2);
+  check(u, "up", torch::kBFloat16, 2);
+  TORCH_CHECK(g.sizes() == u.sizes(), "bitparity: gate and up disagree on their shapes");
+  Tensor m = bf16_empty(g.sizes());
+  bp::ref::swiglu_fwd(bf(g), bf(u), bf_out(m), as_int(g.numel(), "elements"));
+  return m;
+}
+
+std::vector<Tensor> swiglu_bwd(const Tensor& g, const Tensor& u, const Tensor& dm) {
+  for (const auto& [t, name] : {std::pair{&g, "gate"}, {&u, "up"}, {&dm, "grad"}}) check(*t, name, torch::kBFloat16, 2);
+  TORCH_CHECK(g.sizes() == u.sizes() && dm.sizes() == g.sizes(), "bitparity: swiglu's shapes disagree");
+  Tensor dg = bf16_empty(g.sizes()), du = bf16_empty(g.sizes());
+  bp::ref::swiglu_bwd(bf(g), bf(u), bf(dm), bf_out(dg), bf_out(du), as_int(g.numel(), "elements"));
+  return {dg, du};
+}
+
 // ---- the dense MLP (§5.7): a [T][H], gate and up [I][H], down [H][I] ----
 
 Tensor mlp_fwd(const Tensor& a, const Tensor& wg, const Tensor& wu, const Tensor& wd, const std::string& contract) {
@@ -474,6 +493,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_fwd", &attention_fwd);
   m.def("attention_bwd", &attention_bwd);
   m.def("attention_cached_fwd", &attention_cached_fwd);
+  m.def("swiglu_fwd", &swiglu_fwd);
+  m.def("swiglu_bwd", &swiglu_bwd);
   m.def("mlp_fwd", &mlp_fwd);
   m.def("mlp_bwd", &mlp_bwd);
   m.def("moe_fwd", &moe_fwd);

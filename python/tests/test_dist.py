@@ -1,8 +1,9 @@
-"""bitparity.dist over gloo, two processes on the CPU: a row-parallel linear and the
-column-parallel q/k/v, each rank holding its slice of the unsharded weights, give the
-unsharded ops' bits: the row-parallel output on every rank, its input and weight
+"""bitparity.dist over gloo, two processes on the CPU: a row-parallel linear, the
+column-parallel q/k/v and the MLP, each rank holding its slice of the unsharded weights,
+give the unsharded ops' bits: the row-parallel output on every rank, its input and weight
 gradients' slices; the q/k/v outputs' slices, their weight gradients' slices and the
-input gradient on every rank. The negative control: a rank summing its K slice as one
+input gradient on every rank; the MLP's output and input gradient on every rank and its
+weight gradients' slices. The negative control: a rank summing its K slice as one
 chain instead of its chunks' subtree (what a plain sharded matmul does) differs."""
 
 import os
@@ -19,7 +20,7 @@ if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":
 
 import bitparity.dist as bdist  # noqa: E402
 
-WORLD, T, H, NQ, NKV = 2, 16, 512, 256, 128
+WORLD, T, H, NQ, NKV, I = 2, 16, 512, 256, 128, 384
 
 
 def data():
@@ -27,7 +28,8 @@ def data():
     g = torch.Generator().manual_seed(11)
     r = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
     return {"x": r(T, H), "wo": r(H, H).float(), "dy": r(T, H), "a": r(T, H), "wq": r(NQ, H).float(),
-            "wk": r(NKV, H).float(), "wv": r(NKV, H).float(), "dq": r(T, NQ), "dk": r(T, NKV), "dv": r(T, NKV)}
+            "wk": r(NKV, H).float(), "wv": r(NKV, H).float(), "dq": r(T, NQ), "dk": r(T, NKV), "dv": r(T, NKV),
+            "wg": r(I, H).float(), "wu": r(I, H).float(), "wd": r(H, I).float(), "dd": r(T, H)}
 
 
 def rows(t, rank):
@@ -52,11 +54,17 @@ def _rank(rank, store, out, name):
         ws = [rows(d[k], rank).clone().requires_grad_(True) for k in ("wq", "wk", "wv")]
         qkv = bdist.qkv(a, *ws, c)
         torch.autograd.backward(qkv, [cols(d[k], rank) for k in ("dq", "dk", "dv")])
+        a2 = d["a"].clone().requires_grad_(True)
+        mw = [rows(d["wg"], rank).clone().requires_grad_(True), rows(d["wu"], rank).clone().requires_grad_(True),
+              cols(d["wd"], rank).requires_grad_(True)]
+        mlp_out = bdist.mlp(a2, *mw, c)
+        mlp_out.backward(d["dd"])
         # The control: this rank's K slice summed as one chain, then the same tree over ranks.
         chain = ops._C.linear_acc(x.detach(), wo.detach().to(torch.bfloat16), 1, x.shape[1], name)
         y_chain = ops._C.sum_round([ops._C.rank_tree(bdist._gather(chain, None))])
         torch.save({"y": y.detach(), "dx": x.grad, "dwo": wo.grad, "qkv": [t.detach() for t in qkv], "da": a.grad,
-                    "dw": [w.grad for w in ws], "y_chain": y_chain}, os.path.join(out, f"rank{rank}.pt"))
+                    "dw": [w.grad for w in ws], "y_chain": y_chain, "mlp": mlp_out.detach(), "mlp_da": a2.grad,
+                    "mlp_dw": [w.grad for w in mw]}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         torch_dist.destroy_process_group()
 
@@ -73,7 +81,15 @@ def test_tensor_parallel_linears_are_the_unsharded_bits(tmp_path, name):
     ws = [d[k].clone().requires_grad_(True) for k in ("wq", "wk", "wv")]
     qkv = ops.qkv(a, *ws, c)
     torch.autograd.backward(qkv, [d[k] for k in ("dq", "dk", "dv")])
+    a2 = d["a"].clone().requires_grad_(True)
+    mw = [d[k].clone().requires_grad_(True) for k in ("wg", "wu", "wd")]
+    mlp_out = ops.mlp(a2, *mw, c)
+    mlp_out.backward(d["dd"])
     for r, g in enumerate(got):
+        assert torch.equal(g["mlp"], mlp_out.detach()), r
+        assert torch.equal(g["mlp_da"], a2.grad), r
+        for mine, full, cut in zip(g["mlp_dw"], mw, (rows, rows, cols)):
+            assert torch.equal(mine, cut(full.grad, r)), r
         assert torch.equal(g["y"], y.detach()), r
         assert torch.equal(g["dx"], cols(x.grad, r)), r
         assert torch.equal(g["dwo"], cols(wo.grad, r)), r
