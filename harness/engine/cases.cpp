@@ -410,6 +410,8 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
   return *loaded_;
 }
 
+const Weights& CaseEngine::loaded_weights(const ModelEntry& model) { return loaded(model).weights; }
+
 program::ForwardOptions CaseEngine::case_options() const {
   program::ForwardOptions opt;
   opt.temperature = plan_.temperature;

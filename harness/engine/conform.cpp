@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <regex>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -179,15 +178,77 @@ TruthError error_from_truth(const NamedTensor& t, const std::vector<double>& tru
   return t.type == CmpType::BF16 ? truth_error(t.bf16_values, truth) : truth_error(t.f32_values, truth);
 }
 
-// The float64 truth model on the weights the engine and the contract ran: the
-// checkpoint's rounded to bf16, as they are for a bf16 engine, widened exactly.
-truth::Model load_truth(const SweepPlan& plan, const ModelConfig& cfg, const WeightsListener& on_weights) {
-  WeightsOrigin origin;
-  const Weights w = model_weights(plan.models[0], plan.base_dir, cfg, plan.weight_seed,
-                                  io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}},
-                                  origin);
-  if (on_weights) on_weights(origin);
-  return truth::Model(cfg, w);
+// What a capture is judged against: the contract's ops computed from the capture's
+// inputs (under float64: each op's truth rounded), the float64 truth of each of the
+// capture's tensors, and the model's op captures in execution order.
+struct Judges {
+  const Contract* contract = nullptr;  // null under float64
+  std::vector<NamedTensor> reference;
+  std::map<std::string, std::vector<double>> truth;
+  std::vector<std::string> model_ops;  // "ops.<op>"
+};
+
+// The rows of a capture that are not the tokens' surface as the program's or the
+// truth's size check: bad input naming the dump.
+template <class F>
+auto on_the_dumps_rows(const std::string& dump, F&& run) {
+  try {
+    return run();
+  } catch (const std::invalid_argument& e) {
+    const std::string why = e.what();
+    for (const std::string prefix : {"substitute: ", "each_op: "})
+      if (why.rfind(prefix, 0) == 0)
+        throw BadInput(dump, "ops", why.substr(prefix.size()) + " (the dump's rows are not the tokens of bitparity.tokens?)");
+    throw;
+  }
+}
+
+Judges judges(const io::SafetensorsFile& f, const SweepPlan& plan, bool truth_only,
+              const std::map<std::string, NamedTensor>& engine, const std::map<std::string, std::vector<bf16>>& ops,
+              const WeightsListener& on_weights) {
+  const std::string& model = plan.models[0];
+  Judges j;
+  ModelConfig cfg;
+  std::vector<std::vector<int32_t>> seqs;
+  std::optional<CaseEngine> cases;
+  std::optional<Weights> own;  // float64 alone: no case engine loads them
+  if (truth_only) {
+    cfg = model_config(model, plan.base_dir, "command line", "--model");
+    seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings).seqs;
+  } else {
+    cases.emplace(plan, on_weights);
+    const CaseSpec& spec = cases->cases().at(0);
+    cfg = spec.model.config;
+    seqs = spec.model.tokens;
+    j.contract = &spec.contract;
+  }
+  check_same_model(f, model, cfg);
+  if (truth_only) {
+    WeightsOrigin origin;
+    own = model_weights(model, plan.base_dir, cfg, plan.weight_seed,
+                        io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}}, origin);
+    if (on_weights) on_weights(origin);
+  }
+  // The truth on the weights both sides ran: the checkpoint's rounded to bf16, widened.
+  const Weights& weights = truth_only ? *own : cases->weights(cases->cases().at(0).model);
+  const truth::EachOp each = on_the_dumps_rows(f.path(), [&] {
+    if (!truth_only) j.reference = cases->run_substituted(cases->cases().at(0), ops);
+    return truth::Model(cfg, weights).each_op(seqs, ops, plan.temperature);
+  });
+  for (const auto& [name, t] : engine)
+    if (auto truth = truth_of(each, name)) {
+      if (truth_only) j.reference.push_back(rounded_truth(t, *truth));
+      j.truth.emplace(name, std::move(*truth));
+    }
+  for (const auto& [op, _] : each.ops) j.model_ops.push_back("ops." + op);
+  const int layers = static_cast<int>(cfg.num_hidden_layers);
+  auto in_order = [&](const std::string& x, const std::string& y) {
+    return execution_order_key(x, layers) < execution_order_key(y, layers);
+  };
+  std::sort(j.model_ops.begin(), j.model_ops.end(), in_order);
+  std::stable_sort(j.reference.begin(), j.reference.end(),
+                   [&](const NamedTensor& x, const NamedTensor& y) { return in_order(x.name, y.name); });
+  return j;
 }
 
 }  // namespace
@@ -206,73 +267,31 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
   const std::unique_ptr<TokensFile> tokens = set_tokens(f, plan);
   std::map<std::string, std::vector<bf16>> ops;
   const std::map<std::string, NamedTensor> engine = read_tensors(f, ops);
-
-  std::vector<NamedTensor> reference;
-  truth::EachOp each;
-  std::optional<CaseEngine> cases;
-  ModelConfig cfg;
-  std::vector<std::vector<int32_t>> seqs;
-  if (truth_only) {
-    cfg = model_config(model, plan.base_dir, "command line", "--model");
-    seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings).seqs;
-  } else {
-    cases.emplace(plan, on_weights);
-    cfg = cases->cases().at(0).model.config;
-    seqs = cases->cases().at(0).model.tokens;
-  }
-  check_same_model(f, model, cfg);
-  try {
-    if (!truth_only) reference = cases->run_substituted(cases->cases().at(0), ops);
-    // The truth reads the weights again and widens them, beside the contract's bf16 copy.
-    each = load_truth(plan, cfg, truth_only ? on_weights : WeightsListener{}).each_op(seqs, ops, plan.temperature);
-  } catch (const std::invalid_argument& e) {
-    const std::string why = e.what();
-    for (const std::string prefix : {"substitute: ", "each_op: "})
-      if (why.rfind(prefix, 0) == 0)
-        throw BadInput(dump, "ops", why.substr(prefix.size()) + " (the dump's rows are not the tokens of bitparity.tokens?)");
-    throw;
-  }
-  if (truth_only)
-    for (const auto& [name, t] : engine)
-      if (const auto truth = truth_of(each, name)) reference.push_back(rounded_truth(t, *truth));
+  const Judges j = judges(f, plan, truth_only, engine, ops, on_weights);
 
   ConformResult r;
   r.report = make_report("conform");
-  const Contract* c_of = truth_only ? nullptr : &cases->cases().at(0).contract;
-  if (c_of) {
-    r.report.environment.contract_name = c_of->name;
-    r.report.environment.contract_knob_hash = c_of->knob_hash();
-  }
   Case c;
   c.id = "conform";
-  c.parameters = {{"dump", dump}, {"model", model}, {"contract", truth_only ? kConformFloat64 : c_of->name}};
-  if (c_of) c.parameters["contract_knob_hash"] = c_of->knob_hash();
-  std::set<std::string> judged;
-  const int layers = static_cast<int>(cfg.num_hidden_layers);
-  std::vector<const NamedTensor*> order;
-  for (const NamedTensor& t : reference) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(), [&](const NamedTensor* x, const NamedTensor* y) {
-    return execution_order_key(x->name, layers) < execution_order_key(y->name, layers);
-  });
-  for (const NamedTensor* ref : order) {
-    const auto it = engine.find(ref->name);
-    if (it == engine.end()) {
-      if (ref->name.rfind("ops.", 0) == 0) r.not_captured.push_back(ref->name);
-      continue;
-    }
-    judged.insert(ref->name);
-    TensorRecord rec = compare_tensors(it->second, ref);
-    if (const auto truth = truth_of(each, ref->name); truth && rec.status == TensorStatus::kCompared) {
-      rec.truth_error_a = error_from_truth(it->second, *truth);
-      rec.truth_error_b = error_from_truth(*ref, *truth);
+  c.parameters = {{"dump", dump}, {"model", model}, {"contract", j.contract ? j.contract->name : kConformFloat64}};
+  if (j.contract) {
+    r.report.environment.contract_name = j.contract->name;
+    r.report.environment.contract_knob_hash = c.parameters["contract_knob_hash"] = j.contract->knob_hash();
+  }
+  for (const NamedTensor& ref : j.reference) {
+    const auto it = engine.find(ref.name);
+    if (it == engine.end()) continue;
+    TensorRecord rec = compare_tensors(it->second, &ref);
+    if (const auto truth = j.truth.find(ref.name); truth != j.truth.end() && rec.status == TensorStatus::kCompared) {
+      rec.truth_error_a = error_from_truth(it->second, truth->second);
+      rec.truth_error_b = error_from_truth(ref, truth->second);
     }
     c.tensors.push_back(std::move(rec));
   }
-  if (truth_only)
-    for (const auto& [name, _] : each.ops)
-      if (!engine.count("ops." + name)) r.not_captured.push_back("ops." + name);
+  for (const std::string& op : j.model_ops)
+    if (!engine.count(op)) r.not_captured.push_back(op);
   for (const auto& [name, _] : engine) {
-    if (judged.count(name)) continue;
+    if (j.truth.count(name)) continue;  // judged: every output of the model has a truth
     if (name.rfind("grads.", 0) == 0) ++r.gradients;
     else r.unknown.push_back(name);
   }
