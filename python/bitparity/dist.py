@@ -91,7 +91,7 @@ class _ColumnParallelQkv(torch.autograd.Function):
             g = g.contiguous() if g is not None else torch.zeros(a.shape[0], b.shape[0], dtype=torch.bfloat16)
             acc = ops._C.linear_dgrad_acc(g, b, local, _chunk_len(full, c), name)
             trees.append(ops._C.rank_tree(_gather(acc, group)))
-            dws.append(ops._C.linear_bwd(a, b, g, 1, name)[1])
+            dws.append(ops._C.linear_wgrad(a, g, name))
         da = ops._C.sum_round(trees)  # ((0 + q) + k) + v, one rounding: SPEC.md §6.5
         dweights = [ops._weight_grad(w, d, f"the {p} weight") if need else None
                     for w, d, p, need in zip((wq, wk, wv), dws, "qkv", ctx.needs_input_grad[1:4])]
@@ -129,7 +129,7 @@ class _Mlp(torch.autograd.Function):
         trees = [ops._C.rank_tree(_gather(ops._C.linear_dgrad_acc(d, b, local, chunk, name), group))
                  for d, b in ((dg, bg), (du, bu))]
         da = ops._C.sum_round(trees)  # gate's then up's, one rounding: SPEC.md §5.7
-        dws = (ops._C.linear_bwd(a, bg, dg, 1, name)[1], ops._C.linear_bwd(a, bu, du, 1, name)[1], dwd)
+        dws = (ops._C.linear_wgrad(a, dg, name), ops._C.linear_wgrad(a, du, name), dwd)
         dweights = [ops._weight_grad(w, d, f"the {p} weight") if need else None
                     for w, d, p, need in zip((wg, wu, wd), dws, ("gate", "up", "down"), ctx.needs_input_grad[1:4])]
         return (da, *dweights, None, None, None, None)

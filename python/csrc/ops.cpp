@@ -114,6 +114,18 @@ Tensor linear_fwd(const Tensor& x, const Tensor& w, int64_t k_chunks, const std:
   return y;
 }
 
+// dw[n][k]: the weight's gradient alone, token-chunked, fp32 (for a layer whose input
+// gradient is reduced elsewhere: a column-parallel rank's).
+Tensor linear_wgrad(const Tensor& x, const Tensor& dy, const std::string& contract) {
+  check(x, "x", torch::kBFloat16, 2);
+  check(dy, "grad", torch::kBFloat16, 2);
+  TORCH_CHECK(dy.size(0) == x.size(0), "bitparity: the gradient has ", dy.size(0), " rows for ", x.size(0), " tokens");
+  const int T = as_int(x.size(0), "tokens"), K = as_int(x.size(1), "K"), N = as_int(dy.size(1), "N");
+  Tensor dw = f32_empty({N, K});
+  bp::ref::linear_wgrad(knobs(contract), bf(dy), bf(x), dw.data_ptr<float>(), T, K, N);
+  return dw;
+}
+
 std::vector<Tensor> linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, int64_t n_chunks,
                                const std::string& contract) {
   check(x, "x", torch::kBFloat16, 2);
@@ -489,6 +501,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_bwd", &rmsnorm_bwd);
   m.def("linear_fwd", &linear_fwd);
   m.def("linear_bwd", &linear_bwd);
+  m.def("linear_wgrad", &linear_wgrad);
   m.def("qkv_bwd", &qkv_bwd);
   m.def("attention_fwd", &attention_fwd);
   m.def("attention_bwd", &attention_bwd);
