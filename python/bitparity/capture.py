@@ -306,7 +306,9 @@ class Capture:
             raise CaptureError(f"{what} ran outside a forward call of the captured model")
         value = value.detach()
         keys = self._rows.keys(sampled, value.shape[0] if value.dim() else 0, what)
-        rows = self._rows.flatten(value, layout, what, len(keys))
+        # One copy of the call's rows (engines overwrite their outputs in place: fused
+        # norms, RoPE), shared by the rows' views, rather than a copy a row.
+        rows = self._rows.flatten(value, layout, what, len(keys)).clone().unbind(0)
         store = self._ops.get(op)
         if store is None:
             store = self._ops[op] = {}
@@ -319,7 +321,7 @@ class Capture:
             if key in store:
                 raise CaptureError(f"ops.{op}: sequence {key[0]} position {key[1]} captured twice (the same token "
                                    "run twice in one capture: capture each run on its own)")
-            store[key] = row.clone()  # engines overwrite their outputs in place (fused norms, RoPE)
+            store[key] = row
 
     def _modules(self, template):
         """(path, module, layer index) of every path matching template; a module reached

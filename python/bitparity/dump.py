@@ -8,6 +8,7 @@ row major. The header is padded with spaces to a multiple of 8.
 """
 
 import json
+import math
 import os
 import struct
 import tempfile
@@ -95,7 +96,7 @@ def read_dump(path):
     if not isinstance(header, dict):
         raise DumpError(f"{path}: header is not a JSON object")
     metadata = header.pop("__metadata__", {}) or {}
-    body = data[8 + n:]
+    body = memoryview(data)[8 + n:]  # a view: each tensor's bytes are copied once, below
     tensors = {}
     for name, spec in header.items():
         try:
@@ -104,13 +105,11 @@ def read_dump(path):
             begin, end = (int(x) for x in spec["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise DumpError(f"{path}: {name}: expected dtype (one of {sorted(_DTYPES)}), shape and data_offsets") from None
-        count = 1
-        for s in shape:
-            count *= s
+        count = math.prod(shape)
         width = torch.tensor([], dtype=dtype).element_size()
         if not 0 <= begin <= end <= len(body) or end - begin != count * width:
             raise DumpError(f"{path}: {name}: data_offsets [{begin}, {end}] do not hold {shape} {spec['dtype']}")
         raw = bytearray(body[begin:end])
         bits = torch.frombuffer(raw, dtype=_BITS[dtype]) if raw else torch.empty(0, dtype=_BITS[dtype])
-        tensors[name] = bits.view(dtype).reshape(shape).clone()
+        tensors[name] = bits.view(dtype).reshape(shape)  # owns `raw`, the one copy
     return tensors, metadata
