@@ -280,6 +280,9 @@ class Capture:
         self._order = []  # ops in the order first seen (execution order)
         self._sampled = set()  # ops computed for an engine's sampled rows
         self._silent = set()  # hooked modules that have not run yet
+        # An entry's op names at a layer and its split sizes depend on the map, the
+        # config and world alone: evaluated on a hook's first call, not on every one.
+        self._names_at, self._splits = {}, {}
         self._undo = []
         self._tracked = set()  # templates whose modules say which layer index runs
         self._inside = []  # (template, layer index) of each such module running, innermost last
@@ -336,6 +339,12 @@ class Capture:
         """The entry's op names at layer i: each {expression} of i, the config's
         integers and world evaluated ("layers.{i - 1}.resid_mlp"); None where one is
         negative, as layer i - 1 of layer 0: that module yields no op there."""
+        key = (id(entry), i)
+        if key not in self._names_at:
+            self._names_at[key] = self._evaluate_op_names(entry, i)
+        return self._names_at[key]
+
+    def _evaluate_op_names(self, entry, i):
         ops = entry["op"] if isinstance(entry["op"], list) else [entry["op"]]
         names = self._sizes if i is None else dict(self._sizes, i=int(i))
         values = []
@@ -352,7 +361,9 @@ class Capture:
         layout = entry.get("layout", "flat" if self._flat else "bs")
         parts = [value]
         if "split" in entry:
-            sizes = [self._size(x, entry) for x in entry["split"]]
+            if id(entry) not in self._splits:
+                self._splits[id(entry)] = [self._size(x, entry) for x in entry["split"]]
+            sizes = self._splits[id(entry)]
             if value.shape[-1] != sum(sizes):
                 raise CaptureError(f"{what}: {value.shape[-1]} features, but the map splits {sum(sizes)} ({sizes})")
             parts = list(torch.split(value, sizes, dim=-1))
