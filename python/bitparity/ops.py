@@ -1,7 +1,9 @@
 """bitparity.ops: the contract's ops as torch ops, forward and backward (docs/torch-ops.md).
 
 A CPU tensor runs the reference op itself (bitparity._C, compiled from reference/ with
-SPEC.md §3's flags), so its bits are the oracle's. Activations are bf16 [tokens, features]
+SPEC.md §3's flags), so its bits are the oracle's; a CUDA tensor runs optimized/cuda's twin
+of the op on torch's current stream (same bits), where the package was built with CUDA
+(setup.py; bitparity.ops.has_cuda()). Every tensor of a call is on one device. Activations are bf16 [tokens, features]
 in the canonical token order; weight gradients are fp32 (SPEC.md §4), so a weight that
 takes a gradient is an fp32 tensor holding bf16 values (a trainer's master weights): the
 op reads it as bf16, exactly, and its gradient comes out fp32.
@@ -12,9 +14,8 @@ op reads it as bf16, exactly, and its gradient comes out fp32.
     logits = bo.linear(h, lm_head_weight, c)
     logprob, entropy = bo.logprob(logits[rows], targets, c)
 
-Built so far: embedding, rmsnorm, qkv, rope, attention (whole sequences), linear, the
-dense mlp, the MoE block and logprob (with entropy); attention after cached keys
-(forward). Not yet: the CUDA kernels and bitparity.dist (issue 55).
+The ops: embedding, rmsnorm, qkv, rope, attention (whole sequences; after cached keys,
+forward), linear, the dense mlp, the MoE block and logprob (with entropy).
 """
 
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ except ImportError as e:  # built without torch's C++ headers (setup.py)
 
 class OpsUnavailable(ImportError):
     """This installation has no bitparity._C: says what its build lacked."""
+
+
+def has_cuda():
+    """Whether this build of bitparity._C runs CUDA tensors (on optimized/cuda's kernels)."""
+    return _ops().built_with_cuda()
 
 
 def _ops():
@@ -70,10 +76,17 @@ def _as_bf16(w, what):
         return w.detach().contiguous()
     if w.dtype != torch.float32:
         raise TypeError(f"{what} is {w.dtype}: the contract's weights are bf16 values (bf16, or fp32 holding them)")
-    b = w.detach().to(torch.bfloat16)
+    # Its bf16 copy is made and checked once per version of the weight (an optimizer's step
+    # or a copy into it makes a new one) and kept on the weight itself.
+    key = (w._version, w.data_ptr())
+    hit = getattr(w, "_bitparity_bf16", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    b = w.detach().to(torch.bfloat16).contiguous()
     if not torch.equal(b.float(), w.detach()):
         raise ValueError(f"{what} holds values that are not bf16: round it to bf16 first (the contract's weights are)")
-    return b.contiguous()
+    w._bitparity_bf16 = (key, b)
+    return b
 
 
 def _weight_grad(w, g32, what):
@@ -173,7 +186,7 @@ class _Qkv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv):
         a, bq, bk, bv, wq, wk, wv = ctx.saved_tensors
-        grads = [g.contiguous() if g is not None else torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
+        grads = [g.contiguous() if g is not None else a.new_zeros(a.shape[0], w.shape[0])
                  for g, w in zip((dq, dk, dv), (bq, bk, bv))]
         da, *dws = _C.qkv_bwd(a, [bq, bk, bv], grads, ctx.name)
         dws = [_weight_grad(w, g, f"the {p} weight") if need else None
@@ -251,35 +264,46 @@ def mlp(a, w_gate, w_up, w_down, c):
 
 
 class _Moe(torch.autograd.Function):
+    """The MoE block over per-expert weights (gate, up, down of each expert in turn) or,
+    `stacked`, over transformers 5's stacked gate_up [E, 2I, H] and down [E, H, I], whose
+    gradients then come out stacked too."""
+
     @staticmethod
-    def forward(ctx, a, router, k, norm_topk_prob, name, *experts):
-        E = len(experts) // 3
-        b = [_as_bf16(w, f"expert {i // 3}'s {('gate', 'up', 'down')[i % 3]} weight") for i, w in enumerate(experts)]
+    def forward(ctx, a, router, k, norm_topk_prob, name, stacked, *experts):
+        b = [_as_bf16(w, f"the experts' weight {i}") for i, w in enumerate(experts)]
         br = _as_bf16(router, "the router's weight")
         ctx.save_for_backward(a, br, router, *b, *experts)
-        ctx.k, ctx.norm, ctx.name, ctx.E = k, norm_topk_prob, name, E
+        ctx.k, ctx.norm, ctx.name, ctx.stacked, ctx.n = k, norm_topk_prob, name, stacked, len(experts)
+        if stacked:
+            return _C.moe_stacked_fwd(a, br, *b, k, norm_topk_prob, name)
         return _C.moe_fwd(a, br, b[0::3], b[1::3], b[2::3], k, norm_topk_prob, name)
 
     @staticmethod
     def backward(ctx, dout):
         a, br, router, *rest = ctx.saved_tensors
-        b, experts = rest[:3 * ctx.E], rest[3 * ctx.E:]
-        da, dwr, *dws = _C.moe_bwd(a, br, b[0::3], b[1::3], b[2::3], dout.contiguous(), ctx.k, ctx.norm, ctx.name)
+        b, experts = rest[:ctx.n], rest[ctx.n:]
+        if ctx.stacked:
+            da, dwr, *dws = _C.moe_stacked_bwd(a, br, *b, dout.contiguous(), ctx.k, ctx.norm, ctx.name)
+        else:
+            da, dwr, *dws = _C.moe_bwd(a, br, b[0::3], b[1::3], b[2::3], dout.contiguous(), ctx.k, ctx.norm, ctx.name)
         need = ctx.needs_input_grad
         drouter = _weight_grad(router, dwr, "the router's weight") if need[1] else None
-        dexperts = [_weight_grad(w, g, "an expert's weight") if need[5 + i] else None
+        dexperts = [_weight_grad(w, g, "an expert's weight") if need[6 + i] else None
                     for i, (w, g) in enumerate(zip(experts, dws))]
-        return (da, drouter, None, None, None, *dexperts)
+        return (da, drouter, None, None, None, None, *dexperts)
 
 
 def moe(a, router, experts, k, norm_topk_prob, c):
     """The Qwen3-MoE block (SPEC.md §5.8, §5.9): router logits, top-k (ties to the lower
     expert), routing weights, each token's experts and their combine in slot order.
-    `experts`: per expert (gate [I, H], up [I, H], down [H, I]). The backward adds the
-    router's input gradient to the experts' before one rounding."""
+    `experts`: per expert (gate [I, H], up [I, H], down [H, I]), or transformers 5's stacked
+    (gate_up [E, 2I, H], each expert's gate rows first, down [E, H, I]) as one pair of 3-D
+    tensors. The backward adds the router's input gradient to the experts' before one
+    rounding."""
     _ops()
-    flat = [w for e in experts for w in e]
-    return _Moe.apply(_activation(a, "a"), router, int(k), bool(norm_topk_prob), _name(c), *flat)
+    stacked = len(experts) == 2 and all(torch.is_tensor(w) and w.dim() == 3 for w in experts)
+    flat = list(experts) if stacked else [w for e in experts for w in e]
+    return _Moe.apply(_activation(a, "a"), router, int(k), bool(norm_topk_prob), _name(c), stacked, *flat)
 
 
 class _Rope(torch.autograd.Function):
@@ -302,9 +326,9 @@ def rope_tables(theta, head_dim, max_positions):
 
 def rope(x, positions, tables, c):
     """Each head of x [T, H·D] rotated by its token's position (SPEC.md §5.5); `tables`
-    from rope_tables covering every position."""
+    from rope_tables covering every position (moved to x's device where they are not)."""
     _ops()
-    cos, sin = tables
+    cos, sin = (t.to(x.device) for t in tables)
     return _Rope.apply(_activation(x, "x"), _int32(positions, "positions"), cos, sin, _name(c))
 
 
