@@ -5,7 +5,8 @@
     out = model(input_ids, attention_mask=mask)   # out.logits, and the contract's out.logprobs, out.entropy
     (out.logprobs * coefficients).sum().backward()  # every p.grad: the contract's, fp32
 
-Afterwards the model's forward runs bitparity.ops on the CPU reference: each batch row is
+Afterwards the model's forward runs bitparity.ops where the model is (the CPU reference,
+or optimized/cuda's kernels on a CUDA model, the same bits): each batch row is
 one sequence, its tokens where the attention mask is 1 (left or right padding), or several
 packed in the row where position_ids restart at 0; the sequences run one after another in
 the canonical order (SPEC.md §6.3), so the logprobs, entropy and parameter gradients are
@@ -21,12 +22,13 @@ same bits as one whole-sequence call (SPEC.md §6.2), and its backward runs whol
 sequences. The logprob of a token the engine samples is
 bitparity.ops.logprob(out.logits[b, -1:], token, contract).
 
-Not yet (issue 55): HF's own Cache objects (generate()), CUDA tensors,
-tensor/expert/context parallelism.
+Hugging Face's own cache (a DynamicCache passed as past_key_values) works too: the patched
+model writes its keys and values there in HF's layout, and the attention mask covering the
+cached and new columns says which hold each row's tokens (HF's convention). Not yet (issue
+55): tensor/expert/context parallelism of a patched model.
 """
 
 import functools
-from types import SimpleNamespace
 
 import torch
 
@@ -67,23 +69,89 @@ class _Config:
 
 
 class Cache:
-    """A patched model's KV cache: per layer and batch row (sequence), the keys and values
-    after RoPE, bf16 [tokens, kv_heads·head_dim], and each sequence's length."""
+    """A patched model's own KV cache: per layer and batch row (sequence), the keys and
+    values after RoPE, bf16 [tokens, kv_heads·head_dim], and each sequence's length."""
 
     def __init__(self, layers, batch):
         self.k = [[None] * batch for _ in range(layers)]
         self.v = [[None] * batch for _ in range(layers)]
         self.length = [0] * batch
+        self._lengths = None
 
     def get_seq_length(self, layer_idx=0):
         return max(self.length)
 
-    def extend(self, layer, b, k, v):
-        """Sequence b's keys and values of `layer` with the new ones appended."""
-        for store, new in ((self.k, k), (self.v, v)):
-            old = store[layer][b]
-            store[layer][b] = new if old is None else torch.cat([old, new])
-        return self.k[layer][b], self.v[layer][b]
+    def past(self, attention_mask, B, S):
+        """Each row's cached tokens."""
+        return list(self.length)
+
+    def begin(self, batch, column, lengths, S):
+        """This call's tokens: one sequence a row, `lengths` of them, at (batch, column) of S columns."""
+        self._lengths = lengths
+
+    def update_layer(self, layer, k, v):
+        """Each row's keys and values of `layer` with this call's (packed [T, kv_heads·D]) appended."""
+        out, at = [], 0
+        for b, n in enumerate(self._lengths):
+            for store, new in ((self.k, k[at:at + n]), (self.v, v[at:at + n])):
+                old = store[layer][b]
+                store[layer][b] = new if old is None else torch.cat([old, new])
+            out.append((self.k[layer][b], self.v[layer][b]))
+            at += n
+        return out
+
+    def end(self):
+        self.length = [p + n for p, n in zip(self.length, self._lengths)]
+
+
+class _HfCache:
+    """Hugging Face's own cache (a DynamicCache: update(k, v, layer_idx) appends HF's
+    [batch, kv_heads, columns, D] and returns the whole) under the patch. It holds the
+    patched model's keys and values in HF's layout, padding columns too (zeros where the
+    patch writes them); the attention mask over the cached and new columns says which
+    columns hold each row's tokens, HF's convention."""
+
+    def __init__(self, cache, D):
+        self.cache, self.D = cache, D
+
+    def past(self, attention_mask, B, S):
+        P = self.cache.get_seq_length()
+        if attention_mask is None:  # no padding anywhere
+            self.columns = [torch.arange(P + S)] * B
+            return [P] * B
+        if attention_mask.shape[1] != P + S:
+            raise ValueError(f"bitparity.patch: with Hugging Face's cache ({P} columns cached), attention_mask covers "
+                             f"the cached and the new columns: [batch, {P + S}], not {list(attention_mask.shape)}")
+        full = attention_mask.bool().cpu()
+        self.columns = [row.nonzero().squeeze(1) for row in full]
+        return [int(row[:P].sum()) for row in full]
+
+    def begin(self, batch, column, lengths, S):
+        self.batch, self.column, self.B, self.S = batch, column, len(lengths), S
+
+    def update_layer(self, layer, k, v):
+        hf = []
+        for new in (k, v):  # HF's layout: [B, kv_heads, S, D], padding columns zero
+            x = new.new_zeros(self.B, self.S, new.shape[1] // self.D, self.D)
+            x[self.batch, self.column] = new.view(new.shape[0], -1, self.D)
+            hf.append(x.transpose(1, 2))
+        K, V = self.cache.update(hf[0], hf[1], layer)
+        return [tuple(X[b][:, c.to(X.device)].transpose(0, 1).reshape(len(c), -1) for X in (K, V))
+                for b, c in enumerate(self.columns)]
+
+    def end(self):
+        pass
+
+
+class Output(dict):
+    """The patched forward's result, read as attributes or keys (as transformers' outputs
+    are): logits [B, S, V], past_key_values, logprobs, entropy and logprob_mask [B, S-1]."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 def _sequences(input_ids, attention_mask, position_ids, past):
@@ -92,6 +160,7 @@ def _sequences(input_ids, attention_mask, position_ids, past):
     convention, its last columns being this call's), cut where position_ids restart at 0
     (sequences packed in one row; not with a cache)."""
     B, S = input_ids.shape
+    position_ids = None if position_ids is None else position_ids.cpu()
     mask = torch.ones(B, S, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()[:, -S:]
     if mask.shape != (B, S):
         raise ValueError(f"bitparity.patch: attention_mask {list(attention_mask.shape)} does not end in input_ids' "
@@ -101,7 +170,7 @@ def _sequences(input_ids, attention_mask, position_ids, past):
         at = mask[b].nonzero().squeeze(1)
         if len(at) == 0 or int(at[-1] - at[0]) + 1 != len(at):
             raise ValueError(f"bitparity.patch: batch row {b}'s tokens are not one run (padding left or right only)")
-        pos = past[b] + torch.arange(len(at)) if position_ids is None else position_ids[b, at].cpu()
+        pos = past[b] + torch.arange(len(at)) if position_ids is None else position_ids[b, at]
         starts = [0] + [j for j in range(1, len(at)) if pos[j] == 0]
         if len(starts) > 1 and past[b]:
             raise ValueError(f"bitparity.patch: batch row {b} packs sequences: not with a KV cache")
@@ -114,76 +183,95 @@ def _sequences(input_ids, attention_mask, position_ids, past):
     return seqs
 
 
+def _cache_for(cfg, past_key_values, use_cache, B, D):
+    """The call's cache: the one passed back (the patch's own, or Hugging Face's), a new
+    one of the patch's own with use_cache, or None."""
+    if past_key_values is None:
+        return Cache(cfg.layers, B) if use_cache else None
+    if isinstance(past_key_values, Cache):
+        if len(past_key_values.length) != B:
+            raise ValueError(f"bitparity.patch: the cache holds {len(past_key_values.length)} sequences, the batch "
+                             f"{B} rows")
+        return past_key_values
+    if callable(getattr(past_key_values, "update", None)) and callable(getattr(past_key_values, "get_seq_length",
+                                                                               None)):
+        return _HfCache(past_key_values, D)
+    raise TypeError(f"bitparity.patch: past_key_values is a {type(past_key_values).__name__}: pass back the patched "
+                    "model's own cache, or one of Hugging Face's (DynamicCache)")
+
+
 def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-             **unsupported):
+             cache_position=None, logits_to_keep=0, **unsupported):
     taken = sorted(k for k, v in unsupported.items() if v is not None and v is not False and k != "return_dict")
     if taken:
         raise TypeError(f"bitparity.patch: the patched forward does not take {taken}")
-    if past_key_values is not None and not isinstance(past_key_values, Cache):
-        raise TypeError(f"bitparity.patch: past_key_values is a {type(past_key_values).__name__}: pass back the "
-                        "patched model's own (HF's Cache objects are not supported yet, issue 55)")
-    if input_ids.device.type != "cpu":
-        raise NotImplementedError(f"bitparity.patch: input on {input_ids.device}: this build runs the CPU reference")
+    device = model.lm_head.weight.device
+    if input_ids.device != device:
+        raise ValueError(f"bitparity.patch: input_ids are on {input_ids.device}, the model on {device}")
     B, S = input_ids.shape
-    cache = past_key_values or (Cache(cfg.layers, B) if use_cache else None)
+    cache = _cache_for(cfg, past_key_values, use_cache, B, cfg.head_dim)
     if cache is not None and torch.is_grad_enabled():
         raise RuntimeError("bitparity.patch: a KV cache runs under torch.no_grad(): the contract's backward runs "
                            "whole sequences (SPEC.md §6.5)")
-    if cache is not None and len(cache.length) != B:
-        raise ValueError(f"bitparity.patch: the cache holds {len(cache.length)} sequences, the batch {B} rows")
-    past = cache.length if cache is not None else [0] * B
+    past = cache.past(attention_mask, B, S) if cache is not None else [0] * B
+    if cache_position is not None and isinstance(cache, _HfCache):  # else each row's own past says it
+        first = cache.cache.get_seq_length()
+        if not torch.equal(cache_position.cpu(), first + torch.arange(S)):
+            raise ValueError(f"bitparity.patch: cache_position {cache_position.tolist()} is not the cache's next "
+                             f"{S} columns from {first}")
     seqs = _sequences(input_ids, attention_mask, position_ids, past)
-    tokens = torch.cat([input_ids[b, at] for b, at in seqs]).to(torch.int32)
+    # The packing's indices are planned on the host, then moved to the model's device once.
+    batch = torch.cat([torch.full((len(at),), b) for b, at in seqs]).to(device)
+    column = torch.cat([at for _, at in seqs]).to(device)
+    tokens = input_ids[batch, column].to(torch.int32)
     lengths = [len(at) for _, at in seqs]
-    positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs])
-    logits = _packed_logits(model, cfg, c, tokens, lengths, positions, cache)
+    positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs]).to(device)
     if cache is not None:  # one sequence a row
-        cache.length = [p + n for p, n in zip(past, lengths)]
+        cache.begin(batch, column, lengths, S)
+    logits = _packed_logits(model, cfg, c, tokens, lengths, positions, cache)
+    if cache is not None:
+        cache.end()
 
-    batch = torch.cat([torch.full((len(at),), b) for b, at in seqs])
-    column = torch.cat([at for _, at in seqs])
-    out_logits = torch.zeros(B, S, logits.shape[1], dtype=logits.dtype).index_put((batch, column), logits)
+    out_logits = logits.new_zeros(B, S, logits.shape[1]).index_put((batch, column), logits)
     # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-    predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long()
+    predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long().to(device)
     lp, entropy = ops.logprob(logits[predicting], tokens[predicting + 1], c)
     where = (batch[predicting], column[predicting])
-    mask = torch.zeros(B, max(S - 1, 0), dtype=torch.bool).index_put(where, torch.tensor(True))
-    return SimpleNamespace(logits=out_logits, past_key_values=cache, logprob_mask=mask,
-                           logprobs=torch.zeros(B, max(S - 1, 0)).index_put(where, lp),
-                           entropy=torch.zeros(B, max(S - 1, 0)).index_put(where, entropy))
+    cols = max(S - 1, 0)
+    mask = torch.zeros(B, cols, dtype=torch.bool, device=device).index_put(where, torch.tensor(True, device=device))
+    keep = out_logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) and logits_to_keep > 0 else out_logits
+    return Output(logits=keep, past_key_values=past_key_values if isinstance(cache, _HfCache) else cache,
+                  logprob_mask=mask, logprobs=lp.new_zeros(B, cols).index_put(where, lp),
+                  entropy=entropy.new_zeros(B, cols).index_put(where, entropy))
 
 
 def _experts(mlp):
-    """Each expert's (gate [I, H], up [I, H], down [H, I]): modules of their own
-    (transformers 4.x) or views of the stacked gate_up_proj [E, 2I, H] (gate rows first)
-    and down_proj [E, H, I] (5.x)."""
+    """Each expert's (gate [I, H], up [I, H], down [H, I]) of modules of their own
+    (transformers 4.x), or the stacked gate_up_proj [E, 2I, H] (gate rows first) and
+    down_proj [E, H, I] (5.x)."""
     ex = mlp.experts
     if isinstance(ex, torch.nn.ModuleList):
         return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in ex]
-    I = ex.gate_up_proj.shape[1] // 2
-    return [(ex.gate_up_proj[e, :I], ex.gate_up_proj[e, I:], ex.down_proj[e]) for e in range(ex.gate_up_proj.shape[0])]
+    return (ex.gate_up_proj, ex.down_proj)  # ops.moe takes them stacked, their gradients stacked too
 
 
 def _attention(cache, layer, q, k, v, lengths, D, c):
     """Whole sequences (autograd), or each sequence's new queries after its cached keys."""
     if cache is None:
         return ops.attention(q, k, v, lengths, D, c)
-    ks, vs, seqs, q_at, kv_at = [], [], [], 0, 0
-    for b, n in enumerate(lengths):
-        past = cache.length[b]
-        kb, vb = cache.extend(layer, b, k[q_at:q_at + n], v[q_at:q_at + n])
-        ks.append(kb)
-        vs.append(vb)
-        seqs.append((q_at, n, past, kv_at))
-        q_at, kv_at = q_at + n, kv_at + past + n
-    return ops.attention_cached(q, torch.cat(ks), torch.cat(vs), seqs, D, c)
+    rows = cache.update_layer(layer, k, v)
+    seqs, q_at, kv_at = [], 0, 0
+    for n, (kb, _) in zip(lengths, rows):
+        seqs.append((q_at, n, kb.shape[0] - n, kv_at))
+        q_at, kv_at = q_at + n, kv_at + kb.shape[0]
+    return ops.attention_cached(q, torch.cat([kb for kb, _ in rows]), torch.cat([vb for _, vb in rows]), seqs, D, c)
 
 
 def _packed_logits(model, cfg, c, tokens, lengths, positions, cache):
     """The model on the packed tokens, op by op as SPEC.md §6 runs it; logits [T, V]."""
     m, D = model.model, cfg.head_dim
-    tables = ops.rope_tables(cfg.theta, D, int(positions.max()) + 1)
+    tables = tuple(t.to(tokens.device) for t in ops.rope_tables(cfg.theta, D, int(positions.max()) + 1))
     x = ops.embedding(tokens, m.embed_tokens.weight, c)
     for i, layer in enumerate(m.layers):
         at = layer.self_attn

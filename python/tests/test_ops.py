@@ -153,10 +153,42 @@ def hf_model(model):
     return m
 
 
-def patched_loss(model, c, packed=False):
+def stack_experts(m):
+    """transformers 5's layout of each MoE layer's experts: gate_up_proj [E, 2I, H] (an
+    expert's gate rows first) and down_proj [E, H, I], parameters of one module."""
+    for layer in m.model.layers:
+        ex = getattr(layer.mlp, "experts", None)
+        if isinstance(ex, torch.nn.ModuleList):
+            stacked = torch.nn.Module()
+            stacked.gate_up_proj = torch.nn.Parameter(torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
+                                                                   for e in ex]))
+            stacked.down_proj = torch.nn.Parameter(torch.stack([e.down_proj.weight for e in ex]))
+            layer.mlp.experts = stacked
+    return m
+
+
+def per_expert(grads):
+    """Stacked experts' gradients under each expert's own names, as the run's dump has them."""
+    out = {}
+    for n, g in grads.items():
+        if n.endswith(".experts.gate_up_proj"):
+            I = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{n[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = g[e, :I]
+                out[f"{n[:-len('gate_up_proj')]}{e}.up_proj.weight"] = g[e, I:]
+        elif n.endswith(".experts.down_proj"):
+            out.update({f"{n[:-len('down_proj')]}{e}.down_proj.weight": g[e] for e in range(g.shape[0])})
+        else:
+            out[n] = g
+    return out
+
+
+def patched_loss(model, c, packed=False, stacked=False):
     """The patched model on SEQS as one batch, the second row left-padded (packed: both
-    sequences in one row, position_ids restarting); the loss's backward."""
-    m = bitparity.patch(hf_model(model), c)
+    sequences in one row, position_ids restarting; stacked: the experts in transformers 5's
+    layout); the loss's backward."""
+    m = hf_model(model)
+    m = bitparity.patch(stack_experts(m) if stacked else m, c)
     if packed:
         ids, pos = torch.tensor([SEQS[0] + SEQS[1]]), torch.tensor([list(range(len(SEQS[0]))) + list(range(len(SEQS[1])))])
         coef = torch.tensor([COEFS[0] + [0.0] + COEFS[1]])  # the first sequence's last token predicts nothing
@@ -173,7 +205,20 @@ def patched_loss(model, c, packed=False):
     (out.logprobs * coef).sum().backward()
     lp = [out.logprobs[b][out.logprob_mask[b]].detach() for b in range(2)]
     entropy = [out.entropy[b][out.logprob_mask[b]] for b in range(2)]
-    return lp, entropy, {n: p.grad for n, p in m.named_parameters()}
+    return lp, entropy, per_expert({n: p.grad for n, p in m.named_parameters()})
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_stacked_experts_are_the_runs_bits(oracle, name):
+    """The MoE checkpoint with its experts stacked as transformers 5 holds them: the same
+    logprobs, entropy and gradients (the stacked ones split per expert) as the run's."""
+    run = oracle(name, MOE_MODEL)
+    lp, entropy, grads = patched_loss(MOE_MODEL, name, stacked=True)
+    assert all(torch.equal(lp[s], run[f"logprobs.{s}"]) for s in range(len(SEQS)))
+    assert all(torch.equal(entropy[s], run[f"entropy.{s}"]) for s in range(len(SEQS)))
+    expected = {k[len("grads."):]: v for k, v in run.items() if k.startswith("grads.")}
+    assert set(grads) == set(expected)
+    assert not [n for n in expected if not torch.equal(grads[n], expected[n])]
 
 
 def three_linears(a, wq, wk, wv, c):
@@ -204,9 +249,30 @@ def test_a_patched_model_is_the_runs_bits(oracle, name, model, packed, monkeypat
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
 
 
+class ConcatCache:
+    """Hugging Face's DynamicCache as the patch uses it (transformers is not in Debian; the
+    device stage python_patch runs the real one): per layer, keys and values [B, kv_heads,
+    columns, D], each update appended along the columns and the whole returned."""
+
+    def __init__(self):
+        self.kv = []
+
+    def get_seq_length(self, layer_idx=0):
+        return self.kv[layer_idx][0].shape[-2] if layer_idx < len(self.kv) else 0
+
+    def update(self, k, v, layer_idx, cache_kwargs=None):
+        if layer_idx == len(self.kv):
+            self.kv.append((k, v))
+        else:
+            self.kv[layer_idx] = tuple(torch.cat([old, new], dim=-2) for old, new in zip(self.kv[layer_idx], (k, v)))
+        return self.kv[layer_idx]
+
+
 @pytest.mark.parametrize("model", [MODEL, MOE_MODEL], ids=["dense", "moe"])
-def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model):
-    """Through the patched model's own KV cache: one call prefilling the first sequence's
+@pytest.mark.parametrize("cache", ["own", "hf"])
+def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model, cache):
+    """Through a KV cache, the patched model's own or Hugging Face's layout (the attention
+    mask then covering the cached columns too): one call prefilling the first sequence's
     first 4 tokens beside the second's first (left-padded), then three steps of one token
     each for both rows, under torch.no_grad(). The logits of every position, their
     contract logprobs and entropy are the whole-sequence run's, bit for bit."""
@@ -214,19 +280,25 @@ def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model):
     run, c = oracle(name, model), ops.contract(name)
     m = bitparity.patch(hf_model(model), c)
     s0, s1 = SEQS
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]])
     with torch.no_grad():
-        out = m(torch.tensor([s0[:4], [0, 0, 0, s1[0]]]), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]),
-                use_cache=True)
+        out = m(torch.tensor([s0[:4], [0, 0, 0, s1[0]]]), attention_mask=mask, use_cache=True,
+                past_key_values=ConcatCache() if cache == "hf" else None)
         rows = [list(out.logits[0]), [out.logits[1, 3]]]
         for t in range(3):
-            out = m(torch.tensor([[s0[4 + t]], [s1[1 + t]]]), past_key_values=out.past_key_values, use_cache=True)
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            out = m(torch.tensor([[s0[4 + t]], [s1[1 + t]]]), past_key_values=out.past_key_values, use_cache=True,
+                    attention_mask=mask if cache == "hf" else None)
             rows[0].append(out.logits[0, 0])
             rows[1].append(out.logits[1, 0])
         for b, seq in enumerate(SEQS):
             lp, entropy = ops.logprob(torch.stack(rows[b][:-1]), torch.tensor(seq[1:]), c)
             assert torch.equal(lp, run[f"logprobs.{b}"]), b
             assert torch.equal(entropy, run[f"entropy.{b}"]), b
-    assert out.past_key_values.length == [7, 4]
+    if cache == "own":
+        assert out.past_key_values.length == [7, 4]
+    else:
+        assert out.past_key_values.get_seq_length() == 7
 
 
 def test_the_patch_refuses_what_it_cannot_run():
@@ -236,6 +308,9 @@ def test_the_patch_refuses_what_it_cannot_run():
         m(ids, use_cache=True)
     with pytest.raises(TypeError, match="pass back the patched model's own"):
         m(ids, past_key_values=[])
+    with torch.no_grad(), pytest.raises(ValueError, match="covers the cached and the new columns"):
+        cache = m(ids, use_cache=True, past_key_values=ConcatCache()).past_key_values
+        m(ids[:, :1], attention_mask=torch.ones(1, 1), past_key_values=cache)
     with pytest.raises(ValueError, match="not one run"):
         m(ids, attention_mask=torch.tensor([[1, 0, 1, 1]]))
     with pytest.raises(ValueError, match="count up"):
