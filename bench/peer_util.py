@@ -33,11 +33,13 @@ def import_torch_with_cuda(name):
     return torch
 
 
-def host_us(torch, call, reps):
+def host_us(torch, call, reps, setup=None):
     """Median host time inside `call`, the GPU idle before each (bench_util.cuh's host_us):
-    what the caller waits for the call to return."""
+    what the caller waits for the call to return; `setup` (untimed) runs before every call."""
     times = []
     for _ in range(reps):
+        if setup:
+            setup()
         torch.cuda.synchronize()
         start = time.perf_counter()
         call()
