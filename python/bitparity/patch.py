@@ -64,6 +64,15 @@ class _Config:
         self.mlp_only = set(get("mlp_only_layers", []) or [])
         self.sparse_step = get("decoder_sparse_step", 1) or 1
 
+    def rope_tables(self, positions, device):
+        """The contract's RoPE tables covering `positions` on `device`, made on the CPU (a
+        table of n positions is the first n rows of a longer one) and kept for the next call."""
+        have = getattr(self, "_rope", None)
+        if have is None or have[0].shape[0] < positions or have[0].device != device:
+            n = max(positions, 2 * have[0].shape[0] if have is not None else 0)
+            self._rope = tuple(t.to(device) for t in ops.rope_tables(self.theta, self.head_dim, n))
+        return self._rope
+
     def is_moe_layer(self, i):
         return self.experts > 0 and i not in self.mlp_only and (i + 1) % self.sparse_step == 0
 
@@ -90,15 +99,17 @@ class Cache:
         self._lengths = lengths
 
     def update_layer(self, layer, k, v):
-        """Each row's keys and values of `layer` with this call's (packed [T, kv_heads·D]) appended."""
-        out, at = [], 0
+        """Every row's keys and values of `layer` with this call's (packed [T, kv_heads·D])
+        appended, packed row after row, and each row's count of them."""
+        at = 0
         for b, n in enumerate(self._lengths):
             for store, new in ((self.k, k[at:at + n]), (self.v, v[at:at + n])):
                 old = store[layer][b]
                 store[layer][b] = new if old is None else torch.cat([old, new])
-            out.append((self.k[layer][b], self.v[layer][b]))
             at += n
-        return out
+        rows = range(len(self._lengths))
+        return (torch.cat([self.k[layer][b] for b in rows]), torch.cat([self.v[layer][b] for b in rows]),
+                [self.k[layer][b].shape[0] for b in rows])
 
     def end(self):
         self.length = [p + n for p, n in zip(self.length, self._lengths)]
@@ -124,10 +135,15 @@ class _HfCache:
                              f"the cached and the new columns: [batch, {P + S}], not {list(attention_mask.shape)}")
         full = attention_mask.bool().cpu()
         self.columns = [row.nonzero().squeeze(1) for row in full]
+        if all(len(c) == P + S for c in self.columns):  # no padding anywhere
+            self.columns = [torch.arange(P + S)] * B
         return [int(row[:P].sum()) for row in full]
 
     def begin(self, batch, column, lengths, S):
         self.batch, self.column, self.B, self.S = batch, column, len(lengths), S
+        self.full = all(c is self.columns[0] for c in self.columns)  # every row every column
+        if not self.full:
+            self.device_columns = [c.to(batch.device) for c in self.columns]
 
     def update_layer(self, layer, k, v):
         hf = []
@@ -136,8 +152,11 @@ class _HfCache:
             x[self.batch, self.column] = new.view(new.shape[0], -1, self.D)
             hf.append(x.transpose(1, 2))
         K, V = self.cache.update(hf[0], hf[1], layer)
-        return [tuple(X[b][:, c.to(X.device)].transpose(0, 1).reshape(len(c), -1) for X in (K, V))
-                for b, c in enumerate(self.columns)]
+        if self.full:  # one copy of the whole: [B, kv_heads, L, D] -> B rows of [L, kv_heads·D]
+            return (*(X.transpose(1, 2).reshape(-1, X.shape[1] * X.shape[3]) for X in (K, V)),
+                    [K.shape[2]] * self.B)
+        return (*(torch.cat([X[b][:, c].transpose(0, 1).reshape(len(c), -1) for b, c in
+                             enumerate(self.device_columns)]) for X in (K, V)), [len(c) for c in self.columns])
 
     def end(self):
         pass
@@ -260,18 +279,18 @@ def _attention(cache, layer, q, k, v, lengths, D, c):
     """Whole sequences (autograd), or each sequence's new queries after its cached keys."""
     if cache is None:
         return ops.attention(q, k, v, lengths, D, c)
-    rows = cache.update_layer(layer, k, v)
+    keys, values, kv_lengths = cache.update_layer(layer, k, v)
     seqs, q_at, kv_at = [], 0, 0
-    for n, (kb, _) in zip(lengths, rows):
-        seqs.append((q_at, n, kb.shape[0] - n, kv_at))
-        q_at, kv_at = q_at + n, kv_at + kb.shape[0]
-    return ops.attention_cached(q, torch.cat([kb for kb, _ in rows]), torch.cat([vb for _, vb in rows]), seqs, D, c)
+    for n, kv in zip(lengths, kv_lengths):
+        seqs.append((q_at, n, kv - n, kv_at))
+        q_at, kv_at = q_at + n, kv_at + kv
+    return ops.attention_cached(q, keys, values, seqs, D, c)
 
 
 def _packed_logits(model, cfg, c, tokens, lengths, positions, cache):
     """The model on the packed tokens, op by op as SPEC.md §6 runs it; logits [T, V]."""
     m, D = model.model, cfg.head_dim
-    tables = tuple(t.to(tokens.device) for t in ops.rope_tables(cfg.theta, D, int(positions.max()) + 1))
+    tables = cfg.rope_tables(int(positions.max()) + 1, tokens.device)
     x = ops.embedding(tokens, m.embed_tokens.weight, c)
     for i, layer in enumerate(m.layers):
         at = layer.self_attn

@@ -301,6 +301,27 @@ def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model, cache):
         assert out.past_key_values.get_seq_length() == 7
 
 
+@pytest.mark.parametrize("mask", [False, True], ids=["no-mask", "ones"])
+def test_an_unpadded_batch_through_hf_cache_is_the_runs_bits(oracle, mask):
+    """Both rows unpadded (no mask, or a mask of ones over the cached and new columns):
+    the DynamicCache's keys are read back whole, not row by row; a prefill of 3 tokens and
+    one decoding step give the run's logprobs."""
+    name = "bf16-sm90tc-v2"
+    run, c = oracle(name, MODEL), ops.contract(name)
+    m = bitparity.patch(hf_model(MODEL), c)
+    cache, rows = ConcatCache(), [[], []]
+    with torch.no_grad():
+        for cols in (slice(0, 3), slice(3, 4)):
+            ids = torch.tensor([SEQS[0][cols], SEQS[1][cols]])
+            full = torch.ones(2, cols.stop, dtype=torch.long) if mask else None
+            out = m(ids, attention_mask=full, past_key_values=cache, use_cache=True)
+            for b in range(2):
+                rows[b] += list(out.logits[b])
+    for b, seq in enumerate(SEQS):
+        lp, _ = ops.logprob(torch.stack(rows[b][:3]), torch.tensor(seq[1:4]), c)
+        assert torch.equal(lp, run[f"logprobs.{b}"][:3]), b
+
+
 def test_the_patch_refuses_what_it_cannot_run():
     m = bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2")
     ids = torch.tensor([[5, 17, 3, 44]])
@@ -317,6 +338,19 @@ def test_the_patch_refuses_what_it_cannot_run():
         m(ids, position_ids=torch.tensor([[0, 1, 3, 4]]))
     with pytest.raises(TypeError, match="labels"):
         m(ids, labels=ids)
+
+
+def test_an_op_refuses_a_device_it_cannot_run_on():
+    """Every tensor of a call on one device, and a device this build runs: here the CPU
+    alone (a build without CUDA, as Debian's torch is); `meta` stands for the others."""
+    c = ops.contract("bf16-sm90tc-v2")
+    x, w = torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)
+    assert ops.rmsnorm(x, w, 1e-6, c).shape == (2, 4)
+    with pytest.raises(RuntimeError, match="a tensor is on meta: this build of bitparity._C has the CPU reference"):
+        ops.rmsnorm(x.to("meta"), w, 1e-6, c)
+    with pytest.raises(RuntimeError, match="weight is on meta, the op's other tensors on cpu"):
+        ops.rmsnorm(x, w.to("meta"), 1e-6, c)
+    assert not ops.has_cuda()
 
 
 def test_rope_backward_is_the_forwards_transpose():
