@@ -11,10 +11,14 @@ have their own order), and every rank runs the tree's last levels and rounds onc
     y = bitparity.dist.row_parallel_linear(o_slice, w_o_slice, c, group)   # o_proj
     q, k, v = bitparity.dist.qkv(a, w_q_rows, w_k_rows, w_v_rows, c, group)  # column-parallel
     d = bitparity.dist.mlp(a, w_gate_rows, w_up_rows, w_down_cols, c, group)  # gate/up, then down
+    lp, entropy = bitparity.dist.lm_head_logprob(h, w_vocab_rows, rows, targets, c, group)
 
-Built so far: these three, on CPU tensors over any torch.distributed backend. Not yet: the
-vocabulary-parallel head and logprob, expert and context parallelism, and a patched
-model's layout (issue 55).
+The vocabulary-parallel head holds rank t's chunks of the vocabulary (vocab_slice says
+which rows), and its logprob merges every rank's chunk partials after one all-gather (v2's
+chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's tree.
+Built so far: these four, on CPU tensors and CUDA ones (the collectives are all_gather
+alone, so gloo and NCCL give the same bits). Not yet: expert and context parallelism, the
+q/k norms' weight gradients across ranks, and a patched model's layout (issue 55).
 """
 
 import torch
@@ -44,6 +48,20 @@ def _chunks(c, group, what):
 
 def _chunk_len(full, c):
     return -(-full // c.tp_tree_width)
+
+
+def vocab_slice(vocab, c, rank, tp):
+    """Rank `rank`'s rows of a vocabulary-parallel weight of `vocab` rows in a TP group of
+    `tp`: its C/tp chunks of ⌈V/C⌉ (SPEC.md §7; the tail ranks' slices shorter), a slice."""
+    if c.tp_tree_width % tp:
+        raise ValueError(f"bitparity.dist: a TP group of {tp} does not divide the contract's tp_tree_width "
+                         f"{c.tp_tree_width} (SPEC.md §7)")
+    span = c.tp_tree_width // tp * _chunk_len(vocab, c)
+    begin = min(rank * span, vocab)
+    if begin >= vocab:
+        raise ValueError(f"bitparity.dist: rank {rank} of {tp} holds no row of a vocabulary of {vocab} "
+                         "(SPEC.md §7 refuses such a layout)")
+    return slice(begin, min(begin + span, vocab))
 
 
 class _RowParallel(torch.autograd.Function):
@@ -88,7 +106,7 @@ class _ColumnParallelQkv(torch.autograd.Function):
         local = _chunks(c, group, "qkv")
         trees, dws = [], []
         for g, b, full in zip(grads, (bq, bk, bv), ctx.fulls):
-            g = g.contiguous() if g is not None else torch.zeros(a.shape[0], b.shape[0], dtype=torch.bfloat16)
+            g = g.contiguous() if g is not None else a.new_zeros(a.shape[0], b.shape[0])
             acc = ops._C.linear_dgrad_acc(g, b, local, _chunk_len(full, c), name)
             trees.append(ops._C.rank_tree(_gather(acc, group)))
             dws.append(ops._C.linear_wgrad(a, g, name))
@@ -142,3 +160,88 @@ def mlp(a, w_gate, w_up, w_down, c, group=None):
     ops._ops()
     i_full = int(w_gate.shape[0]) * _world(group)
     return _Mlp.apply(ops._activation(a, "a"), w_gate, w_up, w_down, i_full, ops._name(c), c, group)
+
+
+def _chunk_order(g, lo, hi):
+    """Columns lo..hi of every rank's gathered partials g [tp, R, width] side by side in rank
+    order, [R, tp·(hi − lo)]: the [R, C] of every chunk in order (rank t's j-th chunk is
+    chunk t·n + j)."""
+    return g[:, :, lo:hi].permute(1, 0, 2).reshape(g.shape[1], -1).contiguous()
+
+
+def _from_holder(g, holder, col):
+    """Column col of each row from the rank holding its target (the others hold +0 there):
+    a selection, not a sum, so a −0 stays −0."""
+    return g[holder, torch.arange(g.shape[1], device=g.device), col].contiguous()
+
+
+def _merged_logprob(sel, targets, span, vocab, c, group, temperature):
+    """(logprob, entropy, M, S) of the selected rows over the whole vocabulary, from this
+    rank's slice of their logits: SPEC.md §7's stages, the partials gathered and merged as
+    the unsharded op merges them."""
+    n, L, name = _chunks(c, group, "lm_head_logprob"), _chunk_len(vocab, c), c.name
+    begin = torch_dist.get_rank(group) * span
+    holder = (targets.long() // span).clamp_max(_world(group) - 1)
+    if c.one_pass_logprob:  # v2: one all-gather of every chunk's (m, s, w) and the target's x
+        m, s, w, x = ops._C.logprob_slice_states(sel, targets, begin, n, L, temperature, name)
+        g = _gather(torch.cat([m, s, w, x[:, None]], 1), group)
+        return ops._C.logprob_merge(*(_chunk_order(g, k * n, (k + 1) * n) for k in range(3)),
+                                    _from_holder(g, holder, 3 * n), name)
+    # v1: the chunk maxima gathered for the row maximum, then the sums against it
+    M = ops._C.logprob_row_max(_chunk_order(_gather(ops._C.logprob_slice_max(sel, n, L, temperature, name), group),
+                                            0, n), name)
+    s, w, x = ops._C.logprob_slice_sums(sel, targets, begin, M, n, L, temperature, name)
+    g = _gather(torch.cat([s, w, x[:, None]], 1), group)
+    lp, entropy, S = ops._C.logprob_combine(_chunk_order(g, 0, n), _chunk_order(g, n, 2 * n),
+                                            _from_holder(g, holder, 2 * n), M, name)
+    return lp, entropy, M, S
+
+
+class _LmHeadLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, rows, targets, vocab, temperature, c, group):
+        w = ops._as_bf16(weight, "the LM head's weight")
+        span = _chunks(c, group, "lm_head_logprob") * _chunk_len(vocab, c)
+        sel = ops._C.linear_fwd(h, w, 1, c.name)[rows].contiguous()
+        lp, entropy, M, S = _merged_logprob(sel, targets, span, vocab, c, group, temperature)
+        ctx.save_for_backward(h, w, weight, rows, targets, sel, M, S)
+        ctx.span, ctx.vocab, ctx.temperature, ctx.c, ctx.group = span, vocab, temperature, c, group
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(entropy)
+        return lp, entropy
+
+    @staticmethod
+    def backward(ctx, dlp, dentropy):
+        if dlp is None:
+            return (None,) * 8
+        h, w, weight, rows, targets, sel, M, S = ctx.saved_tensors
+        c, group, name = ctx.c, ctx.group, ctx.c.name
+        begin = torch_dist.get_rank(group) * ctx.span
+        dsel = ops._C.logprob_bwd_slice(sel, targets, begin, dlp.float().contiguous(), M, S, ctx.temperature, name)
+        dlogits = dsel.new_zeros(h.shape[0], w.shape[0]).index_put((rows,), dsel)
+        # The input gradient reduces over the vocabulary in C chunks: this rank's subtree, then the tree.
+        acc = ops._C.linear_dgrad_acc(dlogits, w, _chunks(c, group, "lm_head_logprob"), _chunk_len(ctx.vocab, c),
+                                      name)
+        dh = ops._C.sum_round([ops._C.rank_tree(_gather(acc, group))])
+        dweight = ops._weight_grad(weight, ops._C.linear_wgrad(h, dlogits, name), "the LM head's weight") \
+            if ctx.needs_input_grad[1] else None
+        return dh, dweight, None, None, None, None, None, None
+
+
+def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, temperature=1.0):
+    """The vocabulary-parallel LM head and logprob: h [T, H] whole on every rank (the final
+    norm's output), weight this rank's rows of the head (`vocab_slice`), rows [R] the token
+    rows that predict targets [R]. (logprob, entropy) [R] on every rank are the unsharded
+    `ops.logprob(ops.linear(h, W, c, n_chunks=C)[rows], targets, c)`'s bits; the backward
+    gives h's gradient (the unsharded bits, on every rank) and this rank's slice of the
+    head's. vocab defaults to this rank's rows × tp (exact where C divides V)."""
+    ops._ops()
+    tp = _world(group)
+    vocab = int(vocab or weight.shape[0] * tp)
+    expected = vocab_slice(vocab, c, torch_dist.get_rank(group), tp)
+    if weight.shape[0] != expected.stop - expected.start:
+        raise ValueError(f"bitparity.dist: the LM head's slice has {weight.shape[0]} rows, this rank holds "
+                         f"{expected.stop - expected.start} of a vocabulary of {vocab} (vocab_slice)")
+    rows = torch.as_tensor(rows, device=h.device).long()
+    return _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"), vocab,
+                                float(temperature), c, group)

@@ -50,10 +50,12 @@ def _ops():
 class Contract:
     """A named contract (SPEC.md §1), its knob hash as reports stamp it, and its
     tp_tree_width: the chunks of a shardable reduction (linear's k_chunks of a
-    row-parallel layer, n_chunks of a column-parallel one's input gradient)."""
+    row-parallel layer, n_chunks of a column-parallel one's input gradient); whether its
+    log-softmax is one-pass (v2's chunk states) or two-pass (v1)."""
     name: str
     knob_hash: str
     tp_tree_width: int
+    one_pass_logprob: bool
 
 
 def contract(name):
@@ -61,7 +63,7 @@ def contract(name):
     names = _ops().contract_names()
     if name not in names:
         raise ValueError(f"no contract {name!r}: one of {names}")
-    return Contract(name, _C.knob_hash(name), _C.tp_tree_width(name))
+    return Contract(name, _C.knob_hash(name), _C.tp_tree_width(name), _C.log_softmax_one_pass(name))
 
 
 def _name(c):

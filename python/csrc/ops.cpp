@@ -37,6 +37,7 @@
 #include "optimized/cuda/residual.h"
 #include "optimized/cuda/rmsnorm.h"
 #include "optimized/cuda/rope.h"
+#include "optimized/cuda/rows.h"
 #include "optimized/cuda/swiglu.h"
 // The op where `on` runs: the CUDA twin on torch's current stream, or the reference.
 #define BP_OP(on, op, ...) \
@@ -526,20 +527,26 @@ Tensor linear_dgrad_acc(const Tensor& dy, const Tensor& w, int64_t n_chunks, int
 }
 
 // pairwise_tree over dim 0 of parts [P, ...] (the ranks' subtrees in rank order), fp32.
-// A host loop: the ranks' partials of a CPU process group (gloo).
 Tensor rank_tree(const Tensor& parts) {
-  TORCH_CHECK(parts.device().is_cpu() && parts.scalar_type() == torch::kFloat32 && parts.is_contiguous() &&
-                  parts.dim() >= 1,
-              "bitparity: the ranks' partials are a contiguous fp32 CPU tensor [ranks, ...]");
+  const On on(parts);
+  TORCH_CHECK(parts.dim() >= 1, "bitparity: the ranks' partials are [ranks, ...]");
+  on.check(parts, "the ranks' partials", torch::kFloat32, parts.dim());
   const int64_t P = parts.size(0), n = P ? parts.numel() / P : 0;
-  Tensor out = torch::empty(parts.sizes().slice(1), torch::dtype(torch::kFloat32));
+  Tensor out = on.f32(parts.sizes().slice(1));
   const float* in = parts.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  std::vector<float> v(static_cast<size_t>(P));
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t p = 0; p < P; ++p) v[static_cast<size_t>(p)] = in[p * n + i];
-    o[i] = bp::pairwise_tree(v.data(), static_cast<int>(P));
+#ifdef BITPARITY_WITH_CUDA
+  if (on.is_cuda()) {
+    std::vector<size_t> offsets;
+    for (int64_t p = 0; p < P; ++p) offsets.push_back(static_cast<size_t>(p * n));
+    bp::cuda::reduce_partials(in, offsets, static_cast<size_t>(n), bp::PartialSum::Tree, out.data_ptr<float>(),
+                              on.stream());
+    return out;
   }
+#endif
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i)
+    o[i] = bp::sum_partials(bp::PartialSum::Tree, static_cast<int>(P), static_cast<size_t>(i), static_cast<size_t>(n),
+                            [&](int p) { return in[p * n + i]; });
   return out;
 }
 
@@ -615,6 +622,135 @@ Tensor logprob_bwd(const Tensor& logits, const Tensor& targets, const Tensor& co
   return dlogits;
 }
 
+// ---- the vocabulary-parallel logprob (§7): a rank's slice of whole chunks ----
+// logits [T][vocab_len], this rank's n_chunks chunks of chunk_len from vocab_begin (the
+// last ones shorter or absent past V); the partials are [T][n_chunks], gathered by the
+// caller into the [T][C] of every chunk in order.
+
+// v2's stage: each chunk's state (max, sum, tsum) and the target's scaled logit where
+// this slice holds it (+0 elsewhere).
+std::vector<Tensor> logprob_slice_states(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                         int64_t n_chunks, int64_t chunk_len, double temperature,
+                                         const std::string& contract) {
+  const On on(logits);
+  on.check(logits, "logits", torch::kBFloat16, 2);
+  on.check(targets, "targets", torch::kInt32, 1);
+  const int T = as_int(logits.size(0), "rows"), n = as_int(n_chunks, "n_chunks"), L = as_int(chunk_len, "chunk_len");
+  const int len = as_int(logits.size(1), "vocab slice");
+  TORCH_CHECK(targets.size(0) == T && len <= static_cast<int64_t>(n) * L, "bitparity: the slice's shapes disagree");
+  const bp::Knobs& kn = knobs(contract);
+  const float temp = static_cast<float>(temperature);
+  Tensor m = on.f32({T, n}), s = on.f32({T, n}), w = on.f32({T, n}), x = on.f32({T}).zero_();
+  BP_OP(on, logprob_chunk_states, kn, bf(logits), len, T, len, L, n, temp, m.data_ptr<float>(), s.data_ptr<float>(),
+        w.data_ptr<float>(), n);
+  BP_OP(on, logprob_target_logit, kn, bf(logits), len, T, as_int(vocab_begin, "vocab_begin"), len,
+        targets.data_ptr<int32_t>(), temp, x.data_ptr<float>());
+  return {m, s, w, x};
+}
+
+// v2's combine over the gathered [T][C] states and the holder's x: (logprob, entropy, M, S).
+std::vector<Tensor> logprob_merge(const Tensor& m, const Tensor& s, const Tensor& w, const Tensor& x,
+                                  const std::string& contract) {
+  const On on(m);
+  const bp::Knobs& kn = knobs(contract);
+  for (const auto& [t, name] : {std::pair{&m, "chunk maxima"}, {&s, "chunk sums"}, {&w, "chunk tsums"}}) {
+    on.check(*t, name, torch::kFloat32, 2);
+    TORCH_CHECK(t->size(1) == kn.tp_tree_width && t->size(0) == m.size(0), "bitparity: ", name, " are not [rows, ",
+                kn.tp_tree_width, "]");
+  }
+  on.check(x, "target logits", torch::kFloat32, 1);
+  const int T = as_int(m.size(0), "rows");
+  Tensor lp = on.f32({T}), entropy = on.f32({T}), M = on.f32({T}), S = on.f32({T});
+  BP_OP(on, logprob_merge_states, kn, m.data_ptr<float>(), s.data_ptr<float>(), w.data_ptr<float>(),
+        x.data_ptr<float>(), T, M.data_ptr<float>(), S.data_ptr<float>(), lp.data_ptr<float>(),
+        entropy.data_ptr<float>());
+  return {lp, entropy, M, S};
+}
+
+// v1's first stage: each chunk's maximum.
+Tensor logprob_slice_max(const Tensor& logits, int64_t n_chunks, int64_t chunk_len, double temperature,
+                         const std::string& contract) {
+  const On on(logits);
+  on.check(logits, "logits", torch::kBFloat16, 2);
+  const int T = as_int(logits.size(0), "rows"), n = as_int(n_chunks, "n_chunks"), L = as_int(chunk_len, "chunk_len");
+  const int len = as_int(logits.size(1), "vocab slice");
+  Tensor m = on.f32({T, n});
+  BP_OP(on, logprob_chunk_max, knobs(contract), bf(logits), len, T, len, L, n, static_cast<float>(temperature),
+        m.data_ptr<float>(), n);
+  return m;
+}
+
+// v1's row maximum over the gathered [T][C] chunk maxima.
+Tensor logprob_row_max(const Tensor& chunk_max, const std::string& contract) {
+  const On on(chunk_max);
+  on.check(chunk_max, "chunk maxima", torch::kFloat32, 2);
+  const bp::Knobs& kn = knobs(contract);
+  TORCH_CHECK(chunk_max.size(1) == kn.tp_tree_width, "bitparity: the chunk maxima are not [rows, ", kn.tp_tree_width,
+              "]");
+  Tensor M = on.f32({chunk_max.size(0)});
+  BP_OP(on, logprob_row_max, kn, chunk_max.data_ptr<float>(), as_int(chunk_max.size(0), "rows"), M.data_ptr<float>());
+  return M;
+}
+
+// v1's second stage against the row maximum M: each chunk's (sum, tsum), the target's x.
+std::vector<Tensor> logprob_slice_sums(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                       const Tensor& row_max, int64_t n_chunks, int64_t chunk_len, double temperature,
+                                       const std::string& contract) {
+  const On on(logits);
+  on.check(logits, "logits", torch::kBFloat16, 2);
+  on.check(targets, "targets", torch::kInt32, 1);
+  on.check(row_max, "row maxima", torch::kFloat32, 1);
+  const int T = as_int(logits.size(0), "rows"), n = as_int(n_chunks, "n_chunks"), L = as_int(chunk_len, "chunk_len");
+  const int len = as_int(logits.size(1), "vocab slice");
+  TORCH_CHECK(targets.size(0) == T && row_max.size(0) == T, "bitparity: the slice's shapes disagree");
+  const bp::Knobs& kn = knobs(contract);
+  const float temp = static_cast<float>(temperature);
+  Tensor s = on.f32({T, n}), w = on.f32({T, n}), x = on.f32({T}).zero_();
+  BP_OP(on, logprob_chunk_sums, kn, bf(logits), len, T, len, L, n, temp, row_max.data_ptr<float>(),
+        s.data_ptr<float>(), w.data_ptr<float>(), n);
+  BP_OP(on, logprob_target_logit, kn, bf(logits), len, T, as_int(vocab_begin, "vocab_begin"), len,
+        targets.data_ptr<int32_t>(), temp, x.data_ptr<float>());
+  return {s, w, x};
+}
+
+// v1's combine over the gathered [T][C] sums: (logprob, entropy, S).
+std::vector<Tensor> logprob_combine(const Tensor& s, const Tensor& w, const Tensor& x, const Tensor& row_max,
+                                    const std::string& contract) {
+  const On on(s);
+  const bp::Knobs& kn = knobs(contract);
+  for (const auto& [t, name] : {std::pair{&s, "chunk sums"}, {&w, "chunk tsums"}}) {
+    on.check(*t, name, torch::kFloat32, 2);
+    TORCH_CHECK(t->size(1) == kn.tp_tree_width && t->size(0) == s.size(0), "bitparity: ", name, " are not [rows, ",
+                kn.tp_tree_width, "]");
+  }
+  on.check(x, "target logits", torch::kFloat32, 1);
+  on.check(row_max, "row maxima", torch::kFloat32, 1);
+  const int T = as_int(s.size(0), "rows");
+  Tensor lp = on.f32({T}), entropy = on.f32({T}), S = on.f32({T});
+  BP_OP(on, logprob_combine, kn, s.data_ptr<float>(), w.data_ptr<float>(), x.data_ptr<float>(),
+        row_max.data_ptr<float>(), T, S.data_ptr<float>(), lp.data_ptr<float>(), entropy.data_ptr<float>());
+  return {lp, entropy, S};
+}
+
+// dlogits of this slice (either contract), given the whole rows' M and S.
+Tensor logprob_bwd_slice(const Tensor& logits, const Tensor& targets, int64_t vocab_begin, const Tensor& coef,
+                         const Tensor& row_max, const Tensor& row_sum, double temperature,
+                         const std::string& contract) {
+  const On on(logits);
+  on.check(logits, "logits", torch::kBFloat16, 2);
+  on.check(targets, "targets", torch::kInt32, 1);
+  for (const auto& [t, name] : {std::pair{&coef, "grad"}, {&row_max, "row_max"}, {&row_sum, "row_sum"}}) {
+    on.check(*t, name, torch::kFloat32, 1);
+    TORCH_CHECK(t->size(0) == logits.size(0), "bitparity: ", name, " is not one value a row");
+  }
+  const int T = as_int(logits.size(0), "rows"), len = as_int(logits.size(1), "vocab slice");
+  Tensor d = on.bf16({T, len});
+  BP_OP(on, logprob_bwd_slice, knobs(contract), bf(logits), len, T, as_int(vocab_begin, "vocab_begin"), len,
+        targets.data_ptr<int32_t>(), coef.data_ptr<float>(), row_max.data_ptr<float>(), row_sum.data_ptr<float>(),
+        static_cast<float>(temperature), bf_out(d));
+  return d;
+}
+
 std::vector<std::string> contract_names() {
   std::vector<std::string> names;
   for (const bp::Contract& c : bp::contracts()) names.push_back(c.name);
@@ -624,6 +760,11 @@ std::vector<std::string> contract_names() {
 std::string knob_hash(const std::string& contract) {
   knobs(contract);
   return bp::find_contract(contract)->knob_hash();
+}
+
+// Whether the contract's log-softmax is one-pass (v2's chunk states) or two-pass (v1).
+bool log_softmax_one_pass(const std::string& contract) {
+  return knobs(contract).log_softmax == bp::LogSoftmax::kOnePass;
 }
 
 // The chunks of a shardable reduction (a row-parallel layer's K, the LM head's input
@@ -638,6 +779,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("contract_names", &contract_names);
   m.def("knob_hash", &knob_hash);
   m.def("tp_tree_width", &tp_tree_width);
+  m.def("log_softmax_one_pass", &log_softmax_one_pass);
   m.def("embedding_fwd", &embedding_fwd);
   m.def("embedding_bwd", &embedding_bwd);
   m.def("rmsnorm_fwd", &rmsnorm_fwd);
@@ -665,4 +807,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_apply", &rope_apply);
   m.def("logprob_fwd", &logprob_fwd);
   m.def("logprob_bwd", &logprob_bwd);
+  m.def("logprob_slice_states", &logprob_slice_states);
+  m.def("logprob_merge", &logprob_merge);
+  m.def("logprob_slice_max", &logprob_slice_max);
+  m.def("logprob_row_max", &logprob_row_max);
+  m.def("logprob_slice_sums", &logprob_slice_sums);
+  m.def("logprob_combine", &logprob_combine);
+  m.def("logprob_bwd_slice", &logprob_bwd_slice);
 }

@@ -3,8 +3,11 @@ column-parallel q/k/v and the MLP, each rank holding its slice of the unsharded 
 give the unsharded ops' bits: the row-parallel output on every rank, its input and weight
 gradients' slices; the q/k/v outputs' slices, their weight gradients' slices and the
 input gradient on every rank; the MLP's output and input gradient on every rank and its
-weight gradients' slices. The negative control: a rank summing its K slice as one
-chain instead of its chunks' subtree (what a plain sharded matmul does) differs."""
+weight gradients' slices; the vocabulary-parallel LM head and logprob under all four
+contracts: the logprob, entropy and input gradient on every rank and the head's gradient
+slices. The negative controls: a rank summing its K slice (or its vocabulary slice, for
+the head's input gradient) as one chain instead of its chunks' subtree (what a plain
+sharded matmul does) differs."""
 
 import os
 
@@ -99,3 +102,71 @@ def test_tensor_parallel_linears_are_the_unsharded_bits(tmp_path, name):
         assert torch.equal(g["da"], a.grad), r
     if name == "bf16-fmaseq-v2":  # a chain per rank is not the chunks' subtree
         assert not torch.equal(got[0]["y_chain"], y.detach())
+
+
+V, HV, TV = 4000, 512, 32
+ALL_CONTRACTS = ["bf16-sm90tc-v2", "bf16-fmaseq-v2", "bf16-sm90tc-v1", "bf16-fmaseq-v1"]
+
+
+def vocab_data():
+    """The final norm's output h, the LM head, every row's target (across both halves of
+    the vocabulary) and the loss's coefficients."""
+    g = torch.Generator().manual_seed(12)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    targets = torch.randint(0, V, (TV - 1,), generator=g, dtype=torch.int32)
+    return {"h": r(TV, HV), "w": (r(V, HV) * 0.0625).float(), "targets": targets, "rows": torch.arange(TV - 1),
+            "coef": torch.randn(TV - 1, generator=g)}
+
+
+def _vocab_rank(rank, store, out, name):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, d = ops.contract(name), vocab_data()
+        h = d["h"].clone().requires_grad_(True)
+        part = bdist.vocab_slice(V, c, rank, WORLD)
+        w = d["w"][part].clone().requires_grad_(True)
+        lp, entropy = bdist.lm_head_logprob(h, w, d["rows"], d["targets"], c, vocab=V)
+        (lp * d["coef"]).sum().backward()
+        # The control: h's gradient as a plain sharded matmul gives it, this rank's vocabulary
+        # slice one chain (the same dlogits), then the same tree over ranks.
+        bw = w.detach().to(torch.bfloat16)
+        sel = ops._C.linear_fwd(d["h"], bw, 1, name)[d["rows"]].contiguous()
+        _, _, M, S = bdist._merged_logprob(sel, d["targets"], part.stop - part.start, V, c, None, 1.0)
+        dsel = ops._C.logprob_bwd_slice(sel, d["targets"], part.start, d["coef"], M, S, 1.0, name)
+        dlogits = dsel.new_zeros(TV, bw.shape[0]).index_put((d["rows"],), dsel)
+        chain = ops._C.linear_dgrad_acc(dlogits, bw, 1, bw.shape[0], name)
+        dh_chain = ops._C.sum_round([ops._C.rank_tree(bdist._gather(chain, None))])
+        torch.save({"lp": lp.detach(), "entropy": entropy, "dh": h.grad, "dw": w.grad, "dh_chain": dh_chain},
+                    os.path.join(out, f"vocab{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ALL_CONTRACTS)
+def test_vocabulary_parallel_head_is_the_unsharded_bits(tmp_path, name):
+    """The LM head and logprob with each rank holding its chunks of the vocabulary: the
+    logprob and entropy on every rank, h's gradient on every rank and each rank's slice of
+    the head's gradient are the unsharded ops' bits, under v2's one gather of chunk states
+    and v1's two. The negative control (fma-seq): a rank's slice of h's gradient as one
+    chain differs."""
+    mp.start_processes(_vocab_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD,
+                       start_method="fork")
+    got = [torch.load(tmp_path / f"vocab{r}.pt") for r in range(WORLD)]
+    c, d = ops.contract(name), vocab_data()
+    h, w = d["h"].clone().requires_grad_(True), d["w"].clone().requires_grad_(True)
+    lp, entropy = ops.logprob(ops.linear(h, w, c, n_chunks=c.tp_tree_width)[d["rows"]], d["targets"], c)
+    (lp * d["coef"]).sum().backward()
+    for r, g in enumerate(got):
+        assert torch.equal(g["lp"], lp.detach()), r
+        assert torch.equal(g["entropy"], entropy), r
+        assert torch.equal(g["dh"], h.grad), r
+        assert torch.equal(g["dw"], w.grad[bdist.vocab_slice(V, c, r, WORLD)]), r
+    if name.startswith("bf16-fmaseq"):
+        assert not torch.equal(got[0]["dh_chain"], h.grad)
+
+
+def test_vocab_slice_refuses_a_rank_without_rows():
+    c = ops.contract("bf16-sm90tc-v2")
+    assert bdist.vocab_slice(V, c, 1, 2) == slice(V // 2, V)
+    with pytest.raises(ValueError, match="holds no row"):
+        bdist.vocab_slice(9, c, 7, 8)
