@@ -12,13 +12,14 @@ have their own order), and every rank runs the tree's last levels and rounds onc
     q, k, v = bitparity.dist.qkv(a, w_q_rows, w_k_rows, w_v_rows, c, group)  # column-parallel
     d = bitparity.dist.mlp(a, w_gate_rows, w_up_rows, w_down_cols, c, group)  # gate/up, then down
     lp, entropy = bitparity.dist.lm_head_logprob(h, w_vocab_rows, rows, targets, c, group)
+    q = bitparity.dist.head_norm(q, w_q_norm, eps, c, heads=q_heads_of_rank, group=group)
 
 The vocabulary-parallel head holds rank t's chunks of the vocabulary (vocab_slice says
 which rows), and its logprob merges every rank's chunk partials after one all-gather (v2's
 chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's tree.
-Built so far: these four, on CPU tensors and CUDA ones (the collectives are all_gather
-alone, so gloo and NCCL give the same bits). Not yet: expert and context parallelism, the
-q/k norms' weight gradients across ranks, and a patched model's layout (issue 55).
+Built so far: these five, on CPU tensors and CUDA ones (the collectives are all_gather
+alone, so gloo and NCCL give the same bits). Not yet: expert and context parallelism, and
+a patched model's layout (issue 55).
 """
 
 import torch
@@ -32,10 +33,12 @@ def _world(group):
 
 
 def _gather(t, group):
-    """Every rank's t, in rank order, stacked: [tp, ...]."""
-    parts = [torch.empty_like(t) for _ in range(_world(group))]
-    torch_dist.all_gather(parts, t.contiguous(), group=group)
-    return torch.stack(parts)
+    """Every rank's t, in rank order, stacked: [tp, ...]. bf16 travels as its bytes: gloo
+    has no 16-bit types, and the bytes are all a gather moves."""
+    bits = t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t.contiguous()
+    parts = [torch.empty_like(bits) for _ in range(_world(group))]
+    torch_dist.all_gather(parts, bits, group=group)
+    return torch.stack(parts).view(t.dtype)
 
 
 def _chunks(c, group, what):
@@ -160,6 +163,48 @@ def mlp(a, w_gate, w_up, w_down, c, group=None):
     ops._ops()
     i_full = int(w_gate.shape[0]) * _world(group)
     return _Mlp.apply(ops._activation(a, "a"), w_gate, w_up, w_down, i_full, ops._name(c), c, group)
+
+
+class _HeadNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, heads, replicas, name, group):
+        w = ops._as_bf16(weight, "the norm's weight")
+        out, rstd = ops._C.rmsnorm_fwd(x, w, eps, heads, name)
+        ctx.save_for_backward(x, w, rstd, weight)
+        ctx.heads, ctx.replicas, ctx.name, ctx.group = heads, replicas, name, group
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, rstd, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx, _ = ops._C.rmsnorm_bwd(x, w, rstd, dy, ctx.heads, ctx.name)  # per (token, head) row: local
+        dweight = None
+        if ctx.needs_input_grad[1]:
+            # The weight's gradient reduces over every (token, head) row of the unsharded
+            # layer in row order: the ranks' heads gathered (one replica of each), then the op.
+            def whole(t):
+                return torch.cat(list(_gather(t, ctx.group)[::ctx.replicas]), 1).contiguous()
+            T, R = x.shape[0], ctx.replicas
+            heads = ctx.heads * _world(ctx.group) // R
+            _, dw = ops._C.rmsnorm_bwd(whole(x), w, whole(rstd.view(T, ctx.heads)).view(-1), whole(dy), heads,
+                                       ctx.name)
+            dweight = ops._weight_grad(weight, dw, "the norm's weight")
+        return dx, dweight, None, None, None, None, None
+
+
+def head_norm(x, weight, eps, c, heads, group=None, replicas=1):
+    """The per-head RMSNorm of q or k (q_norm, k_norm) on this rank's heads: x [T, heads·D]
+    its `heads` heads (rank order is head order), weight [D] whole on every rank. The
+    output and x's gradient are per head, local; the weight's gradient, on every rank, is
+    the unsharded norm's bits: its (token, head) rows of every rank gathered first.
+    `replicas` > 1: each kv head is held by that many consecutive ranks (tp > kv heads,
+    SPEC.md §7 replicated kv heads), and the gradient takes one replica of each."""
+    ops._ops()
+    if _world(group) % replicas:
+        raise ValueError(f"bitparity.dist: {replicas} replicas of a head in a TP group of {_world(group)}")
+    return _HeadNorm.apply(ops._activation(x, "x"), weight, float(eps), int(heads), int(replicas), ops._name(c),
+                           group)
 
 
 def _chunk_order(g, lo, hi):

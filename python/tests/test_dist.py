@@ -5,9 +5,11 @@ gradients' slices; the q/k/v outputs' slices, their weight gradients' slices and
 input gradient on every rank; the MLP's output and input gradient on every rank and its
 weight gradients' slices; the vocabulary-parallel LM head and logprob under all four
 contracts: the logprob, entropy and input gradient on every rank and the head's gradient
-slices. The negative controls: a rank summing its K slice (or its vocabulary slice, for
+slices; q/k norms on a rank's heads (or replicated kv heads): their weight gradient on every
+rank. The negative controls: a rank summing its K slice (or its vocabulary slice, for
 the head's input gradient) as one chain instead of its chunks' subtree (what a plain
-sharded matmul does) differs."""
+sharded matmul does) differs, and so does a norm's weight gradient reduced from each rank's
+partial."""
 
 import os
 
@@ -170,3 +172,57 @@ def test_vocab_slice_refuses_a_rank_without_rows():
     assert bdist.vocab_slice(V, c, 1, 2) == slice(V // 2, V)
     with pytest.raises(ValueError, match="holds no row"):
         bdist.vocab_slice(9, c, 7, 8)
+
+
+HEADS, D = 4, 64
+
+
+def _norm_rank(rank, store, out, name, heads):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, (x, w, dy) = ops.contract(name), norm_data(heads)
+        replicas = max(1, WORLD // heads)
+        mine = max(1, heads // WORLD)
+        first = rank // replicas * mine
+        xs = x[:, first * D:(first + mine) * D].contiguous().requires_grad_(True)
+        wr = w.clone().requires_grad_(True)
+        bdist.head_norm(xs, wr, 1e-6, c, heads=mine, replicas=replicas).backward(
+            dy[:, first * D:(first + mine) * D].contiguous())
+        # The control: the rank's own rows' weight gradient, then the tree over ranks (a
+        # plain TP all-reduce of partial weight gradients, in the contract's order).
+        _, dw_mine = ops._C.rmsnorm_bwd(xs.detach().contiguous(), w.to(torch.bfloat16),
+                                        ops._C.rmsnorm_fwd(xs.detach(), w.to(torch.bfloat16), 1e-6, mine, name)[1],
+                                        dy[:, first * D:(first + mine) * D].contiguous(), mine, name)
+        torch.save({"dx": xs.grad, "dw": wr.grad, "dw_tree": ops._C.rank_tree(bdist._gather(dw_mine, None))},
+                   os.path.join(out, f"norm{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def norm_data(heads):
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(T, heads * D, generator=g).to(torch.bfloat16)
+    return x, torch.randn(D, generator=g).to(torch.bfloat16).float(), torch.randn(T, heads * D, generator=g).to(
+        torch.bfloat16)
+
+
+@pytest.mark.parametrize("heads", [HEADS, 1], ids=["split", "replicated"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_head_norm_weight_gradient_is_the_unsharded_bits(tmp_path, name, heads):
+    """q_norm / k_norm on each rank's heads (split: two heads a rank; replicated: one kv head
+    held by both ranks): x's gradient slice and the weight's gradient on every rank are the
+    unsharded norm's bits. The control: each rank's partial weight gradient, reduced over
+    ranks, differs."""
+    mp.start_processes(_norm_rank, args=(str(tmp_path / "store"), str(tmp_path), name, heads), nprocs=WORLD,
+                       start_method="fork")
+    got = [torch.load(tmp_path / f"norm{r}.pt") for r in range(WORLD)]
+    c, (x, w, dy) = ops.contract(name), norm_data(heads)
+    x, w = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ops.rmsnorm(x, w, 1e-6, c, heads=heads).backward(dy)
+    replicas, mine = max(1, WORLD // heads), max(1, heads // WORLD)
+    for r, g in enumerate(got):
+        first = r // replicas * mine
+        assert torch.equal(g["dx"], x.grad[:, first * D:(first + mine) * D]), r
+        assert torch.equal(g["dw"], w.grad), r
+    if replicas == 1:
+        assert not torch.equal(got[0]["dw_tree"], w.grad)
