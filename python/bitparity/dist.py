@@ -14,7 +14,7 @@ have their own order), and every rank runs the tree's last levels and rounds onc
     lp, entropy = bitparity.dist.lm_head_logprob(h, w_vocab_rows, rows, targets, c, group)
     q = bitparity.dist.head_norm(q, w_q_norm, eps, c, heads=q_heads_of_rank, group=group)
 
-The vocabulary-parallel head holds rank t's chunks of the vocabulary (vocab_slice says
+The vocabulary-parallel head holds rank t's chunks of the vocabulary (chunk_slice says
 which rows), and its logprob merges every rank's chunk partials after one all-gather (v2's
 chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's tree.
 Built so far: these five, on CPU tensors and CUDA ones (the collectives are all_gather
@@ -53,18 +53,19 @@ def _chunk_len(full, c):
     return -(-full // c.tp_tree_width)
 
 
-def vocab_slice(vocab, c, rank, tp):
-    """Rank `rank`'s rows of a vocabulary-parallel weight of `vocab` rows in a TP group of
-    `tp`: its C/tp chunks of ⌈V/C⌉ (SPEC.md §7; the tail ranks' slices shorter), a slice."""
+def chunk_slice(full, c, rank, tp):
+    """Rank `rank`'s elements of a dimension of `full` elements cut into the contract's C
+    chunks of ⌈full/C⌉, in a TP group of `tp`: its C/tp chunks (SPEC.md §7; the tail ranks'
+    slices shorter), a slice. The vocabulary of the LM head, the MLP's intermediate size."""
     if c.tp_tree_width % tp:
         raise ValueError(f"bitparity.dist: a TP group of {tp} does not divide the contract's tp_tree_width "
                          f"{c.tp_tree_width} (SPEC.md §7)")
-    span = c.tp_tree_width // tp * _chunk_len(vocab, c)
-    begin = min(rank * span, vocab)
-    if begin >= vocab:
-        raise ValueError(f"bitparity.dist: rank {rank} of {tp} holds no row of a vocabulary of {vocab} "
-                         "(SPEC.md §7 refuses such a layout)")
-    return slice(begin, min(begin + span, vocab))
+    span = c.tp_tree_width // tp * _chunk_len(full, c)
+    begin = min(rank * span, full)
+    if begin >= full:
+        raise ValueError(f"bitparity.dist: rank {rank} of {tp} holds none of {full} elements cut in "
+                         f"{c.tp_tree_width} chunks (SPEC.md §7 refuses such a layout)")
+    return slice(begin, min(begin + span, full))
 
 
 class _RowParallel(torch.autograd.Function):
@@ -156,12 +157,14 @@ class _Mlp(torch.autograd.Function):
         return (da, *dweights, None, None, None, None)
 
 
-def mlp(a, w_gate, w_up, w_down, c, group=None):
+def mlp(a, w_gate, w_up, w_down, c, group=None, intermediate=None):
     """This rank's share of the dense MLP: gate and up rows and down columns of its slice of
-    the intermediate size I (its chunks of the unsharded C), a [T, H] whole on every rank;
-    the output and the input gradient on every rank are the unsharded `ops.mlp`'s bits."""
+    the intermediate size I (its chunks of the unsharded C: `chunk_slice(I, ...)`), a [T, H]
+    whole on every rank; the output and the input gradient on every rank are the unsharded
+    `ops.mlp`'s bits. intermediate (I) defaults to this rank's rows × tp (exact where C
+    divides I)."""
     ops._ops()
-    i_full = int(w_gate.shape[0]) * _world(group)
+    i_full = int(intermediate or w_gate.shape[0] * _world(group))
     return _Mlp.apply(ops._activation(a, "a"), w_gate, w_up, w_down, i_full, ops._name(c), c, group)
 
 
@@ -247,16 +250,17 @@ class _LmHeadLogprob(torch.autograd.Function):
     def forward(ctx, h, weight, rows, targets, vocab, temperature, c, group):
         w = ops._as_bf16(weight, "the LM head's weight")
         span = _chunks(c, group, "lm_head_logprob") * _chunk_len(vocab, c)
-        sel = ops._C.linear_fwd(h, w, 1, c.name)[rows].contiguous()
+        logits = ops._C.linear_fwd(h, w, 1, c.name)
+        sel = logits[rows].contiguous()
         lp, entropy, M, S = _merged_logprob(sel, targets, span, vocab, c, group, temperature)
         ctx.save_for_backward(h, w, weight, rows, targets, sel, M, S)
         ctx.span, ctx.vocab, ctx.temperature, ctx.c, ctx.group = span, vocab, temperature, c, group
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(entropy)
-        return lp, entropy
+        ctx.mark_non_differentiable(entropy, logits)
+        return lp, entropy, logits
 
     @staticmethod
-    def backward(ctx, dlp, dentropy):
+    def backward(ctx, dlp, dentropy, dlogits_slice):
         if dlp is None:
             return (None,) * 8
         h, w, weight, rows, targets, sel, M, S = ctx.saved_tensors
@@ -273,20 +277,22 @@ class _LmHeadLogprob(torch.autograd.Function):
         return dh, dweight, None, None, None, None, None, None
 
 
-def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, temperature=1.0):
+def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, temperature=1.0, return_logits=False):
     """The vocabulary-parallel LM head and logprob: h [T, H] whole on every rank (the final
-    norm's output), weight this rank's rows of the head (`vocab_slice`), rows [R] the token
+    norm's output), weight this rank's rows of the head (`chunk_slice`), rows [R] the token
     rows that predict targets [R]. (logprob, entropy) [R] on every rank are the unsharded
     `ops.logprob(ops.linear(h, W, c, n_chunks=C)[rows], targets, c)`'s bits; the backward
     gives h's gradient (the unsharded bits, on every rank) and this rank's slice of the
-    head's. vocab defaults to this rank's rows × tp (exact where C divides V)."""
+    head's. vocab defaults to this rank's rows × tp (exact where C divides V). return_logits:
+    also this rank's slice of every row's logits [T, its rows] (no gradient through it)."""
     ops._ops()
     tp = _world(group)
     vocab = int(vocab or weight.shape[0] * tp)
-    expected = vocab_slice(vocab, c, torch_dist.get_rank(group), tp)
+    expected = chunk_slice(vocab, c, torch_dist.get_rank(group), tp)
     if weight.shape[0] != expected.stop - expected.start:
         raise ValueError(f"bitparity.dist: the LM head's slice has {weight.shape[0]} rows, this rank holds "
-                         f"{expected.stop - expected.start} of a vocabulary of {vocab} (vocab_slice)")
+                         f"{expected.stop - expected.start} of a vocabulary of {vocab} (chunk_slice)")
     rows = torch.as_tensor(rows, device=h.device).long()
-    return _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"), vocab,
-                                float(temperature), c, group)
+    lp, entropy, logits = _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"),
+                                               vocab, float(temperature), c, group)
+    return (lp, entropy, logits) if return_logits else (lp, entropy)

@@ -24,27 +24,133 @@ bitparity.ops.logprob(out.logits[b, -1:], token, contract).
 
 Hugging Face's own cache (a DynamicCache passed as past_key_values) works too: the patched
 model writes its keys and values there in HF's layout, and the attention mask covering the
-cached and new columns says which hold each row's tokens (HF's convention). Not yet (issue
-55): tensor/expert/context parallelism of a patched model.
+cached and new columns says which hold each row's tokens (HF's convention).
+
+    bitparity.patch(model, contract, tp_group=group)   # this rank's tensor-parallel share
+
+cuts a dense model's parameters to the rank's share of the TP group (shard_tensor_parallel)
+and runs bitparity.dist's ops: the logprobs and entropy on every rank and each parameter's
+gradient (its slice of the unsharded one) are the unsharded model's bits; out.logits is the
+rank's slice of the vocabulary. Not yet (issue 55): MoE layers, tied embeddings and
+replicated kv heads under TP, expert and context parallelism.
 """
 
 import functools
 
 import torch
 
-from . import ops
+from . import dist, ops
 
 
-def patch(model, contract="bf16-sm90tc-v2"):
+def patch(model, contract="bf16-sm90tc-v2", tp_group=None):
     """Makes `model` (HF's Qwen3ForCausalLM / Qwen3MoeForCausalLM module tree) compute the
-    contract's bits; returns it."""
+    contract's bits; returns it. With tp_group (a torch.distributed group of more than one
+    rank) the model becomes that rank's tensor-parallel share: `shard_tensor_parallel`."""
     c = ops.contract(contract) if isinstance(contract, str) else contract
     cfg = _Config(model.config)
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16).float()  # fp32 master copies of the bf16 values
-    model.forward = functools.partial(_forward, model, cfg, c)
+    lay = _Unsharded(c)
+    if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
+        lay = _TensorParallel(c, tp_group, cfg)
+        shard_tensor_parallel(model, cfg, lay)
+    model.forward = functools.partial(_forward, model, cfg, lay)
     return model
+
+
+class _Unsharded:
+    """The ops of a process holding the whole model."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def qkv(self, a, at):
+        return ops.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c)
+
+    def head_norm(self, x, weight, eps, D):
+        return ops.rmsnorm(x, weight, eps, self.c, heads=x.shape[1] // D)
+
+    def o_proj(self, o, weight):
+        return ops.linear(o, weight, self.c, k_chunks=self.c.tp_tree_width)  # row-parallel: K in chunks
+
+    def mlp(self, a, mlp):
+        return ops.mlp(a, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.c)
+
+    def head(self, h, weight, rows, targets):
+        """(logits [T, V], the rows' logprob and entropy)."""
+        logits = ops.linear(h, weight, self.c, n_chunks=self.c.tp_tree_width)  # column-parallel: dgrad in chunks
+        return (logits, *ops.logprob(logits[rows], targets, self.c))
+
+
+class _TensorParallel(_Unsharded):
+    """Rank t of a TP group (SPEC.md §7): its query and kv heads, its chunks of the MLP's
+    intermediate size and of the vocabulary; norms, embeddings and the residual stream
+    whole on every rank. Its logits are its vocabulary slice."""
+
+    def __init__(self, c, group, cfg):
+        super().__init__(c)
+        self.group, self.tp, self.rank = group, torch.distributed.get_world_size(group), \
+            torch.distributed.get_rank(group)
+        self.intermediate, self.vocab = cfg.intermediate, cfg.vocab
+
+    def qkv(self, a, at):
+        return dist.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c, self.group)
+
+    def head_norm(self, x, weight, eps, D):
+        return dist.head_norm(x, weight, eps, self.c, x.shape[1] // D, self.group)
+
+    def o_proj(self, o, weight):
+        return dist.row_parallel_linear(o, weight, self.c, self.group)
+
+    def mlp(self, a, mlp):
+        return dist.mlp(a, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.c, self.group,
+                        intermediate=self.intermediate)
+
+    def head(self, h, weight, rows, targets):
+        lp, entropy, logits = dist.lm_head_logprob(h, weight, rows, targets, self.c, self.group, vocab=self.vocab,
+                                                   return_logits=True)
+        return logits, lp, entropy
+
+
+def shard_tensor_parallel(model, cfg, lay):
+    """Cuts a patched dense Qwen3's parameters to rank `lay.rank`'s share of a TP group of
+    `lay.tp` (SPEC.md §7): q, k, v rows of its heads, o_proj's columns of its query heads,
+    gate and up rows and down_proj's columns of its chunks of I, the LM head's rows of its
+    chunks of the vocabulary. Each parameter's gradient is then that slice of the
+    unsharded one. Refused, naming why: MoE layers, tied embeddings, and fewer kv heads
+    than ranks (not yet)."""
+    c, tp, t = lay.c, lay.tp, lay.rank
+    m = model.model
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    why = [w for w, bad in (
+        ("a MoE layer", any(cfg.is_moe_layer(i) for i in range(cfg.layers))),
+        ("tied embeddings (its gradient is the embedding's plus each rank's slice of the head's)",
+         model.lm_head.weight is m.embed_tokens.weight),
+        (f"{kv_heads} kv heads for {tp} ranks (replicated kv heads)", kv_heads % tp),
+        (f"{heads} query heads for {tp} ranks", heads % tp),
+        (f"q dim {heads * cfg.head_dim} and kv dim {kv_heads * cfg.head_dim} not multiples of the contract's "
+         f"{c.tp_tree_width} chunks", (heads * cfg.head_dim) % c.tp_tree_width or
+         (kv_heads * cfg.head_dim) % c.tp_tree_width)) if bad]
+    if why:
+        raise NotImplementedError(f"bitparity.patch: no tensor-parallel layout of this model here: {why[0]}")
+
+    def cut(param, part, dim):
+        param.data = param.data.narrow(dim, part.start, part.stop - part.start).contiguous()
+
+    def share(n):
+        return slice(t * n // tp, (t + 1) * n // tp)
+    for layer in m.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        cut(at.q_proj.weight, share(heads * cfg.head_dim), 0)
+        cut(at.o_proj.weight, share(heads * cfg.head_dim), 1)
+        for proj in (at.k_proj, at.v_proj):
+            cut(proj.weight, share(kv_heads * cfg.head_dim), 0)
+        inter = dist.chunk_slice(cfg.intermediate, c, t, tp)
+        cut(mlp.gate_proj.weight, inter, 0)
+        cut(mlp.up_proj.weight, inter, 0)
+        cut(mlp.down_proj.weight, inter, 1)
+    cut(model.lm_head.weight, dist.chunk_slice(cfg.vocab, c, t, tp), 0)
 
 
 class _Config:
@@ -63,6 +169,8 @@ class _Config:
         self.norm_topk_prob = get("norm_topk_prob", False)
         self.mlp_only = set(get("mlp_only_layers", []) or [])
         self.sparse_step = get("decoder_sparse_step", 1) or 1
+        self.intermediate = get("intermediate_size", 0)
+        self.vocab = get("vocab_size")
 
     def rope_tables(self, positions, device):
         """The contract's RoPE tables covering `positions` on `device`, made on the CPU (a
@@ -219,7 +327,7 @@ def _cache_for(cfg, past_key_values, use_cache, B, D):
                     "model's own cache, or one of Hugging Face's (DynamicCache)")
 
 
-def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+def _forward(model, cfg, lay, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
              cache_position=None, logits_to_keep=0, **unsupported):
     taken = sorted(k for k, v in unsupported.items() if v is not None and v is not False and k != "return_dict")
     if taken:
@@ -247,15 +355,14 @@ def _forward(model, cfg, c, input_ids, attention_mask=None, position_ids=None, p
     positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs]).to(device)
     if cache is not None:  # one sequence a row
         cache.begin(batch, column, lengths, S)
-    logits = _packed_logits(model, cfg, c, tokens, lengths, positions, cache)
-    if cache is not None:
-        cache.end()
-
-    out_logits = logits.new_zeros(B, S, logits.shape[1]).index_put((batch, column), logits)
     # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
     predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long().to(device)
-    lp, entropy = ops.logprob(logits[predicting], tokens[predicting + 1], c)
+    h = _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache)
+    if cache is not None:
+        cache.end()
+    logits, lp, entropy = lay.head(h, model.lm_head.weight, predicting, tokens[predicting + 1])
+    out_logits = logits.new_zeros(B, S, logits.shape[1]).index_put((batch, column), logits)
     where = (batch[predicting], column[predicting])
     cols = max(S - 1, 0)
     mask = torch.zeros(B, cols, dtype=torch.bool, device=device).index_put(where, torch.tensor(True, device=device))
@@ -287,24 +394,23 @@ def _attention(cache, layer, q, k, v, lengths, D, c):
     return ops.attention_cached(q, keys, values, seqs, D, c)
 
 
-def _packed_logits(model, cfg, c, tokens, lengths, positions, cache):
-    """The model on the packed tokens, op by op as SPEC.md §6 runs it; logits [T, V]."""
-    m, D = model.model, cfg.head_dim
+def _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache):
+    """The model on the packed tokens, op by op as SPEC.md §6 runs it, to the final norm's
+    output [T, H]."""
+    m, D, c = model.model, cfg.head_dim, lay.c
     tables = cfg.rope_tables(int(positions.max()) + 1, tokens.device)
     x = ops.embedding(tokens, m.embed_tokens.weight, c)
     for i, layer in enumerate(m.layers):
         at = layer.self_attn
         a = ops.rmsnorm(x, layer.input_layernorm.weight, cfg.eps, c)
-        q, k, v = ops.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, c)
-        q = ops.rope(ops.rmsnorm(q, at.q_norm.weight, cfg.eps, c, heads=q.shape[1] // D), positions, tables, c)
-        k = ops.rope(ops.rmsnorm(k, at.k_norm.weight, cfg.eps, c, heads=k.shape[1] // D), positions, tables, c)
+        q, k, v = lay.qkv(a, at)
+        q = ops.rope(lay.head_norm(q, at.q_norm.weight, cfg.eps, D), positions, tables, c)
+        k = ops.rope(lay.head_norm(k, at.k_norm.weight, cfg.eps, D), positions, tables, c)
         o = _attention(cache, i, q, k, v, lengths, D, c)
-        x = x + ops.linear(o, at.o_proj.weight, c, k_chunks=c.tp_tree_width)  # row-parallel: K in chunks
+        x = x + lay.o_proj(o, at.o_proj.weight)
         a = ops.rmsnorm(x, layer.post_attention_layernorm.weight, cfg.eps, c)
         if cfg.is_moe_layer(i):
             x = x + ops.moe(a, layer.mlp.gate.weight, _experts(layer.mlp), cfg.top_k, cfg.norm_topk_prob, c)
         else:
-            mlp = layer.mlp
-            x = x + ops.mlp(a, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, c)
-    h = ops.rmsnorm(x, m.norm.weight, cfg.eps, c)
-    return ops.linear(h, model.lm_head.weight, c, n_chunks=c.tp_tree_width)  # column-parallel: its dgrad in chunks
+            x = x + lay.mlp(a, layer.mlp)
+    return ops.rmsnorm(x, m.norm.weight, cfg.eps, c)

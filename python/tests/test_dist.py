@@ -125,7 +125,7 @@ def _vocab_rank(rank, store, out, name):
     try:
         c, d = ops.contract(name), vocab_data()
         h = d["h"].clone().requires_grad_(True)
-        part = bdist.vocab_slice(V, c, rank, WORLD)
+        part = bdist.chunk_slice(V, c, rank, WORLD)
         w = d["w"][part].clone().requires_grad_(True)
         lp, entropy = bdist.lm_head_logprob(h, w, d["rows"], d["targets"], c, vocab=V)
         (lp * d["coef"]).sum().backward()
@@ -162,16 +162,16 @@ def test_vocabulary_parallel_head_is_the_unsharded_bits(tmp_path, name):
         assert torch.equal(g["lp"], lp.detach()), r
         assert torch.equal(g["entropy"], entropy), r
         assert torch.equal(g["dh"], h.grad), r
-        assert torch.equal(g["dw"], w.grad[bdist.vocab_slice(V, c, r, WORLD)]), r
+        assert torch.equal(g["dw"], w.grad[bdist.chunk_slice(V, c, r, WORLD)]), r
     if name.startswith("bf16-fmaseq"):
         assert not torch.equal(got[0]["dh_chain"], h.grad)
 
 
-def test_vocab_slice_refuses_a_rank_without_rows():
+def test_chunk_slice_refuses_a_rank_without_rows():
     c = ops.contract("bf16-sm90tc-v2")
-    assert bdist.vocab_slice(V, c, 1, 2) == slice(V // 2, V)
-    with pytest.raises(ValueError, match="holds no row"):
-        bdist.vocab_slice(9, c, 7, 8)
+    assert bdist.chunk_slice(V, c, 1, 2) == slice(V // 2, V)
+    with pytest.raises(ValueError, match="holds none of 9"):
+        bdist.chunk_slice(9, c, 7, 8)
 
 
 HEADS, D = 4, 64
@@ -226,3 +226,85 @@ def test_head_norm_weight_gradient_is_the_unsharded_bits(tmp_path, name, heads):
         assert torch.equal(g["dw"], w.grad), r
     if replicas == 1:
         assert not torch.equal(got[0]["dw_tree"], w.grad)
+
+
+HF_MODEL = os.path.join(os.environ.get("BP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                        "fixtures", "hf", "dense-gqa1-untied-sharded")
+SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
+COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
+
+
+def patched_step(model):
+    """The padded batch of SEQS (the second row left-padded) through a patched model, and
+    the backward of sum c_t · logprob_t: (logprobs, entropy, gradients by name)."""
+    S = max(len(s) for s in SEQS)
+    ids, mask, coef = torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S - 1)
+    for b, (seq, cs) in enumerate(zip(SEQS, COEFS)):
+        pad = S - len(seq)
+        ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
+    out = model(ids, attention_mask=mask)
+    (out.logprobs * coef).sum().backward()
+    return out.logprobs.detach(), out.entropy, {n: p.grad for n, p in model.named_parameters()}
+
+
+def engine_row_parallel(x, weight, c, group=None, k_full=None):
+    """The control's o_proj, as engines run it: each rank's partial (its K slice one chain)
+    rounded to bf16, then the ranks' partials summed in bf16 (a bf16 all-reduce)."""
+    partial = ops._C.linear_fwd(x, ops._as_bf16(weight, "w"), 1, c.name)
+    parts = bdist._gather(partial, group)
+    return sum(parts[1:], parts[0])
+
+
+def _patched_rank(rank, store, out, name):
+    import bitparity
+    import tiny_qwen3
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        group = torch_dist.group.WORLD
+        lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(HF_MODEL), name, tp_group=group))
+        bdist.row_parallel_linear = engine_row_parallel  # this forked process only
+        control = patched_step(bitparity.patch(tiny_qwen3.load(HF_MODEL), name, tp_group=group))[0]
+        try:
+            bitparity.patch(tiny_qwen3.load(HF_MODEL.replace("dense-gqa1-untied-sharded", "qwen3-moe-tiny")), name,
+                            tp_group=group)
+            refusal = None
+        except NotImplementedError as e:
+            refusal = str(e)
+        torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control, "refusal": refusal},
+                   os.path.join(out, f"patched{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name):
+    """bitparity.patch(model, contract, tp_group) of a Qwen3 checkpoint on two ranks (two
+    heads, half the MLP's chunks and of the vocabulary each): the logprobs and entropy on
+    every rank, and every parameter's gradient cut as the rank's parameter, are the
+    unsharded patched model's (itself `bitparity run`'s: test_ops.py). The control: o_proj
+    reduced as engines do (partials rounded to bf16, summed in bf16) makes the logprobs
+    differ."""
+    import bitparity
+    import tiny_qwen3
+    mp.start_processes(_patched_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD,
+                       start_method="fork")
+    lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(HF_MODEL), name))
+    c = ops.contract(name)
+    cfg = tiny_qwen3.checkpoint_config(HF_MODEL)
+    q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    for r in range(WORLD):
+        got = torch.load(tmp_path / f"patched{r}.pt")
+        assert torch.equal(got["lp"], lp) and torch.equal(got["entropy"], entropy), r
+
+        def share(n):
+            return slice(r * n // WORLD, (r + 1) * n // WORLD)
+        inter, vocab = (bdist.chunk_slice(cfg[k], c, r, WORLD) for k in ("intermediate_size", "vocab_size"))
+        cuts = {"q_proj": (share(q_dim), 0), "k_proj": (share(kv_dim), 0), "v_proj": (share(kv_dim), 0),
+                "o_proj": (share(q_dim), 1), "gate_proj": (inter, 0), "up_proj": (inter, 0),
+                "down_proj": (inter, 1), "lm_head": (vocab, 0)}
+        assert set(got["grads"]) == set(grads)
+        for n, g in grads.items():
+            part, dim = next((v for k, v in cuts.items() if f"{k}.weight" in n), (slice(None), 0))
+            assert torch.equal(got["grads"][n], g.narrow(dim, part.start or 0, got["grads"][n].shape[dim])), (r, n)
+        assert not torch.equal(got["control"], lp), r
+        assert "no tensor-parallel layout of this model here: a MoE layer" in got["refusal"], r

@@ -33,22 +33,11 @@ CONTRACTS = ["bf16-sm90tc-v2", "bf16-fmaseq-v2"]
 
 
 def weights(model=MODEL):
-    """The checkpoint's parameters by Hugging Face name, as fp32 master copies of their bf16 values."""
-    index = os.path.join(model, "model.safetensors.index.json")
-    files = ["model.safetensors"]
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    out = {}
-    for name in files:
-        tensors, _ = bitparity.read_dump(os.path.join(model, name))
-        out.update({k: v.to(torch.bfloat16).float() for k, v in tensors.items()})
-    return out
+    return tiny_qwen3.checkpoint_weights(model)
 
 
 def config(model=MODEL):
-    with open(os.path.join(model, "config.json")) as f:
-        return json.load(f)
+    return tiny_qwen3.checkpoint_config(model)
 
 
 @pytest.fixture(scope="module")
@@ -143,14 +132,7 @@ def test_the_heads_backward_is_the_runs_bits(oracle, name):
 
 
 def hf_model(model):
-    """The checkpoint in the tests' torch Qwen3 with Hugging Face's module names (tiny_qwen3)."""
-    text = config(model)
-    cfg = tiny_qwen3.Config(**text)
-    cfg.rope_theta = text["rope_parameters"]["rope_theta"] if "rope_parameters" in text else text["rope_theta"]
-    cfg.num_experts = text.get("num_experts", text.get("num_local_experts", 0))
-    m = tiny_qwen3.build(cfg, dtype=torch.bfloat16)
-    m.load_state_dict(weights(model))
-    return m
+    return tiny_qwen3.load(model)
 
 
 def stack_experts(m):

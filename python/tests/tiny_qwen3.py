@@ -6,7 +6,9 @@ forward(input_ids, attention_mask, position_ids, past_key_values). It takes the
 batches engines use: padded (left or right, with an attention mask), packed (one
 row whose position_ids restart per sequence) and KV-cache decoding."""
 
+import json
 import math
+import os
 from types import SimpleNamespace
 
 import torch
@@ -321,3 +323,34 @@ def _shard_state(full, par):
                 out[base + "gate_up_proj.weight"] = torch.cat([out.pop(base + "gate_proj.weight"),
                                                                 out.pop(base + "up_proj.weight")])
     return out
+
+
+def checkpoint_weights(path):
+    """A Hugging Face checkpoint's parameters by name, as fp32 master copies of their bf16 values."""
+    import bitparity
+    index = os.path.join(path, "model.safetensors.index.json")
+    files = ["model.safetensors"]
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for name in files:
+        tensors, _ = bitparity.read_dump(os.path.join(path, name))
+        out.update({k: v.to(torch.bfloat16).float() for k, v in tensors.items()})
+    return out
+
+
+def checkpoint_config(path):
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+def load(path):
+    """The checkpoint in this module's torch Qwen3 (bf16), Hugging Face's module names."""
+    text = checkpoint_config(path)
+    cfg = Config(**text)
+    cfg.rope_theta = text["rope_parameters"]["rope_theta"] if "rope_parameters" in text else text["rope_theta"]
+    cfg.num_experts = text.get("num_experts", text.get("num_local_experts", 0))
+    m = build(cfg, dtype=torch.bfloat16)
+    m.load_state_dict(checkpoint_weights(path))
+    return m
