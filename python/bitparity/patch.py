@@ -28,11 +28,12 @@ cached and new columns says which hold each row's tokens (HF's convention).
 
     bitparity.patch(model, contract, tp_group=group)   # this rank's tensor-parallel share
 
-cuts a dense model's parameters to the rank's share of the TP group (shard_tensor_parallel)
+cuts a model's parameters to the rank's share of the TP group (shard_tensor_parallel)
 and runs bitparity.dist's ops: the logprobs and entropy on every rank and each parameter's
 gradient (its slice of the unsharded one) are the unsharded model's bits; out.logits is the
-rank's slice of the vocabulary. Not yet (issue 55): MoE layers, tied embeddings and
-replicated kv heads under TP, expert and context parallelism.
+rank's slice of the vocabulary; MoE layers keep their experts whole on every rank (ep 1).
+Not yet (issue 55): tied embeddings and replicated kv heads under TP, expert and context
+parallelism.
 """
 
 import functools
@@ -114,17 +115,17 @@ class _TensorParallel(_Unsharded):
 
 
 def shard_tensor_parallel(model, cfg, lay):
-    """Cuts a patched dense Qwen3's parameters to rank `lay.rank`'s share of a TP group of
+    """Cuts a patched Qwen3's parameters to rank `lay.rank`'s share of a TP group of
     `lay.tp` (SPEC.md §7): q, k, v rows of its heads, o_proj's columns of its query heads,
     gate and up rows and down_proj's columns of its chunks of I, the LM head's rows of its
-    chunks of the vocabulary. Each parameter's gradient is then that slice of the
-    unsharded one. Refused, naming why: MoE layers, tied embeddings, and fewer kv heads
-    than ranks (not yet)."""
+    chunks of the vocabulary. A MoE layer's router and experts stay whole on every rank
+    (each rank its own expert plane: ep 1). Each parameter's gradient is then that slice of
+    the unsharded one. Refused, naming why: tied embeddings and fewer kv heads than ranks
+    (not yet)."""
     c, tp, t = lay.c, lay.tp, lay.rank
     m = model.model
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     why = [w for w, bad in (
-        ("a MoE layer", any(cfg.is_moe_layer(i) for i in range(cfg.layers))),
         ("tied embeddings (its gradient is the embedding's plus each rank's slice of the head's)",
          model.lm_head.weight is m.embed_tokens.weight),
         (f"{kv_heads} kv heads for {tp} ranks (replicated kv heads)", kv_heads % tp),
@@ -140,12 +141,14 @@ def shard_tensor_parallel(model, cfg, lay):
 
     def share(n):
         return slice(t * n // tp, (t + 1) * n // tp)
-    for layer in m.layers:
+    for i, layer in enumerate(m.layers):
         at, mlp = layer.self_attn, layer.mlp
         cut(at.q_proj.weight, share(heads * cfg.head_dim), 0)
         cut(at.o_proj.weight, share(heads * cfg.head_dim), 1)
         for proj in (at.k_proj, at.v_proj):
             cut(proj.weight, share(kv_heads * cfg.head_dim), 0)
+        if cfg.is_moe_layer(i):
+            continue
         inter = dist.chunk_slice(cfg.intermediate, c, t, tp)
         cut(mlp.gate_proj.weight, inter, 0)
         cut(mlp.up_proj.weight, inter, 0)

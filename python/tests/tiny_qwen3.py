@@ -352,5 +352,9 @@ def load(path):
     cfg.rope_theta = text["rope_parameters"]["rope_theta"] if "rope_parameters" in text else text["rope_theta"]
     cfg.num_experts = text.get("num_experts", text.get("num_local_experts", 0))
     m = build(cfg, dtype=torch.bfloat16)
-    m.load_state_dict(checkpoint_weights(path))
+    w = checkpoint_weights(path)
+    if text.get("tie_word_embeddings"):  # one parameter, as transformers ties them
+        m.lm_head.weight = m.model.embed_tokens.weight
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    m.load_state_dict(w)
     return m
