@@ -247,14 +247,17 @@ def _merged_logprob(sel, targets, span, vocab, c, group, temperature):
 
 class _LmHeadLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, rows, targets, vocab, temperature, c, group):
+    def forward(ctx, h, weight, rows, targets, vocab, temperature, c, group, whole):
         w = ops._as_bf16(weight, "the LM head's weight")
         span = _chunks(c, group, "lm_head_logprob") * _chunk_len(vocab, c)
+        if whole:  # the rank's rows of the whole (tied) weight
+            part = chunk_slice(vocab, c, torch_dist.get_rank(group), _world(group))
+            w = w[part].contiguous()
         logits = ops._C.linear_fwd(h, w, 1, c.name)
         sel = logits[rows].contiguous()
         lp, entropy, M, S = _merged_logprob(sel, targets, span, vocab, c, group, temperature)
         ctx.save_for_backward(h, w, weight, rows, targets, sel, M, S)
-        ctx.span, ctx.vocab, ctx.temperature, ctx.c, ctx.group = span, vocab, temperature, c, group
+        ctx.span, ctx.vocab, ctx.temperature, ctx.c, ctx.group, ctx.whole = span, vocab, temperature, c, group, whole
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(entropy, logits)
         return lp, entropy, logits
@@ -262,7 +265,7 @@ class _LmHeadLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dlp, dentropy, dlogits_slice):
         if dlp is None:
-            return (None,) * 8
+            return (None,) * 9
         h, w, weight, rows, targets, sel, M, S = ctx.saved_tensors
         c, group, name = ctx.c, ctx.group, ctx.c.name
         begin = torch_dist.get_rank(group) * ctx.span
@@ -272,27 +275,37 @@ class _LmHeadLogprob(torch.autograd.Function):
         acc = ops._C.linear_dgrad_acc(dlogits, w, _chunks(c, group, "lm_head_logprob"), _chunk_len(ctx.vocab, c),
                                       name)
         dh = ops._C.sum_round([ops._C.rank_tree(_gather(acc, group))])
-        dweight = ops._weight_grad(weight, ops._C.linear_wgrad(h, dlogits, name), "the LM head's weight") \
-            if ctx.needs_input_grad[1] else None
-        return dh, dweight, None, None, None, None, None, None
+        dweight = None
+        if ctx.needs_input_grad[1]:
+            dw = ops._C.linear_wgrad(h, dlogits, name)
+            if ctx.whole:  # every rank's rows, in rank order (the tail's padded to the span, then cut)
+                padded = dw.new_zeros(ctx.span, dw.shape[1])
+                padded[:dw.shape[0]] = dw
+                dw = _gather(padded, group).reshape(-1, dw.shape[1])[:ctx.vocab].contiguous()
+            dweight = ops._weight_grad(weight, dw, "the LM head's weight")
+        return dh, dweight, None, None, None, None, None, None, None
 
 
-def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, temperature=1.0, return_logits=False):
+def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, temperature=1.0, return_logits=False,
+                    whole=False):
     """The vocabulary-parallel LM head and logprob: h [T, H] whole on every rank (the final
     norm's output), weight this rank's rows of the head (`chunk_slice`), rows [R] the token
     rows that predict targets [R]. (logprob, entropy) [R] on every rank are the unsharded
     `ops.logprob(ops.linear(h, W, c, n_chunks=C)[rows], targets, c)`'s bits; the backward
     gives h's gradient (the unsharded bits, on every rank) and this rank's slice of the
     head's. vocab defaults to this rank's rows × tp (exact where C divides V). return_logits:
-    also this rank's slice of every row's logits [T, its rows] (no gradient through it)."""
+    also this rank's slice of every row's logits [T, its rows] (no gradient through it).
+    whole: weight is the whole head [V, H] (tied to the embedding), of which the rank uses
+    its rows; its gradient is then the whole head's, every rank's rows gathered, so that
+    autograd adds it to the embedding's as the unsharded tied weight's (one fp32 addition)."""
     ops._ops()
     tp = _world(group)
-    vocab = int(vocab or weight.shape[0] * tp)
-    expected = chunk_slice(vocab, c, torch_dist.get_rank(group), tp)
+    vocab = int(vocab or (weight.shape[0] if whole else weight.shape[0] * tp))
+    expected = slice(0, vocab) if whole else chunk_slice(vocab, c, torch_dist.get_rank(group), tp)
     if weight.shape[0] != expected.stop - expected.start:
         raise ValueError(f"bitparity.dist: the LM head's slice has {weight.shape[0]} rows, this rank holds "
                          f"{expected.stop - expected.start} of a vocabulary of {vocab} (chunk_slice)")
     rows = torch.as_tensor(rows, device=h.device).long()
     lp, entropy, logits = _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"),
-                                               vocab, float(temperature), c, group)
+                                               vocab, float(temperature), c, group, bool(whole))
     return (lp, entropy, logits) if return_logits else (lp, entropy)

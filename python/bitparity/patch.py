@@ -31,9 +31,9 @@ cached and new columns says which hold each row's tokens (HF's convention).
 cuts a model's parameters to the rank's share of the TP group (shard_tensor_parallel)
 and runs bitparity.dist's ops: the logprobs and entropy on every rank and each parameter's
 gradient (its slice of the unsharded one) are the unsharded model's bits; out.logits is the
-rank's slice of the vocabulary; MoE layers keep their experts whole on every rank (ep 1).
-Not yet (issue 55): tied embeddings and replicated kv heads under TP, expert and context
-parallelism.
+rank's slice of the vocabulary; MoE layers keep their experts whole on every rank (ep 1),
+and a head tied to the embedding stays whole. Not yet (issue 55): replicated kv heads
+under TP, expert and context parallelism.
 """
 
 import functools
@@ -93,7 +93,7 @@ class _TensorParallel(_Unsharded):
         super().__init__(c)
         self.group, self.tp, self.rank = group, torch.distributed.get_world_size(group), \
             torch.distributed.get_rank(group)
-        self.intermediate, self.vocab = cfg.intermediate, cfg.vocab
+        self.intermediate, self.vocab, self.tied = cfg.intermediate, cfg.vocab, False
 
     def qkv(self, a, at):
         return dist.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c, self.group)
@@ -110,7 +110,7 @@ class _TensorParallel(_Unsharded):
 
     def head(self, h, weight, rows, targets):
         lp, entropy, logits = dist.lm_head_logprob(h, weight, rows, targets, self.c, self.group, vocab=self.vocab,
-                                                   return_logits=True)
+                                                   return_logits=True, whole=self.tied)
         return logits, lp, entropy
 
 
@@ -120,14 +120,13 @@ def shard_tensor_parallel(model, cfg, lay):
     gate and up rows and down_proj's columns of its chunks of I, the LM head's rows of its
     chunks of the vocabulary. A MoE layer's router and experts stay whole on every rank
     (each rank its own expert plane: ep 1). Each parameter's gradient is then that slice of
-    the unsharded one. Refused, naming why: tied embeddings and fewer kv heads than ranks
-    (not yet)."""
+    the unsharded one; a head tied to the embedding stays whole, each rank computing its
+    rows, and its gradient is the whole head's plus the embedding's, as unsharded. Refused,
+    naming why: fewer kv heads than ranks (not yet)."""
     c, tp, t = lay.c, lay.tp, lay.rank
     m = model.model
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     why = [w for w, bad in (
-        ("tied embeddings (its gradient is the embedding's plus each rank's slice of the head's)",
-         model.lm_head.weight is m.embed_tokens.weight),
         (f"{kv_heads} kv heads for {tp} ranks (replicated kv heads)", kv_heads % tp),
         (f"{heads} query heads for {tp} ranks", heads % tp),
         (f"q dim {heads * cfg.head_dim} and kv dim {kv_heads * cfg.head_dim} not multiples of the contract's "
@@ -153,7 +152,9 @@ def shard_tensor_parallel(model, cfg, lay):
         cut(mlp.gate_proj.weight, inter, 0)
         cut(mlp.up_proj.weight, inter, 0)
         cut(mlp.down_proj.weight, inter, 1)
-    cut(model.lm_head.weight, dist.chunk_slice(cfg.vocab, c, t, tp), 0)
+    lay.tied = model.lm_head.weight is m.embed_tokens.weight
+    if not lay.tied:
+        cut(model.lm_head.weight, dist.chunk_slice(cfg.vocab, c, t, tp), 0)
 
 
 class _Config:

@@ -231,6 +231,7 @@ def test_head_norm_weight_gradient_is_the_unsharded_bits(tmp_path, name, heads):
 HF_MODEL = os.path.join(os.environ.get("BP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
                         "fixtures", "hf", "dense-gqa1-untied-sharded")
 MOE_MODEL = os.path.join(os.path.dirname(HF_MODEL), "qwen3-moe-tiny")
+TIED_MODEL = os.path.join(os.path.dirname(HF_MODEL), "qwen3-dense-tiny")
 SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
 COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
 
@@ -266,8 +267,8 @@ def _patched_rank(rank, store, out, name, path):
         bdist.row_parallel_linear = engine_row_parallel  # this forked process only
         control = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))[0]
         try:
-            bitparity.patch(tiny_qwen3.load(os.path.join(os.path.dirname(path), "qwen3-dense-tiny")), name,
-                            tp_group=group)
+            bitparity.patch(tiny_qwen3.load(os.path.join(os.path.dirname(path), "dense-mqa8-oddsize-tied")),
+                            name, tp_group=group)
             refusal = None
         except NotImplementedError as e:
             refusal = str(e)
@@ -277,12 +278,12 @@ def _patched_rank(rank, store, out, name, path):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("path", [HF_MODEL, MOE_MODEL], ids=["dense", "moe"])
+@pytest.mark.parametrize("path", [HF_MODEL, MOE_MODEL, TIED_MODEL], ids=["dense", "moe", "tied"])
 @pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
 def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path):
-    """bitparity.patch(model, contract, tp_group) of a Qwen3 and a Qwen3-MoE checkpoint on two
-    ranks (half the heads, the dense MLPs' chunks and the vocabulary's each; the experts
-    whole on both): the logprobs and entropy on
+    """bitparity.patch(model, contract, tp_group) of a Qwen3, a Qwen3-MoE and a tied Qwen3
+    checkpoint on two ranks (half the heads, the dense MLPs' chunks and the vocabulary's
+    each; the experts and a tied head whole on both): the logprobs and entropy on
     every rank, and every parameter's gradient cut as the rank's parameter, are the
     unsharded patched model's (itself `bitparity run`'s: test_ops.py). The control: o_proj
     reduced as engines do (partials rounded to bf16, summed in bf16) makes the logprobs
@@ -311,4 +312,4 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
                              (slice(None), 0))
             assert torch.equal(got["grads"][n], g.narrow(dim, part.start or 0, got["grads"][n].shape[dim])), (r, n)
         assert not torch.equal(got["control"], lp), r
-        assert "no tensor-parallel layout of this model here: tied embeddings" in got["refusal"], r
+        assert "no tensor-parallel layout of this model here: 1 kv heads for 2 ranks" in got["refusal"], r
