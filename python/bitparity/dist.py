@@ -17,7 +17,9 @@ have their own order), and every rank runs the tree's last levels and rounds onc
 The vocabulary-parallel head holds rank t's chunks of the vocabulary (chunk_slice says
 which rows), and its logprob merges every rank's chunk partials after one all-gather (v2's
 chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's tree.
-Built so far: these five, on CPU tensors and CUDA ones (the collectives are all_gather
+`attention` runs a rank's query heads; with replicated kv heads (fewer than ranks, each held
+by kv_replicas consecutive ranks) its backward gathers the replicas' query side.
+Built so far: these six, on CPU tensors and CUDA ones (the collectives are all_gather
 alone, so gloo and NCCL give the same bits). Not yet: expert and context parallelism, and
 a patched model's layout (issue 55).
 """
@@ -97,37 +99,82 @@ def row_parallel_linear(x, weight, c, group=None, k_full=None):
 
 class _ColumnParallelQkv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, wq, wk, wv, fulls, name, c, group):
+    def forward(ctx, a, wq, wk, wv, fulls, replicas, name, c, group):
         ws = [ops._as_bf16(w, f"the {p} weight") for w, p in zip((wq, wk, wv), "qkv")]
         ctx.save_for_backward(a, *ws, wq, wk, wv)
-        ctx.fulls, ctx.name, ctx.c, ctx.group = fulls, name, c, group
+        ctx.fulls, ctx.replicas, ctx.name, ctx.c, ctx.group = fulls, replicas, name, c, group
         return tuple(ops._C.linear_fwd(a, w, 1, name) for w in ws)
 
     @staticmethod
     def backward(ctx, *grads):
         a, bq, bk, bv, wq, wk, wv = ctx.saved_tensors
-        c, group, name = ctx.c, ctx.group, ctx.name
+        c, group, name, R = ctx.c, ctx.group, ctx.name, ctx.replicas
         local = _chunks(c, group, "qkv")
         trees, dws = [], []
-        for g, b, full in zip(grads, (bq, bk, bv), ctx.fulls):
+        for i, (g, b, full) in enumerate(zip(grads, (bq, bk, bv), ctx.fulls)):
             g = g.contiguous() if g is not None else a.new_zeros(a.shape[0], b.shape[0])
+            dws.append(ops._C.linear_wgrad(a, g, name))
+            if i and R > 1:  # a replicated kv head: this replica's 1/R of its features, each chunk once
+                share = b.shape[0] // R
+                at = torch_dist.get_rank(group) % R * share
+                g, b = g[:, at:at + share].contiguous(), b[at:at + share].contiguous()
             acc = ops._C.linear_dgrad_acc(g, b, local, _chunk_len(full, c), name)
             trees.append(ops._C.rank_tree(_gather(acc, group)))
-            dws.append(ops._C.linear_wgrad(a, g, name))
         da = ops._C.sum_round(trees)  # ((0 + q) + k) + v, one rounding: SPEC.md §6.5
         dweights = [ops._weight_grad(w, d, f"the {p} weight") if need else None
                     for w, d, p, need in zip((wq, wk, wv), dws, "qkv", ctx.needs_input_grad[1:4])]
-        return (da, *dweights, None, None, None, None)
+        return (da, *dweights, None, None, None, None, None)
 
 
-def qkv(a, wq, wk, wv, c, group=None):
+def qkv(a, wq, wk, wv, c, group=None, kv_replicas=1):
     """This rank's q, k, v rows (its heads) of a column-parallel q/k/v projection: a [T, H]
     whole on every rank, each weight this rank's rows, as the unsharded `ops.qkv` cut by
-    output features. The input gradient, on every rank, is the unsharded one's bits."""
+    output features. The input gradient, on every rank, is the unsharded one's bits.
+    kv_replicas > 1: fewer kv heads than ranks, each held whole by that many consecutive
+    ranks (SPEC.md §7, replicated kv heads); wk and wv are then the rank's kv head's rows."""
     ops._ops()
     tp = _world(group)
-    fulls = tuple(int(w.shape[0]) * tp for w in (wq, wk, wv))
-    return _ColumnParallelQkv.apply(ops._activation(a, "a"), wq, wk, wv, fulls, ops._name(c), c, group)
+    fulls = (int(wq.shape[0]) * tp,) + tuple(int(w.shape[0]) * tp // kv_replicas for w in (wk, wv))
+    return _ColumnParallelQkv.apply(ops._activation(a, "a"), wq, wk, wv, fulls, int(kv_replicas), ops._name(c), c,
+                                    group)
+
+
+class _ReplicatedKvAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, D, replicas, name, group):
+        o, m, l = ops._C.attention_fwd(q, k, v, lengths, D, name)
+        ctx.save_for_backward(q, k, v, o, m, l)
+        ctx.lengths, ctx.D, ctx.replicas, ctx.name, ctx.group = lengths, D, replicas, name, group
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o, m, l = ctx.saved_tensors
+        R, group, T = ctx.replicas, ctx.group, q.shape[0]
+        first = torch_dist.get_rank(group) // R * R  # the first replica of this rank's kv head
+
+        def heads(t, width):  # the kv head's whole query group: its replicas' heads in order, [T, R·width]
+            return torch.cat(list(_gather(t.reshape(T, width), group)[first:first + R]), 1).contiguous()
+        Hq = q.shape[1] // ctx.D
+        dq, dk, dv = ops._C.attention_bwd(heads(q, q.shape[1]), k, v, heads(o, o.shape[1]), heads(m, Hq).view(-1),
+                                          heads(l, Hq).view(-1), heads(dout.contiguous(), dout.shape[1]), ctx.lengths,
+                                          ctx.D, ctx.name)
+        mine = torch_dist.get_rank(group) - first
+        return dq[:, mine * q.shape[1]:(mine + 1) * q.shape[1]].contiguous(), dk, dv, None, None, None, None, None
+
+
+def attention(q, k, v, lengths, head_dim, c, group=None, kv_replicas=1):
+    """Attention of this rank's query heads (whole sequences, as `ops.attention`). With
+    kv_replicas > 1 the rank's one kv head is shared by its replicas' heads: its dk and dv
+    reduce over the whole query group, so the backward gathers the replicas' query side
+    (q, o, dout and the softmax statistics) and runs the group as the unsharded op does;
+    dq stays the rank's own heads'."""
+    if kv_replicas == 1:
+        return ops.attention(q, k, v, lengths, head_dim, c)
+    ops._ops()
+    return _ReplicatedKvAttention.apply(ops._activation(q, "q"), ops._activation(k, "k"), ops._activation(v, "v"),
+                                        [int(n) for n in lengths], int(head_dim), int(kv_replicas), ops._name(c),
+                                        group)
 
 
 class _Mlp(torch.autograd.Function):

@@ -32,8 +32,8 @@ cuts a model's parameters to the rank's share of the TP group (shard_tensor_para
 and runs bitparity.dist's ops: the logprobs and entropy on every rank and each parameter's
 gradient (its slice of the unsharded one) are the unsharded model's bits; out.logits is the
 rank's slice of the vocabulary; MoE layers keep their experts whole on every rank (ep 1),
-and a head tied to the embedding stays whole. Not yet (issue 55): replicated kv heads
-under TP, expert and context parallelism.
+a head tied to the embedding stays whole, and fewer kv heads than ranks are replicated.
+Not yet (issue 55): expert and context parallelism.
 """
 
 import functools
@@ -63,14 +63,19 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None):
 class _Unsharded:
     """The ops of a process holding the whole model."""
 
+    kv_replicas = 1
+
     def __init__(self, c):
         self.c = c
 
     def qkv(self, a, at):
         return ops.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c)
 
-    def head_norm(self, x, weight, eps, D):
+    def head_norm(self, x, weight, eps, D, replicas=1):
         return ops.rmsnorm(x, weight, eps, self.c, heads=x.shape[1] // D)
+
+    def attention(self, q, k, v, lengths, D):
+        return ops.attention(q, k, v, lengths, D, self.c)
 
     def o_proj(self, o, weight):
         return ops.linear(o, weight, self.c, k_chunks=self.c.tp_tree_width)  # row-parallel: K in chunks
@@ -96,10 +101,14 @@ class _TensorParallel(_Unsharded):
         self.intermediate, self.vocab, self.tied = cfg.intermediate, cfg.vocab, False
 
     def qkv(self, a, at):
-        return dist.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c, self.group)
+        return dist.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c, self.group,
+                        kv_replicas=self.kv_replicas)
 
-    def head_norm(self, x, weight, eps, D):
-        return dist.head_norm(x, weight, eps, self.c, x.shape[1] // D, self.group)
+    def head_norm(self, x, weight, eps, D, replicas=1):
+        return dist.head_norm(x, weight, eps, self.c, x.shape[1] // D, self.group, replicas=replicas)
+
+    def attention(self, q, k, v, lengths, D):
+        return dist.attention(q, k, v, lengths, D, self.c, self.group, kv_replicas=self.kv_replicas)
 
     def o_proj(self, o, weight):
         return dist.row_parallel_linear(o, weight, self.c, self.group)
@@ -121,13 +130,14 @@ def shard_tensor_parallel(model, cfg, lay):
     chunks of the vocabulary. A MoE layer's router and experts stay whole on every rank
     (each rank its own expert plane: ep 1). Each parameter's gradient is then that slice of
     the unsharded one; a head tied to the embedding stays whole, each rank computing its
-    rows, and its gradient is the whole head's plus the embedding's, as unsharded. Refused,
-    naming why: fewer kv heads than ranks (not yet)."""
+    rows, and its gradient is the whole head's plus the embedding's, as unsharded. With
+    fewer kv heads than ranks each kv head is held whole by tp / kv_heads consecutive ranks
+    (replicated kv heads), its gradient each replica's alike."""
     c, tp, t = lay.c, lay.tp, lay.rank
     m = model.model
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     why = [w for w, bad in (
-        (f"{kv_heads} kv heads for {tp} ranks (replicated kv heads)", kv_heads % tp),
+        (f"{kv_heads} kv heads for {tp} ranks", kv_heads % tp and tp % kv_heads),
         (f"{heads} query heads for {tp} ranks", heads % tp),
         (f"q dim {heads * cfg.head_dim} and kv dim {kv_heads * cfg.head_dim} not multiples of the contract's "
          f"{c.tp_tree_width} chunks", (heads * cfg.head_dim) % c.tp_tree_width or
@@ -140,12 +150,16 @@ def shard_tensor_parallel(model, cfg, lay):
 
     def share(n):
         return slice(t * n // tp, (t + 1) * n // tp)
+    lay.kv_replicas = max(1, tp // kv_heads)
+    mine = max(1, kv_heads // tp)  # kv heads a rank holds: its share, or one where replicated
+    first = t // lay.kv_replicas * mine
+    kv_rows = slice(first * cfg.head_dim, (first + mine) * cfg.head_dim)
     for i, layer in enumerate(m.layers):
         at, mlp = layer.self_attn, layer.mlp
         cut(at.q_proj.weight, share(heads * cfg.head_dim), 0)
         cut(at.o_proj.weight, share(heads * cfg.head_dim), 1)
         for proj in (at.k_proj, at.v_proj):
-            cut(proj.weight, share(kv_heads * cfg.head_dim), 0)
+            cut(proj.weight, kv_rows, 0)
         if cfg.is_moe_layer(i):
             continue
         inter = dist.chunk_slice(cfg.intermediate, c, t, tp)
@@ -386,16 +400,16 @@ def _experts(mlp):
     return (ex.gate_up_proj, ex.down_proj)  # ops.moe takes them stacked, their gradients stacked too
 
 
-def _attention(cache, layer, q, k, v, lengths, D, c):
+def _attention(cache, lay, layer, q, k, v, lengths, D):
     """Whole sequences (autograd), or each sequence's new queries after its cached keys."""
     if cache is None:
-        return ops.attention(q, k, v, lengths, D, c)
+        return lay.attention(q, k, v, lengths, D)
     keys, values, kv_lengths = cache.update_layer(layer, k, v)
     seqs, q_at, kv_at = [], 0, 0
     for n, kv in zip(lengths, kv_lengths):
         seqs.append((q_at, n, kv - n, kv_at))
         q_at, kv_at = q_at + n, kv_at + kv
-    return ops.attention_cached(q, keys, values, seqs, D, c)
+    return ops.attention_cached(q, keys, values, seqs, D, lay.c)
 
 
 def _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache):
@@ -409,8 +423,8 @@ def _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache):
         a = ops.rmsnorm(x, layer.input_layernorm.weight, cfg.eps, c)
         q, k, v = lay.qkv(a, at)
         q = ops.rope(lay.head_norm(q, at.q_norm.weight, cfg.eps, D), positions, tables, c)
-        k = ops.rope(lay.head_norm(k, at.k_norm.weight, cfg.eps, D), positions, tables, c)
-        o = _attention(cache, i, q, k, v, lengths, D, c)
+        k = ops.rope(lay.head_norm(k, at.k_norm.weight, cfg.eps, D, lay.kv_replicas), positions, tables, c)
+        o = _attention(cache, lay, i, q, k, v, lengths, D)
         x = x + lay.o_proj(o, at.o_proj.weight)
         a = ops.rmsnorm(x, layer.post_attention_layernorm.weight, cfg.eps, c)
         if cfg.is_moe_layer(i):

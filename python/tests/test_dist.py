@@ -232,6 +232,7 @@ HF_MODEL = os.path.join(os.environ.get("BP_SOURCE_DIR", os.path.join(os.path.dir
                         "fixtures", "hf", "dense-gqa1-untied-sharded")
 MOE_MODEL = os.path.join(os.path.dirname(HF_MODEL), "qwen3-moe-tiny")
 TIED_MODEL = os.path.join(os.path.dirname(HF_MODEL), "qwen3-dense-tiny")
+MQA_MODEL = os.path.join(os.path.dirname(HF_MODEL), "dense-mqa8-oddsize-tied")  # one kv head: replicated
 SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
 COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
 
@@ -266,24 +267,19 @@ def _patched_rank(rank, store, out, name, path):
         lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))
         bdist.row_parallel_linear = engine_row_parallel  # this forked process only
         control = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))[0]
-        try:
-            bitparity.patch(tiny_qwen3.load(os.path.join(os.path.dirname(path), "dense-mqa8-oddsize-tied")),
-                            name, tp_group=group)
-            refusal = None
-        except NotImplementedError as e:
-            refusal = str(e)
-        torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control, "refusal": refusal},
+        torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control},
                    os.path.join(out, f"patched{rank}.pt"))
     finally:
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("path", [HF_MODEL, MOE_MODEL, TIED_MODEL], ids=["dense", "moe", "tied"])
+@pytest.mark.parametrize("path", [HF_MODEL, MOE_MODEL, TIED_MODEL, MQA_MODEL], ids=["dense", "moe", "tied", "mqa"])
 @pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
 def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path):
-    """bitparity.patch(model, contract, tp_group) of a Qwen3, a Qwen3-MoE and a tied Qwen3
-    checkpoint on two ranks (half the heads, the dense MLPs' chunks and the vocabulary's
-    each; the experts and a tied head whole on both): the logprobs and entropy on
+    """bitparity.patch(model, contract, tp_group) of a Qwen3, a Qwen3-MoE, a tied Qwen3 and an
+    MQA Qwen3 (one kv head, replicated on both ranks) on two ranks (half the query heads, the
+    dense MLPs' chunks and the vocabulary's each; the experts and a tied head whole on both):
+    the logprobs and entropy on
     every rank, and every parameter's gradient cut as the rank's parameter, are the
     unsharded patched model's (itself `bitparity run`'s: test_ops.py). The control: o_proj
     reduced as engines do (partials rounded to bf16, summed in bf16) makes the logprobs
@@ -303,7 +299,8 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
         def share(n):
             return slice(r * n // WORLD, (r + 1) * n // WORLD)
         inter, vocab = (bdist.chunk_slice(cfg[k], c, r, WORLD) for k in ("intermediate_size", "vocab_size"))
-        cuts = {"q_proj": (share(q_dim), 0), "k_proj": (share(kv_dim), 0), "v_proj": (share(kv_dim), 0),
+        kv = share(kv_dim) if kv_dim >= WORLD * cfg["head_dim"] else slice(0, kv_dim)  # one kv head: replicated
+        cuts = {"q_proj": (share(q_dim), 0), "k_proj": (kv, 0), "v_proj": (kv, 0),
                 "o_proj": (share(q_dim), 1), "gate_proj": (inter, 0), "up_proj": (inter, 0),
                 "down_proj": (inter, 1), "lm_head": (vocab, 0)}
         assert set(got["grads"]) == set(grads)
@@ -312,4 +309,3 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
                              (slice(None), 0))
             assert torch.equal(got["grads"][n], g.narrow(dim, part.start or 0, got["grads"][n].shape[dim])), (r, n)
         assert not torch.equal(got["control"], lp), r
-        assert "no tensor-parallel layout of this model here: 1 kv heads for 2 ranks" in got["refusal"], r
