@@ -35,8 +35,11 @@ def _world(group):
 
 
 def _gather(t, group):
-    """Every rank's t, in rank order, stacked: [tp, ...]. bf16 travels as its bytes: gloo
-    has no 16-bit types, and the bytes are all a gather moves."""
+    """Every rank's t, in rank order, stacked: [tp, ...]; every rank's t has one shape (the
+    TP group's ranks hold the same tokens). bf16 travels as its bytes: gloo has no 16-bit
+    types, and the bytes are all a gather moves."""
+    if t.numel() == 0:  # a decoding step predicts no row of its own: nothing to move (gloo would divide by 0)
+        return t.new_empty((_world(group), *t.shape))
     bits = t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t.contiguous()
     parts = [torch.empty_like(bits) for _ in range(_world(group))]
     torch_dist.all_gather(parts, bits, group=group)
@@ -261,7 +264,7 @@ def _chunk_order(g, lo, hi):
     """Columns lo..hi of every rank's gathered partials g [tp, R, width] side by side in rank
     order, [R, tp·(hi − lo)]: the [R, C] of every chunk in order (rank t's j-th chunk is
     chunk t·n + j)."""
-    return g[:, :, lo:hi].permute(1, 0, 2).reshape(g.shape[1], -1).contiguous()
+    return g[:, :, lo:hi].permute(1, 0, 2).reshape(g.shape[1], g.shape[0] * (hi - lo)).contiguous()
 
 
 def _from_holder(g, holder, col):

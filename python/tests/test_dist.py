@@ -250,6 +250,16 @@ def patched_step(model):
     return out.logprobs.detach(), out.entropy, {n: p.grad for n, p in model.named_parameters()}
 
 
+def _gather_cat(w):
+    """Every rank's vocabulary slice of some logits (the tail's may be shorter), in rank order."""
+    n = torch.tensor([w.shape[1]])
+    sizes = [torch.zeros_like(n) for _ in range(WORLD)]
+    torch_dist.all_gather(sizes, n)
+    padded = torch.zeros(w.shape[0], int(max(sizes)), dtype=w.dtype)
+    padded[:, :w.shape[1]] = w
+    return [p[:, :int(k)] for p, k in zip(bdist._gather(padded, None), sizes)]
+
+
 def engine_row_parallel(x, weight, c, group=None, k_full=None):
     """The control's o_proj, as engines run it: each rank's partial (its K slice one chain)
     rounded to bf16, then the ranks' partials summed in bf16 (a bf16 all-reduce)."""
@@ -258,16 +268,39 @@ def engine_row_parallel(x, weight, c, group=None, k_full=None):
     return sum(parts[1:], parts[0])
 
 
+def rollout_logprobs(model, c, gather_vocab=None):
+    """A chunked prefill (4 tokens of the first sequence beside 1 of the second, left-padded)
+    and three decoding steps through the patched model's cache, under torch.no_grad(): the
+    contract logprob of every position whose next token the calls saw. gather_vocab puts a
+    tensor-parallel rank's vocabulary slices of the logits back together."""
+    import bitparity
+    s0, s1 = SEQS
+    with torch.no_grad():
+        out = model(torch.tensor([s0[:4], [0, 0, 0, s1[0]]]), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]),
+                    use_cache=True)
+        rows = [list(out.logits[0]), [out.logits[1, 3]]]
+        for t in range(3):
+            out = model(torch.tensor([[s0[4 + t]], [s1[1 + t]]]), past_key_values=out.past_key_values, use_cache=True)
+            rows[0].append(out.logits[0, 0])
+            rows[1].append(out.logits[1, 0])
+    whole = [torch.stack(r[:-1]) for r in rows]
+    if gather_vocab:
+        whole = [gather_vocab(w) for w in whole]
+    return [bitparity.ops.logprob(w, torch.tensor(seq[1:len(w) + 1]), c)[0] for w, seq in zip(whole, SEQS)]
+
+
 def _patched_rank(rank, store, out, name, path):
     import bitparity
     import tiny_qwen3
     torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
     try:
         group = torch_dist.group.WORLD
-        lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))
+        model = bitparity.patch(tiny_qwen3.load(path), name, tp_group=group)
+        lp, entropy, grads = patched_step(model)
+        rollout = rollout_logprobs(model, ops.contract(name), lambda w: torch.cat(_gather_cat(w), 1))
         bdist.row_parallel_linear = engine_row_parallel  # this forked process only
         control = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))[0]
-        torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control},
+        torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control, "rollout": rollout},
                    os.path.join(out, f"patched{rank}.pt"))
     finally:
         torch_dist.destroy_process_group()
@@ -281,7 +314,9 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
     dense MLPs' chunks and the vocabulary's each; the experts and a tied head whole on both):
     the logprobs and entropy on
     every rank, and every parameter's gradient cut as the rank's parameter, are the
-    unsharded patched model's (itself `bitparity run`'s: test_ops.py). The control: o_proj
+    unsharded patched model's (itself `bitparity run`'s: test_ops.py), and so are the
+    logprobs of a chunked prefill and decoding through the cache, from the ranks'
+    vocabulary slices of the logits put together. The control: o_proj
     reduced as engines do (partials rounded to bf16, summed in bf16) makes the logprobs
     differ."""
     import bitparity
@@ -289,6 +324,7 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
     mp.start_processes(_patched_rank, args=(str(tmp_path / "store"), str(tmp_path), name, path), nprocs=WORLD,
                        start_method="fork")
     lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(path), name))
+    rollout = rollout_logprobs(bitparity.patch(tiny_qwen3.load(path), name), ops.contract(name))
     c = ops.contract(name)
     cfg = tiny_qwen3.checkpoint_config(path)
     q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
@@ -309,3 +345,5 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
                              (slice(None), 0))
             assert torch.equal(got["grads"][n], g.narrow(dim, part.start or 0, got["grads"][n].shape[dim])), (r, n)
         assert not torch.equal(got["control"], lp), r
+        for b, (mine, whole) in enumerate(zip(got["rollout"], rollout)):
+            assert torch.equal(mine, whole), (r, b)
