@@ -605,15 +605,22 @@ std::vector<Tensor> logprob_fwd(const Tensor& logits, const Tensor& targets, dou
   return {lp, entropy, row_max, row_sum};
 }
 
-Tensor logprob_bwd(const Tensor& logits, const Tensor& targets, const Tensor& coef, const Tensor& row_max,
-                   const Tensor& row_sum, double temperature, const std::string& contract) {
-  const On on(logits);
+// The backward's tensors: bf16 logits, their targets, and per row the loss's coefficient
+// and the forward's saved M and S.
+void check_logprob_bwd_args(const On& on, const Tensor& logits, const Tensor& targets, const Tensor& coef,
+                            const Tensor& row_max, const Tensor& row_sum) {
   on.check(logits, "logits", torch::kBFloat16, 2);
   on.check(targets, "targets", torch::kInt32, 1);
   for (const auto& [t, name] : {std::pair{&coef, "grad"}, {&row_max, "row_max"}, {&row_sum, "row_sum"}}) {
     on.check(*t, name, torch::kFloat32, 1);
     TORCH_CHECK(t->size(0) == logits.size(0), "bitparity: ", name, " is not one value a row");
   }
+}
+
+Tensor logprob_bwd(const Tensor& logits, const Tensor& targets, const Tensor& coef, const Tensor& row_max,
+                   const Tensor& row_sum, double temperature, const std::string& contract) {
+  const On on(logits);
+  check_logprob_bwd_args(on, logits, targets, coef, row_max, row_sum);
   const int R = as_int(logits.size(0), "rows"), V = as_int(logits.size(1), "vocab");
   Tensor dlogits = on.bf16({R, V});
   BP_OP(on, logprob_bwd, knobs(contract), bf(logits), targets.data_ptr<int32_t>(), coef.data_ptr<float>(),
@@ -737,12 +744,7 @@ Tensor logprob_bwd_slice(const Tensor& logits, const Tensor& targets, int64_t vo
                          const Tensor& row_max, const Tensor& row_sum, double temperature,
                          const std::string& contract) {
   const On on(logits);
-  on.check(logits, "logits", torch::kBFloat16, 2);
-  on.check(targets, "targets", torch::kInt32, 1);
-  for (const auto& [t, name] : {std::pair{&coef, "grad"}, {&row_max, "row_max"}, {&row_sum, "row_sum"}}) {
-    on.check(*t, name, torch::kFloat32, 1);
-    TORCH_CHECK(t->size(0) == logits.size(0), "bitparity: ", name, " is not one value a row");
-  }
+  check_logprob_bwd_args(on, logits, targets, coef, row_max, row_sum);
   const int T = as_int(logits.size(0), "rows"), len = as_int(logits.size(1), "vocab slice");
   Tensor d = on.bf16({T, len});
   BP_OP(on, logprob_bwd_slice, knobs(contract), bf(logits), len, T, as_int(vocab_begin, "vocab_begin"), len,

@@ -24,6 +24,7 @@ if ops._C is None and os.environ.get("BITPARITY_REQUIRE_OPS") != "1":
     pytest.skip("this installation has no bitparity._C (docs/torch-ops.md)", allow_module_level=True)
 
 import bitparity.dist as bdist  # noqa: E402
+import tiny_qwen3  # noqa: E402
 
 WORLD, T, H, NQ, NKV, I = 2, 16, 512, 256, 128, 384
 
@@ -240,11 +241,7 @@ COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
 def patched_step(model):
     """The padded batch of SEQS (the second row left-padded) through a patched model, and
     the backward of sum c_t · logprob_t: (logprobs, entropy, gradients by name)."""
-    S = max(len(s) for s in SEQS)
-    ids, mask, coef = torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S - 1)
-    for b, (seq, cs) in enumerate(zip(SEQS, COEFS)):
-        pad = S - len(seq)
-        ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
+    ids, mask, coef = tiny_qwen3.padded_batch(SEQS, COEFS)
     out = model(ids, attention_mask=mask)
     (out.logprobs * coef).sum().backward()
     return out.logprobs.detach(), out.entropy, {n: p.grad for n, p in model.named_parameters()}
@@ -291,7 +288,6 @@ def rollout_logprobs(model, c, gather_vocab=None):
 
 def _patched_rank(rank, store, out, name, path):
     import bitparity
-    import tiny_qwen3
     torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
     try:
         group = torch_dist.group.WORLD
@@ -320,7 +316,6 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
     reduced as engines do (partials rounded to bf16, summed in bf16) makes the logprobs
     differ."""
     import bitparity
-    import tiny_qwen3
     mp.start_processes(_patched_rank, args=(str(tmp_path / "store"), str(tmp_path), name, path), nprocs=WORLD,
                        start_method="fork")
     lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(path), name))

@@ -178,11 +178,7 @@ def patched_loss(model, c, packed=False, stacked=False):
         (out.logprobs * coef).sum().backward()
         lp, entropy, n0 = out.logprobs[0][out.logprob_mask[0]].detach(), out.entropy[0][out.logprob_mask[0]], len(COEFS[0])
         return [lp[:n0], lp[n0:]], [entropy[:n0], entropy[n0:]], {n: p.grad for n, p in m.named_parameters()}
-    S = max(len(s) for s in SEQS)
-    ids, mask, coef = torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S, dtype=torch.long), torch.zeros(2, S - 1)
-    for b, (seq, cs) in enumerate(zip(SEQS, COEFS)):
-        pad = S - len(seq)
-        ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
+    ids, mask, coef = tiny_qwen3.padded_batch(SEQS, COEFS)
     out = m(ids, attention_mask=mask)
     (out.logprobs * coef).sum().backward()
     lp = [out.logprobs[b][out.logprob_mask[b]].detach() for b in range(2)]

@@ -358,3 +358,15 @@ def load(path):
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
     m.load_state_dict(w)
     return m
+
+
+def padded_batch(seqs, coefs):
+    """Sequences as one batch, right-aligned (the shorter rows left-padded): input_ids, the
+    attention mask, and the loss's coefficients at each column's next-token logprob."""
+    S = max(len(s) for s in seqs)
+    ids, mask, coef = torch.zeros(len(seqs), S, dtype=torch.long), torch.zeros(len(seqs), S, dtype=torch.long), \
+        torch.zeros(len(seqs), S - 1)
+    for b, (seq, cs) in enumerate(zip(seqs, coefs)):
+        pad = S - len(seq)
+        ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
+    return ids, mask, coef
