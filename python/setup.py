@@ -5,9 +5,10 @@ sources with the project's numerics flags (SPEC.md §3), bound to torch tensors.
 With a CUDA torch and nvcc, `bitparity._C` also runs CUDA tensors on optimized/cuda's
 kernels: the project's CMake builds them (its target bp_cuda, position-independent, the
 project's `--fmad=false` flags) and the extension links them. BITPARITY_CUDA=on|off|auto
-(auto: a CUDA torch and nvcc present); BITPARITY_CUDA_BUILD=DIR links the bp_cuda of a
-build folder made before (cmake -DBITPARITY_CUDA=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON)
-instead of building it.
+(auto: where a CUDA torch and nvcc are present, and CPU tensors only, with a message, where
+the kernels' build fails; on: that failure stops the install); BITPARITY_CUDA_BUILD=DIR
+links the bp_cuda of a build folder made before (cmake -DBITPARITY_CUDA=ON
+-DCMAKE_POSITION_INDEPENDENT_CODE=ON) instead of building it.
 
 Without torch's headers (on Debian: libtorch-dev, pybind11-dev) the package installs
 without it and `bitparity.ops` says what was missing. BITPARITY_REQUIRE_OPS=1 makes a
@@ -36,22 +37,25 @@ def reference_sources():
     return [os.path.relpath(p, HERE) for p in found]
 
 
-def wants_cuda():
-    """Whether to build the CUDA path: BITPARITY_CUDA, or (auto) a CUDA torch and nvcc."""
+def cuda_mode():
+    """BITPARITY_CUDA: on (CUDA required), off, or auto (CUDA where a CUDA torch and nvcc are,
+    the CPU alone where its build fails, saying why)."""
     mode = os.environ.get("BITPARITY_CUDA", "auto").lower()
     if mode not in ("on", "off", "auto"):
         sys.exit(f"bitparity: BITPARITY_CUDA={mode!r}: on, off or auto")
-    if mode != "auto":
-        return mode == "on"
-    import torch
-    from torch.utils.cpp_extension import CUDA_HOME
-    return torch.version.cuda is not None and CUDA_HOME is not None and \
-        os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))
+    if mode == "auto":
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME
+        if torch.version.cuda is None or CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "bin",
+                                                                                                 "nvcc")):
+            return "off"
+    return mode
 
 
 def cuda_library():
     """optimized/cuda's static library (bp_cuda), from BITPARITY_CUDA_BUILD or built by the
-    project's CMake here; its path."""
+    project's CMake here (it needs the project's packages: Eigen, nlohmann/json, CLI11); its
+    path. OSError or CalledProcessError where it cannot be had."""
     build = os.environ.get("BITPARITY_CUDA_BUILD")
     if not build:
         build = os.path.join(HERE, "build", "cmake-cuda")
@@ -62,14 +66,36 @@ def cuda_library():
             subprocess.run(cmd, check=True)
     lib = os.path.join(build, "optimized", "libbp_cuda.a")
     if not os.path.exists(lib):
-        sys.exit(f"bitparity: no {lib}: BITPARITY_CUDA_BUILD names a CMake build folder with bp_cuda built "
-                 "(-DBITPARITY_CUDA=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON)")
+        raise FileNotFoundError(f"no {lib}: BITPARITY_CUDA_BUILD names a CMake build folder with bp_cuda built "
+                                "(-DBITPARITY_CUDA=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON)")
     return lib
+
+
+def cuda_args(mode):
+    """The extension's additions for CUDA tensors, or {} where they cannot be built in auto mode."""
+    from torch.utils.cpp_extension import CUDA_HOME, include_paths, library_paths
+    try:
+        lib = cuda_library()
+    except (OSError, subprocess.CalledProcessError) as e:
+        if mode == "on":
+            sys.exit(f"bitparity: BITPARITY_CUDA=on, but optimized/cuda did not build: {e}")
+        print(f"bitparity: optimized/cuda did not build ({e}): bitparity.ops will run CPU tensors only "
+              "(BITPARITY_CUDA=on makes this an error)", file=sys.stderr)
+        return {}
+    try:
+        cuda_include = include_paths(device_type="cuda")  # torch >= 2.6
+    except TypeError:
+        cuda_include = include_paths(cuda=True)
+    # The kernels' static runtime, as every CUDA target of the project links it (cmake/Cuda.cmake);
+    # c10_cuda for torch's current stream.
+    return dict(include_dirs=cuda_include, extra_compile_args=["-DBITPARITY_WITH_CUDA"],
+                extra_objects=[lib, os.path.join(CUDA_HOME, "lib64", "libcudart_static.a")],
+                library_dirs=library_paths(), libraries=["c10_cuda", "dl", "rt", "pthread"])
 
 
 def extension():
     try:
-        from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths, library_paths
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError as e:
         print(f"bitparity: no torch C++ build support ({e}): installing without bitparity.ops", file=sys.stderr)
         return {}
@@ -77,18 +103,10 @@ def extension():
         print("bitparity: no reference sources beside this folder: installing without bitparity.ops", file=sys.stderr)
         return {}
     args = dict(include_dirs=[ROOT], extra_compile_args=list(STRICT_FP), extra_link_args=["-fopenmp"])
-    if wants_cuda():
-        from torch.utils.cpp_extension import CUDA_HOME
-        # The kernels' static runtime, as every CUDA target of the project links it (cmake/Cuda.cmake);
-        # c10_cuda for torch's current stream.
-        try:
-            args["include_dirs"] += include_paths(device_type="cuda")  # torch >= 2.6
-        except TypeError:
-            args["include_dirs"] += include_paths(cuda=True)
-        args["extra_compile_args"].append("-DBITPARITY_WITH_CUDA")
-        args["extra_objects"] = [cuda_library(), os.path.join(CUDA_HOME, "lib64", "libcudart_static.a")]
-        args["library_dirs"] = library_paths()
-        args["libraries"] = ["c10_cuda", "dl", "rt", "pthread"]
+    mode = cuda_mode()
+    if mode != "off":
+        for key, more in cuda_args(mode).items():
+            args[key] = args.get(key, []) + more
     ext = CppExtension("bitparity._C", ["csrc/ops.cpp"] + reference_sources(),
                        optional=os.environ.get("BITPARITY_REQUIRE_OPS") != "1", **args)
     return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
