@@ -19,9 +19,10 @@ which rows), and its logprob merges every rank's chunk partials after one all-ga
 chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's tree.
 `attention` runs a rank's query heads; with replicated kv heads (fewer than ranks, each held
 by kv_replicas consecutive ranks) its backward gathers the replicas' query side.
-Built so far: these six, on CPU tensors and CUDA ones (the collectives are all_gather
-alone, so gloo and NCCL give the same bits). Not yet: expert and context parallelism, and
-a patched model's layout (issue 55).
+`token_split_wgrad` is a linear's weight gradient over rows the ranks share out in any way
+(data, expert or context parallelism), the unsharded bits.
+Built so far: these, on CPU tensors and CUDA ones (the collectives are all_gather alone, so
+gloo and NCCL give the same bits). Not yet: the EP exchange and the CP attention merge.
 """
 
 import torch
@@ -359,3 +360,44 @@ def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, tempera
     lp, entropy, logits = _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"),
                                                vocab, float(temperature), c, group, bool(whole))
     return (lp, entropy, logits) if return_logits else (lp, entropy)
+
+
+def _gather_rows(t, group):
+    """Every rank's rows of t (their counts may differ), in rank order: a list of tensors."""
+    n = torch.tensor([t.shape[0]], device=t.device)
+    counts = [torch.zeros_like(n) for _ in range(_world(group))]
+    torch_dist.all_gather(counts, n, group=group)
+    most = int(max(counts))
+    padded = t.new_zeros((most, *t.shape[1:]))
+    padded[:t.shape[0]] = t
+    return [p[:int(k)] for p, k in zip(_gather(padded, group), counts)]
+
+
+def token_split_wgrad(dy, x, rows, c, group=None):
+    """The weight gradient of a linear, dW = Σ_t dy[t]ᵀ·x[t] fp32 [N, K], over a batch whose
+    rows the ranks share out in any way (data, expert or context parallelism): this rank
+    holds the global rows `rows` (indices in the canonical order, increasing) with their dy
+    [n, N] and x [n, K]. SPEC.md §7's token split: chunk j of grad_token_chunk global rows is
+    reduced by rank j mod P from its rows, the chunks' partials gathered and merged by the
+    pairwise tree in chunk order. Every rank returns the unsharded `linear_wgrad`'s bits over
+    the whole batch. The rows move by an all-gather (every rank receives the batch; an
+    all-to-all would move each chunk to its reducer alone: the same bits, less traffic)."""
+    ops._ops()
+    P, me, L = _world(group), torch_dist.get_rank(group), c.grad_token_chunk
+    rows = torch.as_tensor(rows, device=dy.device).long()
+    if rows.shape[0] != dy.shape[0] or rows.shape[0] != x.shape[0]:
+        raise ValueError(f"bitparity.dist: {rows.shape[0]} row indices for {dy.shape[0]} gradient and {x.shape[0]} "
+                         "input rows")
+    all_rows, all_dy, all_x = (torch.cat(_gather_rows(t, group)) for t in (rows, dy, x))
+    order = torch.argsort(all_rows)
+    total = all_rows.shape[0]
+    if not torch.equal(all_rows[order], torch.arange(total, device=all_rows.device)):
+        raise ValueError(f"bitparity.dist: the ranks' rows are not each of the batch's {total} rows once")
+    all_dy, all_x = all_dy[order], all_x[order]
+    chunks = -(-total // L)
+    # This rank's chunks j = me, me + P, ...: each one chunk of rows, so linear_wgrad gives its exact partial.
+    mine = [ops._C.linear_wgrad(all_x[j * L:(j + 1) * L].contiguous(), all_dy[j * L:(j + 1) * L].contiguous(), c.name)
+            for j in range(me, chunks, P)]
+    stacked = torch.stack(mine) if mine else torch.zeros(0, dy.shape[1], x.shape[1], device=dy.device)
+    held = _gather_rows(stacked, group)
+    return ops._C.rank_tree(torch.stack([held[j % P][j // P] for j in range(chunks)]))

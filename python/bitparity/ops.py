@@ -51,11 +51,13 @@ class Contract:
     """A named contract (SPEC.md §1), its knob hash as reports stamp it, and its
     tp_tree_width: the chunks of a shardable reduction (linear's k_chunks of a
     row-parallel layer, n_chunks of a column-parallel one's input gradient); whether its
-    log-softmax is one-pass (v2's chunk states) or two-pass (v1)."""
+    log-softmax is one-pass (v2's chunk states) or two-pass (v1); its weight gradients' token
+    chunk (the canonical order's rows each chunk sums before the pairwise tree)."""
     name: str
     knob_hash: str
     tp_tree_width: int
     one_pass_logprob: bool
+    grad_token_chunk: int
 
 
 def contract(name):
@@ -63,7 +65,8 @@ def contract(name):
     names = _ops().contract_names()
     if name not in names:
         raise ValueError(f"no contract {name!r}: one of {names}")
-    return Contract(name, _C.knob_hash(name), _C.tp_tree_width(name), _C.log_softmax_one_pass(name))
+    return Contract(name, _C.knob_hash(name), _C.tp_tree_width(name), _C.log_softmax_one_pass(name),
+                    _C.grad_token_chunk(name))
 
 
 def _name(c):

@@ -764,6 +764,10 @@ std::string knob_hash(const std::string& contract) {
   return bp::find_contract(contract)->knob_hash();
 }
 
+// Tokens per weight-gradient chunk: the canonical order's chunks every weight gradient
+// reduces by the pairwise tree (SPEC.md §4), which a token split (§7) moves between ranks.
+int64_t grad_token_chunk(const std::string& contract) { return knobs(contract).grad_token_chunk; }
+
 // Whether the contract's log-softmax is one-pass (v2's chunk states) or two-pass (v1).
 bool log_softmax_one_pass(const std::string& contract) {
   return knobs(contract).log_softmax == bp::LogSoftmax::kOnePass;
@@ -782,6 +786,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("knob_hash", &knob_hash);
   m.def("tp_tree_width", &tp_tree_width);
   m.def("log_softmax_one_pass", &log_softmax_one_pass);
+  m.def("grad_token_chunk", &grad_token_chunk);
   m.def("embedding_fwd", &embedding_fwd);
   m.def("embedding_bwd", &embedding_bwd);
   m.def("rmsnorm_fwd", &rmsnorm_fwd);

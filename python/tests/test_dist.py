@@ -342,3 +342,46 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
         assert not torch.equal(got["control"], lp), r
         for b, (mine, whole) in enumerate(zip(got["rollout"], rollout)):
             assert torch.equal(mine, whole), (r, b)
+
+
+LENGTHS = [150, 97, 260, 41, 75]  # sequences of the canonical batch, several grad_token_chunks long
+NT, KT = 48, 40
+
+
+def split_data():
+    g = torch.Generator().manual_seed(14)
+    T = sum(LENGTHS)
+    return torch.randn(T, NT, generator=g).to(torch.bfloat16), torch.randn(T, KT, generator=g).to(torch.bfloat16)
+
+
+def rank_rows(rank):
+    """The global rows of the sequences rank holds: sequence s on rank s mod 2 (SPEC.md §7)."""
+    starts = [sum(LENGTHS[:s]) for s in range(len(LENGTHS))]
+    return torch.cat([torch.arange(starts[s], starts[s] + n) for s, n in enumerate(LENGTHS) if s % WORLD == rank])
+
+
+def _split_rank(rank, store, out, name):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, (dy, x), rows = ops.contract(name), split_data(), rank_rows(rank)
+        dw = bdist.token_split_wgrad(dy[rows], x[rows], rows, c)
+        # The control: each rank's own rows reduced alone, then the tree over ranks (DDP's shape).
+        local = ops._C.rank_tree(bdist._gather(ops._C.linear_wgrad(x[rows], dy[rows], name), None))
+        torch.save({"dw": dw, "local": local}, os.path.join(out, f"split{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_token_split_weight_gradient_is_the_unsharded_bits(tmp_path, name):
+    """Five sequences shared out by sequence (s mod 2): the weight gradient by the token split
+    equals linear_wgrad over the whole batch on both ranks; each rank reducing its own rows
+    and the ranks' results merged (a data-parallel all-reduce's shape) differs."""
+    mp.start_processes(_split_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD,
+                       start_method="fork")
+    dy, x = split_data()
+    whole = ops._C.linear_wgrad(x, dy, name)
+    got = [torch.load(tmp_path / f"split{r}.pt") for r in range(WORLD)]
+    for r, g in enumerate(got):
+        assert torch.equal(g["dw"], whole), r
+    assert not torch.equal(got[0]["local"], whole)
