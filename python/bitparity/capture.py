@@ -375,12 +375,7 @@ class Capture:
                 self._shards["ops." + op] = 1  # [tokens, features]: the features are sharded
 
     def _size(self, expression, entry, names=None):
-        names = self._sizes if names is None else names
-        try:
-            return int(_evaluate(expression, names))
-        except (ValueError, KeyError, ZeroDivisionError, SyntaxError) as e:
-            where = entry.get("module") or entry.get("function")
-            raise CaptureError(f"name map: {expression!r} in the entry of {where}: {e!r} (names: {sorted(names)})") from None
+        return _sized(expression, entry.get("module") or entry.get("function"), self._sizes if names is None else names)
 
     def _hook_module(self, entry):
         places = {}  # id(module) -> (module, {layer index: path})
@@ -606,49 +601,11 @@ class Capture:
         return out
 
     def gradients(self):
-        """{"grads.<name>": fp32} of every parameter that has a gradient, under its
-        Hugging Face name: the map's grads rules rename, split fused parameters
-        (qkv_proj into q/k/v_proj; stacked experts, "per_expert", expert by expert) and
-        say which are sharded (world > 1)."""
-        rules = self.map.get("grads", {})
-        rename = [(re.compile(a), b) for a, b in rules.get("rename", [])]
-        splits = [(re.compile(r["param"]), r) for r in rules.get("split", [])]
-        shards = [(re.compile(a), d) for a, d in rules.get("shard", [])]
-        out = {}
-        for name, p in self.model.named_parameters():
-            if p.grad is None:
-                continue
-            for pattern, repl in rename:
-                name = pattern.sub(repl, name)
-            grad = p.grad.detach().float()
-            pieces = {name: grad}
-            for pattern, rule in splits:
-                m = pattern.fullmatch(name)
-                if m:
-                    pieces = self._split_grad(name, grad, m, rule)
-                    break
-            for n, t in pieces.items():
-                out["grads." + n] = t.contiguous()
-                for pattern, dim in shards:
-                    if self.world > 1 and pattern.fullmatch(n):
-                        self._shards["grads." + n] = dim
-                        break
+        """named_gradients of the captured model under this capture's map and world; the
+        sharded ones are recorded for the dump's metadata."""
+        out, shards = named_gradients(self.model, self.map, self.world)
+        self._shards.update(shards)
         return out
-
-    def _split_grad(self, name, grad, m, rule):
-        """A fused parameter's gradient cut into Hugging Face's parameters; a "per_expert"
-        one (FusedMoE's w13_weight [E, 2·I, H]) first cut into its experts, {e} in the
-        names their index."""
-        sizes = [self._size(x, {"module": name}) for x in rule["sizes"]]
-        dim = rule.get("dim", 0)
-        stacked = list(enumerate(grad)) if rule.get("per_expert") else [(None, grad)]
-        pieces = {}
-        for e, g in stacked:
-            if g.shape[dim] != sum(sizes):
-                raise CaptureError(f"grads.{name}: {g.shape[dim]} rows along {dim}, the map splits {sizes}")
-            for n, t in zip(rule["into"], torch.split(g, sizes, dim=dim)):
-                pieces[m.expand(n).replace("{e}", str(e))] = t
-        return pieces
 
     def tensors(self):
         t = self.ops()
@@ -704,6 +661,62 @@ def _op_rank(op, first_seen):
     if op in ("final_norm", "logits"):
         return (2, 0, ("final_norm", "logits").index(op))
     return (3, 0, first_seen.index(op))
+
+
+def named_gradients(model, name_map=None, world=1):
+    """({"grads.<name>": fp32} of every parameter of `model` that has a gradient, under its
+    Hugging Face name; {that key: dimension} of those a rank holds a slice of, world > 1).
+    The map's grads rules (name_map, else the built-in map of the model's class) rename,
+    split fused parameters (qkv_proj into q/k/v_proj; stacked experts, "per_expert", expert
+    by expert) and say which are sharded."""
+    name_map = name_map if name_map is not None else name_maps.for_model(model)
+    rules, sizes = name_map.get("grads", {}), _size_names(model, world)
+    rename = [(re.compile(a), b) for a, b in rules.get("rename", [])]
+    splits = [(re.compile(r["param"]), r) for r in rules.get("split", [])]
+    shard_rules = [(re.compile(a), d) for a, d in rules.get("shard", [])]
+    out, shards = {}, {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        for pattern, repl in rename:
+            name = pattern.sub(repl, name)
+        grad = p.grad.detach().float()
+        pieces = {name: grad}
+        for pattern, rule in splits:
+            m = pattern.fullmatch(name)
+            if m:
+                pieces = _split_grad(name, grad, m, rule, sizes)
+                break
+        for n, t in pieces.items():
+            out["grads." + n] = t.contiguous()
+            for pattern, dim in shard_rules:
+                if world > 1 and pattern.fullmatch(n):
+                    shards["grads." + n] = dim
+                    break
+    return out, shards
+
+
+def _split_grad(name, grad, m, rule, sizes):
+    """A fused parameter's gradient cut into Hugging Face's parameters; a "per_expert"
+    one (stacked experts [E, ...]) first cut into its experts, {e} in the names their index."""
+    cut = [_sized(x, name, sizes) for x in rule["sizes"]]
+    dim = rule.get("dim", 0)
+    stacked = list(enumerate(grad)) if rule.get("per_expert") else [(None, grad)]
+    pieces = {}
+    for e, g in stacked:
+        if g.shape[dim] != sum(cut):
+            raise CaptureError(f"grads.{name}: {g.shape[dim]} rows along {dim}, the map splits {cut}")
+        for n, t in zip(rule["into"], torch.split(g, cut, dim=dim)):
+            pieces[m.expand(n).replace("{e}", str(e))] = t
+    return pieces
+
+
+def _sized(expression, where, names):
+    """A map's size expression evaluated over `names`; CaptureError naming the entry at `where`."""
+    try:
+        return int(_evaluate(expression, names))
+    except (ValueError, KeyError, ZeroDivisionError, SyntaxError) as e:
+        raise CaptureError(f"name map: {expression!r} in the entry of {where}: {e!r} (names: {sorted(names)})") from None
 
 
 def _size_names(model, world):

@@ -47,6 +47,17 @@ def _gather(t, group):
     return torch.stack(parts).view(t.dtype)
 
 
+def _gather_rows(t, group):
+    """Every rank's rows of t (their counts may differ), in rank order: a list of tensors."""
+    n = torch.tensor([t.shape[0]], device=t.device)
+    counts = [torch.zeros_like(n) for _ in range(_world(group))]
+    torch_dist.all_gather(counts, n, group=group)
+    most = int(max(counts))
+    padded = t.new_zeros((most, *t.shape[1:]))
+    padded[:t.shape[0]] = t
+    return [p[:int(k)] for p, k in zip(_gather(padded, group), counts)]
+
+
 def _chunks(c, group, what):
     tp = _world(group)
     if c.tp_tree_width % tp:
@@ -329,10 +340,8 @@ class _LmHeadLogprob(torch.autograd.Function):
         dweight = None
         if ctx.needs_input_grad[1]:
             dw = ops._C.linear_wgrad(h, dlogits, name)
-            if ctx.whole:  # every rank's rows, in rank order (the tail's padded to the span, then cut)
-                padded = dw.new_zeros(ctx.span, dw.shape[1])
-                padded[:dw.shape[0]] = dw
-                dw = _gather(padded, group).reshape(-1, dw.shape[1])[:ctx.vocab].contiguous()
+            if ctx.whole:  # every rank's rows, in rank order
+                dw = torch.cat(_gather_rows(dw, group))
             dweight = ops._weight_grad(weight, dw, "the LM head's weight")
         return dh, dweight, None, None, None, None, None, None, None
 
@@ -360,17 +369,6 @@ def lm_head_logprob(h, weight, rows, targets, c, group=None, vocab=None, tempera
     lp, entropy, logits = _LmHeadLogprob.apply(ops._activation(h, "h"), weight, rows, ops._int32(targets, "targets"),
                                                vocab, float(temperature), c, group, bool(whole))
     return (lp, entropy, logits) if return_logits else (lp, entropy)
-
-
-def _gather_rows(t, group):
-    """Every rank's rows of t (their counts may differ), in rank order: a list of tensors."""
-    n = torch.tensor([t.shape[0]], device=t.device)
-    counts = [torch.zeros_like(n) for _ in range(_world(group))]
-    torch_dist.all_gather(counts, n, group=group)
-    most = int(max(counts))
-    padded = t.new_zeros((most, *t.shape[1:]))
-    padded[:t.shape[0]] = t
-    return [p[:int(k)] for p, k in zip(_gather(padded, group), counts)]
 
 
 def token_split_wgrad(dy, x, rows, c, group=None):

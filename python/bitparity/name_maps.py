@@ -109,6 +109,17 @@ def _tail_ops():
     ]
 
 
+def _stacked_expert_grads(gate_up, down):
+    """The split rules of a layer's stacked experts: `gate_up` [E, 2·I, H] = [gate | up] of
+    each expert, `down` [E, H, I] its down projection (under TP each holds the rank's slice
+    of I), into each expert's Hugging Face parameters."""
+    return [{"param": rf"(.*)\.experts\.{gate_up}", "per_expert": True,
+             "into": [r"\1.experts.{e}.gate_proj.weight", r"\1.experts.{e}.up_proj.weight"],
+             "sizes": ["moe_intermediate_size // world"] * 2},
+            {"param": rf"(.*)\.experts\.{down}", "per_expert": True,
+             "into": [r"\1.experts.{e}.down_proj.weight"], "sizes": ["moe_intermediate_size // world"], "dim": 1}]
+
+
 # Under tensor parallelism (capture(tp=...)): column-parallel weights hold a slice of
 # their output rows, row-parallel ones of their input columns (Megatron's split, which
 # vLLM and SGLang follow); the norms, embedding and head are replicated.
@@ -146,7 +157,8 @@ HF_QWEN3_MOE = {
     "name": "hf-qwen3-moe",
     "ops": _attention_ops() + _dense_mlp_ops()
     + [{"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits", "layout": "flat"}] + _tail_ops(),
-    "grads": {"shard": _GRAD_SHARDS},
+    # transformers 5 stacks a layer's experts (gate_up_proj, down_proj; 4.x: a module each).
+    "grads": {"split": _stacked_expert_grads("gate_up_proj", "down_proj"), "shard": _GRAD_SHARDS},
     "not_captured": ["router_weights", "expert_out"],
 }
 
@@ -183,13 +195,7 @@ def _engine_ops(qk_layout, logits):
     ]
 
 
-# FusedMoE's stacked experts: w13_weight [E, 2·I, H] = [gate | up] of each expert,
-# w2_weight [E, H, I] its down projection; under TP each holds the rank's slice of I.
-_EXPERT_GRADS = [{"param": r"(.*)\.experts\.w13_weight", "per_expert": True,
-                  "into": [r"\1.experts.{e}.gate_proj.weight", r"\1.experts.{e}.up_proj.weight"],
-                  "sizes": ["moe_intermediate_size // world"] * 2},
-                 {"param": r"(.*)\.experts\.w2_weight", "per_expert": True,
-                  "into": [r"\1.experts.{e}.down_proj.weight"], "sizes": ["moe_intermediate_size // world"], "dim": 1}]
+_EXPERT_GRADS = _stacked_expert_grads("w13_weight", "w2_weight")  # FusedMoE's
 # The engines' embedding and LM head are vocab-parallel: a rank holds a slice of the rows.
 _ENGINE_SHARDS = _GRAD_SHARDS + [[r"model\.embed_tokens\.weight", 0], [r"lm_head\.weight", 0]]
 

@@ -253,23 +253,18 @@ class _HfCache:
 
     def past(self, attention_mask, B, S):
         P = self.cache.get_seq_length()
-        if attention_mask is None:  # no padding anywhere
-            self.columns = [torch.arange(P + S)] * B
-            return [P] * B
-        if attention_mask.shape[1] != P + S:
+        if attention_mask is not None and attention_mask.shape[1] != P + S:
             raise ValueError(f"bitparity.patch: with Hugging Face's cache ({P} columns cached), attention_mask covers "
                              f"the cached and the new columns: [batch, {P + S}], not {list(attention_mask.shape)}")
-        full = attention_mask.bool().cpu()
-        self.columns = [row.nonzero().squeeze(1) for row in full]
-        if all(len(c) == P + S for c in self.columns):  # no padding anywhere
-            self.columns = [torch.arange(P + S)] * B
+        full = torch.ones(B, P + S, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()
+        # Each row's cached and new columns; None where every row has every column (no padding).
+        self.columns = None if bool(full.all()) else [row.nonzero().squeeze(1) for row in full]
         return [int(row[:P].sum()) for row in full]
 
     def begin(self, batch, column, lengths, S):
         self.batch, self.column, self.B, self.S = batch, column, len(lengths), S
-        self.full = all(c is self.columns[0] for c in self.columns)  # every row every column
-        if not self.full:
-            self.device_columns = [c.to(batch.device) for c in self.columns]
+        if self.columns is not None:
+            self.columns = [c.to(batch.device) for c in self.columns]
 
     def update_layer(self, layer, k, v):
         hf = []
@@ -278,11 +273,11 @@ class _HfCache:
             x[self.batch, self.column] = new.view(new.shape[0], -1, self.D)
             hf.append(x.transpose(1, 2))
         K, V = self.cache.update(hf[0], hf[1], layer)
-        if self.full:  # one copy of the whole: [B, kv_heads, L, D] -> B rows of [L, kv_heads·D]
+        if self.columns is None:  # one copy of the whole: [B, kv_heads, L, D] -> B rows of [L, kv_heads·D]
             return (*(X.transpose(1, 2).reshape(-1, X.shape[1] * X.shape[3]) for X in (K, V)),
                     [K.shape[2]] * self.B)
-        return (*(torch.cat([X[b][:, c].transpose(0, 1).reshape(len(c), -1) for b, c in
-                             enumerate(self.device_columns)]) for X in (K, V)), [len(c) for c in self.columns])
+        return (*(torch.cat([X[b][:, c].transpose(0, 1).reshape(len(c), -1) for b, c in enumerate(self.columns)])
+                  for X in (K, V)), [len(c) for c in self.columns])
 
     def end(self):
         pass

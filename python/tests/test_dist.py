@@ -247,16 +247,6 @@ def patched_step(model):
     return out.logprobs.detach(), out.entropy, {n: p.grad for n, p in model.named_parameters()}
 
 
-def _gather_cat(w):
-    """Every rank's vocabulary slice of some logits (the tail's may be shorter), in rank order."""
-    n = torch.tensor([w.shape[1]])
-    sizes = [torch.zeros_like(n) for _ in range(WORLD)]
-    torch_dist.all_gather(sizes, n)
-    padded = torch.zeros(w.shape[0], int(max(sizes)), dtype=w.dtype)
-    padded[:, :w.shape[1]] = w
-    return [p[:, :int(k)] for p, k in zip(bdist._gather(padded, None), sizes)]
-
-
 def engine_row_parallel(x, weight, c, group=None, k_full=None):
     """The control's o_proj, as engines run it: each rank's partial (its K slice one chain)
     rounded to bf16, then the ranks' partials summed in bf16 (a bf16 all-reduce)."""
@@ -293,7 +283,8 @@ def _patched_rank(rank, store, out, name, path):
         group = torch_dist.group.WORLD
         model = bitparity.patch(tiny_qwen3.load(path), name, tp_group=group)
         lp, entropy, grads = patched_step(model)
-        rollout = rollout_logprobs(model, ops.contract(name), lambda w: torch.cat(_gather_cat(w), 1))
+        rollout = rollout_logprobs(model, ops.contract(name),  # the ranks' vocabulary slices side by side
+                                   lambda w: torch.cat(bdist._gather_rows(w.T.contiguous(), None)).T)
         bdist.row_parallel_linear = engine_row_parallel  # this forked process only
         control = patched_step(bitparity.patch(tiny_qwen3.load(path), name, tp_group=group))[0]
         torch.save({"lp": lp, "entropy": entropy, "grads": grads, "control": control, "rollout": rollout},

@@ -149,22 +149,6 @@ def stack_experts(m):
     return m
 
 
-def per_expert(grads):
-    """Stacked experts' gradients under each expert's own names, as the run's dump has them."""
-    out = {}
-    for n, g in grads.items():
-        if n.endswith(".experts.gate_up_proj"):
-            I = g.shape[1] // 2
-            for e in range(g.shape[0]):
-                out[f"{n[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = g[e, :I]
-                out[f"{n[:-len('gate_up_proj')]}{e}.up_proj.weight"] = g[e, I:]
-        elif n.endswith(".experts.down_proj"):
-            out.update({f"{n[:-len('down_proj')]}{e}.down_proj.weight": g[e] for e in range(g.shape[0])})
-        else:
-            out[n] = g
-    return out
-
-
 def patched_loss(model, c, packed=False, stacked=False):
     """The patched model on SEQS as one batch, the second row left-padded (packed: both
     sequences in one row, position_ids restarting; stacked: the experts in transformers 5's
@@ -183,7 +167,7 @@ def patched_loss(model, c, packed=False, stacked=False):
     (out.logprobs * coef).sum().backward()
     lp = [out.logprobs[b][out.logprob_mask[b]].detach() for b in range(2)]
     entropy = [out.entropy[b][out.logprob_mask[b]] for b in range(2)]
-    return lp, entropy, per_expert({n: p.grad for n, p in m.named_parameters()})
+    return lp, entropy, {n[len("grads."):]: g for n, g in bitparity.named_gradients(m)[0].items()}
 
 
 @pytest.mark.parametrize("name", CONTRACTS)
