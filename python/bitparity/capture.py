@@ -280,9 +280,6 @@ class Capture:
         self._order = []  # ops in the order first seen (execution order)
         self._sampled = set()  # ops computed for an engine's sampled rows
         self._silent = set()  # hooked modules that have not run yet
-        # An entry's op names at a layer and its split sizes depend on the map, the
-        # config and world alone: evaluated on a hook's first call, not on every one.
-        self._names_at, self._splits = {}, {}
         self._undo = []
         self._tracked = set()  # templates whose modules say which layer index runs
         self._inside = []  # (template, layer index) of each such module running, innermost last
@@ -310,8 +307,10 @@ class Capture:
         value = value.detach()
         keys = self._rows.keys(sampled, value.shape[0] if value.dim() else 0, what)
         # One copy of the call's rows (engines overwrite their outputs in place: fused
-        # norms, RoPE), shared by the rows' views, rather than a copy a row.
-        rows = self._rows.flatten(value, layout, what, len(keys)).clone().unbind(0)
+        # norms, RoPE), shared by the rows' views, rather than a copy a row; a layout whose
+        # flattening copied already (bhsd) is not copied again.
+        flat = self._rows.flatten(value, layout, what, len(keys))
+        rows = (flat.clone() if flat.data_ptr() == value.data_ptr() else flat).unbind(0)
         store = self._ops.get(op)
         if store is None:
             store = self._ops[op] = {}
@@ -338,13 +337,8 @@ class Capture:
     def _op_names(self, entry, i):
         """The entry's op names at layer i: each {expression} of i, the config's
         integers and world evaluated ("layers.{i - 1}.resid_mlp"); None where one is
-        negative, as layer i - 1 of layer 0: that module yields no op there."""
-        key = (id(entry), i)
-        if key not in self._names_at:
-            self._names_at[key] = self._evaluate_op_names(entry, i)
-        return self._names_at[key]
-
-    def _evaluate_op_names(self, entry, i):
+        negative, as layer i - 1 of layer 0: that module yields no op there. Evaluated
+        once, when the hooks are placed: they depend on the map, the config and world."""
         ops = entry["op"] if isinstance(entry["op"], list) else [entry["op"]]
         names = self._sizes if i is None else dict(self._sizes, i=int(i))
         values = []
@@ -355,15 +349,17 @@ class Capture:
         ops = [_FIELD.sub(field, op) for op in ops]
         return None if any(v < 0 for v in values) else ops
 
-    def _record_entry(self, entry, ops, value, what):
+    def _split_sizes(self, entry):
+        """The feature sizes an entry splits its tensor into, or None."""
+        return [self._size(x, entry) for x in entry["split"]] if "split" in entry else None
+
+    def _record_entry(self, entry, ops, sizes, value, what):
         """Records a module's or function's tensor under the entry's op(s): split along
-        its features where the entry names sizes, its shard dimension noted."""
+        its features into `sizes` (_split_sizes) where the entry names them, its shard
+        dimension noted."""
         layout = entry.get("layout", "flat" if self._flat else "bs")
         parts = [value]
-        if "split" in entry:
-            if id(entry) not in self._splits:
-                self._splits[id(entry)] = [self._size(x, entry) for x in entry["split"]]
-            sizes = self._splits[id(entry)]
+        if sizes is not None:
             if value.shape[-1] != sum(sizes):
                 raise CaptureError(f"{what}: {value.shape[-1]} features, but the map splits {sum(sizes)} ({sizes})")
             parts = list(torch.split(value, sizes, dim=-1))
@@ -381,27 +377,28 @@ class Capture:
         places = {}  # id(module) -> (module, {layer index: path})
         for name, module, i in self._modules(entry["module"]):
             places.setdefault(id(module), (module, {}))[1][i] = name
+        sizes = self._split_sizes(entry)
         for module, at in places.values():
             self._silent.update(at.values())
             where = self._where(entry["module"], at)
+            names = {i: self._op_names(entry, i) for i in at}
             if entry.get("take", "output") == "input":
-                def pre(mod, args, where=where):
-                    self._hooked(entry, where, lambda name: _first_tensor(args), " (input)")
+                def pre(mod, args, where=where, names=names):
+                    self._hooked(entry, where, names, sizes, lambda name: _first_tensor(args), " (input)")
                 self._undo.append(module.register_forward_pre_hook(pre).remove)
             else:
-                def post(mod, args, out, where=where):
-                    self._hooked(entry, where, lambda name: _taken(entry, out, name), "")
+                def post(mod, args, out, where=where, names=names):
+                    self._hooked(entry, where, names, sizes, lambda name: _taken(entry, out, name), "")
                 self._undo.append(module.register_forward_hook(post).remove)
         return bool(places)
 
-    def _hooked(self, entry, where, take, suffix):
+    def _hooked(self, entry, where, names, sizes, take, suffix):
         """A hooked module ran: its entry's tensor, take(path), recorded, but only where
         the entry yields ops (layer 0's norm has no residual output to take)."""
         i, name = where()
         self._silent.discard(name)
-        ops = self._op_names(entry, i)
-        if ops is not None:
-            self._record_entry(entry, ops, take(name), name + suffix)
+        if names[i] is not None:
+            self._record_entry(entry, names[i], sizes, take(name), name + suffix)
 
     def _where(self, template, at):
         """How a hook finds its module's layer index and path: the one path reaching it,
@@ -442,6 +439,8 @@ class Capture:
         if not owners:
             return False
         fn_name = entry["function"]
+        names = {i: self._op_names(entry, i) for _, _, i in owners}
+        sizes = self._split_sizes(entry)
         namespaces = {id(sys.modules[type(m).__module__].__dict__): sys.modules[type(m).__module__].__dict__
                       for _, m, _ in owners}
         for ns in namespaces.values():
@@ -452,9 +451,8 @@ class Capture:
             def wrapper(*args, _original=original, **kwargs):
                 out = _original(*args, **kwargs)
                 i = self._current(entry["of"])
-                names = None if i is None else self._op_names(entry, i)
-                for op, t in zip(names or (), out):
-                    self._record_entry(entry, [op], t, f"{fn_name} of layer {i}")
+                for op, t in zip(names.get(i) or (), out):
+                    self._record_entry(entry, [op], sizes, t, f"{fn_name} of layer {i}")
                 return out
             ns[fn_name] = wrapper
             self._undo.append(lambda ns=ns, original=original: ns.__setitem__(fn_name, original))

@@ -145,6 +145,10 @@ FUSED_QWEN3 = {
     "grads": {"split": _FUSED_GRADS, "shard": _GRAD_SHARDS},
 }
 
+# A MoE layer's router: the gate's logits, [tokens, E] (flat in every engine's layout).
+_ROUTER = {"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits", "layout": "flat"}
+_MOE_NOT_CAPTURED = ["router_weights", "expert_out"]
+
 # Hugging Face transformers' Qwen3MoeForCausalLM. Dense layers (mlp_only_layers, or off
 # the decoder_sparse_step) have the dense MLP's ops, which a MoE layer lacks: a map entry
 # whose module is absent at a layer yields nothing there. The router's logits are the
@@ -156,10 +160,10 @@ FUSED_QWEN3 = {
 HF_QWEN3_MOE = {
     "name": "hf-qwen3-moe",
     "ops": _attention_ops() + _dense_mlp_ops()
-    + [{"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits", "layout": "flat"}] + _tail_ops(),
+    + [_ROUTER] + _tail_ops(),
     # transformers 5 stacks a layer's experts (gate_up_proj, down_proj; 4.x: a module each).
     "grads": {"split": _stacked_expert_grads("gate_up_proj", "down_proj"), "shard": _GRAD_SHARDS},
-    "not_captured": ["router_weights", "expert_out"],
+    "not_captured": _MOE_NOT_CAPTURED,
 }
 
 
@@ -207,11 +211,11 @@ def _engine_map(name, qk_layout, logits, moe):
     block all-reduces the experts' partial sums, so mlp_out is whole under TP."""
     ops = _engine_ops(qk_layout, logits)
     if moe:
-        ops.append({"module": _LAYER + ".mlp.gate", "op": "layers.{i}.router_logits"})
+        ops.append(_ROUTER)
     m = {"name": name, "tokens": "flat", "ops": ops,
          "grads": {"split": _FUSED_GRADS + (_EXPERT_GRADS if moe else []), "shard": _ENGINE_SHARDS}}
     if moe:
-        m["not_captured"] = ["router_weights", "expert_out"]
+        m["not_captured"] = _MOE_NOT_CAPTURED
     return m
 
 
