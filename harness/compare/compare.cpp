@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "reference/truth/ulp.h"
+
 namespace bp::harness {
 
 const char* cmp_type_name(CmpType t) { return t == CmpType::BF16 ? "BF16" : "F32"; }
@@ -131,10 +133,7 @@ TensorMetrics compare(std::span<const bf16> a, std::span<const bf16> b, std::vec
                        reinterpret_cast<const uint8_t*>(b.data()), a.size(), std::move(shape));
 }
 
-double ulp_at(CmpType t, double truth) {
-  const int e = std::max(std::ilogb(truth == 0 ? 0x1p-126 : truth), -126);
-  return std::ldexp(1.0, e - (t == CmpType::BF16 ? 7 : 23));
-}
+double ulp_at(CmpType t, double truth) { return truth::ulp_of(truth, t == CmpType::BF16 ? 7 : 23); }
 
 namespace {
 

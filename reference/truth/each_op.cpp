@@ -22,10 +22,6 @@ using graph::Param;
 using graph::capture_name;
 using graph::param_name;
 
-VecD vec(const MatD& row) { return row.row(0).transpose(); }
-MatD heads(const MatD& x, int D) { return Eigen::Map<const MatD>(x.data(), x.size() / D, D); }
-MatD unheads(const MatD& x, Eigen::Index rows) { return Eigen::Map<const MatD>(x.data(), rows, x.size() / rows); }
-
 // The values flowing between ops: a given capture, else the op's own exact value
 // (an op reading an uncaptured one is judged as the two composed).
 class Flow {
@@ -53,9 +49,6 @@ class Flow {
   int tokens_;
 };
 
-// Rows [first, first + n) of x.
-MatD rows(const MatD& x, int first, int n) { return x.middleRows(first, n); }
-
 }  // namespace
 
 EachOp Model::each_op(const std::vector<std::vector<int32_t>>& seqs,
@@ -72,13 +65,8 @@ EachOp Model::each_op(const std::vector<std::vector<int32_t>>& seqs,
     for (size_t t = 0; t < s.size(); ++t) positions.push_back(static_cast<int32_t>(t));
   }
   const int N = static_cast<int>(tokens.size());
-  const VecD inv = rope_inv_freq(cfg_.rope_theta, D);
-  MatD cos(N, D / 2), sin(N, D / 2);
-  for (int r = 0; r < N; ++r)
-    for (int j = 0; j < D / 2; ++j) {
-      cos(r, j) = std::cos(positions[r] * inv(j));
-      sin(r, j) = std::sin(positions[r] * inv(j));
-    }
+  MatD cos, sin;
+  rope_angles(rope_inv_freq(cfg_.rope_theta, D), positions, cos, sin);
 
   EachOp out;
   Flow f(given, out, N);
@@ -99,7 +87,8 @@ EachOp Model::each_op(const std::vector<std::vector<int32_t>>& seqs,
     MatD o(N, Hq * D);
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int first = starts[s], n = static_cast<int>(seqs[s].size());
-      o.middleRows(first, n) = attention_fwd(rows(q, first, n), rows(k, first, n), rows(v, first, n), {Hq, Hkv, D, 0}).o;
+      o.middleRows(first, n) =
+          attention_fwd(q.middleRows(first, n), k.middleRows(first, n), v.middleRows(first, n), {Hq, Hkv, D, 0}).o;
     }
     f.set(name(Op::Attn), o);
     linear(Op::AttnOut, Op::Attn, Param::OProj);
@@ -137,7 +126,7 @@ EachOp Model::each_op(const std::vector<std::vector<int32_t>>& seqs,
   const MatD logits = f.in(capture_name(Op::Logits));
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int n = static_cast<int>(seqs[s].size()) - 1;
-    const MatD lg = rows(logits, starts[s], n);
+    const MatD lg = logits.middleRows(starts[s], n);
     out.logprob.push_back(logprob_fwd(lg, std::vector<int32_t>(seqs[s].begin() + 1, seqs[s].end()), temperature));
     out.entropy.push_back(entropy(lg, temperature));
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "reference/numerics/fp.h"
+#include "reference/truth/ulp.h"
 
 namespace bp::truth {
 
@@ -24,9 +25,9 @@ inline double exp2_flushed(double x) {
   return x < -125.0 ? 0.0 : std::exp2(x);
 }
 
-// Error of y against the true value t in ulps of t (2^(floor(log2|t|) - 23), or
-// 2^-149 below 2^-126); neither is NaN. An infinite y counts as 2^128 unless t
-// rounds to that infinity.
+// Error of y against the true value t in ulps of t (ulp_of(t, 23), its exponent at
+// most fp32's 127); neither is NaN. An infinite y counts as 2^128 unless t rounds to
+// that infinity.
 inline double ulp_error(float y, double t) {
   if (std::isinf(t)) return y == static_cast<float>(t) ? 0.0 : INFINITY;
   double ay = y;
@@ -34,11 +35,7 @@ inline double ulp_error(float y, double t) {
     if (static_cast<float>(t) == y) return 0.0;
     ay = std::copysign(0x1p128, ay);
   }
-  const double at = std::fabs(t);
-  int ex = 0;
-  std::frexp(at, &ex);
-  const double ulp = at < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::min(ex - 1, 127) - 23);
-  return std::fabs(ay - t) / ulp;
+  return std::fabs(ay - t) / ulp_of(std::min(std::fabs(t), 0x1p127), 23);
 }
 
 // NaN where the reference has none (or the reverse), a non-canonical NaN, an

@@ -1,6 +1,7 @@
 #include "qwen3.h"
 
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 #include "attention.h"
@@ -19,12 +20,6 @@ namespace {
 
 using graph::Param;
 using graph::param_name;
-
-VecD vec(const MatD& row) { return row.row(0).transpose(); }
-
-// [T][H·D] viewed as [T·H][D] (per-head RMSNorm) and back.
-MatD heads(const MatD& x, int D) { return Eigen::Map<const MatD>(x.data(), x.size() / D, D); }
-MatD unheads(const MatD& x, Eigen::Index rows) { return Eigen::Map<const MatD>(x.data(), rows, x.size() / rows); }
 
 MatD to_fp32(const MatD& x) {
   return x.unaryExpr([](double v) { return static_cast<double>(static_cast<float>(v)); });
@@ -72,14 +67,9 @@ Model::Seq Model::run(const std::vector<int32_t>& tok, bool keep, bool fp32_stor
   const AttnGeometry geo{Hq, Hkv, D, 0};
   auto st = [&](MatD m) { return fp32_storage ? to_fp32(m) : m; };
   Seq sq;
-  const VecD inv = rope_inv_freq(cfg_.rope_theta, D);
-  sq.cos.resize(T, D / 2);
-  sq.sin.resize(T, D / 2);
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < D / 2; ++j) {
-      sq.cos(t, j) = std::cos(t * inv(j));
-      sq.sin(t, j) = std::sin(t * inv(j));
-    }
+  std::vector<int32_t> positions(T);
+  std::iota(positions.begin(), positions.end(), 0);
+  rope_angles(rope_inv_freq(cfg_.rope_theta, D), positions, sq.cos, sq.sin);
   sq.cos = st(sq.cos);
   sq.sin = st(sq.sin);
 

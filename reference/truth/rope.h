@@ -1,6 +1,8 @@
 // Float64 twin of reference/ops/rope.h (neox half-split rotation).
 #pragma once
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "tensor.h"
 
@@ -11,6 +13,18 @@ inline VecD rope_inv_freq(double theta, int D) {
   VecD f(D / 2);
   for (int j = 0; j < D / 2; ++j) f(j) = 1.0 / std::pow(theta, 2.0 * j / D);
   return f;
+}
+
+// The cos and sin [T][D/2] of each token's position (positions[t]) at each frequency.
+inline void rope_angles(const VecD& inv, const std::vector<int32_t>& positions, MatD& c, MatD& s) {
+  const auto T = static_cast<Eigen::Index>(positions.size());
+  c.resize(T, inv.size());
+  s.resize(T, inv.size());
+  for (Eigen::Index t = 0; t < T; ++t)
+    for (Eigen::Index j = 0; j < inv.size(); ++j) {
+      c(t, j) = std::cos(positions[t] * inv(j));
+      s(t, j) = std::sin(positions[t] * inv(j));
+    }
 }
 
 // x is [T][H·D]; c and s are [T][D/2] (the cos and sin at each token's position).
