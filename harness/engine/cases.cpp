@@ -410,7 +410,7 @@ CaseEngine::Loaded& CaseEngine::loaded(const ModelEntry& model) {
   return *loaded_;
 }
 
-const Weights& CaseEngine::loaded_weights(const ModelEntry& model) { return loaded(model).weights; }
+const Weights& CaseEngine::weights(const ModelEntry& model) { return loaded(model).weights; }
 
 program::ForwardOptions CaseEngine::case_options() const {
   program::ForwardOptions opt;

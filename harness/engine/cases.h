@@ -155,7 +155,7 @@ class CaseEngine {
                                            const std::map<std::string, std::vector<bf16>>& engine_ops);
   // The model's bf16 weights as the cases run them (loaded once, kept while the
   // plan stays on this model).
-  const Weights& weights(const ModelEntry& model) { return loaded_weights(model); }
+  const Weights& weights(const ModelEntry& model);
   // The report case of one stopped by program::run_control::Cancelled: skipped, "interrupted".
   Case interrupted(const CaseSpec& c) const;
 
@@ -173,7 +173,6 @@ class CaseEngine {
   struct Loaded;
   struct Canonical;
   Loaded& loaded(const ModelEntry& model);
-  const Weights& loaded_weights(const ModelEntry& model);
   const Canonical& canonical(const ModelEntry& model, const Contract& contract);
   CaseSpec canonical_spec(const ModelEntry& model, const Contract& contract) const;  // extend, the plan's canonical
   program::ForwardOptions case_options() const;  // the plan's temperature and capture, with entropy

@@ -16,6 +16,7 @@
 
 #include "harness/engine/cases.h"
 #include "harness/engine/single_case.h"
+#include "harness/engine/work.h"
 #include "harness/io/errors.h"
 #include "harness/io/safetensors.h"
 #include "reference/truth/qwen3.h"
@@ -211,29 +212,31 @@ Judges judges(const io::SafetensorsFile& f, const SweepPlan& plan, bool truth_on
   ModelConfig cfg;
   std::vector<std::vector<int32_t>> seqs;
   std::optional<CaseEngine> cases;
-  std::optional<Weights> own;  // float64 alone: no case engine loads them
+  const CaseSpec* spec = nullptr;  // the contract's case; none under float64
+  std::optional<Weights> own;      // float64 alone: no case engine loads them
+  const Weights* weights = nullptr;  // the checkpoint's rounded to bf16, which both sides ran
   if (truth_only) {
     cfg = model_config(model, plan.base_dir, "command line", "--model");
     seqs = plan_tokens(plan, cfg.vocab_size, cfg.max_position_embeddings).seqs;
-  } else {
-    cases.emplace(plan, on_weights);
-    const CaseSpec& spec = cases->cases().at(0);
-    cfg = spec.model.config;
-    seqs = spec.model.tokens;
-    j.contract = &spec.contract;
-  }
-  check_same_model(f, model, cfg);
-  if (truth_only) {
+    check_same_model(f, model, cfg);
+    check_work_limits(estimate_run(cfg, seqs, false), plan.force);
     WeightsOrigin origin;
     own = model_weights(model, plan.base_dir, cfg, plan.weight_seed,
                         io::LoadOptions{.allow_nonfinite = plan.allow_nonfinite_weights, .progress = {}}, origin);
     if (on_weights) on_weights(origin);
+    weights = &*own;
+  } else {
+    cases.emplace(plan, on_weights);
+    spec = &cases->cases().at(0);
+    cfg = spec->model.config;
+    seqs = spec->model.tokens;
+    j.contract = &spec->contract;
+    check_same_model(f, model, cfg);
+    weights = &cases->weights(spec->model);
   }
-  // The truth on the weights both sides ran: the checkpoint's rounded to bf16, widened.
-  const Weights& weights = truth_only ? *own : cases->weights(cases->cases().at(0).model);
   const truth::EachOp each = on_the_dumps_rows(f.path(), [&] {
-    if (!truth_only) j.reference = cases->run_substituted(cases->cases().at(0), ops);
-    return truth::Model(cfg, weights).each_op(seqs, ops, plan.temperature);
+    if (spec) j.reference = cases->run_substituted(*spec, ops);
+    return truth::Model(cfg, *weights).each_op(seqs, ops, plan.temperature);
   });
   for (const auto& [name, t] : engine)
     if (auto truth = truth_of(each, name)) {
@@ -259,7 +262,7 @@ ConformResult build_conform(const std::string& dump, const std::string& model, c
   const bool truth_only = contract == kConformFloat64;
   SweepPlan plan = single_case_defaults();
   plan.models = {model};
-  plan.contracts = {truth_only ? default_contract_names().front() : contract};
+  if (!truth_only) plan.contracts = {contract};  // single_case_defaults' otherwise
   plan.grads = false;
   plan.capture_ops = true;
   plan.temperature = temperature_of(f);

@@ -168,10 +168,10 @@ std::string render_csv(const Report& r) {
                            std::to_string(m->inf_b), m->nan_policy});
       }
       case_tail(f);
-      for (const TruthColumns& c : kTruthColumns)
-        if (const std::optional<TruthError>& e = t.*c.side) {
-          f[csv_column(c.max_ulp)] = num(e->max_ulp);
-          f[csv_column(c.mean_ulp)] = num(e->mean_ulp);
+      for (const TruthColumns& col : kTruthColumns)
+        if (const std::optional<TruthError>& e = t.*col.side) {
+          f[csv_column(col.max_ulp)] = num(e->max_ulp);
+          f[csv_column(col.mean_ulp)] = num(e->mean_ulp);
         }
       // An empty histogram (bit identical) is an empty field, as for absent metrics.
       if (t.metrics && !t.metrics->ulp_histogram.empty())
