@@ -231,11 +231,23 @@ class GpuSweepReports : public SweepReports {
     expect_named("cuda_version", "CUDA runtime");
     return nlohmann::json::parse(read(path("r.json")))["environment"];
   }
+  // After exit 125 (cannot test here): the reason the case gave in its JSON report, where
+  // it is a GPU, CUDA or NCCL this machine or build lacks; empty (no skip) for any other.
+  std::string missing_hardware() {
+    const nlohmann::json j = nlohmann::json::parse(read(path("r.json")));
+    const nlohmann::json& why = j["cases"].at(0)["skip_reason"];
+    if (!why.is_string()) return {};
+    const std::string reason = why.get<std::string>();
+    for (const char* lacking : {"no CUDA", "not a Hopper GPU", "no NCCL", " GPUs; this run has "})
+      if (reason.find(lacking) != std::string::npos) return reason;
+    return {};
+  }
 };
 
 TEST_F(GpuSweepReports, CudaNamesItsGpu) {
   const int rc = sweep("cuda", "tp1-ep1-cp1");
-  if (rc == kExitCannotTest) GTEST_SKIP() << err_;  // no GPU, or no CUDA in this build
+  if (rc == kExitCannotTest)
+    if (const std::string why = missing_hardware(); !why.empty()) GTEST_SKIP() << why;
   ASSERT_EQ(rc, 0) << err_;
   expect_null("nccl_version", "NCCL");
   const nlohmann::json e = gpu_environment();
@@ -248,7 +260,8 @@ TEST_F(GpuSweepReports, CudaNamesItsGpu) {
 // Two real ranks: NCCL's version, and both ranks' GPUs (one name xN where they agree).
 TEST_F(GpuSweepReports, NcclNamesEveryRanksGpu) {
   const int rc = sweep("nccl", "tp2-ep1-cp1");
-  if (rc == kExitCannotTest) GTEST_SKIP() << err_;  // fewer than two GPUs, or no NCCL in this build
+  if (rc == kExitCannotTest)
+    if (const std::string why = missing_hardware(); !why.empty()) GTEST_SKIP() << why;
   ASSERT_EQ(rc, 0) << err_;
   expect_named("nccl_version", "NCCL");
   const nlohmann::json e = gpu_environment();
