@@ -175,17 +175,19 @@ class _Rows:
         if not len(ids) == len(pos) == len(seq_ids):
             raise CaptureError(f"cap.rows() gave {len(seq_ids)} sequence ids for a call of {len(ids)} input_ids and "
                                f"{len(pos)} positions: give one per token (None for padding)")
-        rows = []
+        rows, here = [], set()
         for sid, p in zip(seq_ids, pos):
-            if sid is not None and sid not in self.ids:
+            if sid is None:
+                rows.append(None)
+                continue
+            if sid not in self.ids:
                 self.ids[sid] = self._new_sequences(1)
-            rows.append(None if sid is None else (self.ids[sid], p))
-        here = set()
-        for sid, p, r in zip(seq_ids, pos, rows):
-            if r is not None and (r in self.tokens or r in here):
+            r = (self.ids[sid], p)
+            if r in self.tokens or r in here:
                 raise CaptureError(f"cap.rows(): sequence {sid!r} position {p} is run twice (a token computed again, "
                                    "as after a preemption, or a wrong sequence id): capture each token once")
             here.add(r)
+            rows.append(r)
         self._start(rows, ids, 1, len(ids), flat=True)
         self.sampled = self._sampled_rows(seq_ids, sampled)
 
