@@ -209,6 +209,11 @@ struct Pairing {
   std::vector<std::string> not_captured;  // ops the other side's capture cannot take
 };
 
+// Whether `tensor` is computed from the logits: the logprobs and entropy.
+bool reads_logits(const std::string& tensor) {
+  return tensor.rfind("logprobs.", 0) == 0 || tensor.rfind("entropy.", 0) == 0;
+}
+
 // Whether `tensor` is one `s`'s capture says it cannot take: a layer's op by its
 // name without the layer, a model's op by its name, and where the logits are not
 // captured (an engine's logits of its sampled rows only), the logprobs and entropy
@@ -216,8 +221,7 @@ struct Pairing {
 bool cannot_take(const Side& s, const std::string& tensor) {
   if (const auto lo = layer_op(tensor)) return s.not_captured.count(std::string(lo->second)) > 0;
   if (tensor.rfind("ops.", 0) == 0) return s.not_captured.count(tensor.substr(4)) > 0;
-  const bool from_logits = tensor.rfind("logprobs.", 0) == 0 || tensor.rfind("entropy.", 0) == 0;
-  return from_logits && s.not_captured.count("logits") > 0;
+  return reads_logits(tensor) && s.not_captured.count("logits") > 0;
 }
 
 Pairing pair_tensors(const Side& a, const Side& b, int layers) {
@@ -264,7 +268,7 @@ void print_inputs(const std::string& tensor, const Side& a, const Side& b, int l
   const std::string op = is_op ? tensor.substr(4) : "";
   std::vector<std::string> inputs;
   if (is_op) inputs = graph::op_inputs(op, layers);
-  if (tensor.rfind("logprobs.", 0) == 0 || tensor.rfind("entropy.", 0) == 0) inputs = {"logits"};
+  if (reads_logits(tensor)) inputs = {"logits"};
   bool all_equal = true, any_input = false;
   for (const std::string& in : inputs) {
     const std::string tn = "ops." + in;

@@ -1,5 +1,6 @@
 // `bitparity conform DUMP --model M [--contract C]`: each op of an engine's capture
 // judged alone against the contract (engine/conform.h), its table, reports and exit code.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -53,15 +54,10 @@ void print_tensors(const Case& c, bool truth_only, std::FILE* out) {
   }
 }
 
-void print(const ConformResult& r, std::FILE* out) {
+void print(const ConformResult& r, bool truth_only, std::FILE* out) {
   const Case& c = r.report.cases.front();
-  const bool truth_only = c.parameters.at("contract") == kConformFloat64;
   print_tensors(c, truth_only, out);
-  size_t exact = 0, less = 0;
-  for (const TensorRecord& t : c.tensors) {
-    exact += t.matches();
-    less += !t.matches() && less_accurate(t);
-  }
+  const size_t exact = std::count_if(c.tensors.begin(), c.tensors.end(), [](const TensorRecord& t) { return t.matches(); });
   if (!r.not_captured.empty())
     std::fprintf(out, "not captured: %zu op tensor(s) (computed by the reference from the ops before them), first %s\n",
                  r.not_captured.size(), terminal_text(r.not_captured.front()).c_str());
@@ -78,7 +74,7 @@ void print(const ConformResult& r, std::FILE* out) {
   std::fprintf(out, "conform: %zu tensors judged alone against %s: %zu exact, %zu off the contract%s; %zu of them less "
                "accurate than the contract (mean distance from the float64 truth)\n",
                c.tensors.size(), c.parameters.at("contract").c_str(), exact, c.tensors.size() - exact, first.c_str(),
-               less);
+               truth_summary(c).farther);
 }
 
 int conform(const ConformOptions& o) {
@@ -87,7 +83,7 @@ int conform(const ConformOptions& o) {
   WeightsLog weights("conform", o.quiet);
   ConformResult r = build_conform(o.dump, o.model, o.contract, weights.listener());
   r.report.environment.weights = weights.origins();
-  if (!o.quiet) print(r, text_stream({o.json, o.csv, o.junit, o.html}));
+  if (!o.quiet) print(r, o.contract == kConformFloat64, text_stream({o.json, o.csv, o.junit, o.html}));
   if (const int rc = write_reports("conform", r.report, paths, stderr)) return rc;
   const Verdict v = r.report.cases.front().verdict;
   if (v == Verdict::kNonFinite) return nonfinite_exit("conform", r.report, false, stderr);

@@ -24,20 +24,10 @@ struct ReportOptions {
   bool strict = false;
 };
 
-// "  TRUTH <case>: ..." for a case whose tensors have both sides' truth errors (conform:
-// the engine's and the contract's distance from the float64 truth): in how many the
-// engine is the farther (TensorRecord::truth_ratio > 1), and the worst; "" otherwise.
+// "  TRUTH <case>: ..." for a case whose tensors have both sides' truth errors: in how
+// many the engine is the farther, and the worst (truth_summary); "" otherwise.
 std::string truth_line(const Case& c) {
-  size_t measured = 0, farther = 0;
-  const TensorRecord* worst = nullptr;
-  for (const TensorRecord& t : c.tensors) {
-    const std::optional<double> ratio = t.truth_ratio();
-    if (!ratio) continue;
-    ++measured;
-    if (*ratio <= 1) continue;
-    ++farther;
-    if (!worst || *ratio > *worst->truth_ratio()) worst = &t;
-  }
+  const auto [measured, farther, worst] = truth_summary(c);
   if (measured == 0) return "";
   const std::string head = "  TRUTH " + terminal_text(c.id) + ": the engine is ";
   const std::string of = std::to_string(measured) + (measured == 1 ? " tensor" : " tensors");

@@ -271,8 +271,6 @@ std::string op_table(const OpGrid& g, const char* cls, const std::function<std::
   return h + "</table>";
 }
 
-bool has_truth_error(const TensorRecord& t) { return t.truth_error_a || t.truth_error_b; }
-
 // A ratio of A's error from the truth to B's as a cell: its class (better: A is as
 // close or closer; worse: farther, red darker with the ratio's log2, 256 and beyond
 // darkest; unmeasured: a side is missing), its style and its text.
@@ -325,7 +323,7 @@ std::string heat_maps(const Case& c) {
                   "distance</figcaption>\n" +
                   op_table(g, "heat", [&first](const TensorRecord& t) { return heat_cell(t, t.name == first); }) +
                   "</figure>\n";
-  if (std::any_of(g.cells.begin(), g.cells.end(), [](const auto& cell) { return has_truth_error(*cell.second); }))
+  if (std::any_of(g.cells.begin(), g.cells.end(), [](const auto& cell) { return cell.second->has_truth_error(); }))
     h += "<figure><figcaption>Error against float64 truth, engine / contract (mean ulp ratio)</figcaption>\n" +
          op_table(g, "heat truth", truth_cell) + "\n" + truth_legend() + "</figure>\n";
   return h + "</div>\n";
@@ -341,7 +339,7 @@ std::string truth_table(const Case& c) {
   };
   std::string rows;
   for (const TensorRecord& t : c.tensors) {
-    if (!has_truth_error(t)) continue;
+    if (!t.has_truth_error()) continue;
     const RatioLook look = ratio_look(t.truth_ratio());
     rows += "<tr><td>" + html_escape(t.name) + "</td>" + side(t.truth_error_a) + side(t.truth_error_b) +
             "<td class=\"num " + look.cls + "\"" + look.style + ">" + look.text + "</td></tr>\n";

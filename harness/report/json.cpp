@@ -50,7 +50,7 @@ json tensor_json(const TensorRecord& t) {
       {"metrics", t.metrics ? metrics_json(*t.metrics, t.is_logprob) : json(nullptr)},
   };
   // Only where a side was measured (conform), so that other reports read as before.
-  if (t.truth_error_a || t.truth_error_b)
+  if (t.has_truth_error())
     j["truth_error"] = {{"a", truth_side_json(t.truth_error_a)}, {"b", truth_side_json(t.truth_error_b)}};
   return j;
 }

@@ -154,6 +154,19 @@ std::optional<double> TensorRecord::truth_ratio() const {
   return a == b ? 1.0 : a / b;  // equal infinities too
 }
 
+TruthSummary truth_summary(const Case& c) {
+  TruthSummary s;
+  for (const TensorRecord& t : c.tensors) {
+    const std::optional<double> ratio = t.truth_ratio();
+    if (!ratio) continue;
+    ++s.measured;
+    if (*ratio <= 1) continue;
+    ++s.farther;
+    if (!s.worst || *ratio > *s.worst->truth_ratio()) s.worst = &t;
+  }
+  return s;
+}
+
 void Case::settle() {
   if (verdict == Verdict::kSkipped || verdict == Verdict::kError) return;
   const bool any_nonfinite = std::any_of(tensors.begin(), tensors.end(), [](const TensorRecord& t) { return t.nonfinite(); });

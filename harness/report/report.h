@@ -123,6 +123,8 @@ struct TensorRecord {
   // unless both sides are set. Equal means give 1 (0 and 0: both exact), a mean of 0
   // against a larger one 0 or +inf.
   std::optional<double> truth_ratio() const;
+  // Whether either side's distance from the float64 truth was measured (conform).
+  bool has_truth_error() const { return truth_error_a || truth_error_b; }
   // Matches, but proves nothing: every element is NaN or Inf, or (a logprob tensor)
   // any element is. Two NaN-filled results are bit-identical, and one NaN weight
   // makes every logprob and gradient NaN; such a match must never read as "exact".
@@ -255,6 +257,15 @@ std::string nonfinite_text(const TensorRecord& t);
 // `v` printed with `printf_format` (one double conversion), or "inf" when it is not
 // finite: metrics are distances, so a non-finite one is +inf.
 std::string metric_text(double v, const char* printf_format);
+
+// Of a case's tensors with both sides' truth errors (conform: the engine's and the
+// contract's distance from the float64 truth): how many, in how many the engine is the
+// farther (TensorRecord::truth_ratio > 1), and the one where it is farthest.
+struct TruthSummary {
+  size_t measured = 0, farther = 0;
+  const TensorRecord* worst = nullptr;
+};
+TruthSummary truth_summary(const Case& c);
 
 // For people (HTML, the sweep's lines), 3 significant digits: "850 us", "12.3 ms",
 // "4.56 s", then "2 min 05 s"; "0 s" for 0.

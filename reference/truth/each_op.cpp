@@ -32,21 +32,24 @@ class Flow {
   // Records op `name`'s float64 value.
   void set(const std::string& name, MatD value) { out_.ops[name] = std::move(value); }
 
-  // What the ops reading capture `name` read: [tokens][features].
-  MatD in(const std::string& name) const {
+  // What the ops reading capture `name` read: [tokens][features]; a given capture is
+  // widened once, at its first read.
+  const MatD& in(const std::string& name) {
     const MatD& own = out_.ops.at(name);
     const auto it = given_.find(name);
     if (it == given_.end()) return own;
+    if (const auto w = widened_.find(name); w != widened_.end()) return w->second;
     if (it->second.size() != static_cast<size_t>(own.size()))
       throw std::invalid_argument("each_op: " + name + " has " + std::to_string(it->second.size()) + " values, not " +
                                   std::to_string(tokens_) + " tokens x " + std::to_string(own.cols()));
-    return widen(it->second, tokens_, static_cast<int>(own.cols()));
+    return widened_.emplace(name, widen(it->second, tokens_, static_cast<int>(own.cols()))).first->second;
   }
 
  private:
   const std::map<std::string, std::vector<bf16>>& given_;
   EachOp& out_;
   int tokens_;
+  std::map<std::string, MatD> widened_;
 };
 
 }  // namespace
