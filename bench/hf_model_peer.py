@@ -19,7 +19,9 @@ through transformers' DynamicCache (cropped back before every run), with the med
 time of the call beside it (what the caller waits: launches, allocations, the binding).
 Peak device memory per phase: torch.cuda.max_memory_allocated, reset before it (weights
 included). With --save DIR the model is written there first (save_pretrained), so that
-`bench_model --model DIR` times the very same weights.
+`bench_model --model DIR` times the very same weights. With --profile, one more run of
+each phase under torch.profiler: its table of ops by device time and by host time on
+stderr (where the time goes, for bench/DECISIONS.md; the CSV is unchanged).
 CSV on stdout: phase,layers,tokens,seconds,peak_device_bytes,implementation,host_seconds
 Exit 125 when torch, transformers or a CUDA GPU is missing (the CTest / bisect skip code).
 """
@@ -47,6 +49,7 @@ def parse_args():
                     help="comma-separated, in this order: eager, compile, patch:CONTRACT")
     ap.add_argument("--decode-batch", type=int, default=64, help="sequences of the decode phase (0: none)")
     ap.add_argument("--prefill", type=int, default=64, help="tokens of each sequence before the decode step")
+    ap.add_argument("--profile", action="store_true", help="each phase's op table on stderr (torch.profiler)")
     a = ap.parse_args()
     if a.layers < 0 or a.tokens < 2 or a.warmup < 0 or a.reps < 1 or a.decode_batch < 0 or a.prefill < 1:
         ap.error("need --layers >= 0, --tokens >= 2, --warmup >= 0, --reps >= 1, --decode-batch >= 0, --prefill >= 1")
@@ -128,6 +131,22 @@ def phases(torch, transformers, model, cfg, a, how):
         yield "decode", decode, lambda: cache.crop(-1)  # back to the prefill's P columns
 
 
+def profile(torch, call, setup, title):
+    """One more run of a phase under torch.profiler: its ops by device time and by host time."""
+    if setup:
+        setup()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        call()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"== {title}: by device time", file=sys.stderr)
+    print(table.table(sort_by="self_cuda_time_total", row_limit=25), file=sys.stderr)
+    print(f"== {title}: by host time", file=sys.stderr)
+    print(table.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+
+
 def main():
     a = parse_args()
     torch = import_torch_with_cuda("hf_model_peer")
@@ -159,6 +178,8 @@ def main():
             host = f"{host_us(torch, call, a.reps, setup) * 1e-6:.6f}" if phase == "decode" else ""
             tokens = f"{a.decode_batch}x1" if phase == "decode" else a.tokens
             print(f"{phase},{cfg.num_hidden_layers},{tokens},{seconds:.6f},{peak},{impl},{host}", flush=True)
+            if a.profile:
+                profile(torch, call, setup, f"{impl}, {phase}")
         print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
                           "gpu": torch.cuda.get_device_name(0), "implementation": impl}), file=sys.stderr)
     return 0

@@ -84,7 +84,7 @@ class _Unsharded:
         return ops.mlp(a, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.c)
 
     def head(self, h, weight, rows, targets):
-        """(logits [T, V], the rows' logprob and entropy)."""
+        """(logits [T, V], the rows' logprob and entropy); rows an index or a slice."""
         logits = ops.linear(h, weight, self.c, n_chunks=self.c.tp_tree_width)  # column-parallel: dgrad in chunks
         return (logits, *ops.logprob(logits[rows], targets, self.c))
 
@@ -118,6 +118,8 @@ class _TensorParallel(_Unsharded):
                         intermediate=self.intermediate)
 
     def head(self, h, weight, rows, targets):
+        if isinstance(rows, slice):
+            rows = torch.arange(rows.start, rows.stop)
         lp, entropy, logits = dist.lm_head_logprob(h, weight, rows, targets, self.c, self.group, vocab=self.vocab,
                                                    return_logits=True, whole=self.tied)
         return logits, lp, entropy
@@ -305,13 +307,15 @@ def _sequences(input_ids, attention_mask, position_ids, past):
     if mask.shape != (B, S):
         raise ValueError(f"bitparity.patch: attention_mask {list(attention_mask.shape)} does not end in input_ids' "
                          f"{[B, S]}")
+    if position_ids is None and bool(mask.all()):  # every row one sequence on every column
+        return [(b, torch.arange(S)) for b in range(B)]
     seqs = []
     for b in range(B):
         at = mask[b].nonzero().squeeze(1)
         if len(at) == 0 or int(at[-1] - at[0]) + 1 != len(at):
             raise ValueError(f"bitparity.patch: batch row {b}'s tokens are not one run (padding left or right only)")
         pos = past[b] + torch.arange(len(at)) if position_ids is None else position_ids[b, at]
-        starts = [0] + [j for j in range(1, len(at)) if pos[j] == 0]
+        starts = [0] + (pos[1:] == 0).nonzero().squeeze(1).add(1).tolist()  # not a loop: rows of 4096 tokens
         if len(starts) > 1 and past[b]:
             raise ValueError(f"bitparity.patch: batch row {b} packs sequences: not with a KV cache")
         for first, end in zip(starts, starts[1:] + [len(at)]):
@@ -321,6 +325,16 @@ def _sequences(input_ids, attention_mask, position_ids, past):
                                  "cache's length (or 0)")
             seqs.append((b, at[first:end]))
     return seqs
+
+
+def _as_run(index):
+    """An increasing host index of rows as a slice where it is one run of consecutive rows
+    (the logits' rows read as a view, not gathered: [rows, V] is a gigabyte at 4096 tokens),
+    else None."""
+    n = len(index)
+    if n and int(index[-1] - index[0]) + 1 == n:
+        return slice(int(index[0]), int(index[0]) + n)
+    return None
 
 
 def _cache_for(cfg, past_key_values, use_cache, B, D):
@@ -370,12 +384,18 @@ def _forward(model, cfg, lay, input_ids, attention_mask=None, position_ids=None,
         cache.begin(batch, column, lengths, S)
     # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-    predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long().to(device)
+    predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long()
+    rows = _as_run(predicting)
+    predicting = predicting.to(device)
+    rows = predicting if rows is None else rows
     h = _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache)
     if cache is not None:
         cache.end()
-    logits, lp, entropy = lay.head(h, model.lm_head.weight, predicting, tokens[predicting + 1])
-    out_logits = logits.new_zeros(B, S, logits.shape[1]).index_put((batch, column), logits)
+    logits, lp, entropy = lay.head(h, model.lm_head.weight, rows, tokens[predicting + 1])
+    if logits.shape[0] == B * S:  # every column a token of this call, in row-major order: no scatter
+        out_logits = logits.view(B, S, -1)
+    else:
+        out_logits = logits.new_zeros(B, S, logits.shape[1]).index_put((batch, column), logits)
     where = (batch[predicting], column[predicting])
     cols = max(S - 1, 0)
     mask = torch.zeros(B, cols, dtype=torch.bool, device=device).index_put(where, torch.tensor(True, device=device))

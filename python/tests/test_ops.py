@@ -43,18 +43,17 @@ def config(model=MODEL):
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     """`bitparity run`'s dump of a checkpoint under a contract, ops and gradients, made once."""
-    folder, tokens, dumps = tmp_path_factory.mktemp("oracle"), None, {}
+    folder, dumps = tmp_path_factory.mktemp("oracle"), {}
 
-    def get(name, model=MODEL):
-        nonlocal tokens
-        if tokens is None:
-            tokens = folder / "tokens.json"
-            tokens.write_text(json.dumps({"sequences": SEQS, "coefficients": COEFS}))
-        if (model, name) not in dumps:
-            out = str(folder / f"{os.path.basename(model)}-{name}.safetensors")
+    def get(name, model=MODEL, sequences=len(SEQS)):
+        tokens = folder / f"tokens-{sequences}.json"
+        if not tokens.exists():
+            tokens.write_text(json.dumps({"sequences": SEQS[:sequences], "coefficients": COEFS[:sequences]}))
+        if (model, name, sequences) not in dumps:
+            out = str(folder / f"{os.path.basename(model)}-{name}-{sequences}.safetensors")
             bitparity.run(out, model + "/", tokens=str(tokens), contract=name)
-            dumps[model, name] = bitparity.read_dump(out)[0]
-        return dumps[model, name]
+            dumps[model, name, sequences] = bitparity.read_dump(out)[0]
+        return dumps[model, name, sequences]
     return get
 
 
@@ -209,6 +208,30 @@ def test_a_patched_model_is_the_runs_bits(oracle, name, model, packed, monkeypat
     monkeypatch.setattr(ops, "qkv", three_linears)
     unfused = patched_loss(model, name, packed)[2]
     assert not torch.equal(unfused["model.embed_tokens.weight"], expected["model.embed_tokens.weight"])
+
+
+def test_one_sequence_is_the_runs_bits_of_it_alone(oracle):
+    """One unpadded sequence, whose predicting rows are one run (the head reads them from
+    the logits as a view, not a gather): its logprobs, entropy and every parameter's
+    gradient are those of `bitparity run` of that sequence alone. The negative control:
+    the coefficients in reverse order change the LM head's gradient."""
+    name = "bf16-sm90tc-v2"
+    run = oracle(name, MODEL, sequences=1)
+
+    def loss(coef):
+        m = bitparity.patch(hf_model(MODEL), name)
+        out = m(torch.tensor([SEQS[0]]))
+        (out.logprobs[0] * coef).sum().backward()
+        return out, {n[len("grads."):]: g for n, g in bitparity.named_gradients(m)[0].items()}
+
+    out, grads = loss(torch.tensor(COEFS[0]))
+    assert torch.equal(out.logprobs[0].detach(), run["logprobs.0"])
+    assert torch.equal(out.entropy[0], run["entropy.0"])
+    expected = {k[len("grads."):]: v for k, v in run.items() if k.startswith("grads.")}
+    assert set(grads) == set(expected)
+    assert not [n for n in expected if not torch.equal(grads[n], expected[n])]
+    reversed_grads = loss(torch.tensor(COEFS[0][::-1]))[1]
+    assert not torch.equal(reversed_grads["lm_head.weight"], expected["lm_head.weight"])
 
 
 class ConcatCache:
