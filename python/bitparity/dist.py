@@ -21,8 +21,11 @@ chunk states; v1 gathers the chunk maxima, then the sums), as the unsharded op's
 by kv_replicas consecutive ranks) its backward gathers the replicas' query side.
 `token_split_wgrad` is a linear's weight gradient over rows the ranks share out in any way
 (data, expert or context parallelism), the unsharded bits.
+`context_parallel_attention` runs a batch whose sequences' tokens the ranks of a CP group
+share out (contiguous or zigzag parts): its keys gathered in the forward, its query side in
+the backward.
 Built so far: these, on CPU tensors and CUDA ones (the collectives are all_gather alone, so
-gloo and NCCL give the same bits). Not yet: the EP exchange and the CP attention merge.
+gloo and NCCL give the same bits). Not yet: the EP exchange.
 """
 
 import torch
@@ -56,6 +59,25 @@ def _gather_rows(t, group):
     padded = t.new_zeros((most, *t.shape[1:]))
     padded[:t.shape[0]] = t
     return [p[:int(k)] for p, k in zip(_gather(padded, group), counts)]
+
+
+def _row_index(rows, t, what):
+    """A rank's global row indices as a long tensor on t's device, one for each row of t."""
+    rows = torch.as_tensor(rows, device=t.device).long()
+    if rows.dim() != 1 or rows.shape[0] != t.shape[0]:
+        raise ValueError(f"bitparity.dist: {list(rows.shape)} row indices for {t.shape[0]} {what} rows")
+    return rows
+
+
+def _whole_batch(rows, tensors, group):
+    """The whole batch's rows of each tensor, in the canonical order, from every rank's rows
+    (global indices `rows`): the ranks' rows must be each of the batch's rows once."""
+    all_rows = torch.cat(_gather_rows(rows, group))
+    order = torch.argsort(all_rows)
+    total = all_rows.shape[0]
+    if not torch.equal(all_rows[order], torch.arange(total, device=all_rows.device)):
+        raise ValueError(f"bitparity.dist: the ranks' rows are not each of the batch's {total} rows once")
+    return [torch.cat(_gather_rows(t, group))[order] for t in tensors]
 
 
 def _chunks(c, group, what):
@@ -190,6 +212,58 @@ def attention(q, k, v, lengths, head_dim, c, group=None, kv_replicas=1):
     return _ReplicatedKvAttention.apply(ops._activation(q, "q"), ops._activation(k, "k"), ops._activation(v, "v"),
                                         [int(n) for n in lengths], int(head_dim), int(kv_replicas), ops._name(c),
                                         group)
+
+
+def _query_runs(rows, lengths):
+    """(q_begin, q_len, past_len, kv_begin) of each run of a rank's rows (global indices,
+    increasing, on the host) that are consecutive positions of one sequence of the batch."""
+    starts = torch.tensor([0] + lengths).cumsum(0)
+    seq = torch.searchsorted(starts, rows, right=True) - 1
+    first = torch.ones(len(rows), dtype=torch.bool)
+    first[1:] = (rows[1:] != rows[:-1] + 1) | (seq[1:] != seq[:-1])
+    begins = first.nonzero().squeeze(1).tolist()
+    return [[b, e - b, int(rows[b] - starts[seq[b]]), int(starts[seq[b]])]
+            for b, e in zip(begins, begins[1:] + [len(rows)])]
+
+
+class _ContextParallelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, rows, lengths, D, name, group):
+        K, V = _whole_batch(rows, (k, v), group)  # every sequence's keys, in position order
+        if K.shape[0] != sum(lengths):
+            raise ValueError(f"bitparity.dist: the ranks hold {K.shape[0]} rows, the sequences {sum(lengths)}")
+        o, m, l = ops._C.attention_cached_fwd(q, K, V, _query_runs(rows.cpu(), lengths), D, name)
+        ctx.save_for_backward(q, K, V, o, m, l, rows)
+        ctx.lengths, ctx.D, ctx.name, ctx.group = lengths, D, name, group
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, K, V, o, m, l, rows = ctx.saved_tensors
+        Hq, T = q.shape[1] // ctx.D, q.shape[0]
+        Q, O, M, L, dO = _whole_batch(rows, (q, o, m.view(T, Hq), l.view(T, Hq), dout.contiguous()), ctx.group)
+        dq, dk, dv = ops._C.attention_bwd(Q, K, V, O, M.reshape(-1), L.reshape(-1), dO, ctx.lengths, ctx.D, ctx.name)
+        return dq[rows], dk[rows], dv[rows], None, None, None, None, None
+
+
+def context_parallel_attention(q, k, v, rows, lengths, head_dim, c, group=None):
+    """Causal attention of a batch whose tokens the ranks of a context-parallel group share
+    out in any way (contiguous or zigzag parts of each sequence, SPEC.md §7): this rank holds
+    q, k, v of the global rows `rows` (indices into the batch packed in the canonical order,
+    increasing), `lengths` the whole batch's sequences. Its output and its q, k, v gradients
+    are those rows of the unsharded `ops.attention`'s, bit for bit. Forward: the group
+    all-gathers k and v, and each run of the rank's consecutive positions attends keys 0 .. p
+    (a query's bits depend on its position and those keys alone, §5.6). Backward: the group
+    all-gathers the query side (q, o, dout, m, l) and every rank runs the whole batch's
+    backward and keeps its rows: the same bits as SPEC.md's split of query chunks over the
+    ranks, at the cost of every rank doing the whole backward."""
+    ops._ops()
+    lengths = [int(n) for n in lengths]
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"bitparity.dist: sequence lengths {lengths} must be positive")
+    rows = _row_index(rows, q, "query")
+    return _ContextParallelAttention.apply(ops._activation(q, "q"), ops._activation(k, "k"), ops._activation(v, "v"),
+                                           rows, lengths, int(head_dim), ops._name(c), group)
 
 
 class _Mlp(torch.autograd.Function):
@@ -382,16 +456,11 @@ def token_split_wgrad(dy, x, rows, c, group=None):
     all-to-all would move each chunk to its reducer alone: the same bits, less traffic)."""
     ops._ops()
     P, me, L = _world(group), torch_dist.get_rank(group), c.grad_token_chunk
-    rows = torch.as_tensor(rows, device=dy.device).long()
-    if rows.shape[0] != dy.shape[0] or rows.shape[0] != x.shape[0]:
-        raise ValueError(f"bitparity.dist: {rows.shape[0]} row indices for {dy.shape[0]} gradient and {x.shape[0]} "
-                         "input rows")
-    all_rows, all_dy, all_x = (torch.cat(_gather_rows(t, group)) for t in (rows, dy, x))
-    order = torch.argsort(all_rows)
-    total = all_rows.shape[0]
-    if not torch.equal(all_rows[order], torch.arange(total, device=all_rows.device)):
-        raise ValueError(f"bitparity.dist: the ranks' rows are not each of the batch's {total} rows once")
-    all_dy, all_x = all_dy[order], all_x[order]
+    rows = _row_index(rows, dy, "gradient")
+    if rows.shape[0] != x.shape[0]:
+        raise ValueError(f"bitparity.dist: {rows.shape[0]} row indices for {x.shape[0]} input rows")
+    all_dy, all_x = _whole_batch(rows, (dy, x), group)
+    total = all_dy.shape[0]
     chunks = -(-total // L)
     # This rank's chunks j = me, me + P, ...: each one chunk of rows, so linear_wgrad gives its exact partial.
     mine = [ops._C.linear_wgrad(all_x[j * L:(j + 1) * L].contiguous(), all_dy[j * L:(j + 1) * L].contiguous(), c.name)

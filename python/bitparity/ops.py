@@ -240,7 +240,7 @@ def attention_cached(q, k, v, sequences, head_dim, c):
         raise RuntimeError("bitparity.ops.attention_cached has no backward: the contract's backward runs whole "
                            "sequences (SPEC.md §6.5); run it under torch.no_grad()")
     return _C.attention_cached_fwd(_activation(q, "q"), _activation(k, "k"), _activation(v, "v"),
-                                   [[int(x) for x in s] for s in sequences], int(head_dim), _name(c))
+                                   [[int(x) for x in s] for s in sequences], int(head_dim), _name(c))[0]
 
 
 class _Mlp(torch.autograd.Function):

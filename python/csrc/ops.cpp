@@ -283,12 +283,13 @@ std::vector<Tensor> attention_fwd(const Tensor& q, const Tensor& k, const Tensor
   return {o, m, l};
 }
 
-// Queries of each sequence after its cached keys (chunked prefill, decoding): seqs are
-// (q_begin, q_len, past_len, kv_begin), k and v every sequence's keys 0 .. past_len +
-// q_len - 1 from its kv_begin. Forward only: the backward runs whole sequences (§6.5).
-Tensor attention_cached_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
-                            const std::vector<std::vector<int64_t>>& seqs, int64_t head_dim,
-                            const std::string& contract) {
+// Queries of each sequence after its cached keys (chunked prefill, decoding, a
+// context-parallel rank's runs of positions): seqs are (q_begin, q_len, past_len,
+// kv_begin), k and v every sequence's keys 0 .. past_len + q_len - 1 from its kv_begin.
+// (o, m, l); no backward of its own: the backward runs whole sequences (§6.5).
+std::vector<Tensor> attention_cached_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const std::vector<std::vector<int64_t>>& seqs, int64_t head_dim,
+                                         const std::string& contract) {
   const On on(q);
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) on.check(*t, name, torch::kBFloat16, 2);
   TORCH_CHECK(k.sizes() == v.sizes(), "bitparity: k and v disagree on their shapes");
@@ -305,7 +306,7 @@ Tensor attention_cached_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor o = on.bf16({q.size(0), q.size(1)}), m = on.f32({q.size(0) * d.Hq}), l = on.f32({q.size(0) * d.Hq});
   BP_OP(on, attention_fwd, knobs(contract), d, s.data(), static_cast<int>(s.size()), bf(q), bf(k), bf(v), bf_out(o),
         m.data_ptr<float>(), l.data_ptr<float>());
-  return o;
+  return {o, m, l};
 }
 
 std::vector<Tensor> attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& m,

@@ -376,3 +376,70 @@ def test_token_split_weight_gradient_is_the_unsharded_bits(tmp_path, name):
     for r, g in enumerate(got):
         assert torch.equal(g["dw"], whole), r
     assert not torch.equal(got[0]["local"], whole)
+
+
+CP_LENGTHS, CP_HQ, CP_HKV, CP_D = [150, 37, 90], 4, 2, 64  # past a key block (64) and a query chunk
+
+
+def cp_data():
+    """q, k, v of the packed batch and the gradient arriving at the output."""
+    g = torch.Generator().manual_seed(15)
+    r = lambda heads: torch.randn(sum(CP_LENGTHS), heads * CP_D, generator=g).to(torch.bfloat16)  # noqa: E731
+    return r(CP_HQ), r(CP_HKV), r(CP_HKV), r(CP_HQ)
+
+
+def zigzag_rows(rank):
+    """The global rows of rank under zigzag CP (SPEC.md §7): each sequence cut into 2·WORLD
+    parts, part i to rank i for i < WORLD, else to rank 2·WORLD − 1 − i."""
+    rows, at, n = [], 0, 2 * WORLD
+    for S in CP_LENGTHS:
+        for i in range(n):
+            if (i if i < WORLD else n - 1 - i) == rank:
+                rows += range(at + i * S // n, at + (i + 1) * S // n)
+        at += S
+    return torch.tensor(rows)
+
+
+def _cp_rank(rank, store, out, name):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, (q, k, v, dout), rows = ops.contract(name), cp_data(), zigzag_rows(rank)
+        mine = [t[rows].clone().requires_grad_(True) for t in (q, k, v)]
+        o = bdist.context_parallel_attention(*mine, rows, CP_LENGTHS, CP_D, c)
+        o.backward(dout[rows])
+        # The control: CP without the key exchange, the rank's own rows attended as if each
+        # sequence's parts were one run.
+        starts = [sum(CP_LENGTHS[:s]) for s in range(len(CP_LENGTHS))]
+        own = [int(((rows >= a) & (rows < a + n)).sum()) for a, n in zip(starts, CP_LENGTHS)]
+        alone = ops.attention(q[rows], k[rows], v[rows], own, CP_D, c)
+        torch.save({"rows": rows, "o": o.detach(), "grads": [t.grad for t in mine], "alone": alone.detach()},
+                   os.path.join(out, f"cp{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_context_parallel_attention_is_the_unsharded_bits(tmp_path, name):
+    """Three sequences cut zigzag over two ranks: each rank's output rows and its q, k, v
+    gradient rows are the unsharded attention's, bit for bit. The negative control: a rank
+    attending only the keys it holds (no exchange) differs."""
+    mp.start_processes(_cp_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD,
+                       start_method="fork")
+    c, (q, k, v, dout) = ops.contract(name), cp_data()
+    whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o = ops.attention(*whole, CP_LENGTHS, CP_D, c)
+    o.backward(dout)
+    got = [torch.load(tmp_path / f"cp{r}.pt") for r in range(WORLD)]
+    assert sorted(torch.cat([g["rows"] for g in got]).tolist()) == list(range(sum(CP_LENGTHS)))
+    for r, g in enumerate(got):
+        assert torch.equal(g["o"], o.detach()[g["rows"]]), r
+        for name_, mine, full in zip("qkv", g["grads"], whole):
+            assert torch.equal(mine, full.grad[g["rows"]]), (r, name_)
+    assert not all(torch.equal(g["alone"], o.detach()[g["rows"]]) for g in got)
+
+
+def test_context_parallel_attention_refuses_rows_that_are_not_the_batch():
+    """Rows given twice or missing, and lengths that are not the rows', are named."""
+    c, (q, k, v, _) = ops.contract("bf16-sm90tc-v2"), cp_data()
+    with pytest.raises(ValueError, match="row indices for"):
+        bdist.context_parallel_attention(q, k, v, torch.arange(3), CP_LENGTHS, CP_D, c)
