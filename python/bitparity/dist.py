@@ -24,8 +24,10 @@ by kv_replicas consecutive ranks) its backward gathers the replicas' query side.
 `context_parallel_attention` runs a batch whose sequences' tokens the ranks of a CP group
 share out (contiguous or zigzag parts): its keys gathered in the forward, its query side in
 the backward.
+`expert_parallel_moe` runs the MoE block with the experts shared out over the ranks of an
+EP group that hold different tokens.
 Built so far: these, on CPU tensors and CUDA ones (the collectives are all_gather alone, so
-gloo and NCCL give the same bits). Not yet: the EP exchange.
+gloo and NCCL give the same bits).
 """
 
 import torch
@@ -264,6 +266,76 @@ def context_parallel_attention(q, k, v, rows, lengths, head_dim, c, group=None):
     rows = _row_index(rows, q, "query")
     return _ContextParallelAttention.apply(ops._activation(q, "q"), ops._activation(k, "k"), ops._activation(v, "v"),
                                            rows, lengths, int(head_dim), ops._name(c), group)
+
+
+def _from_holders(t, ids, per_rank, group):
+    """The whole batch's per-slot rows [T, k, ...] of t, each (token, slot) taken from the
+    rank holding its expert (rank r: experts [r·per_rank, (r+1)·per_rank)), where each rank
+    computed only its own experts' rows."""
+    holder = ids // per_rank
+    mine = holder == torch_dist.get_rank(group)
+    parts = _gather_rows(t[mine], group)
+    whole = torch.zeros_like(t)
+    for r, part in enumerate(parts):
+        whole[holder == r] = part
+    return whole
+
+
+class _ExpertParallelMoe(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, rows, router, k, norm, E, name, c, group, *experts):
+        br = ops._as_bf16(router, "the router's weight")
+        b = [ops._as_bf16(w, f"the experts' weight {i}") for i, w in enumerate(experts)]
+        logits, ids, topk_w = ops._C.router_fwd(a, br, k, norm, name)
+        A, IDS, W = _whole_batch(rows, (a, ids, topk_w), group)  # the batch's rows, as its experts' holder sees them
+        per_rank = E // _world(group)
+        first = torch_dist.get_rank(group) * per_rank
+        C = ops._C.moe_experts_fwd(A, W, IDS, E, first, b[0::3], b[1::3], b[2::3], name)
+        C = _from_holders(C, IDS, per_rank, group)
+        ctx.save_for_backward(a, rows, br, router, logits, ids, A, IDS, W, *b, *experts)
+        ctx.k, ctx.norm, ctx.E, ctx.first, ctx.per_rank, ctx.name, ctx.c, ctx.group, ctx.n = \
+            k, norm, E, first, per_rank, name, c, group, len(experts)
+        return ops._C.moe_combine_fwd(C[rows].contiguous())
+
+    @staticmethod
+    def backward(ctx, dout):
+        a, rows, br, router, logits, ids, A, IDS, W, *rest = ctx.saved_tensors
+        b, experts, group = rest[:ctx.n], rest[ctx.n:], ctx.group
+        dO, = _whole_batch(rows, (dout.contiguous(),), group)
+        da_slot, dtopk_w, *dws = ops._C.moe_experts_bwd(A, W, IDS, ctx.E, ctx.first, b[0::3], b[1::3], b[2::3], dO,
+                                                        ctx.name)
+        da_slot, dtopk_w = (_from_holders(t, IDS, ctx.per_rank, group)[rows].contiguous() for t in (da_slot, dtopk_w))
+        dlogits, da_acc, _ = ops._C.router_bwd(a, br, logits, ids, dtopk_w, ctx.norm, ctx.name)
+        da = ops._C.moe_combine_bwd(da_slot, da_acc)
+        need = ctx.needs_input_grad
+        drouter = ops._weight_grad(router, token_split_wgrad(dlogits, a, rows, ctx.c, group),
+                                   "the router's weight") if need[2] else None
+        dexperts = [ops._weight_grad(w, g, "an expert's weight") if need[9 + i] else None
+                    for i, (w, g) in enumerate(zip(experts, dws))]
+        return (da, None, drouter, None, None, None, None, None, None, *dexperts)
+
+
+def expert_parallel_moe(a, rows, router, experts, num_experts, k, norm_topk_prob, c, group=None):
+    """The Qwen3-MoE block (`ops.moe`) under expert parallelism: the ranks of `group` hold
+    different tokens (a [n, H], the global rows `rows` of the batch in its canonical order,
+    increasing) and rank r the experts [r·E/P, (r+1)·E/P) (`experts`: each one's gate [I, H],
+    up [I, H], down [H, I]); the router whole on every rank. The output rows, the input
+    gradient, the held experts' gradients and the router's gradient (on every rank) are the
+    unsharded block's bits over the whole batch: each (token, slot) row is computed by its
+    expert's holder from that row alone, the holder's rows of an expert come in the batch's
+    order (its weight gradient reduces them as the unsharded op does), the home rank combines
+    its tokens' slots in order, and the router's weight gradient is SPEC.md §7's token split.
+    The exchange is an all-gather of the routed rows (every rank receives the batch; an
+    all-to-all would move each row to its holder alone: the same bits, less traffic)."""
+    ops._ops()
+    P, E = _world(group), int(num_experts)
+    if E % P or len(experts) != E // P:
+        raise ValueError(f"bitparity.dist: {E} experts over {P} ranks: each rank holds E/P = {E / P:g} of them "
+                         f"(SPEC.md §7: ep divides the experts), this one {len(experts)}")
+    rows = _row_index(rows, a, "token")
+    flat = [w for e in experts for w in e]
+    return _ExpertParallelMoe.apply(ops._activation(a, "a"), rows, router, int(k), bool(norm_topk_prob), E,
+                                    ops._name(c), c, group, *flat)
 
 
 class _Mlp(torch.autograd.Function):

@@ -21,6 +21,7 @@
 #include "reference/ops/linear.h"
 #include "reference/ops/logprob.h"
 #include "reference/ops/moe_experts.h"
+#include "reference/ops/moe_router.h"
 #include "reference/ops/residual.h"
 #include "reference/ops/rmsnorm.h"
 #include "reference/ops/rope.h"
@@ -34,6 +35,7 @@
 #include "optimized/cuda/linear.h"
 #include "optimized/cuda/logprob.h"
 #include "optimized/cuda/moe_experts.h"
+#include "optimized/cuda/moe_router.h"
 #include "optimized/cuda/residual.h"
 #include "optimized/cuda/rmsnorm.h"
 #include "optimized/cuda/rope.h"
@@ -384,33 +386,46 @@ std::vector<Tensor> mlp_bwd(const Tensor& a, const Tensor& wg, const Tensor& wu,
 // ---- the MoE block (§5.8, §5.9): router [E][H], each expert's gate and up [I][H], down [H][I] ----
 
 struct Experts {
-  std::vector<const bp::bf16*> gate, up, down;
+  std::vector<const bp::bf16*> gate, up, down;  // one an expert of the model, null where not held
   int E = 0, I = 0;
   bp::ref::ExpertWeights view() const { return {gate.data(), up.data(), down.data()}; }
 };
+
+// Experts first .. first + gate.size() − 1 of the model's E, each [I, H], [I, H], [H, I].
+Experts held_experts(const On& on, int64_t H, int64_t E, int64_t first, const std::vector<Tensor>& gate,
+                     const std::vector<Tensor>& up, const std::vector<Tensor>& down) {
+  Experts x;
+  x.E = as_int(E, "experts");
+  const int held = as_int(static_cast<int64_t>(gate.size()), "experts held");
+  TORCH_CHECK(up.size() == gate.size() && down.size() == gate.size(), "bitparity: ", gate.size(), " gate, ",
+              up.size(), " up and ", down.size(), " down weights given");
+  TORCH_CHECK(first >= 0 && first + held <= x.E, "bitparity: experts ", first, " .. ", first + held - 1,
+              " are not experts of the model's ", x.E);
+  x.I = held ? as_int(gate[0].size(0), "intermediate") : 0;
+  x.gate.assign(x.E, nullptr);
+  x.up.assign(x.E, nullptr);
+  x.down.assign(x.E, nullptr);
+  for (int j = 0; j < held; ++j) {
+    for (const auto& [t, name] : {std::pair{&gate[j], "gate"}, {&up[j], "up"}, {&down[j], "down"}})
+      on.check(*t, name, torch::kBFloat16, 2);
+    TORCH_CHECK(gate[j].size(0) == x.I && gate[j].size(1) == H && up[j].sizes() == gate[j].sizes() &&
+                    down[j].size(0) == H && down[j].size(1) == x.I,
+                "bitparity: expert ", first + j, "'s weights are not [I, H], [I, H], [H, I]");
+    x.gate[first + j] = bf(gate[j]);
+    x.up[first + j] = bf(up[j]);
+    x.down[first + j] = bf(down[j]);
+  }
+  return x;
+}
 
 Experts experts_of(const On& on, const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate,
                    const std::vector<Tensor>& up, const std::vector<Tensor>& down) {
   on.check(a, "a", torch::kBFloat16, 2);
   on.check(wr, "router", torch::kBFloat16, 2);
-  Experts x;
-  x.E = as_int(wr.size(0), "experts");
   TORCH_CHECK(wr.size(1) == a.size(1), "bitparity: the router takes ", wr.size(1), " features, a has ", a.size(1));
-  TORCH_CHECK(gate.size() == static_cast<size_t>(x.E) && up.size() == gate.size() && down.size() == gate.size(),
-              "bitparity: ", x.E, " experts in the router, ", gate.size(), " gate, ", up.size(), " up and ",
-              down.size(), " down weights given");
-  x.I = x.E ? as_int(gate[0].size(0), "intermediate") : 0;
-  for (int e = 0; e < x.E; ++e) {
-    for (const auto& [t, name] : {std::pair{&gate[e], "gate"}, {&up[e], "up"}, {&down[e], "down"}})
-      on.check(*t, name, torch::kBFloat16, 2);
-    TORCH_CHECK(gate[e].size(0) == x.I && gate[e].size(1) == a.size(1) && up[e].sizes() == gate[e].sizes() &&
-                    down[e].size(0) == a.size(1) && down[e].size(1) == x.I,
-                "bitparity: expert ", e, "'s weights are not [I, H], [I, H], [H, I]");
-    x.gate.push_back(bf(gate[e]));
-    x.up.push_back(bf(up[e]));
-    x.down.push_back(bf(down[e]));
-  }
-  return x;
+  TORCH_CHECK(gate.size() == static_cast<size_t>(wr.size(0)), "bitparity: ", wr.size(0),
+              " experts in the router, ", gate.size(), " given");
+  return held_experts(on, a.size(1), wr.size(0), 0, gate, up, down);
 }
 
 Tensor moe_fwd(const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
@@ -452,6 +467,130 @@ std::vector<Tensor> moe_bwd(const Tensor& a, const Tensor& wr, const std::vector
   }
   moe_bwd_into(on, x, a, wr, dout, out[0], out[1], dg, du, dd, k, norm_topk_prob, contract);
   return out;
+}
+
+// ---- the MoE block's stages, for expert parallelism (SPEC.md §7: route, exchange, experts, combine) ----
+
+// (logits [T][E] bf16, ids [T][k] int32, topk_w [T][k] bf16) of the rows of a.
+std::vector<Tensor> router_fwd(const Tensor& a, const Tensor& wr, int64_t k, bool norm_topk_prob,
+                               const std::string& contract) {
+  const On on(a);
+  on.check(a, "a", torch::kBFloat16, 2);
+  on.check(wr, "router", torch::kBFloat16, 2);
+  TORCH_CHECK(wr.size(1) == a.size(1), "bitparity: the router takes ", wr.size(1), " features, a has ", a.size(1));
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), E = as_int(wr.size(0), "experts");
+  const int K = as_int(k, "top-k");
+  Tensor logits = on.bf16({T, E}), topk_w = on.bf16({T, K});
+  Tensor ids = torch::empty({T, K}, torch::dtype(torch::kInt32).device(a.device()));
+  BP_OP(on, router_fwd, knobs(contract), bf(a), bf(wr), bf_out(logits), ids.data_ptr<int32_t>(), bf_out(topk_w), T, H,
+        E, K, norm_topk_prob);
+  return {logits, ids, topk_w};
+}
+
+// (dlogits [T][E] bf16, da_acc [T][H] fp32, dwr [E][H] fp32 over these rows alone).
+std::vector<Tensor> router_bwd(const Tensor& a, const Tensor& wr, const Tensor& logits, const Tensor& ids,
+                               const Tensor& dtopk_w, bool norm_topk_prob, const std::string& contract) {
+  const On on(a);
+  on.check(a, "a", torch::kBFloat16, 2);
+  on.check(wr, "router", torch::kBFloat16, 2);
+  on.check(logits, "logits", torch::kBFloat16, 2);
+  on.check(ids, "ids", torch::kInt32, 2);
+  on.check(dtopk_w, "the routing weights' gradient", torch::kBFloat16, 2);
+  const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), E = as_int(wr.size(0), "experts");
+  const int K = as_int(ids.size(1), "top-k");
+  TORCH_CHECK(logits.size(0) == T && logits.size(1) == E && ids.size(0) == T && dtopk_w.sizes() == ids.sizes(),
+              "bitparity: the router's logits, ids and gradient do not match its rows");
+  Tensor dlogits = on.bf16({T, E}), da_acc = on.f32({T, H}), dwr = on.f32({E, H});
+  BP_OP(on, router_bwd, knobs(contract), bf(a), bf(wr), bf(logits), ids.data_ptr<int32_t>(), bf(dtopk_w),
+        bf_out(dlogits), da_acc.data_ptr<float>(), dwr.data_ptr<float>(), T, H, E, K, norm_topk_prob);
+  return {dlogits, da_acc, dwr};
+}
+
+// The dispatch plan of ids [T][k] over E experts, in host memory (the CUDA experts plan
+// their gathers on the host): offset [E+1], token and slot [T·k].
+struct Plan {
+  std::vector<int> offset, token, slot;
+  bp::ref::MoeDispatch view(int E) const { return {E, offset.data(), token.data(), slot.data()}; }
+};
+
+Plan plan_of(const On& on, const Tensor& ids, int E) {
+  on.check(ids, "ids", torch::kInt32, 2);
+  const Tensor host = ids.cpu();
+  const int T = as_int(ids.size(0), "tokens"), K = as_int(ids.size(1), "top-k");
+  Plan p{std::vector<int>(E + 1), std::vector<int>(static_cast<size_t>(T) * K),
+         std::vector<int>(static_cast<size_t>(T) * K)};
+  bp::ref::moe_dispatch(host.data_ptr<int32_t>(), T, K, E, p.offset.data(), p.token.data(), p.slot.data());
+  return p;
+}
+
+// c [T][k][H]: the rows (t, j) routed to experts first .. first + held − 1 of E; +0 elsewhere.
+Tensor moe_experts_fwd(const Tensor& a, const Tensor& topk_w, const Tensor& ids, int64_t num_experts, int64_t first,
+                       const std::vector<Tensor>& gate, const std::vector<Tensor>& up, const std::vector<Tensor>& down,
+                       const std::string& contract) {
+  const On on(a);
+  on.check(a, "a", torch::kBFloat16, 2);
+  on.check(topk_w, "topk_w", torch::kBFloat16, 2);
+  TORCH_CHECK(topk_w.sizes() == ids.sizes() && ids.size(0) == a.size(0), "bitparity: ids and topk_w are not [T, k]");
+  const Experts x = held_experts(on, a.size(1), num_experts, first, gate, up, down);
+  const Plan plan = plan_of(on, ids, x.E);
+  const int T = as_int(a.size(0), "tokens"), K = as_int(ids.size(1), "top-k"), H = as_int(a.size(1), "hidden");
+  Tensor c = torch::zeros({T, K, H}, torch::dtype(torch::kBFloat16).device(a.device()));
+  BP_OP(on, moe_experts_fwd, knobs(contract), plan.view(x.E), as_int(first, "first"),
+        as_int(first + static_cast<int64_t>(gate.size()), "last"), bf(a), bf(topk_w), x.view(), bf_out(c), K, H, x.I);
+  return c;
+}
+
+// (da_slot [T][k][H] fp32, dtopk_w [T][k] bf16: +0 on rows of experts not held; then
+// each held expert's gate, up and down gradients), for dout [T][H].
+std::vector<Tensor> moe_experts_bwd(const Tensor& a, const Tensor& topk_w, const Tensor& ids, int64_t num_experts,
+                                    int64_t first, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
+                                    const std::vector<Tensor>& down, const Tensor& dout, const std::string& contract) {
+  const On on(a);
+  on.check(a, "a", torch::kBFloat16, 2);
+  on.check(topk_w, "topk_w", torch::kBFloat16, 2);
+  on.check(dout, "grad", torch::kBFloat16, 2);
+  TORCH_CHECK(topk_w.sizes() == ids.sizes() && ids.size(0) == a.size(0) && dout.sizes() == a.sizes(),
+              "bitparity: ids, topk_w and the gradient do not match a's rows");
+  const Experts x = held_experts(on, a.size(1), num_experts, first, gate, up, down);
+  const Plan plan = plan_of(on, ids, x.E);
+  const int T = as_int(a.size(0), "tokens"), K = as_int(ids.size(1), "top-k"), H = as_int(a.size(1), "hidden");
+  std::vector<Tensor> out = {torch::zeros({T, K, H}, torch::dtype(torch::kFloat32).device(a.device())),
+                             torch::zeros({T, K}, torch::dtype(torch::kBFloat16).device(a.device()))};
+  std::vector<float*> dg(x.E, nullptr), du(x.E, nullptr), dd(x.E, nullptr);
+  for (size_t j = 0; j < gate.size(); ++j) {
+    for (auto [grads, rows, cols] : {std::tuple{&dg, int64_t{x.I}, int64_t{H}}, {&du, x.I, H}, {&dd, H, x.I}}) {
+      out.push_back(on.f32({rows, cols}));
+      (*grads)[first + j] = out.back().data_ptr<float>();
+    }
+  }
+  BP_OP(on, moe_experts_bwd, knobs(contract), plan.view(x.E), as_int(first, "first"),
+        as_int(first + static_cast<int64_t>(gate.size()), "last"), bf(a), bf(topk_w), x.view(), bf(dout),
+        out[0].data_ptr<float>(), bf_out(out[1]), bp::ref::ExpertGrads{dg.data(), du.data(), dd.data()}, K, H, x.I);
+  return out;
+}
+
+// out [T][H] = R(Σ_j c[t][j]), slots in order.
+Tensor moe_combine_fwd(const Tensor& c) {
+  const On on(c);
+  on.check(c, "c", torch::kBFloat16, 3);
+  const int T = as_int(c.size(0), "tokens"), K = as_int(c.size(1), "top-k"), H = as_int(c.size(2), "hidden");
+  Tensor out = on.bf16({T, H});
+  BP_OP(on, moe_combine_fwd, bf(c), bf_out(out), T, K, H);
+  return out;
+}
+
+// da [T][H] = R(Σ_j da_slot[t][j] + router_da_acc[t]).
+Tensor moe_combine_bwd(const Tensor& da_slot, const Tensor& router_da_acc) {
+  const On on(da_slot);
+  on.check(da_slot, "da_slot", torch::kFloat32, 3);
+  on.check(router_da_acc, "the router's accumulator", torch::kFloat32, 2);
+  const int T = as_int(da_slot.size(0), "tokens"), K = as_int(da_slot.size(1), "top-k");
+  const int H = as_int(da_slot.size(2), "hidden");
+  TORCH_CHECK(router_da_acc.size(0) == T && router_da_acc.size(1) == H,
+              "bitparity: the router's accumulator is not [T, H]");
+  Tensor da = on.bf16({T, H});
+  BP_OP(on, moe_combine_bwd, da_slot.data_ptr<float>(), router_da_acc.data_ptr<float>(), bf_out(da), T, K, H);
+  return da;
 }
 
 // transformers 5's stacked experts: gate_up [E][2I][H] (an expert's gate rows, then its up
@@ -807,6 +946,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_bwd", &moe_bwd);
   m.def("moe_stacked_fwd", &moe_stacked_fwd);
   m.def("moe_stacked_bwd", &moe_stacked_bwd);
+  m.def("router_fwd", &router_fwd);
+  m.def("router_bwd", &router_bwd);
+  m.def("moe_experts_fwd", &moe_experts_fwd);
+  m.def("moe_experts_bwd", &moe_experts_bwd);
+  m.def("moe_combine_fwd", &moe_combine_fwd);
+  m.def("moe_combine_bwd", &moe_combine_bwd);
   m.def("linear_acc", &linear_acc);
   m.def("linear_dgrad_acc", &linear_dgrad_acc);
   m.def("rank_tree", &rank_tree);

@@ -6,10 +6,13 @@ input gradient on every rank; the MLP's output and input gradient on every rank 
 weight gradients' slices; the vocabulary-parallel LM head and logprob under all four
 contracts: the logprob, entropy and input gradient on every rank and the head's gradient
 slices; q/k norms on a rank's heads (or replicated kv heads): their weight gradient on every
-rank. The negative controls: a rank summing its K slice (or its vocabulary slice, for
-the head's input gradient) as one chain instead of its chunks' subtree (what a plain
-sharded matmul does) differs, and so does a norm's weight gradient reduced from each rank's
-partial."""
+rank; a weight gradient over rows shared out by sequence (the token split); context-parallel
+attention over zigzag parts and the expert-parallel MoE block, ranks holding different
+tokens: every rank's rows and gradients. The negative controls: a rank summing its K slice
+(or its vocabulary slice, for the head's input gradient) as one chain instead of its
+chunks' subtree (what a plain sharded matmul does) differs, and so does a norm's weight gradient reduced from each rank's
+partial, and so do a data-parallel merge of per-rank weight gradients and a CP rank
+attending only its own keys."""
 
 import os
 
@@ -443,3 +446,69 @@ def test_context_parallel_attention_refuses_rows_that_are_not_the_batch():
     c, (q, k, v, _) = ops.contract("bf16-sm90tc-v2"), cp_data()
     with pytest.raises(ValueError, match="row indices for"):
         bdist.context_parallel_attention(q, k, v, torch.arange(3), CP_LENGTHS, CP_D, c)
+
+
+EP_H, EP_E, EP_K, EP_I = 64, 8, 2, 32
+
+
+def ep_data():
+    """a [T, H] and the gradient arriving at the block's output (bf16), the router [E, H] and
+    each expert's gate, up [I, H] and down [H, I] (fp32 masters holding bf16 values)."""
+    g = torch.Generator().manual_seed(16)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    T = sum(LENGTHS)
+    experts = [(r(EP_I, EP_H).float(), r(EP_I, EP_H).float(), r(EP_H, EP_I).float()) for _ in range(EP_E)]
+    return r(T, EP_H), r(T, EP_H), r(EP_E, EP_H).float(), experts
+
+
+def _ep_rank(rank, store, out, name):
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        c, (a, dout, router, experts), rows = ops.contract(name), ep_data(), rank_rows(rank)
+        per = EP_E // WORLD
+        mine_a, mine_router = a[rows].clone().requires_grad_(True), router.clone().requires_grad_(True)
+        mine = [tuple(w.clone().requires_grad_(True) for w in e) for e in experts[rank * per:(rank + 1) * per]]
+        y = bdist.expert_parallel_moe(mine_a, rows, mine_router, mine, EP_E, EP_K, True, c)
+        y.backward(dout[rows])
+        # The control: data parallelism, every expert on every rank, each rank's router
+        # gradient over its own tokens merged by the tree over ranks (an all-reduce's shape).
+        dp_router = router.clone().requires_grad_(True)
+        ops.moe(a[rows], dp_router, experts, EP_K, True, c).backward(dout[rows])
+        merged = ops._C.rank_tree(bdist._gather(dp_router.grad, None))
+        try:  # a rank holding other than E/P experts is named
+            bdist.expert_parallel_moe(a[rows], rows, router, experts[:3], EP_E, EP_K, True, c)
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        torch.save({"y": y.detach(), "da": mine_a.grad, "drouter": mine_router.grad,
+                    "dexperts": [[w.grad for w in e] for e in mine], "dp_router": merged, "refused": refused},
+                   os.path.join(out, f"ep{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_expert_parallel_moe_is_the_unsharded_bits(tmp_path, name):
+    """Five sequences shared out by sequence (s mod 2), eight experts four a rank: each rank's
+    output rows and input gradient rows, its experts' gradients and the router's gradient
+    are the unsharded MoE block's over the whole batch, bit for bit. The negative control:
+    data parallelism's router gradient (each rank's own tokens, then merged) differs. A rank
+    holding other than E/P experts is refused by name."""
+    mp.start_processes(_ep_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD,
+                       start_method="fork")
+    c, (a, dout, router, experts) = ops.contract(name), ep_data()
+    a, router = a.clone().requires_grad_(True), router.clone().requires_grad_(True)
+    experts = [tuple(w.clone().requires_grad_(True) for w in e) for e in experts]
+    y = ops.moe(a, router, experts, EP_K, True, c)
+    y.backward(dout)
+    per = EP_E // WORLD
+    for r in range(WORLD):
+        got, rows = torch.load(tmp_path / f"ep{r}.pt"), rank_rows(r)
+        assert torch.equal(got["y"], y.detach()[rows]), r
+        assert torch.equal(got["da"], a.grad[rows]), r
+        assert torch.equal(got["drouter"], router.grad), r
+        for j, grads in enumerate(got["dexperts"]):
+            for mine, w in zip(grads, experts[r * per + j]):
+                assert torch.equal(mine, w.grad), (r, j)
+        assert not torch.equal(got["dp_router"], router.grad), r
+        assert "8 experts over 2 ranks: each rank holds E/P = 4 of them" in got["refused"], r
