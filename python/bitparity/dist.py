@@ -283,9 +283,12 @@ def _from_holders(t, ids, per_rank, group):
 
 class _ExpertParallelMoe(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, rows, router, k, norm, E, name, c, group, *experts):
+    def forward(ctx, a, rows, router, k, norm, E, name, c, group, stacked, *experts):
         br = ops._as_bf16(router, "the router's weight")
         b = [ops._as_bf16(w, f"the experts' weight {i}") for i, w in enumerate(experts)]
+        if stacked:  # gate_up [n, 2I, H] (gate rows first) and down [n, H, I]: each expert's views
+            half = b[0].shape[1] // 2
+            b = [w for j in range(b[0].shape[0]) for w in (b[0][j, :half], b[0][j, half:], b[1][j])]
         logits, ids, topk_w = ops._C.router_fwd(a, br, k, norm, name)
         A, IDS, W = _whole_batch(rows, (a, ids, topk_w), group)  # the batch's rows, as its experts' holder sees them
         per_rank = E // _world(group)
@@ -293,8 +296,8 @@ class _ExpertParallelMoe(torch.autograd.Function):
         C = ops._C.moe_experts_fwd(A, W, IDS, E, first, b[0::3], b[1::3], b[2::3], name)
         C = _from_holders(C, IDS, per_rank, group)
         ctx.save_for_backward(a, rows, br, router, logits, ids, A, IDS, W, *b, *experts)
-        ctx.k, ctx.norm, ctx.E, ctx.first, ctx.per_rank, ctx.name, ctx.c, ctx.group, ctx.n = \
-            k, norm, E, first, per_rank, name, c, group, len(experts)
+        ctx.k, ctx.norm, ctx.E, ctx.first, ctx.per_rank, ctx.name, ctx.c, ctx.group, ctx.n, ctx.stacked = \
+            k, norm, E, first, per_rank, name, c, group, len(b), stacked
         return ops._C.moe_combine_fwd(C[rows].contiguous())
 
     @staticmethod
@@ -310,16 +313,19 @@ class _ExpertParallelMoe(torch.autograd.Function):
         need = ctx.needs_input_grad
         drouter = ops._weight_grad(router, token_split_wgrad(dlogits, a, rows, ctx.c, group),
                                    "the router's weight") if need[2] else None
-        dexperts = [ops._weight_grad(w, g, "an expert's weight") if need[9 + i] else None
+        if ctx.stacked:  # each expert's gate and up rows one after the other, as the weight holds them
+            dws = [torch.stack([torch.cat(dws[i:i + 2]) for i in range(0, len(dws), 3)]), torch.stack(dws[2::3])]
+        dexperts = [ops._weight_grad(w, g, "an expert's weight") if need[10 + i] else None
                     for i, (w, g) in enumerate(zip(experts, dws))]
-        return (da, None, drouter, None, None, None, None, None, None, *dexperts)
+        return (da, None, drouter, None, None, None, None, None, None, None, *dexperts)
 
 
 def expert_parallel_moe(a, rows, router, experts, num_experts, k, norm_topk_prob, c, group=None):
     """The Qwen3-MoE block (`ops.moe`) under expert parallelism: the ranks of `group` hold
     different tokens (a [n, H], the global rows `rows` of the batch in its canonical order,
     increasing) and rank r the experts [r·E/P, (r+1)·E/P) (`experts`: each one's gate [I, H],
-    up [I, H], down [H, I]); the router whole on every rank. The output rows, the input
+    up [I, H], down [H, I], or transformers 5's stacked pair gate_up [E/P, 2I, H] and down
+    [E/P, H, I], whose gradients then come out stacked); the router whole on every rank. The output rows, the input
     gradient, the held experts' gradients and the router's gradient (on every rank) are the
     unsharded block's bits over the whole batch: each (token, slot) row is computed by its
     expert's holder from that row alone, the holder's rows of an expert come in the batch's
@@ -329,13 +335,15 @@ def expert_parallel_moe(a, rows, router, experts, num_experts, k, norm_topk_prob
     all-to-all would move each row to its holder alone: the same bits, less traffic)."""
     ops._ops()
     P, E = _world(group), int(num_experts)
-    if E % P or len(experts) != E // P:
+    stacked = len(experts) == 2 and all(torch.is_tensor(w) and w.dim() == 3 for w in experts)
+    held = experts[0].shape[0] if stacked else len(experts)
+    if E % P or held != E // P:
         raise ValueError(f"bitparity.dist: {E} experts over {P} ranks: each rank holds E/P = {E / P:g} of them "
-                         f"(SPEC.md §7: ep divides the experts), this one {len(experts)}")
+                         f"(SPEC.md §7: ep divides the experts), this one {held}")
     rows = _row_index(rows, a, "token")
-    flat = [w for e in experts for w in e]
+    flat = list(experts) if stacked else [w for e in experts for w in e]
     return _ExpertParallelMoe.apply(ops._activation(a, "a"), rows, router, int(k), bool(norm_topk_prob), E,
-                                    ops._name(c), c, group, *flat)
+                                    ops._name(c), c, group, stacked, *flat)
 
 
 class _Mlp(torch.autograd.Function):
@@ -527,16 +535,53 @@ def token_split_wgrad(dy, x, rows, c, group=None):
     the whole batch. The rows move by an all-gather (every rank receives the batch; an
     all-to-all would move each chunk to its reducer alone: the same bits, less traffic)."""
     ops._ops()
-    P, me, L = _world(group), torch_dist.get_rank(group), c.grad_token_chunk
     rows = _row_index(rows, dy, "gradient")
     if rows.shape[0] != x.shape[0]:
         raise ValueError(f"bitparity.dist: {rows.shape[0]} row indices for {x.shape[0]} input rows")
-    all_dy, all_x = _whole_batch(rows, (dy, x), group)
-    total = all_dy.shape[0]
-    chunks = -(-total // L)
-    # This rank's chunks j = me, me + P, ...: each one chunk of rows, so linear_wgrad gives its exact partial.
-    mine = [ops._C.linear_wgrad(all_x[j * L:(j + 1) * L].contiguous(), all_dy[j * L:(j + 1) * L].contiguous(), c.name)
+    return _token_split(rows, (x, dy), lambda x, dy: [ops._C.linear_wgrad(x, dy, c.name)],
+                        [(dy.shape[1], x.shape[1])], c, group)[0]
+
+
+def _token_split(rows, tensors, partial, shapes, c, group):
+    """Weight gradients of the given `shapes` over a batch whose rows (global indices `rows`)
+    the ranks share out: the per-row `tensors` gathered in the canonical order, chunk j of
+    grad_token_chunk rows given to partial (the op's own fp32 weight gradients over exactly
+    those rows: that chunk's partial) by rank j mod P, the partials gathered and merged by the
+    pairwise tree in chunk order, elementwise (SPEC.md §7's token split)."""
+    P, me, L = _world(group), torch_dist.get_rank(group), c.grad_token_chunk
+    whole = _whole_batch(rows, tensors, group)
+    chunks = -(-whole[0].shape[0] // L)
+    sizes = [int(torch.Size(s).numel()) for s in shapes]
+    mine = [torch.cat([g.reshape(-1) for g in partial(*(t[j * L:(j + 1) * L].contiguous() for t in whole))])
             for j in range(me, chunks, P)]
-    stacked = torch.stack(mine) if mine else torch.zeros(0, dy.shape[1], x.shape[1], device=dy.device)
+    stacked = torch.stack(mine) if mine else torch.zeros(0, sum(sizes), device=whole[0].device)
     held = _gather_rows(stacked, group)
-    return ops._C.rank_tree(torch.stack([held[j % P][j // P] for j in range(chunks)]))
+    tree = ops._C.rank_tree(torch.stack([held[j % P][j // P] for j in range(chunks)]))
+    return [g.view(s) for g, s in zip(tree.split(sizes), shapes)]
+
+
+class _TokenSplitGrads(torch.autograd.Function):
+    """Identity on an op's outputs, computed from detached weights; its backward gives those
+    weights their gradients by the token split of the op's own per-chunk gradients."""
+
+    @staticmethod
+    def forward(ctx, inputs, partial, rows, c, group, n_weights, *weights_and_outputs):
+        ctx.inputs, ctx.partial, ctx.rows, ctx.c, ctx.group = inputs, partial, rows, c, group
+        ctx.weights = weights_and_outputs[:n_weights]
+        return tuple(o.view_as(o) for o in weights_and_outputs[n_weights:])
+
+    @staticmethod
+    def backward(ctx, *douts):
+        grads = _token_split(ctx.rows, [*ctx.inputs, *(d.contiguous() for d in douts)], ctx.partial,
+                             [w.shape for w in ctx.weights], ctx.c, ctx.group)
+        dweights = [ops._weight_grad(w, g, "a weight") for w, g in zip(ctx.weights, grads)]
+        return (None,) * 6 + tuple(dweights) + douts  # the op's own backward takes the outputs' gradients on
+
+
+def token_split_grads(outputs, inputs, weights, partial, rows, c, group=None):
+    """The outputs of an op computed from its weights detached (their bf16 values), wired so
+    that the weights' gradients are the token split of the op's own: partial(*inputs_chunk,
+    *output_grads_chunk) returns the op's fp32 weight gradients over one chunk of rows. For a
+    model whose batch rows the ranks share out (data or expert parallelism): each weight's
+    gradient on every rank is the unsharded op's over the whole batch."""
+    return _TokenSplitGrads.apply(tuple(inputs), partial, rows, c, group, len(weights), *weights, *outputs)

@@ -33,7 +33,14 @@ and runs bitparity.dist's ops: the logprobs and entropy on every rank and each p
 gradient (its slice of the unsharded one) are the unsharded model's bits; out.logits is the
 rank's slice of the vocabulary; MoE layers keep their experts whole on every rank (ep 1),
 a head tied to the embedding stays whole, and fewer kv heads than ranks are replicated.
-Not yet (issue 55): expert and context parallelism.
+
+    bitparity.patch(model, contract, dp_group=group)   # ranks holding different sequences
+
+runs each rank's sequences (sequence s of the batch on rank s mod P), a MoE layer's
+experts shared out over the ranks (shard_experts, dist.expert_parallel_moe), and gives
+every parameter the unsharded model's gradient over the whole batch, on every rank (the
+token split, dist.token_split_grads): do not all-reduce it again. Not yet: tp_group and
+dp_group together, context parallelism.
 """
 
 import functools
@@ -43,16 +50,26 @@ import torch
 from . import dist, ops
 
 
-def patch(model, contract="bf16-sm90tc-v2", tp_group=None):
+def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None):
     """Makes `model` (HF's Qwen3ForCausalLM / Qwen3MoeForCausalLM module tree) compute the
     contract's bits; returns it. With tp_group (a torch.distributed group of more than one
-    rank) the model becomes that rank's tensor-parallel share: `shard_tensor_parallel`."""
+    rank) the model becomes that rank's tensor-parallel share: `shard_tensor_parallel`.
+    With dp_group the ranks hold different sequences of one batch (sequence s on rank s mod
+    P) and each MoE layer's experts are shared out (`shard_experts`): every parameter's
+    gradient is the unsharded model's over the whole batch, on every rank."""
     c = ops.contract(contract) if isinstance(contract, str) else contract
     cfg = _Config(model.config)
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16).float()  # fp32 master copies of the bf16 values
     lay = _Unsharded(c)
+    if tp_group is not None and dp_group is not None:
+        raise NotImplementedError("bitparity.patch: tensor parallelism together with data/expert parallelism is "
+                                  "not built yet; pass one of tp_group and dp_group")
+    if dp_group is not None and torch.distributed.get_world_size(dp_group) > 1:
+        lay = _DataParallel(c, dp_group, cfg)
+        if cfg.experts:
+            shard_experts(model, cfg, lay)
     if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
         lay = _TensorParallel(c, tp_group, cfg)
         shard_tensor_parallel(model, cfg, lay)
@@ -68,11 +85,23 @@ class _Unsharded:
     def __init__(self, c):
         self.c = c
 
+    def begin(self, lengths, device):
+        """A call's sequences (their lengths, in the packed order) before it runs."""
+
+    def embedding(self, tokens, weight):
+        return ops.embedding(tokens, weight, self.c)
+
+    def norm(self, x, weight, eps, heads=1):
+        return ops.rmsnorm(x, weight, eps, self.c, heads=heads)
+
+    def moe(self, a, mlp, cfg):
+        return ops.moe(a, mlp.gate.weight, _experts(mlp), cfg.top_k, cfg.norm_topk_prob, self.c)
+
     def qkv(self, a, at):
         return ops.qkv(a, at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, self.c)
 
     def head_norm(self, x, weight, eps, D, replicas=1):
-        return ops.rmsnorm(x, weight, eps, self.c, heads=x.shape[1] // D)
+        return self.norm(x, weight, eps, heads=x.shape[1] // D)
 
     def attention(self, q, k, v, lengths, D):
         return ops.attention(q, k, v, lengths, D, self.c)
@@ -123,6 +152,100 @@ class _TensorParallel(_Unsharded):
         lp, entropy, logits = dist.lm_head_logprob(h, weight, rows, targets, self.c, self.group, vocab=self.vocab,
                                                    return_logits=True, whole=self.tied)
         return logits, lp, entropy
+
+
+class _DataParallel(_Unsharded):
+    """Rank e of a group of P whose ranks hold different sequences of one batch: sequence s
+    of the batch on rank s mod P (SPEC.md §7's plane; data parallelism, and expert
+    parallelism for MoE layers: rank e holds experts [e·E/P, (e+1)·E/P)). The ops run on
+    the rank's rows; every weight gradient is the token split over the whole batch
+    (dist.token_split_grads), the same on every rank; MoE layers run
+    dist.expert_parallel_moe."""
+
+    def __init__(self, c, group, cfg):
+        super().__init__(c)
+        self.group, self.P, self.rank = group, torch.distributed.get_world_size(group), \
+            torch.distributed.get_rank(group)
+        self.experts = cfg.experts
+
+    def begin(self, lengths, device):
+        """This call's rows in the batch of every rank's sequences, sequence s from rank s mod P."""
+        counts = dist._gather(torch.tensor([len(lengths)], device=device), self.group).view(-1).tolist()
+        total = sum(counts)
+        if counts != [len(range(e, total, self.P)) for e in range(self.P)]:
+            raise ValueError(f"bitparity.patch: the ranks hold {counts} sequences; sequence s of the batch is on "
+                             f"rank s mod {self.P}, so rank e holds ⌈(N - e) / P⌉ of N (SPEC.md §7)")
+        held = dist._gather_rows(torch.tensor(lengths, device=device), self.group)
+        ordered = [int(held[s % self.P][s // self.P]) for s in range(total)]
+        starts = torch.tensor([0] + ordered).cumsum(0).tolist()
+        self.rows = torch.cat([torch.arange(starts[s], starts[s] + ordered[s])
+                               for s in range(self.rank, total, self.P)]).to(device)
+
+    def _split(self, outputs, inputs, weights, partial):
+        return dist.token_split_grads(outputs, inputs, weights, partial, self.rows, self.c, self.group)
+
+    def embedding(self, tokens, weight):
+        V, name = weight.shape[0], self.c.name
+        out = ops.embedding(tokens, ops._as_bf16(weight, "the embedding table"), self.c)
+        return self._split([out], [tokens.to(torch.int32)], [weight],
+                           lambda t, d: [ops._C.embedding_bwd(t, d, V, name)])[0]
+
+    def norm(self, x, weight, eps, heads=1):
+        w, name = ops._as_bf16(weight, "the norm's weight"), self.c.name
+
+        def partial(x, dy):
+            return [ops._C.rmsnorm_bwd(x, w, ops._C.rmsnorm_fwd(x, w, eps, heads, name)[1], dy, heads, name)[1]]
+        return self._split([ops.rmsnorm(x, w, eps, self.c, heads=heads)], [x.detach()], [weight], partial)[0]
+
+    def _linear(self, x, weight, **chunks):
+        name = self.c.name
+        out = ops.linear(x, ops._as_bf16(weight, "the weight"), self.c, **chunks)
+        return self._split([out], [x.detach()], [weight], lambda x, dy: [ops._C.linear_wgrad(x, dy, name)])[0]
+
+    def qkv(self, a, at):
+        ws, name = (at.q_proj.weight, at.k_proj.weight, at.v_proj.weight), self.c.name
+        outs = ops.qkv(a, *(ops._as_bf16(w, "a q/k/v weight") for w in ws), self.c)
+        return self._split(outs, [a.detach()], ws,
+                           lambda a, *grads: [ops._C.linear_wgrad(a, g, name) for g in grads])
+
+    def o_proj(self, o, weight):
+        return self._linear(o, weight, k_chunks=self.c.tp_tree_width)
+
+    def mlp(self, a, mlp):
+        ws, name = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), self.c.name
+        bs = [ops._as_bf16(w, "an MLP weight") for w in ws]
+        return self._split([ops.mlp(a, *bs, self.c)], [a.detach()], ws,
+                           lambda a, dy: ops._C.mlp_bwd(a, *bs, dy, name)[1:])[0]
+
+    def moe(self, a, mlp, cfg):
+        return dist.expert_parallel_moe(a, self.rows, mlp.gate.weight, _experts(mlp), cfg.experts, cfg.top_k,
+                                        cfg.norm_topk_prob, self.c, self.group)
+
+    def head(self, h, weight, rows, targets):
+        logits = self._linear(h, weight, n_chunks=self.c.tp_tree_width)
+        return (logits, *ops.logprob(logits[rows], targets, self.c))
+
+
+def shard_experts(model, cfg, lay):
+    """Cuts each MoE layer's experts to rank `lay.rank`'s E/P of a data/expert-parallel
+    group of P (SPEC.md §7): per-expert modules of other experts keep empty weights;
+    transformers 5's stacked gate_up_proj and down_proj keep the rank's rows."""
+    if cfg.experts % lay.P:
+        raise NotImplementedError(f"bitparity.patch: {cfg.experts} experts over {lay.P} ranks: expert parallelism "
+                                  "needs P to divide the experts (SPEC.md §7)")
+    held = slice(lay.rank * cfg.experts // lay.P, (lay.rank + 1) * cfg.experts // lay.P)
+    for i, layer in enumerate(model.model.layers):
+        if not cfg.is_moe_layer(i):
+            continue
+        ex = layer.mlp.experts
+        if isinstance(ex, torch.nn.ModuleList):
+            for e, expert in enumerate(ex):
+                if not held.start <= e < held.stop:
+                    for w in (expert.gate_proj.weight, expert.up_proj.weight, expert.down_proj.weight):
+                        w.data = w.data[:0]
+        else:
+            for w in (ex.gate_up_proj, ex.down_proj):
+                w.data = w.data[held].contiguous()
 
 
 def shard_tensor_parallel(model, cfg, lay):
@@ -380,6 +503,7 @@ def _forward(model, cfg, lay, input_ids, attention_mask=None, position_ids=None,
     tokens = input_ids[batch, column].to(torch.int32)
     lengths = [len(at) for _, at in seqs]
     positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs]).to(device)
+    lay.begin(lengths, device)
     if cache is not None:  # one sequence a row
         cache.begin(batch, column, lengths, S)
     # Packed row r predicts the next token of its sequence where this call holds it.
@@ -408,10 +532,10 @@ def _forward(model, cfg, lay, input_ids, attention_mask=None, position_ids=None,
 def _experts(mlp):
     """Each expert's (gate [I, H], up [I, H], down [H, I]) of modules of their own
     (transformers 4.x), or the stacked gate_up_proj [E, 2I, H] (gate rows first) and
-    down_proj [E, H, I] (5.x)."""
+    down_proj [E, H, I] (5.x); the experts a rank holds (shard_experts), where it holds some."""
     ex = mlp.experts
     if isinstance(ex, torch.nn.ModuleList):
-        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in ex]
+        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in ex if e.gate_proj.weight.numel()]
     return (ex.gate_up_proj, ex.down_proj)  # ops.moe takes them stacked, their gradients stacked too
 
 
@@ -432,18 +556,15 @@ def _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache):
     output [T, H]."""
     m, D, c = model.model, cfg.head_dim, lay.c
     tables = cfg.rope_tables(int(positions.max()) + 1, tokens.device)
-    x = ops.embedding(tokens, m.embed_tokens.weight, c)
+    x = lay.embedding(tokens, m.embed_tokens.weight)
     for i, layer in enumerate(m.layers):
         at = layer.self_attn
-        a = ops.rmsnorm(x, layer.input_layernorm.weight, cfg.eps, c)
+        a = lay.norm(x, layer.input_layernorm.weight, cfg.eps)
         q, k, v = lay.qkv(a, at)
         q = ops.rope(lay.head_norm(q, at.q_norm.weight, cfg.eps, D), positions, tables, c)
         k = ops.rope(lay.head_norm(k, at.k_norm.weight, cfg.eps, D, lay.kv_replicas), positions, tables, c)
         o = _attention(cache, lay, i, q, k, v, lengths, D)
         x = x + lay.o_proj(o, at.o_proj.weight)
-        a = ops.rmsnorm(x, layer.post_attention_layernorm.weight, cfg.eps, c)
-        if cfg.is_moe_layer(i):
-            x = x + ops.moe(a, layer.mlp.gate.weight, _experts(layer.mlp), cfg.top_k, cfg.norm_topk_prob, c)
-        else:
-            x = x + lay.mlp(a, layer.mlp)
-    return ops.rmsnorm(x, m.norm.weight, cfg.eps, c)
+        a = lay.norm(x, layer.post_attention_layernorm.weight, cfg.eps)
+        x = x + (lay.moe(a, layer.mlp, cfg) if cfg.is_moe_layer(i) else lay.mlp(a, layer.mlp))
+    return lay.norm(x, m.norm.weight, cfg.eps)

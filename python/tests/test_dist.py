@@ -512,3 +512,84 @@ def test_expert_parallel_moe_is_the_unsharded_bits(tmp_path, name):
                 assert torch.equal(mine, w.grad), (r, j)
         assert not torch.equal(got["dp_router"], router.grad), r
         assert "8 experts over 2 ranks: each rank holds E/P = 4 of them" in got["refused"], r
+
+
+def dp_batch(vocab):
+    """Five sequences of LENGTHS tokens (several grad_token_chunks together) and their loss
+    coefficients, seeded."""
+    g = torch.Generator().manual_seed(17)
+    seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in LENGTHS]
+    return seqs, [torch.randn(n - 1, generator=g).tolist() for n in LENGTHS]
+
+
+def dp_step(model, seqs, coefs):
+    """A padded batch of seqs through a patched model and the backward of sum c_t · logprob_t:
+    (each sequence's logprobs, gradients by name)."""
+    ids, mask, coef = tiny_qwen3.padded_batch(seqs, coefs)
+    out = model(ids, attention_mask=mask)
+    (out.logprobs * coef).sum().backward()
+    lp = [out.logprobs[b][out.logprob_mask[b]].detach() for b in range(len(seqs))]
+    return lp, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _dp_rank(rank, store, out, name, path, stacked):
+    import bitparity
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        load = (lambda: tiny_qwen3.stack_experts(tiny_qwen3.load(path))) if stacked else \
+            (lambda: tiny_qwen3.load(path))
+        seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+        mine = range(rank, len(seqs), WORLD)  # sequence s on rank s mod P
+        model = bitparity.patch(load(), name, dp_group=torch_dist.group.WORLD)
+        lp, grads = dp_step(model, [seqs[s] for s in mine], [coefs[s] for s in mine])
+        # The control: data parallelism as trainers run it, every rank the whole model on its
+        # own sequences, the ranks' gradients then merged (the tree: an all-reduce's shape).
+        local = dp_step(bitparity.patch(load(), name), [seqs[s] for s in mine], [coefs[s] for s in mine])[1]
+        merged = {n: ops._C.rank_tree(bdist._gather(g, None)) for n, g in local.items() if g is not None}
+        try:  # rank 1 holding two sequences of three: sequence s belongs on rank s mod 2
+            model(torch.tensor([seqs[0][:5]] * (rank + 1)))
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        torch.save({"lp": lp, "grads": grads, "merged": merged, "refused": refused}, os.path.join(out, f"dp{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("path,stacked", [(HF_MODEL, False), (MOE_MODEL, False), (MOE_MODEL, True), (TIED_MODEL, False)],
+                         ids=["dense", "moe", "moe-stacked", "tied"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+def test_a_data_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path, stacked):
+    """bitparity.patch(model, contract, dp_group) on two ranks holding sequences s mod 2 of a
+    batch of five (623 tokens, several grad_token_chunks), a MoE's experts shared out (per
+    expert, or stacked as transformers 5 holds them): each rank's logprobs are those
+    sequences' in the unsharded patched model over the whole batch, and every parameter's
+    gradient on every rank is the whole batch's (a rank's experts: theirs). The negative
+    control: each rank's own gradient merged with the other's differs. Ranks holding other
+    than sequence s on rank s mod 2 are refused by name."""
+    import bitparity
+    mp.start_processes(_dp_rank, args=(str(tmp_path / "store"), str(tmp_path), name, path, stacked), nprocs=WORLD,
+                       start_method="fork")
+    model = bitparity.patch(tiny_qwen3.stack_experts(tiny_qwen3.load(path)) if stacked else tiny_qwen3.load(path),
+                            name)
+    seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+    lp, grads = dp_step(model, seqs, coefs)
+    cfg = tiny_qwen3.checkpoint_config(path)
+    held = (cfg.get("num_experts") or cfg.get("num_local_experts", 0)) // WORLD
+    for r in range(WORLD):
+        got = torch.load(tmp_path / f"dp{r}.pt")
+        for i, s in enumerate(range(r, len(seqs), WORLD)):
+            assert torch.equal(got["lp"][i], lp[s]), (r, s)
+        assert set(got["grads"]) == set(grads)
+        for n, g in grads.items():
+            mine = got["grads"][n]
+            if ".experts." not in n:
+                assert torch.equal(mine, g), (r, n)
+            elif stacked:  # the rank's rows of the stacked experts
+                assert torch.equal(mine, g[r * held:(r + 1) * held]), (r, n)
+            elif r * held <= int(n.split(".experts.")[1].split(".")[0]) < (r + 1) * held:
+                assert torch.equal(mine, g), (r, n)
+            else:  # another rank's expert: an empty weight here
+                assert mine is None, (r, n)
+        assert any(not torch.equal(m, grads[n]) for n, m in got["merged"].items()), r
+        assert "the ranks hold [1, 2] sequences; sequence s of the batch is on rank s mod 2" in got["refused"], r

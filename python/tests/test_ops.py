@@ -134,26 +134,12 @@ def hf_model(model):
     return tiny_qwen3.load(model)
 
 
-def stack_experts(m):
-    """transformers 5's layout of each MoE layer's experts: gate_up_proj [E, 2I, H] (an
-    expert's gate rows first) and down_proj [E, H, I], parameters of one module."""
-    for layer in m.model.layers:
-        ex = getattr(layer.mlp, "experts", None)
-        if isinstance(ex, torch.nn.ModuleList):
-            stacked = torch.nn.Module()
-            stacked.gate_up_proj = torch.nn.Parameter(torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
-                                                                   for e in ex]))
-            stacked.down_proj = torch.nn.Parameter(torch.stack([e.down_proj.weight for e in ex]))
-            layer.mlp.experts = stacked
-    return m
-
-
 def patched_loss(model, c, packed=False, stacked=False):
     """The patched model on SEQS as one batch, the second row left-padded (packed: both
     sequences in one row, position_ids restarting; stacked: the experts in transformers 5's
     layout); the loss's backward."""
     m = hf_model(model)
-    m = bitparity.patch(stack_experts(m) if stacked else m, c)
+    m = bitparity.patch(tiny_qwen3.stack_experts(m) if stacked else m, c)
     if packed:
         ids, pos = torch.tensor([SEQS[0] + SEQS[1]]), torch.tensor([list(range(len(SEQS[0]))) + list(range(len(SEQS[1])))])
         coef = torch.tensor([COEFS[0] + [0.0] + COEFS[1]])  # the first sequence's last token predicts nothing
@@ -323,6 +309,8 @@ def test_the_patch_refuses_what_it_cannot_run():
         m(ids, position_ids=torch.tensor([[0, 1, 3, 4]]))
     with pytest.raises(TypeError, match="labels"):
         m(ids, labels=ids)
+    with pytest.raises(NotImplementedError, match="tensor parallelism together with data/expert"):
+        bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2", tp_group=object(), dp_group=object())
 
 
 def test_an_op_refuses_a_device_it_cannot_run_on():

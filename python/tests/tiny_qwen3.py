@@ -370,3 +370,17 @@ def padded_batch(seqs, coefs):
         pad = S - len(seq)
         ids[b, pad:], mask[b, pad:], coef[b, pad:] = torch.tensor(seq), 1, torch.tensor(cs)
     return ids, mask, coef
+
+
+def stack_experts(m):
+    """transformers 5's layout of each MoE layer's experts: gate_up_proj [E, 2I, H] (an
+    expert's gate rows first) and down_proj [E, H, I], parameters of one module."""
+    for layer in m.model.layers:
+        ex = getattr(layer.mlp, "experts", None)
+        if isinstance(ex, torch.nn.ModuleList):
+            stacked = torch.nn.Module()
+            stacked.gate_up_proj = torch.nn.Parameter(torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
+                                                                   for e in ex]))
+            stacked.down_proj = torch.nn.Parameter(torch.stack([e.down_proj.weight for e in ex]))
+            layer.mlp.experts = stacked
+    return m
