@@ -39,8 +39,10 @@ a head tied to the embedding stays whole, and fewer kv heads than ranks are repl
 runs each rank's sequences (sequence s of the batch on rank s mod P), a MoE layer's
 experts shared out over the ranks (shard_experts, dist.expert_parallel_moe), and gives
 every parameter the unsharded model's gradient over the whole batch, on every rank (the
-token split, dist.token_split_grads): do not all-reduce it again. Not yet: tp_group and
-dp_group together, context parallelism.
+token split, dist.token_split_grads): do not all-reduce it again. With cp_group=group
+every rank is given the whole batch and runs its zigzag parts of each sequence (out.logprobs
+and out.logprob_mask its rows'), attention by dist.context_parallel_attention. Not yet:
+more than one of tp_group, dp_group and cp_group.
 """
 
 import functools
@@ -50,26 +52,30 @@ import torch
 from . import dist, ops
 
 
-def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None):
+def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_group=None, zigzag=True):
     """Makes `model` (HF's Qwen3ForCausalLM / Qwen3MoeForCausalLM module tree) compute the
     contract's bits; returns it. With tp_group (a torch.distributed group of more than one
     rank) the model becomes that rank's tensor-parallel share: `shard_tensor_parallel`.
     With dp_group the ranks hold different sequences of one batch (sequence s on rank s mod
     P) and each MoE layer's experts are shared out (`shard_experts`): every parameter's
-    gradient is the unsharded model's over the whole batch, on every rank."""
+    gradient is the unsharded model's over the whole batch, on every rank. With cp_group
+    every rank is given the whole batch and runs its parts of each sequence (zigzag, or
+    contiguous), the experts and gradients as with dp_group."""
     c = ops.contract(contract) if isinstance(contract, str) else contract
     cfg = _Config(model.config)
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16).float()  # fp32 master copies of the bf16 values
     lay = _Unsharded(c)
-    if tp_group is not None and dp_group is not None:
-        raise NotImplementedError("bitparity.patch: tensor parallelism together with data/expert parallelism is "
-                                  "not built yet; pass one of tp_group and dp_group")
+    if sum(g is not None for g in (tp_group, dp_group, cp_group)) > 1:
+        raise NotImplementedError("bitparity.patch: tensor, data/expert and context parallelism together are not "
+                                  "built yet; pass one of tp_group, dp_group and cp_group")
     if dp_group is not None and torch.distributed.get_world_size(dp_group) > 1:
         lay = _DataParallel(c, dp_group, cfg)
-        if cfg.experts:
-            shard_experts(model, cfg, lay)
+    if cp_group is not None and torch.distributed.get_world_size(cp_group) > 1:
+        lay = _ContextParallel(c, cp_group, cfg, zigzag)
+    if isinstance(lay, _DataParallel) and cfg.experts:
+        shard_experts(model, cfg, lay)
     if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
         lay = _TensorParallel(c, tp_group, cfg)
         shard_tensor_parallel(model, cfg, lay)
@@ -86,7 +92,9 @@ class _Unsharded:
         self.c = c
 
     def begin(self, lengths, device):
-        """A call's sequences (their lengths, in the packed order) before it runs."""
+        """A call's sequences (their lengths, in the packed order) before it runs; the packed
+        rows this rank runs (a host index), or None for all of them."""
+        return None
 
     def embedding(self, tokens, weight):
         return ops.embedding(tokens, weight, self.c)
@@ -180,6 +188,7 @@ class _DataParallel(_Unsharded):
         starts = torch.tensor([0] + ordered).cumsum(0).tolist()
         self.rows = torch.cat([torch.arange(starts[s], starts[s] + ordered[s])
                                for s in range(self.rank, total, self.P)]).to(device)
+        return None
 
     def _split(self, outputs, inputs, weights, partial):
         return dist.token_split_grads(outputs, inputs, weights, partial, self.rows, self.c, self.group)
@@ -224,6 +233,32 @@ class _DataParallel(_Unsharded):
     def head(self, h, weight, rows, targets):
         logits = self._linear(h, weight, n_chunks=self.c.tp_tree_width)
         return (logits, *ops.logprob(logits[rows], targets, self.c))
+
+
+class _ContextParallel(_DataParallel):
+    """Rank c of a context-parallel group of P: every rank is given the whole batch and runs
+    its parts of each sequence (SPEC.md §7's cp_owner: zigzag, 2·P parts, part i to rank i
+    for i < P and to 2·P − 1 − i after; or P contiguous parts), its attention by
+    dist.context_parallel_attention; weight gradients and MoE layers as under data
+    parallelism, over the same group."""
+
+    def __init__(self, c, group, cfg, zigzag):
+        super().__init__(c, group, cfg)
+        self.zigzag = zigzag
+
+    def begin(self, lengths, device):
+        n, at, keep = 2 * self.P if self.zigzag else self.P, 0, []
+        for S in lengths:
+            for i in range(n):
+                if (i if i < self.P else n - 1 - i) == self.rank:
+                    keep += range(at + i * S // n, at + (i + 1) * S // n)
+            at += S
+        keep = torch.tensor(keep, dtype=torch.long)
+        self.rows = keep.to(device)
+        return keep
+
+    def attention(self, q, k, v, lengths, D):
+        return dist.context_parallel_attention(q, k, v, self.rows, lengths, D, self.c, self.group)
 
 
 def shard_experts(model, cfg, lay):
@@ -503,19 +538,27 @@ def _forward(model, cfg, lay, input_ids, attention_mask=None, position_ids=None,
     tokens = input_ids[batch, column].to(torch.int32)
     lengths = [len(at) for _, at in seqs]
     positions = torch.cat([past[b] + torch.arange(len(at), dtype=torch.int32) for b, at in seqs]).to(device)
-    lay.begin(lengths, device)
+    keep = lay.begin(lengths, device)  # the packed rows this rank runs: all, but under context parallelism
     if cache is not None:  # one sequence a row
+        if keep is not None:
+            raise ValueError("bitparity.patch: a context-parallel model runs whole sequences, without a cache")
         cache.begin(batch, column, lengths, S)
     # Packed row r predicts the next token of its sequence where this call holds it.
     starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
     predicting = torch.cat([s + torch.arange(n - 1) for s, n in zip(starts.tolist(), lengths)]).long()
+    targets = tokens[(predicting + 1).to(device)]
+    if keep is not None:  # the rank's rows, and those of them that predict, by their place among them
+        held = torch.isin(predicting, keep)
+        predicting, targets = torch.searchsorted(keep, predicting[held]), targets[held.to(device)]
+        kept = keep.to(device)
+        batch, column, tokens, positions = batch[kept], column[kept], tokens[kept], positions[kept]
     rows = _as_run(predicting)
     predicting = predicting.to(device)
     rows = predicting if rows is None else rows
     h = _packed_hidden(model, cfg, lay, tokens, lengths, positions, cache)
     if cache is not None:
         cache.end()
-    logits, lp, entropy = lay.head(h, model.lm_head.weight, rows, tokens[predicting + 1])
+    logits, lp, entropy = lay.head(h, model.lm_head.weight, rows, targets)
     if logits.shape[0] == B * S:  # every column a token of this call, in row-major order: no scatter
         out_logits = logits.view(B, S, -1)
     else:

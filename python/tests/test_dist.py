@@ -593,3 +593,77 @@ def test_a_data_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, pat
                 assert mine is None, (r, n)
         assert any(not torch.equal(m, grads[n]) for n, m in got["merged"].items()), r
         assert "the ranks hold [1, 2] sequences; sequence s of the batch is on rank s mod 2" in got["refused"], r
+
+
+def merged_local_grads(rows, tensors, partial, shapes, c, group):
+    """The control's weight gradients: each rank's own rows reduced by the op, then the ranks'
+    results merged by the tree (per-rank gradients all-reduced, as trainers run CP)."""
+    mine = torch.cat([g.reshape(-1) for g in partial(*tensors)])
+    tree = ops._C.rank_tree(bdist._gather(mine, group))
+    sizes = [int(torch.Size(s).numel()) for s in shapes]
+    return [g.view(s) for g, s in zip(tree.split(sizes), shapes)]
+
+
+def cp_step(model, seqs, coefs):
+    """The whole padded batch through a patched model, the backward of sum c_t · logprob_t
+    over the rows it ran: (logprobs [B, S-1], their mask, gradients by name)."""
+    ids, mask, coef = tiny_qwen3.padded_batch(seqs, coefs)
+    out = model(ids, attention_mask=mask)
+    (out.logprobs * coef).sum().backward()
+    return out.logprobs.detach(), out.logprob_mask, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _cp_model_rank(rank, store, out, name, path, zigzag):
+    import bitparity
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    try:
+        seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+        group = torch_dist.group.WORLD
+        model = bitparity.patch(tiny_qwen3.load(path), name, cp_group=group, zigzag=zigzag)
+        lp, mask, grads = cp_step(model, seqs, coefs)
+        try:
+            with torch.no_grad():
+                model(torch.tensor([seqs[0]]), use_cache=True)
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        bdist._token_split = merged_local_grads  # this forked process only
+        control = cp_step(bitparity.patch(tiny_qwen3.load(path), name, cp_group=group, zigzag=zigzag), seqs,
+                          coefs)[2]
+        torch.save({"lp": lp, "mask": mask, "grads": grads, "control": control, "refused": refused},
+                   os.path.join(out, f"cpm{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("path,zigzag", [(HF_MODEL, True), (MOE_MODEL, True), (TIED_MODEL, False)],
+                         ids=["dense-zigzag", "moe-zigzag", "tied-contiguous"])
+def test_a_context_parallel_patched_model_is_the_unsharded_bits(tmp_path, path, zigzag):
+    """bitparity.patch(model, contract, cp_group) on two ranks, each given the whole batch of
+    five sequences and running its zigzag (or contiguous) parts of each: the logprobs of the
+    rows each rank ran are the unsharded patched model's there, the two ranks' rows together
+    every row, and every parameter's gradient on every rank the whole batch's (a MoE rank's
+    experts: theirs). The negative control: each rank's gradients over its own rows merged
+    (the all-reduce CP trainers run) differ. A KV cache is refused by name."""
+    import bitparity
+    name = "bf16-sm90tc-v2"
+    mp.start_processes(_cp_model_rank, args=(str(tmp_path / "store"), str(tmp_path), name, path, zigzag),
+                       nprocs=WORLD, start_method="fork")
+    seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+    lp, mask, grads = cp_step(bitparity.patch(tiny_qwen3.load(path), name), seqs, coefs)
+    cfg = tiny_qwen3.checkpoint_config(path)
+    held = (cfg.get("num_experts") or cfg.get("num_local_experts", 0)) // WORLD
+    got = [torch.load(tmp_path / f"cpm{r}.pt") for r in range(WORLD)]
+    assert torch.equal(got[0]["mask"] ^ got[1]["mask"], mask) and not (got[0]["mask"] & got[1]["mask"]).any()
+    for r, g in enumerate(got):
+        assert g["mask"].any(), r
+        assert torch.equal(g["lp"][g["mask"]], lp[g["mask"]]), r
+        for n, whole in grads.items():
+            mine = g["grads"][n]
+            expert = int(n.split(".experts.")[1].split(".")[0]) if ".experts." in n else None
+            if expert is not None and not r * held <= expert < (r + 1) * held:
+                assert mine is None, (r, n)
+            else:
+                assert torch.equal(mine, whole), (r, n)
+        assert any(m is not None and not torch.equal(m, grads[n]) for n, m in g["control"].items()), r
+        assert "a context-parallel model runs whole sequences, without a cache" in g["refused"], r

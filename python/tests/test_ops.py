@@ -309,7 +309,7 @@ def test_the_patch_refuses_what_it_cannot_run():
         m(ids, position_ids=torch.tensor([[0, 1, 3, 4]]))
     with pytest.raises(TypeError, match="labels"):
         m(ids, labels=ids)
-    with pytest.raises(NotImplementedError, match="tensor parallelism together with data/expert"):
+    with pytest.raises(NotImplementedError, match="tensor, data/expert and context parallelism together"):
         bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2", tp_group=object(), dp_group=object())
 
 
