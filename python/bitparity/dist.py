@@ -325,12 +325,13 @@ def expert_parallel_moe(a, rows, router, experts, num_experts, k, norm_topk_prob
     different tokens (a [n, H], the global rows `rows` of the batch in its canonical order,
     increasing) and rank r the experts [r·E/P, (r+1)·E/P) (`experts`: each one's gate [I, H],
     up [I, H], down [H, I], or transformers 5's stacked pair gate_up [E/P, 2I, H] and down
-    [E/P, H, I], whose gradients then come out stacked); the router whole on every rank. The output rows, the input
-    gradient, the held experts' gradients and the router's gradient (on every rank) are the
-    unsharded block's bits over the whole batch: each (token, slot) row is computed by its
-    expert's holder from that row alone, the holder's rows of an expert come in the batch's
-    order (its weight gradient reduces them as the unsharded op does), the home rank combines
-    its tokens' slots in order, and the router's weight gradient is SPEC.md §7's token split.
+    [E/P, H, I], whose gradients then come out stacked); the router whole on every rank.
+    The output rows, the input gradient, the held experts' gradients and the router's
+    gradient (on every rank) are the unsharded block's bits over the whole batch: each
+    (token, slot) row is computed by its expert's holder from that row alone, the holder's
+    rows of an expert come in the batch's order (its weight gradient reduces them as the
+    unsharded op does), the home rank combines its tokens' slots in order, and the router's
+    weight gradient is SPEC.md §7's token split.
     The exchange is an all-gather of the routed rows (every rank receives the batch; an
     all-to-all would move each row to its holder alone: the same bits, less traffic)."""
     ops._ops()

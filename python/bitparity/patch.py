@@ -174,7 +174,6 @@ class _DataParallel(_Unsharded):
         super().__init__(c)
         self.group, self.P, self.rank = group, torch.distributed.get_world_size(group), \
             torch.distributed.get_rank(group)
-        self.experts = cfg.experts
 
     def begin(self, lengths, device):
         """This call's rows in the batch of every rank's sequences, sequence s from rank s mod P."""

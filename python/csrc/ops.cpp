@@ -418,11 +418,16 @@ Experts held_experts(const On& on, int64_t H, int64_t E, int64_t first, const st
   return x;
 }
 
-Experts experts_of(const On& on, const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate,
-                   const std::vector<Tensor>& up, const std::vector<Tensor>& down) {
+// The block's input a [T][H] and router wr [E][H].
+void check_router(const On& on, const Tensor& a, const Tensor& wr) {
   on.check(a, "a", torch::kBFloat16, 2);
   on.check(wr, "router", torch::kBFloat16, 2);
   TORCH_CHECK(wr.size(1) == a.size(1), "bitparity: the router takes ", wr.size(1), " features, a has ", a.size(1));
+}
+
+Experts experts_of(const On& on, const Tensor& a, const Tensor& wr, const std::vector<Tensor>& gate,
+                   const std::vector<Tensor>& up, const std::vector<Tensor>& down) {
+  check_router(on, a, wr);
   TORCH_CHECK(gate.size() == static_cast<size_t>(wr.size(0)), "bitparity: ", wr.size(0),
               " experts in the router, ", gate.size(), " given");
   return held_experts(on, a.size(1), wr.size(0), 0, gate, up, down);
@@ -475,9 +480,7 @@ std::vector<Tensor> moe_bwd(const Tensor& a, const Tensor& wr, const std::vector
 std::vector<Tensor> router_fwd(const Tensor& a, const Tensor& wr, int64_t k, bool norm_topk_prob,
                                const std::string& contract) {
   const On on(a);
-  on.check(a, "a", torch::kBFloat16, 2);
-  on.check(wr, "router", torch::kBFloat16, 2);
-  TORCH_CHECK(wr.size(1) == a.size(1), "bitparity: the router takes ", wr.size(1), " features, a has ", a.size(1));
+  check_router(on, a, wr);
   const int T = as_int(a.size(0), "tokens"), H = as_int(a.size(1), "hidden"), E = as_int(wr.size(0), "experts");
   const int K = as_int(k, "top-k");
   Tensor logits = on.bf16({T, E}), topk_w = on.bf16({T, K});
@@ -491,8 +494,7 @@ std::vector<Tensor> router_fwd(const Tensor& a, const Tensor& wr, int64_t k, boo
 std::vector<Tensor> router_bwd(const Tensor& a, const Tensor& wr, const Tensor& logits, const Tensor& ids,
                                const Tensor& dtopk_w, bool norm_topk_prob, const std::string& contract) {
   const On on(a);
-  on.check(a, "a", torch::kBFloat16, 2);
-  on.check(wr, "router", torch::kBFloat16, 2);
+  check_router(on, a, wr);
   on.check(logits, "logits", torch::kBFloat16, 2);
   on.check(ids, "ids", torch::kInt32, 2);
   on.check(dtopk_w, "the routing weights' gradient", torch::kBFloat16, 2);
@@ -506,21 +508,32 @@ std::vector<Tensor> router_bwd(const Tensor& a, const Tensor& wr, const Tensor& 
   return {dlogits, da_acc, dwr};
 }
 
-// The dispatch plan of ids [T][k] over E experts, in host memory (the CUDA experts plan
-// their gathers on the host): offset [E+1], token and slot [T·k].
-struct Plan {
+// A range of experts' stage over rows a [T][H] routed by ids and topk_w [T][k]: the
+// held experts, the dispatch plan (host memory: the CUDA experts plan their gathers on
+// the host) and the sizes.
+struct ExpertStage {
+  Experts x;
   std::vector<int> offset, token, slot;
-  bp::ref::MoeDispatch view(int E) const { return {E, offset.data(), token.data(), slot.data()}; }
+  int T, K, H, first, last;
+  bp::ref::MoeDispatch plan() const { return {x.E, offset.data(), token.data(), slot.data()}; }
 };
 
-Plan plan_of(const On& on, const Tensor& ids, int E) {
+ExpertStage expert_stage(const On& on, const Tensor& a, const Tensor& topk_w, const Tensor& ids, int64_t num_experts,
+                         int64_t first, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
+                         const std::vector<Tensor>& down) {
+  on.check(a, "a", torch::kBFloat16, 2);
+  on.check(topk_w, "topk_w", torch::kBFloat16, 2);
   on.check(ids, "ids", torch::kInt32, 2);
+  TORCH_CHECK(topk_w.sizes() == ids.sizes() && ids.size(0) == a.size(0), "bitparity: ids and topk_w are not [T, k]");
+  ExpertStage s{held_experts(on, a.size(1), num_experts, first, gate, up, down), {}, {}, {},
+                as_int(a.size(0), "tokens"), as_int(ids.size(1), "top-k"), as_int(a.size(1), "hidden"),
+                as_int(first, "first"), as_int(first + static_cast<int64_t>(gate.size()), "last")};
+  s.offset.resize(s.x.E + 1);
+  s.token.resize(static_cast<size_t>(s.T) * s.K);
+  s.slot.resize(s.token.size());
   const Tensor host = ids.cpu();
-  const int T = as_int(ids.size(0), "tokens"), K = as_int(ids.size(1), "top-k");
-  Plan p{std::vector<int>(E + 1), std::vector<int>(static_cast<size_t>(T) * K),
-         std::vector<int>(static_cast<size_t>(T) * K)};
-  bp::ref::moe_dispatch(host.data_ptr<int32_t>(), T, K, E, p.offset.data(), p.token.data(), p.slot.data());
-  return p;
+  bp::ref::moe_dispatch(host.data_ptr<int32_t>(), s.T, s.K, s.x.E, s.offset.data(), s.token.data(), s.slot.data());
+  return s;
 }
 
 // c [T][k][H]: the rows (t, j) routed to experts first .. first + held − 1 of E; +0 elsewhere.
@@ -528,15 +541,10 @@ Tensor moe_experts_fwd(const Tensor& a, const Tensor& topk_w, const Tensor& ids,
                        const std::vector<Tensor>& gate, const std::vector<Tensor>& up, const std::vector<Tensor>& down,
                        const std::string& contract) {
   const On on(a);
-  on.check(a, "a", torch::kBFloat16, 2);
-  on.check(topk_w, "topk_w", torch::kBFloat16, 2);
-  TORCH_CHECK(topk_w.sizes() == ids.sizes() && ids.size(0) == a.size(0), "bitparity: ids and topk_w are not [T, k]");
-  const Experts x = held_experts(on, a.size(1), num_experts, first, gate, up, down);
-  const Plan plan = plan_of(on, ids, x.E);
-  const int T = as_int(a.size(0), "tokens"), K = as_int(ids.size(1), "top-k"), H = as_int(a.size(1), "hidden");
-  Tensor c = torch::zeros({T, K, H}, torch::dtype(torch::kBFloat16).device(a.device()));
-  BP_OP(on, moe_experts_fwd, knobs(contract), plan.view(x.E), as_int(first, "first"),
-        as_int(first + static_cast<int64_t>(gate.size()), "last"), bf(a), bf(topk_w), x.view(), bf_out(c), K, H, x.I);
+  const ExpertStage s = expert_stage(on, a, topk_w, ids, num_experts, first, gate, up, down);
+  Tensor c = torch::zeros({s.T, s.K, s.H}, torch::dtype(torch::kBFloat16).device(a.device()));
+  BP_OP(on, moe_experts_fwd, knobs(contract), s.plan(), s.first, s.last, bf(a), bf(topk_w), s.x.view(), bf_out(c),
+        s.K, s.H, s.x.I);
   return c;
 }
 
@@ -546,26 +554,22 @@ std::vector<Tensor> moe_experts_bwd(const Tensor& a, const Tensor& topk_w, const
                                     int64_t first, const std::vector<Tensor>& gate, const std::vector<Tensor>& up,
                                     const std::vector<Tensor>& down, const Tensor& dout, const std::string& contract) {
   const On on(a);
-  on.check(a, "a", torch::kBFloat16, 2);
-  on.check(topk_w, "topk_w", torch::kBFloat16, 2);
+  const ExpertStage s = expert_stage(on, a, topk_w, ids, num_experts, first, gate, up, down);
   on.check(dout, "grad", torch::kBFloat16, 2);
-  TORCH_CHECK(topk_w.sizes() == ids.sizes() && ids.size(0) == a.size(0) && dout.sizes() == a.sizes(),
-              "bitparity: ids, topk_w and the gradient do not match a's rows");
-  const Experts x = held_experts(on, a.size(1), num_experts, first, gate, up, down);
-  const Plan plan = plan_of(on, ids, x.E);
-  const int T = as_int(a.size(0), "tokens"), K = as_int(ids.size(1), "top-k"), H = as_int(a.size(1), "hidden");
-  std::vector<Tensor> out = {torch::zeros({T, K, H}, torch::dtype(torch::kFloat32).device(a.device())),
-                             torch::zeros({T, K}, torch::dtype(torch::kBFloat16).device(a.device()))};
-  std::vector<float*> dg(x.E, nullptr), du(x.E, nullptr), dd(x.E, nullptr);
-  for (size_t j = 0; j < gate.size(); ++j) {
-    for (auto [grads, rows, cols] : {std::tuple{&dg, int64_t{x.I}, int64_t{H}}, {&du, x.I, H}, {&dd, H, x.I}}) {
+  TORCH_CHECK(dout.sizes() == a.sizes(), "bitparity: the gradient's shape is not a's");
+  std::vector<Tensor> out = {torch::zeros({s.T, s.K, s.H}, torch::dtype(torch::kFloat32).device(a.device())),
+                             torch::zeros({s.T, s.K}, torch::dtype(torch::kBFloat16).device(a.device()))};
+  std::vector<float*> dg(s.x.E, nullptr), du(s.x.E, nullptr), dd(s.x.E, nullptr);
+  for (int e = s.first; e < s.last; ++e) {
+    for (auto [grads, rows, cols] : {std::tuple{&dg, int64_t{s.x.I}, int64_t{s.H}}, {&du, s.x.I, s.H},
+                                     {&dd, s.H, s.x.I}}) {
       out.push_back(on.f32({rows, cols}));
-      (*grads)[first + j] = out.back().data_ptr<float>();
+      (*grads)[e] = out.back().data_ptr<float>();
     }
   }
-  BP_OP(on, moe_experts_bwd, knobs(contract), plan.view(x.E), as_int(first, "first"),
-        as_int(first + static_cast<int64_t>(gate.size()), "last"), bf(a), bf(topk_w), x.view(), bf(dout),
-        out[0].data_ptr<float>(), bf_out(out[1]), bp::ref::ExpertGrads{dg.data(), du.data(), dd.data()}, K, H, x.I);
+  BP_OP(on, moe_experts_bwd, knobs(contract), s.plan(), s.first, s.last, bf(a), bf(topk_w), s.x.view(), bf(dout),
+        out[0].data_ptr<float>(), bf_out(out[1]), bp::ref::ExpertGrads{dg.data(), du.data(), dd.data()}, s.K, s.H,
+        s.x.I);
   return out;
 }
 

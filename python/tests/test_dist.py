@@ -8,11 +8,12 @@ contracts: the logprob, entropy and input gradient on every rank and the head's 
 slices; q/k norms on a rank's heads (or replicated kv heads): their weight gradient on every
 rank; a weight gradient over rows shared out by sequence (the token split); context-parallel
 attention over zigzag parts and the expert-parallel MoE block, ranks holding different
-tokens: every rank's rows and gradients. The negative controls: a rank summing its K slice
-(or its vocabulary slice, for the head's input gradient) as one chain instead of its
-chunks' subtree (what a plain sharded matmul does) differs, and so does a norm's weight gradient reduced from each rank's
-partial, and so do a data-parallel merge of per-rank weight gradients and a CP rank
-attending only its own keys."""
+tokens: every rank's rows and gradients; patched models tensor-, data/expert- and
+context-parallel. The negative controls: a rank summing its K slice (or its vocabulary
+slice, for the head's input gradient) as one chain instead of its chunks' subtree (what a
+plain sharded matmul does) differs, and so do a norm's weight gradient reduced from each
+rank's partial, a data-parallel merge of per-rank weight gradients and a CP rank attending
+only its own keys."""
 
 import os
 
@@ -556,7 +557,8 @@ def _dp_rank(rank, store, out, name, path, stacked):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("path,stacked", [(HF_MODEL, False), (MOE_MODEL, False), (MOE_MODEL, True), (TIED_MODEL, False)],
+@pytest.mark.parametrize("path,stacked",
+                         [(HF_MODEL, False), (MOE_MODEL, False), (MOE_MODEL, True), (TIED_MODEL, False)],
                          ids=["dense", "moe", "moe-stacked", "tied"])
 @pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
 def test_a_data_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path, stacked):
