@@ -579,6 +579,22 @@ class _TokenSplitGrads(torch.autograd.Function):
         return (None,) * 6 + tuple(dweights) + douts  # the op's own backward takes the outputs' gradients on
 
 
+def recomputed(op, n_inputs, weights):
+    """A `partial` for token_split_grads from any op(*inputs, *weights): the op run again on
+    one chunk's rows from fresh leaves of the weights and its backward taken from the chunk's
+    output gradients (an op whose backward has collectives of its own, a tensor-parallel one,
+    runs them with its peers, which take the same chunks)."""
+    def partial(*chunk):
+        fresh = [w.detach().requires_grad_(True) for w in weights]
+        with torch.enable_grad():
+            outs = op(*chunk[:n_inputs], *fresh)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, chunk[n_inputs:]) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return [f.grad for f in fresh]
+    return partial
+
+
 def token_split_grads(outputs, inputs, weights, partial, rows, c, group=None):
     """The outputs of an op computed from its weights detached (their bf16 values), wired so
     that the weights' gradients are the token split of the op's own: partial(*inputs_chunk,

@@ -41,8 +41,9 @@ experts shared out over the ranks (shard_experts, dist.expert_parallel_moe), and
 every parameter the unsharded model's gradient over the whole batch, on every rank (the
 token split, dist.token_split_grads): do not all-reduce it again. With cp_group=group
 every rank is given the whole batch and runs its zigzag parts of each sequence (out.logprobs
-and out.logprob_mask its rows'), attention by dist.context_parallel_attention. Not yet:
-more than one of tp_group, dp_group and cp_group.
+and out.logprob_mask its rows'), attention by dist.context_parallel_attention. tp_group
+with dp_group or cp_group: TP within that plane (SPEC.md §7's grid). Not yet: dp_group
+and cp_group together.
 """
 
 import functools
@@ -60,16 +61,17 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_gro
     P) and each MoE layer's experts are shared out (`shard_experts`): every parameter's
     gradient is the unsharded model's over the whole batch, on every rank. With cp_group
     every rank is given the whole batch and runs its parts of each sequence (zigzag, or
-    contiguous), the experts and gradients as with dp_group."""
+    contiguous), the experts and gradients as with dp_group. tp_group with either: the
+    rank's TP share within that plane."""
     c = ops.contract(contract) if isinstance(contract, str) else contract
     cfg = _Config(model.config)
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16).float()  # fp32 master copies of the bf16 values
     lay = _Unsharded(c)
-    if sum(g is not None for g in (tp_group, dp_group, cp_group)) > 1:
-        raise NotImplementedError("bitparity.patch: tensor, data/expert and context parallelism together are not "
-                                  "built yet; pass one of tp_group, dp_group and cp_group")
+    if dp_group is not None and cp_group is not None:
+        raise NotImplementedError("bitparity.patch: data and context parallelism together are not built yet; "
+                                  "pass one of dp_group and cp_group")
     if dp_group is not None and torch.distributed.get_world_size(dp_group) > 1:
         lay = _DataParallel(c, dp_group, cfg)
     if cp_group is not None and torch.distributed.get_world_size(cp_group) > 1:
@@ -77,8 +79,12 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_gro
     if isinstance(lay, _DataParallel) and cfg.experts:
         shard_experts(model, cfg, lay)
     if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
-        lay = _TensorParallel(c, tp_group, cfg)
+        plane = lay if isinstance(lay, _DataParallel) else None
+        lay = _TensorParallel(c, tp_group, cfg) if plane is None else _Grid(c, tp_group, cfg, plane)
         shard_tensor_parallel(model, cfg, lay)
+        if isinstance(plane, _ContextParallel) and lay.kv_replicas > 1:
+            raise NotImplementedError("bitparity.patch: context parallelism with replicated kv heads (fewer kv "
+                                      "heads than TP ranks) is not built yet")
     model.forward = functools.partial(_forward, model, cfg, lay)
     return model
 
@@ -258,6 +264,77 @@ class _ContextParallel(_DataParallel):
 
     def attention(self, q, k, v, lengths, D):
         return dist.context_parallel_attention(q, k, v, self.rows, lengths, D, self.c, self.group)
+
+
+class _Grid(_TensorParallel):
+    """Rank t of a TP group within a plane of ranks holding different tokens (SPEC.md §7's
+    grid: `plane` a _DataParallel or _ContextParallel over the ranks of the same t): the
+    tensor-parallel ops on the plane rank's rows, each of their weight gradients (the
+    rank's slice) the token split over the plane of the op run again on each chunk with its
+    TP peers (dist.recomputed); embedding, norms and MoE layers the plane's."""
+
+    def __init__(self, c, group, cfg, plane):
+        super().__init__(c, group, cfg)
+        self.plane = plane
+
+    def begin(self, lengths, device):
+        return self.plane.begin(lengths, device)
+
+    def _split(self, op, inputs, weights):
+        """op(*inputs, *weights) from the weights' bf16 values, its weights' gradients split."""
+        outs = op(*inputs, *(ops._as_bf16(w, "a weight") for w in weights))
+        wired = dist.token_split_grads(outs if isinstance(outs, tuple) else (outs,), [x.detach() for x in inputs],
+                                       weights, dist.recomputed(op, len(inputs), weights), self.plane.rows, self.c,
+                                       self.plane.group)
+        return wired if isinstance(outs, tuple) else wired[0]
+
+    def embedding(self, tokens, weight):
+        return self.plane.embedding(tokens, weight)
+
+    def norm(self, x, weight, eps, heads=1):
+        return self.plane.norm(x, weight, eps, heads)
+
+    def moe(self, a, mlp, cfg):
+        return self.plane.moe(a, mlp, cfg)
+
+    def qkv(self, a, at):
+        return self._split(lambda a, *w: dist.qkv(a, *w, self.c, self.group, kv_replicas=self.kv_replicas), [a],
+                           (at.q_proj.weight, at.k_proj.weight, at.v_proj.weight))
+
+    def head_norm(self, x, weight, eps, D, replicas=1):
+        heads = x.shape[1] // D
+        return self._split(lambda x, w: dist.head_norm(x, w, eps, self.c, heads, self.group, replicas=replicas), [x],
+                           (weight,))
+
+    def attention(self, q, k, v, lengths, D):
+        if isinstance(self.plane, _ContextParallel):
+            return self.plane.attention(q, k, v, lengths, D)
+        return super().attention(q, k, v, lengths, D)
+
+    def o_proj(self, o, weight):
+        return self._split(lambda o, w: dist.row_parallel_linear(o, w, self.c, self.group), [o], (weight,))
+
+    def mlp(self, a, mlp):
+        return self._split(lambda a, *w: dist.mlp(a, *w, self.c, self.group, intermediate=self.intermediate), [a],
+                           (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight))
+
+    def head(self, h, weight, rows, targets):
+        """The vocabulary-parallel head as an op over token rows (the logprob and entropy of
+        the predicting ones, +0 elsewhere), so that its weight gradient splits by rows."""
+        n = h.shape[0]
+        at = torch.arange(n, device=h.device)[rows] if isinstance(rows, slice) else rows
+        predicting = torch.zeros(n, dtype=torch.uint8, device=h.device).index_put(
+            (at,), torch.tensor(1, dtype=torch.uint8, device=h.device))
+        target = torch.zeros(n, dtype=torch.int32, device=h.device).index_put((at,), targets.to(torch.int32))
+
+        def op(h, predicting, target, w):
+            picked = predicting.nonzero().squeeze(1)
+            lp, entropy, logits = dist.lm_head_logprob(h, w, picked, target[picked], self.c, self.group,
+                                                       vocab=self.vocab, return_logits=True, whole=self.tied)
+            zeros = lp.new_zeros(h.shape[0])
+            return zeros.index_put((picked,), lp), zeros.index_put((picked,), entropy), logits
+        lp, entropy, logits = self._split(op, [h, predicting, target], (weight,))
+        return logits, lp[at], entropy[at]
 
 
 def shard_experts(model, cfg, lay):

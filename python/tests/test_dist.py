@@ -280,6 +280,25 @@ def rollout_logprobs(model, c, gather_vocab=None):
     return [bitparity.ops.logprob(w, torch.tensor(seq[1:len(w) + 1]), c)[0] for w, seq in zip(whole, SEQS)]
 
 
+def tp_share(whole, name, t, path, c, like):
+    """Rank t's slice (of TP 2) of the unsharded parameter `name`'s gradient, as
+    shard_tensor_parallel cuts the parameter: q/k/v rows of its heads (a lone kv head
+    replicated), o_proj's columns, the dense MLP's and the vocabulary's chunks; the rest
+    whole. `like`: the rank's gradient (its slice's length along the cut)."""
+    cfg = tiny_qwen3.checkpoint_config(path)
+    q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+
+    def share(n):
+        return slice(t * n // WORLD, (t + 1) * n // WORLD)
+    inter, vocab = (bdist.chunk_slice(cfg[k], c, t, WORLD) for k in ("intermediate_size", "vocab_size"))
+    kv = share(kv_dim) if kv_dim >= WORLD * cfg["head_dim"] else slice(0, kv_dim)  # one kv head: replicated
+    cuts = {"q_proj": (share(q_dim), 0), "k_proj": (kv, 0), "v_proj": (kv, 0), "o_proj": (share(q_dim), 1),
+            "gate_proj": (inter, 0), "up_proj": (inter, 0), "down_proj": (inter, 1), "lm_head": (vocab, 0)}
+    part, dim = next((v for k, v in cuts.items() if f"{k}.weight" in name and ".experts." not in name),
+                     (slice(None), 0))
+    return whole.narrow(dim, part.start or 0, like.shape[dim])
+
+
 def _patched_rank(rank, store, out, name, path):
     import bitparity
     torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
@@ -316,24 +335,12 @@ def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, p
     lp, entropy, grads = patched_step(bitparity.patch(tiny_qwen3.load(path), name))
     rollout = rollout_logprobs(bitparity.patch(tiny_qwen3.load(path), name), ops.contract(name))
     c = ops.contract(name)
-    cfg = tiny_qwen3.checkpoint_config(path)
-    q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
     for r in range(WORLD):
         got = torch.load(tmp_path / f"patched{r}.pt")
         assert torch.equal(got["lp"], lp) and torch.equal(got["entropy"], entropy), r
-
-        def share(n):
-            return slice(r * n // WORLD, (r + 1) * n // WORLD)
-        inter, vocab = (bdist.chunk_slice(cfg[k], c, r, WORLD) for k in ("intermediate_size", "vocab_size"))
-        kv = share(kv_dim) if kv_dim >= WORLD * cfg["head_dim"] else slice(0, kv_dim)  # one kv head: replicated
-        cuts = {"q_proj": (share(q_dim), 0), "k_proj": (kv, 0), "v_proj": (kv, 0),
-                "o_proj": (share(q_dim), 1), "gate_proj": (inter, 0), "up_proj": (inter, 0),
-                "down_proj": (inter, 1), "lm_head": (vocab, 0)}
         assert set(got["grads"]) == set(grads)
         for n, g in grads.items():
-            part, dim = next((v for k, v in cuts.items() if f"{k}.weight" in n and ".experts." not in n),
-                             (slice(None), 0))
-            assert torch.equal(got["grads"][n], g.narrow(dim, part.start or 0, got["grads"][n].shape[dim])), (r, n)
+            assert torch.equal(got["grads"][n], tp_share(g, n, r, path, c, got["grads"][n])), (r, n)
         assert not torch.equal(got["control"], lp), r
         for b, (mine, whole) in enumerate(zip(got["rollout"], rollout)):
             assert torch.equal(mine, whole), (r, b)
@@ -669,3 +676,57 @@ def test_a_context_parallel_patched_model_is_the_unsharded_bits(tmp_path, path, 
                 assert torch.equal(mine, whole), (r, n)
         assert any(m is not None and not torch.equal(m, grads[n]) for n, m in g["control"].items()), r
         assert "a context-parallel model runs whole sequences, without a cache" in g["refused"], r
+
+
+def _grid_rank(rank, store, out, path, plane_kind):
+    """Rank (e, t) = (rank // 2, rank % 2) of TP 2 × a plane of 2 (data or context parallel)."""
+    import bitparity
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2 * WORLD)
+    try:
+        tps = [torch_dist.new_group([0, 1]), torch_dist.new_group([2, 3])]
+        planes = [torch_dist.new_group([0, 2]), torch_dist.new_group([1, 3])]
+        e, t = divmod(rank, 2)
+        seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+        if plane_kind == "dp":
+            model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2", tp_group=tps[e], dp_group=planes[t])
+            mine = range(e, len(seqs), WORLD)
+            lp, grads = dp_step(model, [seqs[s] for s in mine], [coefs[s] for s in mine])
+        else:
+            model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2", tp_group=tps[e], cp_group=planes[t])
+            lp, mask, grads = cp_step(model, seqs, coefs)
+            lp = (lp, mask)
+        torch.save({"lp": lp, "grads": grads}, os.path.join(out, f"grid{rank}.pt"))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("path,plane_kind", [(HF_MODEL, "dp"), (MOE_MODEL, "dp"), (TIED_MODEL, "cp")],
+                         ids=["dense-tp2-dp2", "moe-tp2-ep2", "tied-tp2-cp2"])
+def test_a_grid_patched_model_is_the_unsharded_bits(tmp_path, path, plane_kind):
+    """Four ranks, TP 2 within a data-, expert- or context-parallel plane of 2 (SPEC.md §7's
+    grid): each rank's logprobs are the unsharded patched model's for its rows, and every
+    parameter's gradient is its TP slice of the whole batch's (a rank's experts: theirs)."""
+    import bitparity
+    mp.start_processes(_grid_rank, args=(str(tmp_path / "store"), str(tmp_path), path, plane_kind),
+                       nprocs=2 * WORLD, start_method="fork")
+    c = ops.contract("bf16-sm90tc-v2")
+    seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
+    lp, mask, grads = cp_step(bitparity.patch(tiny_qwen3.load(path), c), seqs, coefs)
+    cfg = tiny_qwen3.checkpoint_config(path)
+    held = (cfg.get("num_experts") or cfg.get("num_local_experts", 0)) // WORLD
+    for rank in range(2 * WORLD):
+        e, t = divmod(rank, 2)
+        got = torch.load(tmp_path / f"grid{rank}.pt")
+        if plane_kind == "dp":
+            for i, s in enumerate(range(e, len(seqs), WORLD)):
+                assert torch.equal(got["lp"][i], lp[s][mask[s]]), (rank, s)
+        else:
+            mine, where = got["lp"]
+            assert where.any() and torch.equal(mine[where], lp[where]), rank
+        for n, whole in grads.items():
+            g = got["grads"][n]
+            expert = int(n.split(".experts.")[1].split(".")[0]) if ".experts." in n else None
+            if expert is not None and not e * held <= expert < (e + 1) * held:
+                assert g is None, (rank, n)
+            else:
+                assert torch.equal(g, tp_share(whole, n, t, path, c, g)), (rank, n)
