@@ -37,7 +37,17 @@ from . import ops
 
 
 def _world(group):
+    """Ranks in a group, or in a plane given as (outer, inner) groups: their product."""
+    if isinstance(group, tuple):
+        return _world(group[0]) * _world(group[1])
     return torch_dist.get_world_size(group)
+
+
+def _rank(group):
+    """This rank's place in a group, or in a plane (outer, inner): outer rank · |inner| + inner rank."""
+    if isinstance(group, tuple):
+        return _rank(group[0]) * _world(group[1]) + _rank(group[1])
+    return torch_dist.get_rank(group)
 
 
 def _gather(t, group):
@@ -53,7 +63,13 @@ def _gather(t, group):
 
 
 def _gather_rows(t, group):
-    """Every rank's rows of t (their counts may differ), in rank order: a list of tensors."""
+    """Every rank's rows of t (their counts may differ), in rank order: a list of tensors. A
+    plane (outer, inner) of two groups gathers over the inner one, then each part over the
+    outer one (every rank of the plane in _rank's order)."""
+    if isinstance(group, tuple):
+        outer, inner = group
+        by_inner = [_gather_rows(part, outer) for part in _gather_rows(t, inner)]
+        return [by_inner[i][o] for o in range(_world(outer)) for i in range(_world(inner))]
     n = torch.tensor([t.shape[0]], device=t.device)
     counts = [torch.zeros_like(n) for _ in range(_world(group))]
     torch_dist.all_gather(counts, n, group=group)
@@ -273,7 +289,7 @@ def _from_holders(t, ids, per_rank, group):
     rank holding its expert (rank r: experts [r·per_rank, (r+1)·per_rank)), where each rank
     computed only its own experts' rows."""
     holder = ids // per_rank
-    mine = holder == torch_dist.get_rank(group)
+    mine = holder == _rank(group)
     parts = _gather_rows(t[mine], group)
     whole = torch.zeros_like(t)
     for r, part in enumerate(parts):
@@ -292,7 +308,7 @@ class _ExpertParallelMoe(torch.autograd.Function):
         logits, ids, topk_w = ops._C.router_fwd(a, br, k, norm, name)
         A, IDS, W = _whole_batch(rows, (a, ids, topk_w), group)  # the batch's rows, as its experts' holder sees them
         per_rank = E // _world(group)
-        first = torch_dist.get_rank(group) * per_rank
+        first = _rank(group) * per_rank
         C = ops._C.moe_experts_fwd(A, W, IDS, E, first, b[0::3], b[1::3], b[2::3], name)
         C = _from_holders(C, IDS, per_rank, group)
         ctx.save_for_backward(a, rows, br, router, logits, ids, A, IDS, W, *b, *experts)
@@ -549,7 +565,7 @@ def _token_split(rows, tensors, partial, shapes, c, group):
     grad_token_chunk rows given to partial (the op's own fp32 weight gradients over exactly
     those rows: that chunk's partial) by rank j mod P, the partials gathered and merged by the
     pairwise tree in chunk order, elementwise (SPEC.md §7's token split)."""
-    P, me, L = _world(group), torch_dist.get_rank(group), c.grad_token_chunk
+    P, me, L = _world(group), _rank(group), c.grad_token_chunk
     whole = _whole_batch(rows, tensors, group)
     chunks = -(-whole[0].shape[0] // L)
     sizes = [int(torch.Size(s).numel()) for s in shapes]

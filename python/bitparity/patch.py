@@ -41,9 +41,9 @@ experts shared out over the ranks (shard_experts, dist.expert_parallel_moe), and
 every parameter the unsharded model's gradient over the whole batch, on every rank (the
 token split, dist.token_split_grads): do not all-reduce it again. With cp_group=group
 every rank is given the whole batch and runs its zigzag parts of each sequence (out.logprobs
-and out.logprob_mask its rows'), attention by dist.context_parallel_attention. tp_group
-with dp_group or cp_group: TP within that plane (SPEC.md §7's grid). Not yet: dp_group
-and cp_group together.
+and out.logprob_mask its rows'), attention by dist.context_parallel_attention; with both,
+each data-parallel rank's sequences cut over its CP group. tp_group with either or both:
+TP within that plane (SPEC.md §7's grid).
 """
 
 import functools
@@ -61,20 +61,22 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_gro
     P) and each MoE layer's experts are shared out (`shard_experts`): every parameter's
     gradient is the unsharded model's over the whole batch, on every rank. With cp_group
     every rank is given the whole batch and runs its parts of each sequence (zigzag, or
-    contiguous), the experts and gradients as with dp_group. tp_group with either: the
-    rank's TP share within that plane."""
+    contiguous), the experts and gradients as with dp_group; both: each data-parallel
+    rank's sequences cut over its CP group. tp_group with either or both: the rank's TP
+    share within that plane."""
     c = ops.contract(contract) if isinstance(contract, str) else contract
     cfg = _Config(model.config)
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16).float()  # fp32 master copies of the bf16 values
     lay = _Unsharded(c)
-    if dp_group is not None and cp_group is not None:
-        raise NotImplementedError("bitparity.patch: data and context parallelism together are not built yet; "
-                                  "pass one of dp_group and cp_group")
-    if dp_group is not None and torch.distributed.get_world_size(dp_group) > 1:
+    dp = dp_group is not None and torch.distributed.get_world_size(dp_group) > 1
+    cp = cp_group is not None and torch.distributed.get_world_size(cp_group) > 1
+    if dp and cp:
+        lay = _DataContextParallel(c, dp_group, cp_group, cfg, zigzag)
+    elif dp:
         lay = _DataParallel(c, dp_group, cfg)
-    if cp_group is not None and torch.distributed.get_world_size(cp_group) > 1:
+    elif cp:
         lay = _ContextParallel(c, cp_group, cfg, zigzag)
     if isinstance(lay, _DataParallel) and cfg.experts:
         shard_experts(model, cfg, lay)
@@ -182,17 +184,7 @@ class _DataParallel(_Unsharded):
             torch.distributed.get_rank(group)
 
     def begin(self, lengths, device):
-        """This call's rows in the batch of every rank's sequences, sequence s from rank s mod P."""
-        counts = dist._gather(torch.tensor([len(lengths)], device=device), self.group).view(-1).tolist()
-        total = sum(counts)
-        if counts != [len(range(e, total, self.P)) for e in range(self.P)]:
-            raise ValueError(f"bitparity.patch: the ranks hold {counts} sequences; sequence s of the batch is on "
-                             f"rank s mod {self.P}, so rank e holds ⌈(N - e) / P⌉ of N (SPEC.md §7)")
-        held = dist._gather_rows(torch.tensor(lengths, device=device), self.group)
-        ordered = [int(held[s % self.P][s // self.P]) for s in range(total)]
-        starts = torch.tensor([0] + ordered).cumsum(0).tolist()
-        self.rows = torch.cat([torch.arange(starts[s], starts[s] + ordered[s])
-                               for s in range(self.rank, total, self.P)]).to(device)
+        self.rows = _batch_rows(lengths, device, self.group).to(device)
         return None
 
     def _split(self, outputs, inputs, weights, partial):
@@ -240,6 +232,33 @@ class _DataParallel(_Unsharded):
         return (logits, *ops.logprob(logits[rows], targets, self.c))
 
 
+def _batch_rows(lengths, device, group):
+    """The rows of a rank's sequences (lengths, in its packed order) in the batch of every
+    rank's, sequence s from rank s mod P of `group` (SPEC.md §7), a host index."""
+    P, e = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    counts = dist._gather(torch.tensor([len(lengths)], device=device), group).view(-1).tolist()
+    total = sum(counts)
+    if counts != [len(range(r, total, P)) for r in range(P)]:
+        raise ValueError(f"bitparity.patch: the ranks hold {counts} sequences; sequence s of the batch is on "
+                         f"rank s mod {P}, so rank e holds ⌈(N - e) / P⌉ of N (SPEC.md §7)")
+    held = dist._gather_rows(torch.tensor(lengths, device=device), group)
+    ordered = [int(held[s % P][s // P]) for s in range(total)]
+    starts = torch.tensor([0] + ordered).cumsum(0).tolist()
+    return torch.cat([torch.arange(starts[s], starts[s] + ordered[s]) for s in range(e, total, P)])
+
+
+def _cp_parts(lengths, rank, P, zigzag):
+    """The packed rows of rank's parts of each sequence (SPEC.md §7's cp_owner: zigzag, 2·P
+    parts, part i to rank i for i < P and to 2·P − 1 − i after; or P contiguous parts)."""
+    n, at, keep = 2 * P if zigzag else P, 0, []
+    for S in lengths:
+        for i in range(n):
+            if (i if i < P else n - 1 - i) == rank:
+                keep += range(at + i * S // n, at + (i + 1) * S // n)
+        at += S
+    return torch.tensor(keep, dtype=torch.long)
+
+
 class _ContextParallel(_DataParallel):
     """Rank c of a context-parallel group of P: every rank is given the whole batch and runs
     its parts of each sequence (SPEC.md §7's cp_owner: zigzag, 2·P parts, part i to rank i
@@ -252,18 +271,40 @@ class _ContextParallel(_DataParallel):
         self.zigzag = zigzag
 
     def begin(self, lengths, device):
-        n, at, keep = 2 * self.P if self.zigzag else self.P, 0, []
-        for S in lengths:
-            for i in range(n):
-                if (i if i < self.P else n - 1 - i) == self.rank:
-                    keep += range(at + i * S // n, at + (i + 1) * S // n)
-            at += S
-        keep = torch.tensor(keep, dtype=torch.long)
-        self.rows = keep.to(device)
+        keep = _cp_parts(lengths, self.rank, self.P, self.zigzag)
+        self.rows = self.parts = keep.to(device)
         return keep
 
     def attention(self, q, k, v, lengths, D):
-        return dist.context_parallel_attention(q, k, v, self.rows, lengths, D, self.c, self.group)
+        return dist.context_parallel_attention(q, k, v, self.parts, lengths, D, self.c, self.cp_group)
+
+    @property
+    def cp_group(self):
+        return self.group
+
+
+class _DataContextParallel(_ContextParallel):
+    """Rank (e, c) of data parallelism over dp_group and context parallelism over cp_group:
+    rank e of dp_group holds sequences s mod |dp| of the batch, and each rank c of its
+    cp_group their cp_owner parts. Weight gradients and MoE layers over the plane of all
+    (e, c) (the groups as one: dist's (outer, inner) pair), attention over cp_group."""
+
+    def __init__(self, c, dp_group, cp_group, cfg, zigzag):
+        _Unsharded.__init__(self, c)
+        self.dp, self.cp, self.zigzag = dp_group, cp_group, zigzag
+        self.group = (dp_group, cp_group)
+        self.P, self.rank = dist._world(self.group), dist._rank(self.group)
+
+    @property
+    def cp_group(self):
+        return self.cp
+
+    def begin(self, lengths, device):
+        whole = _batch_rows(lengths, device, self.dp)  # this data-parallel rank's sequences in the batch
+        keep = _cp_parts(lengths, torch.distributed.get_rank(self.cp), torch.distributed.get_world_size(self.cp),
+                         self.zigzag)
+        self.parts, self.rows = keep.to(device), whole[keep].to(device)
+        return keep
 
 
 class _Grid(_TensorParallel):

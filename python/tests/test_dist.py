@@ -678,55 +678,74 @@ def test_a_context_parallel_patched_model_is_the_unsharded_bits(tmp_path, path, 
         assert "a context-parallel model runs whole sequences, without a cache" in g["refused"], r
 
 
-def _grid_rank(rank, store, out, path, plane_kind):
-    """Rank (e, t) = (rank // 2, rank % 2) of TP 2 × a plane of 2 (data or context parallel)."""
+GRIDS = {"tp2-dp2": (2, 2, 1), "tp2-cp2": (2, 1, 2), "dp2-cp2": (1, 2, 2), "tp2-dp2-cp2": (2, 2, 2)}
+
+
+def _grid_rank(rank, store, out, path, grid):
+    """Rank (e, c, t) of a grid of tp × dp × cp ranks, rank id (e·cp + c)·tp + t (SPEC.md
+    §7): each data-parallel rank e given sequences s mod dp, cut over its CP group."""
     import bitparity
-    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2 * WORLD)
+    tp, dp, cp = GRIDS[grid]
+    torch_dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=tp * dp * cp)
     try:
-        tps = [torch_dist.new_group([0, 1]), torch_dist.new_group([2, 3])]
-        planes = [torch_dist.new_group([0, 2]), torch_dist.new_group([1, 3])]
-        e, t = divmod(rank, 2)
+        def at(e, c, t):
+            return (e * cp + c) * tp + t
+        groups = {"tp": {}, "dp": {}, "cp": {}}  # every process makes every group, in one order
+        for e in range(dp):
+            for c in range(cp):
+                groups["tp"][e, c] = torch_dist.new_group([at(e, c, t) for t in range(tp)])
+        for c in range(cp):
+            for t in range(tp):
+                groups["dp"][c, t] = torch_dist.new_group([at(e, c, t) for e in range(dp)])
+        for e in range(dp):
+            for t in range(tp):
+                groups["cp"][e, t] = torch_dist.new_group([at(e, c, t) for c in range(cp)])
+        (e, c), t = divmod(rank // tp, cp), rank % tp
         seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
-        if plane_kind == "dp":
-            model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2", tp_group=tps[e], dp_group=planes[t])
-            mine = range(e, len(seqs), WORLD)
-            lp, grads = dp_step(model, [seqs[s] for s in mine], [coefs[s] for s in mine])
-        else:
-            model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2", tp_group=tps[e], cp_group=planes[t])
-            lp, mask, grads = cp_step(model, seqs, coefs)
-            lp = (lp, mask)
-        torch.save({"lp": lp, "grads": grads}, os.path.join(out, f"grid{rank}.pt"))
+        mine = list(range(e, len(seqs), dp))
+        model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2",
+                                tp_group=groups["tp"][e, c] if tp > 1 else None,
+                                dp_group=groups["dp"][c, t] if dp > 1 else None,
+                                cp_group=groups["cp"][e, t] if cp > 1 else None)
+        lp, mask, grads = cp_step(model, [seqs[s] for s in mine], [coefs[s] for s in mine])
+        torch.save({"sequences": mine, "lp": lp, "mask": mask, "grads": grads, "place": (e, c, t)},
+                   os.path.join(out, f"grid{rank}.pt"))
     finally:
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("path,plane_kind", [(HF_MODEL, "dp"), (MOE_MODEL, "dp"), (TIED_MODEL, "cp")],
-                         ids=["dense-tp2-dp2", "moe-tp2-ep2", "tied-tp2-cp2"])
-def test_a_grid_patched_model_is_the_unsharded_bits(tmp_path, path, plane_kind):
-    """Four ranks, TP 2 within a data-, expert- or context-parallel plane of 2 (SPEC.md §7's
-    grid): each rank's logprobs are the unsharded patched model's for its rows, and every
-    parameter's gradient is its TP slice of the whole batch's (a rank's experts: theirs)."""
+@pytest.mark.parametrize("path,grid", [(HF_MODEL, "tp2-dp2"), (MOE_MODEL, "tp2-dp2"), (TIED_MODEL, "tp2-cp2"),
+                                       (MOE_MODEL, "dp2-cp2"), (HF_MODEL, "tp2-dp2-cp2")],
+                         ids=["dense-tp2-dp2", "moe-tp2-ep2", "tied-tp2-cp2", "moe-dp2-cp2", "dense-tp2-dp2-cp2"])
+def test_a_grid_patched_model_is_the_unsharded_bits(tmp_path, path, grid):
+    """SPEC.md §7's grid of tp × dp × cp ranks (four or eight processes): each rank's
+    logprobs are the unsharded patched model's at the positions it ran, the CP ranks of a
+    sequence together run all of them, and every parameter's gradient is the rank's TP
+    slice of the whole batch's (its plane's experts: theirs)."""
     import bitparity
-    mp.start_processes(_grid_rank, args=(str(tmp_path / "store"), str(tmp_path), path, plane_kind),
-                       nprocs=2 * WORLD, start_method="fork")
+    tp, dp, cp = GRIDS[grid]
+    mp.start_processes(_grid_rank, args=(str(tmp_path / "store"), str(tmp_path), path, grid), nprocs=tp * dp * cp,
+                       start_method="fork")
     c = ops.contract("bf16-sm90tc-v2")
     seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
-    lp, mask, grads = cp_step(bitparity.patch(tiny_qwen3.load(path), c), seqs, coefs)
+    lp, grads = dp_step(bitparity.patch(tiny_qwen3.load(path), c), seqs, coefs)
     cfg = tiny_qwen3.checkpoint_config(path)
-    held = (cfg.get("num_experts") or cfg.get("num_local_experts", 0)) // WORLD
-    for rank in range(2 * WORLD):
-        e, t = divmod(rank, 2)
+    held = (cfg.get("num_experts") or cfg.get("num_local_experts", 0)) // (dp * cp)
+    ran = {s: torch.zeros(len(seqs[s]) - 1, dtype=torch.int) for s in range(len(seqs))}
+    for rank in range(tp * dp * cp):
         got = torch.load(tmp_path / f"grid{rank}.pt")
-        if plane_kind == "dp":
-            for i, s in enumerate(range(e, len(seqs), WORLD)):
-                assert torch.equal(got["lp"][i], lp[s][mask[s]]), (rank, s)
-        else:
-            mine, where = got["lp"]
-            assert where.any() and torch.equal(mine[where], lp[where]), rank
+        e, cr, t = got["place"]
+        for b, s in enumerate(got["sequences"]):
+            pad = got["mask"].shape[1] + 1 - len(seqs[s])
+            cols = got["mask"][b].nonzero().squeeze(1)
+            assert torch.equal(got["lp"][b, cols], lp[s][cols - pad]), (rank, s)
+            ran[s][cols - pad] += 1
         for n, whole in grads.items():
             g = got["grads"][n]
             expert = int(n.split(".experts.")[1].split(".")[0]) if ".experts." in n else None
-            if expert is not None and not e * held <= expert < (e + 1) * held:
+            plane = e * cp + cr
+            if expert is not None and not plane * held <= expert < (plane + 1) * held:
                 assert g is None, (rank, n)
             else:
                 assert torch.equal(g, tp_share(whole, n, t, path, c, g)), (rank, n)
+    assert all(bool((r == tp).all()) for r in ran.values())  # each position by one CP rank, on each TP rank
