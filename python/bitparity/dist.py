@@ -246,25 +246,35 @@ def _query_runs(rows, lengths):
 
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, rows, lengths, D, name, group):
+    def forward(ctx, q, k, v, rows, lengths, D, name, group, replicas, tp_group):
         K, V = _whole_batch(rows, (k, v), group)  # every sequence's keys, in position order
         if K.shape[0] != sum(lengths):
             raise ValueError(f"bitparity.dist: the ranks hold {K.shape[0]} rows, the sequences {sum(lengths)}")
         o, m, l = ops._C.attention_cached_fwd(q, K, V, _query_runs(rows.cpu(), lengths), D, name)
         ctx.save_for_backward(q, K, V, o, m, l, rows)
-        ctx.lengths, ctx.D, ctx.name, ctx.group = lengths, D, name, group
+        ctx.lengths, ctx.D, ctx.name, ctx.group, ctx.replicas, ctx.tp_group = \
+            lengths, D, name, group, replicas, tp_group
         return o
 
     @staticmethod
     def backward(ctx, dout):
         q, K, V, o, m, l, rows = ctx.saved_tensors
-        Hq, T = q.shape[1] // ctx.D, q.shape[0]
+        Hq, T, R = q.shape[1] // ctx.D, q.shape[0], ctx.replicas
         Q, O, M, L, dO = _whole_batch(rows, (q, o, m.view(T, Hq), l.view(T, Hq), dout.contiguous()), ctx.group)
+        if R > 1:  # a replicated kv head: its whole query group, the replicas' heads in order
+            first = torch_dist.get_rank(ctx.tp_group) // R * R
+
+            def group_of(t):
+                return torch.cat(list(_gather(t.contiguous(), ctx.tp_group)[first:first + R]), 1).contiguous()
+            Q, O, M, L, dO = (group_of(t) for t in (Q, O, M, L, dO))
         dq, dk, dv = ops._C.attention_bwd(Q, K, V, O, M.reshape(-1), L.reshape(-1), dO, ctx.lengths, ctx.D, ctx.name)
-        return dq[rows], dk[rows], dv[rows], None, None, None, None, None
+        if R > 1:
+            mine = torch_dist.get_rank(ctx.tp_group) - first
+            dq = dq[:, mine * q.shape[1]:(mine + 1) * q.shape[1]]
+        return dq[rows].contiguous(), dk[rows], dv[rows], None, None, None, None, None, None, None
 
 
-def context_parallel_attention(q, k, v, rows, lengths, head_dim, c, group=None):
+def context_parallel_attention(q, k, v, rows, lengths, head_dim, c, group=None, kv_replicas=1, tp_group=None):
     """Causal attention of a batch whose tokens the ranks of a context-parallel group share
     out in any way (contiguous or zigzag parts of each sequence, SPEC.md §7): this rank holds
     q, k, v of the global rows `rows` (indices into the batch packed in the canonical order,
@@ -274,14 +284,17 @@ def context_parallel_attention(q, k, v, rows, lengths, head_dim, c, group=None):
     (a query's bits depend on its position and those keys alone, §5.6). Backward: the group
     all-gathers the query side (q, o, dout, m, l) and every rank runs the whole batch's
     backward and keeps its rows: the same bits as SPEC.md's split of query chunks over the
-    ranks, at the cost of every rank doing the whole backward."""
+    ranks, at the cost of every rank doing the whole backward. kv_replicas > 1: this rank's
+    one kv head is replicated over that many consecutive ranks of tp_group (`attention`'s
+    replicated kv heads), so the backward gathers their query side too."""
     ops._ops()
     lengths = [int(n) for n in lengths]
     if any(n < 1 for n in lengths):
         raise ValueError(f"bitparity.dist: sequence lengths {lengths} must be positive")
     rows = _row_index(rows, q, "query")
     return _ContextParallelAttention.apply(ops._activation(q, "q"), ops._activation(k, "k"), ops._activation(v, "v"),
-                                           rows, lengths, int(head_dim), ops._name(c), group)
+                                           rows, lengths, int(head_dim), ops._name(c), group, int(kv_replicas),
+                                           tp_group)
 
 
 def _from_holders(t, ids, per_rank, group):

@@ -84,9 +84,6 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_gro
         plane = lay if isinstance(lay, _DataParallel) else None
         lay = _TensorParallel(c, tp_group, cfg) if plane is None else _Grid(c, tp_group, cfg, plane)
         shard_tensor_parallel(model, cfg, lay)
-        if isinstance(plane, _ContextParallel) and lay.kv_replicas > 1:
-            raise NotImplementedError("bitparity.patch: context parallelism with replicated kv heads (fewer kv "
-                                      "heads than TP ranks) is not built yet")
     model.forward = functools.partial(_forward, model, cfg, lay)
     return model
 
@@ -349,7 +346,8 @@ class _Grid(_TensorParallel):
 
     def attention(self, q, k, v, lengths, D):
         if isinstance(self.plane, _ContextParallel):
-            return self.plane.attention(q, k, v, lengths, D)
+            return dist.context_parallel_attention(q, k, v, self.plane.parts, lengths, D, self.c, self.plane.cp_group,
+                                                   kv_replicas=self.kv_replicas, tp_group=self.group)
         return super().attention(q, k, v, lengths, D)
 
     def o_proj(self, o, weight):

@@ -715,8 +715,9 @@ def _grid_rank(rank, store, out, path, grid):
 
 
 @pytest.mark.parametrize("path,grid", [(HF_MODEL, "tp2-dp2"), (MOE_MODEL, "tp2-dp2"), (TIED_MODEL, "tp2-cp2"),
-                                       (MOE_MODEL, "dp2-cp2"), (HF_MODEL, "tp2-dp2-cp2")],
-                         ids=["dense-tp2-dp2", "moe-tp2-ep2", "tied-tp2-cp2", "moe-dp2-cp2", "dense-tp2-dp2-cp2"])
+                                       (MQA_MODEL, "tp2-cp2"), (MOE_MODEL, "dp2-cp2"), (HF_MODEL, "tp2-dp2-cp2")],
+                         ids=["dense-tp2-dp2", "moe-tp2-ep2", "tied-tp2-cp2", "mqa-tp2-cp2", "moe-dp2-cp2",
+                              "dense-tp2-dp2-cp2"])
 def test_a_grid_patched_model_is_the_unsharded_bits(tmp_path, path, grid):
     """SPEC.md §7's grid of tp × dp × cp ranks (four or eight processes): each rank's
     logprobs are the unsharded patched model's at the positions it ran, the CP ranks of a
