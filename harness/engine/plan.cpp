@@ -448,6 +448,10 @@ void apply_plan_file(const std::string& path, SweepPlan& plan) {
   apply_plan_text(io::read_text_file(path, size_t{1} << 20), path, plan);
 }
 
+std::string read_tokens_text(const SweepPlan& plan) {
+  return io::read_text_file(tokens_file(plan), size_t{64} << 20);
+}
+
 std::string tokens_file(const SweepPlan& plan) {
   namespace fs = std::filesystem;
   const std::string& file = plan.tokens.file;
@@ -502,7 +506,7 @@ TokenBatch plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positio
     }
   } else {
     source = tokens_file(plan);
-    const std::string text = io::read_text_file(source, size_t{64} << 20);
+    const std::string text = plan.tokens.text.empty() ? read_tokens_text(plan) : plan.tokens.text;
     file = io::parse_json_strict(text, source);
     const FieldReader rd(source, false);
     if (!file.is_object()) rd.bad("", "a tokens file is a JSON object {\"sequences\": [[...], ...]}");

@@ -99,6 +99,7 @@ struct TokenSpec {
   uint64_t seed = 1;
   std::vector<int> lengths = {6, 11, 17};
   std::string file;  // when set: the sequences of this tokens file (seed/lengths unused)
+  std::string text;  // the file's contents where a caller read it once (run: what it records is what it plans)
 };
 
 struct LayoutGrid {
@@ -183,6 +184,8 @@ TokenBatch plan_tokens(const SweepPlan& plan, int64_t vocab, int64_t max_positio
 
 // The plan's tokens file resolved against base_dir, or "" when its tokens are generated.
 std::string tokens_file(const SweepPlan& plan);
+// That file's contents (io::BadInput where it cannot be read, or is over 64 MiB).
+std::string read_tokens_text(const SweepPlan& plan);
 
 // Field names as the user wrote them: the JSON key, or the option for flags.
 std::string plan_field(const std::string& key, bool flags);

@@ -85,11 +85,12 @@ layouts::Layout require_one_case(const SweepPlan& p) {
 
 // The dump's record of its tokens: "seed S lengths a,b,...", or a tokens file's JSON
 // itself (a file named by its path may be gone or changed by the time a dump is read:
-// conform runs the tokens the dump records), its path beside it.
+// conform runs the tokens the dump records), its path beside it. The plan holds the
+// text run_single_case read once, which the run plans from too.
 void record_tokens(const SweepPlan& plan, std::map<std::string, std::string>& m) {
   const TokenSpec& t = plan.tokens;
   if (!t.file.empty()) {
-    m["bitparity.tokens"] = io::read_text_file(tokens_file(plan), size_t{64} << 20);
+    m["bitparity.tokens"] = t.text;
     m["bitparity.tokens_file"] = tokens_file(plan);
     return;
   }
@@ -117,7 +118,9 @@ SweepPlan single_case_defaults() {
   return p;
 }
 
-SingleRun run_single_case(const SweepPlan& plan, const WeightsListener& on_weights) {
+SingleRun run_single_case(const SweepPlan& given, const WeightsListener& on_weights) {
+  SweepPlan plan = given;
+  if (!plan.tokens.file.empty() && plan.tokens.text.empty()) plan.tokens.text = read_tokens_text(plan);
   const layouts::Layout layout = require_one_case(plan);
   SingleRun r;
   std::map<std::string, std::string>& m = r.metadata;

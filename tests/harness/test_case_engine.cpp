@@ -2,8 +2,9 @@
 // its outputs, timed; skipped when the implementation cannot run here (CannotTest);
 // the verdict "error" with the message and the seconds until it failed when the run
 // failed (CaseFailed); any other exception still ends the sweep. Implementations
-// throw these from inside CaseEngine::compare; here the test throws them. And which
-// layers a --verify-layers spec names (plan.h, verify_layer_list).
+// throw these from inside CaseEngine::compare; here the test throws them. Which
+// layers a --verify-layers spec names (plan.h, verify_layer_list). And a tokens file's
+// text, once read, is what the tokens are planned from (run records that text).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "harness/engine/cases.h"
+#include "harness/io/errors.h"
 
 namespace bp::harness {
 namespace {
@@ -123,6 +125,14 @@ TEST(VerifyLayerList, FormsDefaultsAndRefusals) {
   std::string why;
   EXPECT_FALSE(verify_layer_list("3,48", 48, Implementation::kCuda, &why));
   EXPECT_EQ(why, "layer 48 does not exist: the model has 48 layers (0 .. 47)");
+}
+
+TEST(PlanTokens, AFileReadOnceIsPlannedFromItsText) {
+  SweepPlan plan;
+  plan.tokens.file = "no/such/tokens.json";
+  EXPECT_THROW(plan_tokens(plan, 100, 64), io::BadInput);  // the file itself: not there
+  plan.tokens.text = R"({"sequences": [[1, 2, 3], [4, 5]]})";
+  EXPECT_EQ(plan_tokens(plan, 100, 64).seqs, (std::vector<std::vector<int32_t>>{{1, 2, 3}, {4, 5}}));
 }
 
 }  // namespace
