@@ -9,15 +9,23 @@ earlier ones' rounding). The script prints them as the C++ hex-float literals of
 math.h, the real minimax error, and checks that the fp32 Horner evaluation gives
 p(0) = 1 and p(1) = 2 exactly, which exp2_poly's monotonicity needs.
 
-    tools/fit_exp2_poly.py          (about a minute)
+    tools/fit_exp2_poly.py [--centered] [DEGREE]     (about a minute)
 
-The accuracy that counts is measured over all 2^32 inputs by `tools/ulp_scan exp2_poly`.
+--centered fits on [−1/2, 1/2] instead, the interval of a split of t by rounding to
+nearest (no −1/2 FADD): the form contract v3 considers (bench/DECISIONS.md, "exp2
+without the −½ FADD"); its check is then p(1/2) against 2·p(−1/2), the boundary
+between two exponents. The accuracy that counts is measured over all 2^32 inputs by
+`tools/ulp_scan exp2_poly`, and a polynomial's order over its interval by
+`tools/exp2_poly_scan`.
 """
+import sys
+
 import mpmath as mp
 
 mp.mp.prec = 200
-DEGREE = 6
-LO, HI = mp.mpf(0), mp.mpf(1)
+CENTERED = "--centered" in sys.argv[1:]
+DEGREE = int(next((a for a in sys.argv[1:] if a.isdigit()), 6))
+LO, HI = (mp.mpf(-0.5), mp.mpf(0.5)) if CENTERED else (mp.mpf(0), mp.mpf(1))
 GRID = 4000  # points per error scan when looking for the extrema
 ITERATIONS = 30
 
@@ -96,8 +104,12 @@ def main():
         fixed[k] = to_f32(c[k])
         if k < DEGREE:
             c, err = remez(fixed)
-    p0, p1 = horner_f32(fixed, mp.mpf(0)), horner_f32(fixed, mp.mpf(1))
-    print(f"fp32 Horner: p(0) = {p0}, p(1) = {p1}" + ("" if (p0, p1) == (1, 2) else "  (NOT 1 and 2)"))
+    if CENTERED:
+        lo, hi = horner_f32(fixed, LO), horner_f32(fixed, HI)
+        print(f"fp32 Horner: p(-1/2) = {lo}, p(1/2) = {hi}" + ("" if hi <= 2 * lo else "  (p(1/2) > 2 p(-1/2))"))
+    else:
+        p0, p1 = horner_f32(fixed, mp.mpf(0)), horner_f32(fixed, mp.mpf(1))
+        print(f"fp32 Horner: p(0) = {p0}, p(1) = {p1}" + ("" if (p0, p1) == (1, 2) else "  (NOT 1 and 2)"))
     print(", ".join(f"c{k} = {f32_literal(fixed[k])}" for k in range(1, DEGREE + 1)))
 
 
