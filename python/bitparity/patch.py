@@ -73,11 +73,11 @@ def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_gro
     dp = dp_group is not None and torch.distributed.get_world_size(dp_group) > 1
     cp = cp_group is not None and torch.distributed.get_world_size(cp_group) > 1
     if dp and cp:
-        lay = _DataContextParallel(c, dp_group, cp_group, cfg, zigzag)
+        lay = _DataContextParallel(c, dp_group, cp_group, zigzag)
     elif dp:
-        lay = _DataParallel(c, dp_group, cfg)
+        lay = _DataParallel(c, dp_group)
     elif cp:
-        lay = _ContextParallel(c, cp_group, cfg, zigzag)
+        lay = _ContextParallel(c, cp_group, zigzag)
     if isinstance(lay, _DataParallel) and cfg.experts:
         shard_experts(model, cfg, lay)
     if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
@@ -175,50 +175,58 @@ class _DataParallel(_Unsharded):
     (dist.token_split_grads), the same on every rank; MoE layers run
     dist.expert_parallel_moe."""
 
-    def __init__(self, c, group, cfg):
+    def __init__(self, c, group):
         super().__init__(c)
-        self.group, self.P, self.rank = group, torch.distributed.get_world_size(group), \
-            torch.distributed.get_rank(group)
+        self.group, self.P, self.rank = group, dist._world(group), dist._rank(group)
 
     def begin(self, lengths, device):
         self.rows = _batch_rows(lengths, device, self.group).to(device)
         return None
 
-    def _split(self, outputs, inputs, weights, partial):
-        return dist.token_split_grads(outputs, inputs, weights, partial, self.rows, self.c, self.group)
+    def split(self, op, inputs, weights, partial=None):
+        """op(*inputs, *weights) from the weights' bf16 values, detached, its weights'
+        gradients the token split of the op's own over this plane's rows: partial(*inputs,
+        *output_grads) of one chunk gives them (default: the op run again on the chunk,
+        dist.recomputed, for ops whose backward has collectives of its own)."""
+        outs = op(*inputs, *(ops._as_bf16(w, "a weight") for w in weights))
+        many = isinstance(outs, tuple)
+        wired = dist.token_split_grads(outs if many else (outs,), [x.detach() for x in inputs], weights,
+                                       partial or dist.recomputed(op, len(inputs), weights), self.rows, self.c,
+                                       self.group)
+        return wired if many else wired[0]
 
     def embedding(self, tokens, weight):
-        V, name = weight.shape[0], self.c.name
-        out = ops.embedding(tokens, ops._as_bf16(weight, "the embedding table"), self.c)
-        return self._split([out], [tokens.to(torch.int32)], [weight],
-                           lambda t, d: [ops._C.embedding_bwd(t, d, V, name)])[0]
+        c, V = self.c, weight.shape[0]
+        return self.split(lambda t, w: ops.embedding(t, w, c), [tokens.to(torch.int32)], [weight],
+                          lambda t, d: [ops._C.embedding_bwd(t, d, V, c.name)])
 
     def norm(self, x, weight, eps, heads=1):
-        w, name = ops._as_bf16(weight, "the norm's weight"), self.c.name
+        c = self.c
 
         def partial(x, dy):
-            return [ops._C.rmsnorm_bwd(x, w, ops._C.rmsnorm_fwd(x, w, eps, heads, name)[1], dy, heads, name)[1]]
-        return self._split([ops.rmsnorm(x, w, eps, self.c, heads=heads)], [x.detach()], [weight], partial)[0]
+            w = ops._as_bf16(weight, "the norm's weight")
+            return [ops._C.rmsnorm_bwd(x, w, ops._C.rmsnorm_fwd(x, w, eps, heads, c.name)[1], dy, heads, c.name)[1]]
+        return self.split(lambda x, w: ops.rmsnorm(x, w, eps, c, heads=heads), [x], [weight], partial)
 
     def _linear(self, x, weight, **chunks):
-        name = self.c.name
-        out = ops.linear(x, ops._as_bf16(weight, "the weight"), self.c, **chunks)
-        return self._split([out], [x.detach()], [weight], lambda x, dy: [ops._C.linear_wgrad(x, dy, name)])[0]
+        c = self.c
+        return self.split(lambda x, w: ops.linear(x, w, c, **chunks), [x], [weight],
+                          lambda x, dy: [ops._C.linear_wgrad(x, dy, c.name)])
 
     def qkv(self, a, at):
-        ws, name = (at.q_proj.weight, at.k_proj.weight, at.v_proj.weight), self.c.name
-        outs = ops.qkv(a, *(ops._as_bf16(w, "a q/k/v weight") for w in ws), self.c)
-        return self._split(outs, [a.detach()], ws,
-                           lambda a, *grads: [ops._C.linear_wgrad(a, g, name) for g in grads])
+        c = self.c
+        return self.split(lambda a, *w: ops.qkv(a, *w, c), [a], (at.q_proj.weight, at.k_proj.weight, at.v_proj.weight),
+                          lambda a, *grads: [ops._C.linear_wgrad(a, g, c.name) for g in grads])
 
     def o_proj(self, o, weight):
         return self._linear(o, weight, k_chunks=self.c.tp_tree_width)
 
     def mlp(self, a, mlp):
-        ws, name = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), self.c.name
-        bs = [ops._as_bf16(w, "an MLP weight") for w in ws]
-        return self._split([ops.mlp(a, *bs, self.c)], [a.detach()], ws,
-                           lambda a, dy: ops._C.mlp_bwd(a, *bs, dy, name)[1:])[0]
+        c, ws = self.c, (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+
+        def partial(a, dy):
+            return ops._C.mlp_bwd(a, *(ops._as_bf16(w, "an MLP weight") for w in ws), dy, c.name)[1:]
+        return self.split(lambda a, *w: ops.mlp(a, *w, c), [a], ws, partial)
 
     def moe(self, a, mlp, cfg):
         return dist.expert_parallel_moe(a, self.rows, mlp.gate.weight, _experts(mlp), cfg.experts, cfg.top_k,
@@ -263,8 +271,8 @@ class _ContextParallel(_DataParallel):
     dist.context_parallel_attention; weight gradients and MoE layers as under data
     parallelism, over the same group."""
 
-    def __init__(self, c, group, cfg, zigzag):
-        super().__init__(c, group, cfg)
+    def __init__(self, c, group, zigzag):
+        super().__init__(c, group)
         self.zigzag = zigzag
 
     def begin(self, lengths, device):
@@ -286,11 +294,9 @@ class _DataContextParallel(_ContextParallel):
     cp_group their cp_owner parts. Weight gradients and MoE layers over the plane of all
     (e, c) (the groups as one: dist's (outer, inner) pair), attention over cp_group."""
 
-    def __init__(self, c, dp_group, cp_group, cfg, zigzag):
-        _Unsharded.__init__(self, c)
-        self.dp, self.cp, self.zigzag = dp_group, cp_group, zigzag
-        self.group = (dp_group, cp_group)
-        self.P, self.rank = dist._world(self.group), dist._rank(self.group)
+    def __init__(self, c, dp_group, cp_group, zigzag):
+        super().__init__(c, (dp_group, cp_group), zigzag)
+        self.dp, self.cp = dp_group, cp_group
 
     @property
     def cp_group(self):
@@ -319,12 +325,7 @@ class _Grid(_TensorParallel):
         return self.plane.begin(lengths, device)
 
     def _split(self, op, inputs, weights):
-        """op(*inputs, *weights) from the weights' bf16 values, its weights' gradients split."""
-        outs = op(*inputs, *(ops._as_bf16(w, "a weight") for w in weights))
-        wired = dist.token_split_grads(outs if isinstance(outs, tuple) else (outs,), [x.detach() for x in inputs],
-                                       weights, dist.recomputed(op, len(inputs), weights), self.plane.rows, self.c,
-                                       self.plane.group)
-        return wired if isinstance(outs, tuple) else wired[0]
+        return self.plane.split(op, inputs, weights)  # a TP op: re-run with its peers on each chunk
 
     def embedding(self, tokens, weight):
         return self.plane.embedding(tokens, weight)
