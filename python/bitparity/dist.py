@@ -205,17 +205,28 @@ class _ReplicatedKvAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, o, m, l = ctx.saved_tensors
-        R, group, T = ctx.replicas, ctx.group, q.shape[0]
-        first = torch_dist.get_rank(group) // R * R  # the first replica of this rank's kv head
-
-        def heads(t, width):  # the kv head's whole query group: its replicas' heads in order, [T, R·width]
-            return torch.cat(list(_gather(t.reshape(T, width), group)[first:first + R]), 1).contiguous()
         Hq = q.shape[1] // ctx.D
-        dq, dk, dv = ops._C.attention_bwd(heads(q, q.shape[1]), k, v, heads(o, o.shape[1]), heads(m, Hq).view(-1),
-                                          heads(l, Hq).view(-1), heads(dout.contiguous(), dout.shape[1]), ctx.lengths,
-                                          ctx.D, ctx.name)
-        mine = torch_dist.get_rank(group) - first
-        return dq[:, mine * q.shape[1]:(mine + 1) * q.shape[1]].contiguous(), dk, dv, None, None, None, None, None
+        dq, dk, dv = _attention_bwd_replicated(q, k, v, o, m.view(-1, Hq), l.view(-1, Hq), dout.contiguous(),
+                                               ctx.lengths, ctx.D, ctx.name, ctx.group, ctx.replicas)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _attention_bwd_replicated(q, k, v, o, m, l, dout, lengths, D, name, group, R):
+    """The attention backward of this rank's query heads (q, o, dout [T, heads·D]; m, l
+    [T, heads]) whose kv head is replicated over R consecutive ranks of `group` (R = 1: not
+    replicated): dk and dv reduce over the kv head's whole query group, so the replicas'
+    query side is gathered (their heads in order) and the group runs as the unsharded op
+    does; (dq of this rank's heads, dk, dv)."""
+    if R == 1:
+        return ops._C.attention_bwd(q, k, v, o, m.reshape(-1), l.reshape(-1), dout, lengths, D, name)
+    first = torch_dist.get_rank(group) // R * R  # the first replica of this rank's kv head
+
+    def whole(t):
+        return torch.cat(list(_gather(t.contiguous(), group)[first:first + R]), 1).contiguous()
+    dq, dk, dv = ops._C.attention_bwd(whole(q), k, v, whole(o), whole(m).view(-1), whole(l).view(-1), whole(dout),
+                                      lengths, D, name)
+    mine = torch_dist.get_rank(group) - first
+    return dq[:, mine * q.shape[1]:(mine + 1) * q.shape[1]].contiguous(), dk, dv
 
 
 def attention(q, k, v, lengths, head_dim, c, group=None, kv_replicas=1):
@@ -259,18 +270,10 @@ class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, K, V, o, m, l, rows = ctx.saved_tensors
-        Hq, T, R = q.shape[1] // ctx.D, q.shape[0], ctx.replicas
+        Hq, T = q.shape[1] // ctx.D, q.shape[0]
         Q, O, M, L, dO = _whole_batch(rows, (q, o, m.view(T, Hq), l.view(T, Hq), dout.contiguous()), ctx.group)
-        if R > 1:  # a replicated kv head: its whole query group, the replicas' heads in order
-            first = torch_dist.get_rank(ctx.tp_group) // R * R
-
-            def group_of(t):
-                return torch.cat(list(_gather(t.contiguous(), ctx.tp_group)[first:first + R]), 1).contiguous()
-            Q, O, M, L, dO = (group_of(t) for t in (Q, O, M, L, dO))
-        dq, dk, dv = ops._C.attention_bwd(Q, K, V, O, M.reshape(-1), L.reshape(-1), dO, ctx.lengths, ctx.D, ctx.name)
-        if R > 1:
-            mine = torch_dist.get_rank(ctx.tp_group) - first
-            dq = dq[:, mine * q.shape[1]:(mine + 1) * q.shape[1]]
+        dq, dk, dv = _attention_bwd_replicated(Q, K, V, O, M, L, dO, ctx.lengths, ctx.D, ctx.name, ctx.tp_group,
+                                               ctx.replicas)
         return dq[rows].contiguous(), dk[rows], dv[rows], None, None, None, None, None, None, None
 
 
