@@ -1,7 +1,7 @@
 // bench_attention: bp::cuda::attention_fwd on Qwen3-30B-A3B attention (32 q / 4 kv
-// heads, head_dim 128), both v1 contracts and sm90-tc v2:
+// heads, head_dim 128), both v1 contracts and sm90-tc v3 (v2's forward bits; its own backward chunks):
 //   extend  one causal sequence of 1024 and 4096 tokens (batch 1 and 8), and 16384 (batch 1);
-//           also sm90-tc v2 with attn_kv_block 128 (impl bf16-sm90tc-v2+kv128: issue 19
+//           also sm90-tc v3 with attn_kv_block 128 (impl bf16-sm90tc-v3+kv128: issue 19
 //           item 3's measurement of 128 against the contract's 64);
 //   decode  q_len 1 for batch 1..64 over caches of 1k..32k keys;
 //   backward attention_bwd (dq, dk, dv) of one causal sequence of 1024 and 4096
@@ -22,7 +22,7 @@
 // tasks; partial sums when it splits the keys across CTAs). sdpa_peer.py's
 // peak_bytes is torch's counterpart (its q, k, v and each call's allocations).
 // --only TEXT keeps the rows whose label kind/contract/batch x q_len x kv_len (e.g.
-// extend/bf16-sm90tc-v2/1x4096x4096) contains TEXT, e.g. for a profiler. Exit 125
+// extend/bf16-sm90tc-v3/1x4096x4096) contains TEXT, e.g. for a profiler. Exit 125
 // without a Hopper GPU.
 #include <cuda_runtime.h>
 
@@ -104,8 +104,8 @@ void bench_case(const Options& opt, const std::string& contract, const char* kin
 int run(const Options& opt) {
   bench::require_hopper("bench_attention", opt);
   std::printf("kind,impl,batch,q_len,kv_len,Hq,Hkv,D,time_us,tflops,bytes,gbps,peak_bytes,host_us\n");
-  // v2 beside v1 (SPEC.md §1.3); fma-seq has no speed target.
-  for (const char* c : {"bf16-sm90tc-v1", "bf16-sm90tc-v2", "bf16-fmaseq-v1"}) {
+  // v3 beside v1 (SPEC.md §1.4); fma-seq has no speed target.
+  for (const char* c : {"bf16-sm90tc-v1", "bf16-sm90tc-v3", "bf16-fmaseq-v1"}) {
     for (int batch : {1, 8})
       for (int T : {1024, 4096}) bench_case(opt, c, "extend", batch, T, T);
     bench_case(opt, c, "extend", 1, 16384, 16384);
@@ -114,8 +114,8 @@ int run(const Options& opt) {
     for (int T : {1024, 4096}) bench_case(opt, c, "backward", 1, T, T);
   }
   for (int batch : {1, 8})
-    for (int T : {1024, 4096}) bench_case(opt, "bf16-sm90tc-v2+kv128", "extend", batch, T, T);
-  bench_case(opt, "bf16-sm90tc-v2+kv128", "extend", 1, 16384, 16384);
+    for (int T : {1024, 4096}) bench_case(opt, "bf16-sm90tc-v3+kv128", "extend", batch, T, T);
+  bench_case(opt, "bf16-sm90tc-v3+kv128", "extend", 1, 16384, 16384);
   return kExitExact;
 }
 

@@ -128,7 +128,8 @@ const std::vector<int> kForwardRows = {1, 16, 128, 1024, 4096};
 
 int run(const Options& opt, const std::vector<int>& forward_rows, const std::vector<int>& other_grad_chunks) {
   bench::require_hopper("bench_linear", opt);
-  const Knobs& kn = find_contract("bf16-sm90tc-v1")->knobs;
+  // The default contract: its grad_token_chunk sets the weight gradients' chunks (v3: 512).
+  const Knobs& kn = find_contract(default_contract_names().front())->knobs;
   test::CublasPeer cublas;
   cudaStream_t stream = nullptr;
   BP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -34,7 +34,7 @@ struct ModelOptions {
   std::string model = "qwen3-30b-a3b";
   int layers = 0;  // 0: 4 for a fixture, the checkpoint's own for a directory
   int tokens = 4096, reps = 3;
-  std::string contract = "bf16-sm90tc-v1";
+  std::string contract = bp::default_contract_names().front();
 };
 
 ModelOptions parse(int argc, char** argv) {

@@ -1,5 +1,5 @@
 // bench_moe: bp::cuda::moe_experts_fwd and moe_experts_bwd on the Qwen3-30B-A3B
-// experts (H 2048, I 768, 128 experts, top-8), both contracts, at T = 128, 1024 and
+// experts (H 2048, I 768, 128 experts, top-8), the default pair of contracts (v3), at T = 128, 1024 and
 // 4096 tokens. The routing
 // is a fixed random router: token t takes the 8 experts of highest
 // counter_hash(kRouterSeed, t·128 + e) (reference/common/rng.h; ties to the lower
@@ -139,7 +139,7 @@ int run(const Options& opt) {
   bench::require_hopper("bench_moe", opt);
   const Experts w;
   std::printf("op,impl,tokens,top_k,experts,H,I,rows,rows_max,experts_used,time_us,tflops,peak_bytes\n");
-  for (const char* c : {"bf16-sm90tc-v1", "bf16-fmaseq-v1"})
+  for (const std::string& c : default_contract_names())
     for (int T : {128, 1024, 4096}) bench_case(opt, c, w, T);
   return kExitExact;
 }

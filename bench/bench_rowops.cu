@@ -73,7 +73,7 @@ void rope_row(const Options& opt, const Knobs& kn, double copy) {
 }
 
 // The forward, then the backward from the forward's M and S; `tag` names the contract
-// ("" for v1, "_v2" for v2's one-pass log-softmax, SPEC.md §5.10 v2).
+// ("" for v1, "_v3" for v3's one-pass log-softmax, SPEC.md §5.10 v2 and v3).
 void logprob_rows(const Options& opt, const Knobs& kn, const std::string& tag, double copy) {
   const size_t lg = size_t{kLogprobRows} * kVocab;
   cuda::DeviceBuffer<bf16> logits(lg);
@@ -127,7 +127,7 @@ int run(const Options& opt) {
   residual_row(opt, kn, copy);
   rope_row(opt, kn, copy);
   logprob_rows(opt, kn, "", copy);
-  logprob_rows(opt, find_contract("bf16-sm90tc-v2")->knobs, "_v2", copy);
+  logprob_rows(opt, find_contract("bf16-sm90tc-v3")->knobs, "_v3", copy);
   BP_CUDA_CHECK(cudaDeviceSynchronize());
   return kExitExact;
 }

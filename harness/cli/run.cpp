@@ -41,7 +41,7 @@ Subcommand add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand(
       "run",
-      "run one case (default: qwen3-dense-tiny, bf16-sm90tc-v2, reference implementation, tp1-ep1-cp1, extend) and "
+      "run one case (default: qwen3-dense-tiny, bf16-sm90tc-v3, reference implementation, tp1-ep1-cp1, extend) and "
       "write its outputs to a safetensors dump. Tensors: logprobs.<s> F32 [len-1] and entropy.<s> F32 [len-1] per "
       "sequence s; grads.<hf name> F32 (extend path, unless --no-grads); with --capture ops, ops.<op> BF16 "
       "[tokens, features] for every op (ops.embed, ops.layers.<i>.q_proj, ..., ops.logits). --implementation "

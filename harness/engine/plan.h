@@ -6,7 +6,7 @@
 // Plan file (every key optional; unknown keys are refused):
 //   {
 //     "models":      ["qwen3-dense-tiny", "path/to/hf_dir"],  fixture names or HF checkpoint dirs
-//     "contracts":   ["bf16-sm90tc-v2", "bf16-fmaseq-v1"],     default: the v2 pair
+//     "contracts":   ["bf16-sm90tc-v3", "bf16-fmaseq-v1"],     default: the v3 pair
 //     "implementations": ["reference", "emulated", "cuda"],   (or "backends", its old name)
 //     "layouts":     ["tp2-ep1-cp2z", "tp1-ep1-cp1+ring"],    explicit list, or the grid:
 //     "tp": [1, 2, 4], "ep": [1, 2, 4], "cp": [1, 2], "cp_split": ["contiguous", "zigzag"],

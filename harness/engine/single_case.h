@@ -17,7 +17,7 @@ struct SingleRun {
   std::vector<NamedTensor> tensors;
   int num_layers = 0;
 };
-// run's defaults: qwen3-dense-tiny, the first default contract (bf16-sm90tc-v2),
+// run's defaults: qwen3-dense-tiny, the first default contract (bf16-sm90tc-v3),
 // reference, tp1-ep1-cp1, extend; implementation float64 allowed.
 SweepPlan single_case_defaults();
 // Runs the one case `plan` names (io::BadInput when it names more, a layout the

@@ -342,17 +342,18 @@ __global__ void target_logit_kernel(const bf16* __restrict__ logits, int64_t ld,
 
 __global__ void combine_kernel(const float* __restrict__ chunk_sum, const float* __restrict__ chunk_tsum,
                                const float* __restrict__ x_target, const float* __restrict__ row_max, int T, int C,
-                               float* __restrict__ row_sum, float* __restrict__ logprob, float* __restrict__ entropy) {
+                               bool clamp, float* __restrict__ row_sum, float* __restrict__ logprob,
+                               float* __restrict__ entropy) {
   for_each_index(T, [&](size_t t) {
     float tree[kMaxLogprobChunks];
     for (int c = 0; c < C; ++c) tree[c] = chunk_sum[t * C + c];
     const float S = pairwise_tree(tree, C);
     const float log_s = math::log(S);
     row_sum[t] = canonical(S);
-    logprob[t] = canonical(sub_rn(sub_rn(x_target[t], row_max[t]), log_s));
+    logprob[t] = canonical(ref::signed_logprob(sub_rn(sub_rn(x_target[t], row_max[t]), log_s), clamp));
     if (entropy) {
       for (int c = 0; c < C; ++c) tree[c] = chunk_tsum[t * C + c];
-      entropy[t] = canonical(sub_rn(log_s, div_rn(pairwise_tree(tree, C), S)));
+      entropy[t] = canonical(ref::signed_entropy(sub_rn(log_s, div_rn(pairwise_tree(tree, C), S)), clamp));
     }
   });
 }
@@ -374,13 +375,13 @@ struct TargetLogits {
 // v2's combine (SPEC.md §5.10 v2): each row's C gathered states merged by the tree.
 __global__ void merge_states_kernel(const float* __restrict__ chunk_max, const float* __restrict__ chunk_sum,
                                     const float* __restrict__ chunk_tsum, TargetLogits x_target, int T, int C,
-                                    float* __restrict__ row_max, float* __restrict__ row_sum,
+                                    bool clamp, float* __restrict__ row_max, float* __restrict__ row_sum,
                                     float* __restrict__ logprob, float* __restrict__ entropy) {
   for_each_index(T, [&](size_t t) {
     ref::ChunkState states[kMaxLogprobChunks];
     for (int c = 0; c < C; ++c)
       states[c] = {chunk_max[t * C + c], chunk_sum[t * C + c], chunk_tsum ? chunk_tsum[t * C + c] : 0.0f};
-    const ref::RowOutputs r = ref::merge_row_states(states, C, x_target(t), entropy != nullptr);
+    const ref::RowOutputs r = ref::merge_row_states(states, C, x_target(t), entropy != nullptr, clamp);
     row_max[t] = r.row_max;
     row_sum[t] = r.row_sum;
     logprob[t] = r.logprob;
@@ -521,7 +522,8 @@ void merge_states(const Knobs& kn, const float* chunk_max, const float* chunk_su
   check_tree_width(kn.tp_tree_width);
   if (T == 0) return;
   merge_states_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(chunk_max, chunk_sum, chunk_tsum, x_target, T,
-                                                                 kn.tp_tree_width, row_max, row_sum, logprob, entropy);
+                                                                 kn.tp_tree_width, kn.sign_clamp, row_max, row_sum,
+                                                                 logprob, entropy);
   BP_CUDA_CHECK_LAUNCH();
 }
 
@@ -647,7 +649,8 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
   check_tree_width(kn.tp_tree_width);
   if (T == 0) return;
   combine_kernel<<<grid_for(T), kBlockThreads, 0, stream>>>(chunk_sum, chunk_tsum, x_target, row_max, T,
-                                                            kn.tp_tree_width, row_sum, logprob, entropy);
+                                                            kn.tp_tree_width, kn.sign_clamp, row_sum, logprob,
+                                                            entropy);
   BP_CUDA_CHECK_LAUNCH();
 }
 

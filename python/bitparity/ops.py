@@ -9,7 +9,7 @@ takes a gradient is an fp32 tensor holding bf16 values (a trainer's master weigh
 op reads it as bf16, exactly, and its gradient comes out fp32.
 
     import bitparity.ops as bo
-    c = bo.contract("bf16-sm90tc-v2")
+    c = bo.contract("bf16-sm90tc-v3")
     h = bo.rmsnorm(x, norm_weight, 1e-6, c)
     logits = bo.linear(h, lm_head_weight, c)
     logprob, entropy = bo.logprob(logits[rows], targets, c)

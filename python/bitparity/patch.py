@@ -1,7 +1,7 @@
 """bitparity.patch: a Hugging Face Qwen3 or Qwen3-MoE that computes the contract's bits
 (docs/torch-ops.md).
 
-    bitparity.patch(model, "bf16-sm90tc-v2")
+    bitparity.patch(model, "bf16-sm90tc-v3")
     out = model(input_ids, attention_mask=mask)   # out.logits, and the contract's out.logprobs, out.entropy
     (out.logprobs * coefficients).sum().backward()  # every p.grad: the contract's, fp32
 
@@ -53,7 +53,7 @@ import torch
 from . import dist, ops
 
 
-def patch(model, contract="bf16-sm90tc-v2", tp_group=None, dp_group=None, cp_group=None, zigzag=True):
+def patch(model, contract="bf16-sm90tc-v3", tp_group=None, dp_group=None, cp_group=None, zigzag=True):
     """Makes `model` (HF's Qwen3ForCausalLM / Qwen3MoeForCausalLM module tree) compute the
     contract's bits; returns it. With tp_group (a torch.distributed group of more than one
     rank) the model becomes that rank's tensor-parallel share: `shard_tensor_parallel`.

@@ -51,7 +51,7 @@ def test_capture_lines_up_with_the_oracle(tmp_path, dense_config):
             model(torch.tensor([s]))
     cap.write(engine)
     _, meta = bitparity.read_dump(engine)
-    ran = bitparity.run(oracle, folder, tokens=meta["bitparity.tokens"], contract="bf16-fmaseq-v2", grads=False)
+    ran = bitparity.run(oracle, folder, tokens=meta["bitparity.tokens"], contract="bf16-fmaseq-v3", grads=False)
     assert ran.exact, ran.stderr
     d = bitparity.diff(engine, oracle)
     tensors = {t["name"]: t for case in d.report["cases"] for t in case["tensors"]}
@@ -61,7 +61,7 @@ def test_capture_lines_up_with_the_oracle(tmp_path, dense_config):
     assert tensors["ops.embed"]["bit_identical"]
     # Each op judged alone: the ops before the first attention conform, and not every
     # op of the engine is off the contract (bisect's cascade is not conform's verdict).
-    c = bitparity.conform(engine, folder, contract="bf16-fmaseq-v2")
+    c = bitparity.conform(engine, folder, contract="bf16-fmaseq-v3")
     judged = {t["name"]: t["bit_identical"] for case in c.report["cases"] for t in case["tensors"]}
     assert judged["ops.embed"] and judged["ops.layers.0.input_norm"] and judged["ops.layers.0.q_proj"]
     assert 0 < sum(not v for v in judged.values()) < len(judged)

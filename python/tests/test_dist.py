@@ -79,7 +79,7 @@ def _rank(rank, store, out, name):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v2"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v3"])
 def test_tensor_parallel_linears_are_the_unsharded_bits(tmp_path, name):
     mp.start_processes(_rank, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD, start_method="fork")
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
@@ -107,12 +107,13 @@ def test_tensor_parallel_linears_are_the_unsharded_bits(tmp_path, name):
             assert torch.equal(mine, cols(full.detach(), r)), r
             assert torch.equal(w_mine, rows(w_full.grad, r)), r
         assert torch.equal(g["da"], a.grad), r
-    if name == "bf16-fmaseq-v2":  # a chain per rank is not the chunks' subtree
+    if name == "bf16-fmaseq-v3":  # a chain per rank is not the chunks' subtree
         assert not torch.equal(got[0]["y_chain"], y.detach())
 
 
 V, HV, TV = 4000, 512, 32
-ALL_CONTRACTS = ["bf16-sm90tc-v2", "bf16-fmaseq-v2", "bf16-sm90tc-v1", "bf16-fmaseq-v1"]
+ALL_CONTRACTS = ["bf16-sm90tc-v3", "bf16-fmaseq-v3", "bf16-sm90tc-v2", "bf16-fmaseq-v2", "bf16-sm90tc-v1",
+                 "bf16-fmaseq-v1"]
 
 
 def vocab_data():
@@ -173,7 +174,7 @@ def test_vocabulary_parallel_head_is_the_unsharded_bits(tmp_path, name):
 
 
 def test_chunk_slice_refuses_a_rank_without_rows():
-    c = ops.contract("bf16-sm90tc-v2")
+    c = ops.contract("bf16-sm90tc-v3")
     assert bdist.chunk_slice(V, c, 1, 2) == slice(V // 2, V)
     with pytest.raises(ValueError, match="holds none of 9"):
         bdist.chunk_slice(9, c, 7, 8)
@@ -212,7 +213,7 @@ def norm_data(heads):
 
 
 @pytest.mark.parametrize("heads", [HEADS, 1], ids=["split", "replicated"])
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_head_norm_weight_gradient_is_the_unsharded_bits(tmp_path, name, heads):
     """q_norm / k_norm on each rank's heads (split: two heads a rank; replicated: one kv head
     held by both ranks): x's gradient slice and the weight's gradient on every rank are the
@@ -317,7 +318,7 @@ def _patched_rank(rank, store, out, name, path):
 
 
 @pytest.mark.parametrize("path", [HF_MODEL, MOE_MODEL, TIED_MODEL, MQA_MODEL], ids=["dense", "moe", "tied", "mqa"])
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_a_tensor_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path):
     """bitparity.patch(model, contract, tp_group) of a Qwen3, a Qwen3-MoE, a tied Qwen3 and an
     MQA Qwen3 (one kv head, replicated on both ranks) on two ranks (half the query heads, the
@@ -374,7 +375,7 @@ def _split_rank(rank, store, out, name):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_token_split_weight_gradient_is_the_unsharded_bits(tmp_path, name):
     """Five sequences shared out by sequence (s mod 2): the weight gradient by the token split
     equals linear_wgrad over the whole batch on both ranks; each rank reducing its own rows
@@ -429,7 +430,7 @@ def _cp_rank(rank, store, out, name):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_context_parallel_attention_is_the_unsharded_bits(tmp_path, name):
     """Three sequences cut zigzag over two ranks: each rank's output rows and its q, k, v
     gradient rows are the unsharded attention's, bit for bit. The negative control: a rank
@@ -451,7 +452,7 @@ def test_context_parallel_attention_is_the_unsharded_bits(tmp_path, name):
 
 def test_context_parallel_attention_refuses_rows_that_are_not_the_batch():
     """Rows given twice or missing, and lengths that are not the rows', are named."""
-    c, (q, k, v, _) = ops.contract("bf16-sm90tc-v2"), cp_data()
+    c, (q, k, v, _) = ops.contract("bf16-sm90tc-v3"), cp_data()
     with pytest.raises(ValueError, match="row indices for"):
         bdist.context_parallel_attention(q, k, v, torch.arange(3), CP_LENGTHS, CP_D, c)
 
@@ -495,7 +496,7 @@ def _ep_rank(rank, store, out, name):
         torch_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_expert_parallel_moe_is_the_unsharded_bits(tmp_path, name):
     """Five sequences shared out by sequence (s mod 2), eight experts four a rank: each rank's
     output rows and input gradient rows, its experts' gradients and the router's gradient
@@ -567,7 +568,7 @@ def _dp_rank(rank, store, out, name, path, stacked):
 @pytest.mark.parametrize("path,stacked",
                          [(HF_MODEL, False), (MOE_MODEL, False), (MOE_MODEL, True), (TIED_MODEL, False)],
                          ids=["dense", "moe", "moe-stacked", "tied"])
-@pytest.mark.parametrize("name", ["bf16-sm90tc-v2", "bf16-fmaseq-v1"])
+@pytest.mark.parametrize("name", ["bf16-sm90tc-v3", "bf16-fmaseq-v1"])
 def test_a_data_parallel_patched_model_is_the_unsharded_bits(tmp_path, name, path, stacked):
     """bitparity.patch(model, contract, dp_group) on two ranks holding sequences s mod 2 of a
     batch of five (623 tokens, several grad_token_chunks), a MoE's experts shared out (per
@@ -655,7 +656,7 @@ def test_a_context_parallel_patched_model_is_the_unsharded_bits(tmp_path, path, 
     experts: theirs). The negative control: each rank's gradients over its own rows merged
     (the all-reduce CP trainers run) differ. A KV cache is refused by name."""
     import bitparity
-    name = "bf16-sm90tc-v2"
+    name = "bf16-sm90tc-v3"
     mp.start_processes(_cp_model_rank, args=(str(tmp_path / "store"), str(tmp_path), name, path, zigzag),
                        nprocs=WORLD, start_method="fork")
     seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
@@ -703,7 +704,7 @@ def _grid_rank(rank, store, out, path, grid):
         (e, c), t = divmod(rank // tp, cp), rank % tp
         seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
         mine = list(range(e, len(seqs), dp))
-        model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v2",
+        model = bitparity.patch(tiny_qwen3.load(path), "bf16-sm90tc-v3",
                                 tp_group=groups["tp"][e, c] if tp > 1 else None,
                                 dp_group=groups["dp"][c, t] if dp > 1 else None,
                                 cp_group=groups["cp"][e, t] if cp > 1 else None)
@@ -727,7 +728,7 @@ def test_a_grid_patched_model_is_the_unsharded_bits(tmp_path, path, grid):
     tp, dp, cp = GRIDS[grid]
     mp.start_processes(_grid_rank, args=(str(tmp_path / "store"), str(tmp_path), path, grid), nprocs=tp * dp * cp,
                        start_method="fork")
-    c = ops.contract("bf16-sm90tc-v2")
+    c = ops.contract("bf16-sm90tc-v3")
     seqs, coefs = dp_batch(tiny_qwen3.checkpoint_config(path)["vocab_size"])
     lp, grads = dp_step(bitparity.patch(tiny_qwen3.load(path), c), seqs, coefs)
     cfg = tiny_qwen3.checkpoint_config(path)

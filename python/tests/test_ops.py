@@ -29,7 +29,7 @@ MODEL = os.path.join(SOURCE, "fixtures", "hf", "dense-gqa1-untied-sharded")
 MOE_MODEL = os.path.join(SOURCE, "fixtures", "hf", "qwen3-moe-tiny")
 SEQS = [[5, 17, 3, 44, 9, 100, 2], [61, 2, 70, 11]]
 COEFS = [[0.5, -1.25, 2.0, 0.75, 1.0, -0.5], [1.5, 0.25, -2.0]]
-CONTRACTS = ["bf16-sm90tc-v2", "bf16-fmaseq-v2"]
+CONTRACTS = ["bf16-sm90tc-v3", "bf16-fmaseq-v3"]
 
 
 def weights(model=MODEL):
@@ -125,7 +125,7 @@ def test_the_heads_backward_is_the_runs_bits(oracle, name):
     assert torch.equal(d_norm, run["grads.model.norm.weight"])
     assert torch.equal(d_lm, run["grads.lm_head.weight"])
     # Negative controls: another contract's bits, and the coefficients of other rows.
-    other = "bf16-fmaseq-v2" if name == "bf16-sm90tc-v2" else "bf16-sm90tc-v2"
+    other = "bf16-fmaseq-v3" if name == "bf16-sm90tc-v3" else "bf16-sm90tc-v3"
     assert not torch.equal(head(run, w, ops.contract(other), COEFS)[3], d_lm)
     assert not torch.equal(head(run, w, c, [COEFS[0][::-1], COEFS[1]])[3], d_lm)
 
@@ -201,7 +201,7 @@ def test_one_sequence_is_the_runs_bits_of_it_alone(oracle):
     the logits as a view, not a gather): its logprobs, entropy and every parameter's
     gradient are those of `bitparity run` of that sequence alone. The negative control:
     the coefficients in reverse order change the LM head's gradient."""
-    name = "bf16-sm90tc-v2"
+    name = "bf16-sm90tc-v3"
     run = oracle(name, MODEL, sequences=1)
 
     def loss(coef):
@@ -247,7 +247,7 @@ def test_chunked_prefill_and_decoding_are_the_runs_bits(oracle, model, cache):
     first 4 tokens beside the second's first (left-padded), then three steps of one token
     each for both rows, under torch.no_grad(). The logits of every position, their
     contract logprobs and entropy are the whole-sequence run's, bit for bit."""
-    name = "bf16-sm90tc-v2"
+    name = "bf16-sm90tc-v3"
     run, c = oracle(name, model), ops.contract(name)
     m = bitparity.patch(hf_model(model), c)
     s0, s1 = SEQS
@@ -277,7 +277,7 @@ def test_an_unpadded_batch_through_hf_cache_is_the_runs_bits(oracle, mask):
     """Both rows unpadded (no mask, or a mask of ones over the cached and new columns):
     the DynamicCache's keys are read back whole, not row by row; a prefill of 3 tokens and
     one decoding step give the run's logprobs."""
-    name = "bf16-sm90tc-v2"
+    name = "bf16-sm90tc-v3"
     run, c = oracle(name, MODEL), ops.contract(name)
     m = bitparity.patch(hf_model(MODEL), c)
     cache, rows = ConcatCache(), [[], []]
@@ -294,7 +294,7 @@ def test_an_unpadded_batch_through_hf_cache_is_the_runs_bits(oracle, mask):
 
 
 def test_the_patch_refuses_what_it_cannot_run():
-    m = bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v2")
+    m = bitparity.patch(hf_model(MODEL), "bf16-fmaseq-v3")
     ids = torch.tensor([[5, 17, 3, 44]])
     with pytest.raises(RuntimeError, match="torch.no_grad"):
         m(ids, use_cache=True)
@@ -314,7 +314,7 @@ def test_the_patch_refuses_what_it_cannot_run():
 def test_an_op_refuses_a_device_it_cannot_run_on():
     """Every tensor of a call on one device, and a device this build runs: here the CPU
     alone (a build without CUDA, as Debian's torch is); `meta` stands for the others."""
-    c = ops.contract("bf16-sm90tc-v2")
+    c = ops.contract("bf16-sm90tc-v3")
     x, w = torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)
     assert ops.rmsnorm(x, w, 1e-6, c).shape == (2, 4)
     with pytest.raises(RuntimeError, match="a tensor is on meta: this build of bitparity._C has the CPU reference"):
@@ -328,7 +328,7 @@ def test_rope_backward_is_the_forwards_transpose():
     """Each element of rope_bwd(g) is R(R(a) ± R(b)) with a, b exact products of g and the
     bf16 tables; from the float64 transpose a ± b it is at most u(1+u)(|a|+|b|) + u|a ± b|
     away, u = 2^-8 (bf16's unit roundoff): one rounding of each product, one of the sum."""
-    c, D, T, H = ops.contract("bf16-sm90tc-v2"), 16, 9, 3
+    c, D, T, H = ops.contract("bf16-sm90tc-v3"), 16, 9, 3
     cos, sin = ops.rope_tables(1e6, D, T)
     pos = torch.arange(T, dtype=torch.int32)
     g = torch.randn(T, H * D, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
@@ -347,7 +347,7 @@ def test_rope_backward_is_the_forwards_transpose():
 
 
 def test_mistakes_are_named():
-    c = ops.contract("bf16-fmaseq-v2")
+    c = ops.contract("bf16-fmaseq-v3")
     with pytest.raises(ValueError, match="no contract 'bf16-nope'"):
         ops.contract("bf16-nope")
     x = torch.zeros(2, 4, dtype=torch.bfloat16)

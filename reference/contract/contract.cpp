@@ -18,6 +18,14 @@ Contract make_v2(std::string name, DotModel dot) {
   return c;
 }
 
+// v3: v2 with 512-token gradient chunks and logprob ≤ 0, entropy ≥ 0 (SPEC.md §1.4).
+Contract make_v3(std::string name, DotModel dot) {
+  Contract c = make_v2(std::move(name), dot);
+  c.knobs.grad_token_chunk = 512;
+  c.knobs.sign_clamp = true;
+  return c;
+}
+
 bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace
@@ -36,15 +44,16 @@ std::string_view log_softmax_name(LogSoftmax l) { return l == LogSoftmax::kOnePa
 std::string Contract::canonical_knobs() const {
   const Knobs& k = knobs;
   const Knobs v1 = make_v1("", k.dot).knobs;
-  // Keys sorted; a v2 knob at its v1 value is left out (v1's texts predate it).
-  std::string log_softmax, softmax_exp;
+  // Keys sorted; a later knob at its v1 value is left out (v1's texts predate it).
+  std::string log_softmax, sign_clamp, softmax_exp;
   if (k.log_softmax != v1.log_softmax) log_softmax = ",\"log_softmax\":\"" + std::string(log_softmax_name(k.log_softmax)) + "\"";
+  if (k.sign_clamp != v1.sign_clamp) sign_clamp = ",\"sign_clamp\":true";
   if (k.softmax_exp != v1.softmax_exp) softmax_exp = ",\"softmax_exp\":\"" + std::string(softmax_exp_name(k.softmax_exp)) + "\"";
   return "{\"attn_kv_block\":" + std::to_string(k.attn_kv_block) +
          ",\"attn_kv_split\":" + std::to_string(k.attn_kv_split) + ",\"dot\":\"" +
          std::string(dot_model_name(k.dot)) + "\",\"grad_token_chunk\":" + std::to_string(k.grad_token_chunk) +
          log_softmax + ",\"row_reduce_lanes\":" + std::to_string(k.row_reduce.lanes) +
-         ",\"row_reduce_vec\":" + std::to_string(k.row_reduce.vec) + softmax_exp +
+         ",\"row_reduce_vec\":" + std::to_string(k.row_reduce.vec) + sign_clamp + softmax_exp +
          ",\"tp_tree_width\":" + std::to_string(k.tp_tree_width) + "}";
 }
 
@@ -53,12 +62,13 @@ std::string Contract::knob_hash() const { return sha256_hex(canonical_knobs()).s
 const std::vector<Contract>& contracts() {
   static const std::vector<Contract> all = {
       make_v1("bf16-sm90tc-v1", DotModel::Sm90Tc), make_v1("bf16-fmaseq-v1", DotModel::FmaSeq),
-      make_v2("bf16-sm90tc-v2", DotModel::Sm90Tc), make_v2("bf16-fmaseq-v2", DotModel::FmaSeq)};
+      make_v2("bf16-sm90tc-v2", DotModel::Sm90Tc), make_v2("bf16-fmaseq-v2", DotModel::FmaSeq),
+      make_v3("bf16-sm90tc-v3", DotModel::Sm90Tc), make_v3("bf16-fmaseq-v3", DotModel::FmaSeq)};
   return all;
 }
 
 const std::vector<std::string>& default_contract_names() {
-  static const std::vector<std::string> names = {"bf16-sm90tc-v2", "bf16-fmaseq-v2"};
+  static const std::vector<std::string> names = {"bf16-sm90tc-v3", "bf16-fmaseq-v3"};
   return names;
 }
 

@@ -27,9 +27,11 @@ struct Knobs {
   int attn_kv_split;      // keys per flash-decoding split (a multiple of the block)
   int tp_tree_width;      // fixed chunks of a shardable reduction, combined by pairwise_tree
   int grad_token_chunk;   // tokens per weight-gradient chunk
-  // v2's knobs; their v1 values stay out of the canonical text, so v1's hashes hold.
-  SoftmaxExp softmax_exp = SoftmaxExp::kExp;
-  LogSoftmax log_softmax = LogSoftmax::kTwoPass;
+  // Knobs added after v1; at their v1 values they stay out of the canonical text, so
+  // the earlier contracts' hashes hold.
+  SoftmaxExp softmax_exp = SoftmaxExp::kExp;      // v2
+  LogSoftmax log_softmax = LogSoftmax::kTwoPass;  // v2
+  bool sign_clamp = false;  // v3: logprob = min(logprob, +0), entropy = max(entropy, +0)
 };
 
 struct Contract {
@@ -48,9 +50,9 @@ std::optional<DotModel> parse_dot_model(std::string_view name);
 std::string_view softmax_exp_name(SoftmaxExp e);  // "exp", "exp2_poly"
 std::string_view log_softmax_name(LogSoftmax l);  // "two-pass", "one-pass"
 
-// The named contracts, in a stable order: v1 (frozen), then v2 (SPEC.md §1.2, §1.3).
+// The named contracts, in a stable order: v1 and v2 (frozen), then v3 (SPEC.md §1.2-§1.4).
 const std::vector<Contract>& contracts();
-// The current version's pair (v2): what a sweep runs when it names no contract.
+// The current version's pair (v3): what a sweep runs when it names no contract.
 const std::vector<std::string>& default_contract_names();
 // nullptr if there is no contract of that name.
 const Contract* find_contract(std::string_view name);

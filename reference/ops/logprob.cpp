@@ -178,11 +178,11 @@ void logprob_combine(const Knobs& kn, const float* chunk_sum, const float* chunk
       const float S = pairwise_tree(tree.data(), C);
       const float log_s = math::log(S);
       row_sum[t] = canonical(S);
-      logprob[t] = canonical(sub_rn(sub_rn(x_target[t], row_max[t]), log_s));
+      logprob[t] = canonical(signed_logprob(sub_rn(sub_rn(x_target[t], row_max[t]), log_s), kn.sign_clamp));
       if (entropy) {
         const float* w = chunk_tsum + static_cast<int64_t>(t) * C;
         tree.assign(w, w + C);
-        entropy[t] = canonical(sub_rn(log_s, div_rn(pairwise_tree(tree.data(), C), S)));
+        entropy[t] = canonical(signed_entropy(sub_rn(log_s, div_rn(pairwise_tree(tree.data(), C), S)), kn.sign_clamp));
       }
     }
   }
@@ -218,7 +218,7 @@ void logprob_merge_states(const Knobs& kn, const float* chunk_max, const float* 
         const int64_t at = static_cast<int64_t>(t) * C + j;
         tree[j] = {chunk_max[at], chunk_sum[at], chunk_tsum ? chunk_tsum[at] : 0.0f};
       }
-      const RowOutputs r = merge_row_states(tree.data(), C, x_target[t], entropy != nullptr);
+      const RowOutputs r = merge_row_states(tree.data(), C, x_target[t], entropy != nullptr, kn.sign_clamp);
       row_max[t] = r.row_max;
       row_sum[t] = r.row_sum;
       logprob[t] = r.logprob;

@@ -79,15 +79,22 @@ struct RowOutputs {
   float row_max, row_sum, logprob, entropy;
 };
 
+// The sign_clamp knob (SPEC.md §5.10 v3): a logprob above +0 becomes +0 and an entropy
+// below +0 becomes +0, the signs the exact values have; NaN and −Inf pass unchanged.
+BP_HD inline float signed_logprob(float lp, bool clamp) { return clamp && lp > 0.0f ? 0.0f : lp; }
+BP_HD inline float signed_entropy(float h, bool clamp) { return clamp && h < 0.0f ? 0.0f : h; }
+
 // SPEC.md §5.10 v2 steps 3-4 for one row from its C states (merged in place):
 // logprob = fma(t_target, ln2, −log S), t_target = fma(x_target, c, −m_c(M)),
-// entropy = log S − (W·ln2) ÷ S. The reference and the CUDA combine both call it.
-BP_HD inline RowOutputs merge_row_states(ChunkState* states, int C, float x_target, bool entropy) {
+// entropy = log S − (W·ln2) ÷ S, each then signed (clamp: v3). The reference and the
+// CUDA combine both call it.
+BP_HD inline RowOutputs merge_row_states(ChunkState* states, int C, float x_target, bool entropy, bool clamp) {
   const ChunkState root = pairwise_tree_merge(states, C, MergeChunkStates{});
   const float log_s = math::log(root.s);
   const float lp = fma_rn(exponent_base2(x_target, scaled_max_base2(root.m)), kLn2F, -log_s);
   const float h = entropy ? sub_rn(log_s, div_rn(mul_rn(root.w, kLn2F), root.s)) : 0.0f;
-  return {root.m, float_of(canonical_bits(root.s)), float_of(canonical_bits(lp)), float_of(canonical_bits(h))};
+  return {root.m, float_of(canonical_bits(root.s)), float_of(canonical_bits(signed_logprob(lp, clamp))),
+          float_of(canonical_bits(signed_entropy(h, clamp)))};
 }
 
 // v2 stage (one pass over the logits): every chunk's state, written as chunk_max,

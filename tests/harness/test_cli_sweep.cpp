@@ -132,16 +132,16 @@ TEST_F(CliSweep, AControlThatDidNotDifferIsNoPass) {
   }
 }
 
-// A sweep that names no contract runs v2's pair (SPEC.md §1.3); v1 stays selectable by name.
-TEST_F(CliSweep, DefaultContractsAreV2) {
+// A sweep that names no contract runs v3's pair (SPEC.md §1.4); v1 and v2 stay selectable by name.
+TEST_F(CliSweep, DefaultContractsAreV3) {
   ASSERT_EQ(run("sweep --model qwen3-dense-tiny --lengths 5 --implementation reference --path extend --no-grads "
                 "--json " + path("r.json")),
             0)
       << out_ << err_;
   const json j = valid_report(path("r.json"));
   ASSERT_EQ(j["cases"].size(), 2u);
-  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-sm90tc-v2/reference/tp1-ep1-cp1/extend");
-  EXPECT_EQ(j["cases"][1]["id"], "qwen3-dense-tiny/bf16-fmaseq-v2/reference/tp1-ep1-cp1/extend");
+  EXPECT_EQ(j["cases"][0]["id"], "qwen3-dense-tiny/bf16-sm90tc-v3/reference/tp1-ep1-cp1/extend");
+  EXPECT_EQ(j["cases"][1]["id"], "qwen3-dense-tiny/bf16-fmaseq-v3/reference/tp1-ep1-cp1/extend");
 }
 
 TEST_F(CliSweep, BadPlansExitTwoNamingFileAndFieldAndKeepTheReport) {
@@ -507,7 +507,8 @@ TEST_F(CliSweep, ListNamesModelsLayoutsAndPaths) {
   ASSERT_EQ(run("list"), 0) << err_;
   for (const char* s : {"qwen3-dense-tiny", "qwen3-moe-tiny", "bf16-sm90tc-v1   hash 43a602a29cdd98f8",
                         "bf16-fmaseq-v1   hash 833bb4d7d43b7bb1", "bf16-sm90tc-v2   hash 4af40b8561fc78fd",
-                        "bf16-fmaseq-v2   hash aee5a46e84d4f39c", "implementations:\n", "emulated", "float64",
+                        "bf16-fmaseq-v2   hash aee5a46e84d4f39c", "bf16-sm90tc-v3   hash 1e4d52369050db29",
+                        "bf16-fmaseq-v3   hash c558b9429a00e2a9", "implementations:\n", "emulated", "float64",
                         "tp4-ep4-cp2z", "decode"})
     EXPECT_NE(out_.find(s), std::string::npos) << s << "\n" << out_;
   EXPECT_EQ(run("list --model " + path("nothere")), 2);
@@ -535,7 +536,7 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   const std::string shortpos = model("short", {{"max_position_embeddings", 8}});
   const std::string mqa = model("mqa", {{"num_key_value_heads", 1}});  // tp 2, 4 replicate its kv head
   EXPECT_EQ(run("sweep --model " + gqa6 + " --lengths 5 --tp 4 --ep 2,4"), 2);
-  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + gqa6 + " under bf16-sm90tc-v2: "
+  EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + gqa6 + " under bf16-sm90tc-v3: "
                       "tp 4: neither divides num_key_value_heads 6 nor is a multiple of it"),
             std::string::npos)
       << err_;
@@ -543,7 +544,7 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   // A q dim that is not a multiple of tp_tree_width runs unsharded; tp shards refuse it.
   EXPECT_EQ(run("sweep --model " + oddq + " --lengths 5 --tp 2"), 2);
   EXPECT_NE(err_.find("command line: --tp: no layout of the grid can run model " + oddq +
-                      " under bf16-sm90tc-v2: tp 2: needs q dim (heads x head_dim) 108 to be a multiple of "
+                      " under bf16-sm90tc-v3: tp 2: needs q dim (heads x head_dim) 108 to be a multiple of "
                       "tp_tree_width 8"),
             std::string::npos)
       << err_;
@@ -590,14 +591,14 @@ TEST_F(CliSweep, ExcludedLayoutsNameTheirCause) {
   EXPECT_EQ(run("run --model " + odd + " --lengths 5 --out " + path("odd.safetensors")), 0) << err_;
 }
 
-// The README's main command: the default sweep (both fixtures, the v2 pair,
+// The README's main command: the default sweep (both fixtures, the v3 pair,
 // reference + emulated, every layout the fixtures allow, four paths, gradients).
 TEST_F(CliSweep, SlowDefaultSweepIsExact) {
   ASSERT_EQ(run("sweep --json " + path("r.json")), 0) << out_ << err_;
   const json j = valid_report(path("r.json"));
   EXPECT_EQ(j["cases"].size(), 304u);
   EXPECT_EQ(j["verdict"], "exact");
-  for (const json& c : j["cases"]) EXPECT_NE(c["id"].get<std::string>().find("-v2/"), std::string::npos) << c["id"];
+  for (const json& c : j["cases"]) EXPECT_NE(c["id"].get<std::string>().find("-v3/"), std::string::npos) << c["id"];
 }
 
 }  // namespace

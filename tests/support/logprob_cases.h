@@ -32,6 +32,27 @@ inline LogprobInputs make_logprob_inputs(int T, int V, float temp, uint64_t seed
   return in;
 }
 
+// Rows whose exact logprob and entropy are (nearly) 0, where rounding picks their
+// signs (SPEC.md §5.10 v2, signs): the target holds all the mass. Every finite bf16
+// as the one logit of a vocabulary of one, then as the leader of (x, x − 24, x − 48)
+// in a vocabulary of three, at temperature 1.
+inline std::vector<LogprobInputs> sign_probe_inputs() {
+  std::vector<bf16> finite;
+  for (uint32_t b = 0; b < 0x10000u; ++b)
+    if ((b & 0x7f80u) != 0x7f80u) finite.push_back(bf16{uint16_t(b)});
+  const int T = static_cast<int>(finite.size());
+  LogprobInputs one{T, 1, 1.0f, finite, std::vector<int32_t>(T, 0), std::vector<float>(T, 1.0f)};
+  LogprobInputs three{T, 3, 1.0f, std::vector<bf16>(size_t(T) * 3), std::vector<int32_t>(T, 0),
+                      std::vector<float>(T, 1.0f)};
+  for (int t = 0; t < T; ++t) {
+    const float x = widen(finite[t]);
+    three.at(t, 0) = finite[t];
+    three.at(t, 1) = round_bf16(x - 24.0f);
+    three.at(t, 2) = round_bf16(x - 48.0f);
+  }
+  return {one, three};
+}
+
 struct LogprobOutputs {
   std::vector<float> logprob, entropy, row_max, row_sum;
   std::vector<bf16> dlogits;

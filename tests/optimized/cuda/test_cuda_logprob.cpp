@@ -78,6 +78,12 @@ TEST_P(LogprobGpu, ManyRowsMatchReference) {
   expect_matches(knobs(), make_inputs(1, 8 * 5, 1.0f, 4), "one row");
 }
 
+// Rows whose exact logprob and entropy are about 0 (their signs set by rounding,
+// and under v3 by the clamp): every contract's bits, every finite logit.
+TEST_P(LogprobGpu, SignProbeRowsMatchReference) {
+  for (const Inputs& in : sign_probe_inputs()) expect_matches(knobs(), in, "sign probe");
+}
+
 TEST_P(LogprobGpu, RepeatedRunsGiveSameBits) {
   const Inputs in = make_inputs(16, kQwenVocab, 0.7f, 5);
   const Outputs cpu = cpu_run(knobs(), in);

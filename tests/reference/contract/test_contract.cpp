@@ -26,23 +26,27 @@ TEST(Contract, NamedContractsExistAndValidate) {
   ASSERT_NE(find_contract("bf16-fmaseq-v1"), nullptr);
   ASSERT_NE(find_contract("bf16-sm90tc-v2"), nullptr);
   ASSERT_NE(find_contract("bf16-fmaseq-v2"), nullptr);
-  EXPECT_EQ(find_contract("bf16-sm90tc-v3"), nullptr);
-  EXPECT_EQ(contracts().size(), 4u);
+  ASSERT_NE(find_contract("bf16-sm90tc-v3"), nullptr);
+  ASSERT_NE(find_contract("bf16-fmaseq-v3"), nullptr);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v4"), nullptr);
+  EXPECT_EQ(contracts().size(), 6u);
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knobs.dot, DotModel::Sm90Tc);
   EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knobs.dot, DotModel::FmaSeq);
   EXPECT_EQ(find_contract("bf16-sm90tc-v2")->knobs.dot, DotModel::Sm90Tc);
   EXPECT_EQ(find_contract("bf16-fmaseq-v2")->knobs.dot, DotModel::FmaSeq);
+  EXPECT_EQ(find_contract("bf16-sm90tc-v3")->knobs.dot, DotModel::Sm90Tc);
+  EXPECT_EQ(find_contract("bf16-fmaseq-v3")->knobs.dot, DotModel::FmaSeq);
   for (const Contract& c : contracts()) EXPECT_EQ(validate(c.knobs), "") << c.name;
 }
 
-// A sweep that names no contract runs the v2 pair, and both are selectable.
-TEST(Contract, DefaultsAreTheV2Pair) {
-  EXPECT_EQ(default_contract_names(), (std::vector<std::string>{"bf16-sm90tc-v2", "bf16-fmaseq-v2"}));
+// A sweep that names no contract runs the v3 pair, and both are selectable.
+TEST(Contract, DefaultsAreTheV3Pair) {
+  EXPECT_EQ(default_contract_names(), (std::vector<std::string>{"bf16-sm90tc-v3", "bf16-fmaseq-v3"}));
   for (const std::string& name : default_contract_names()) EXPECT_NE(find_contract(name), nullptr) << name;
 }
 
 // The hashes are pinned: a change of any knob must be a new contract version
-// (v1 frozen, v2 released).
+// (v1 and v2 frozen, v3 released).
 TEST(Contract, KnobHashesArePinned) {
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->canonical_knobs(),
             "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
@@ -51,6 +55,8 @@ TEST(Contract, KnobHashesArePinned) {
   EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knob_hash(), "833bb4d7d43b7bb1");
   EXPECT_EQ(find_contract("bf16-sm90tc-v2")->knob_hash(), "4af40b8561fc78fd");
   EXPECT_EQ(find_contract("bf16-fmaseq-v2")->knob_hash(), "aee5a46e84d4f39c");
+  EXPECT_EQ(find_contract("bf16-sm90tc-v3")->knob_hash(), "1e4d52369050db29");
+  EXPECT_EQ(find_contract("bf16-fmaseq-v3")->knob_hash(), "c558b9429a00e2a9");
 }
 
 TEST(Contract, EveryKnobChangesTheHash) {
@@ -70,6 +76,7 @@ TEST(Contract, EveryKnobChangesTheHash) {
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.grad_token_chunk = 64; })).second);
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.softmax_exp = SoftmaxExp::kExp2Poly; })).second);
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.log_softmax = LogSoftmax::kOnePass; })).second);
+  EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.sign_clamp = true; })).second);
 }
 
 // v2's knobs are v1's but the softmax's two, and they enter the canonical text in
@@ -87,6 +94,24 @@ TEST(Contract, V2IsV1WithTheGpuNativeSoftmax) {
             "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
             "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"softmax_exp\":\"exp2_poly\","
             "\"tp_tree_width\":8}");
+}
+
+// v3's knobs are v2's but the gradient chunk and the sign clamp, the clamp entering
+// the canonical text in key order (SPEC.md §1.4).
+TEST(Contract, V3IsV2WithLongerChunksAndTheSignClamp) {
+  for (const char* name : {"bf16-sm90tc-v3", "bf16-fmaseq-v3"}) {
+    const Contract& v3 = *find_contract(name);
+    const Contract& v2 = *find_contract(v3.name.substr(0, v3.name.size() - 1) + "2");
+    EXPECT_EQ(v3.knobs.grad_token_chunk, 512) << v3.name;
+    Knobs k = v3.knobs;
+    k.grad_token_chunk = v2.knobs.grad_token_chunk;
+    k.sign_clamp = v2.knobs.sign_clamp;
+    EXPECT_EQ((Contract{"", k}.canonical_knobs()), v2.canonical_knobs()) << v3.name;
+  }
+  EXPECT_EQ(find_contract("bf16-sm90tc-v3")->canonical_knobs(),
+            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":512,"
+            "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"sign_clamp\":true,"
+            "\"softmax_exp\":\"exp2_poly\",\"tp_tree_width\":8}");
 }
 
 TEST(Contract, ValidateNamesTheBadKnob) {

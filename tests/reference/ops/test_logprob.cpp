@@ -595,6 +595,36 @@ TEST(LogprobKnobs, StagesServeTheirScheduleOnly) {
                std::invalid_argument);
 }
 
+// v3's sign clamp (SPEC.md §5.10 v3): on rows whose exact logprob and entropy are
+// about 0, v3 gives logprob <= 0 and entropy >= 0 everywhere, v2's bits wherever v2's
+// signs were already right, and v2's M, S and gradient. The negative control: v2
+// itself gives both wrong signs on these rows.
+TEST(LogprobKnobs, SignClampGivesTheExactSigns) {
+  for (const char* dot : {"sm90tc", "fmaseq"}) {
+    const Knobs v2 = find_contract(std::string("bf16-") + dot + "-v2")->knobs;
+    const Knobs v3 = find_contract(std::string("bf16-") + dot + "-v3")->knobs;
+    size_t v2_positive = 0, v2_negative_entropy = 0;
+    for (const Inputs& in : test::sign_probe_inputs()) {
+      const Outputs a = run(v2, in), b = run(v3, in);
+      for (int t = 0; t < in.T; ++t) {
+        EXPECT_FALSE(b.logprob[t] > 0.0f) << dot << " V=" << in.V << " row " << t;
+        EXPECT_FALSE(b.entropy[t] < 0.0f) << dot << " V=" << in.V << " row " << t;
+        v2_positive += a.logprob[t] > 0.0f;
+        v2_negative_entropy += a.entropy[t] < 0.0f;
+        if (!(a.logprob[t] > 0.0f)) EXPECT_EQ(bits_of(a.logprob[t]), bits_of(b.logprob[t])) << t;
+        if (!(a.entropy[t] < 0.0f)) EXPECT_EQ(bits_of(a.entropy[t]), bits_of(b.entropy[t])) << t;
+      }
+      expect_same_bits(a.row_max, b.row_max, "M");
+      expect_same_bits(a.row_sum, b.row_sum, "S");
+      EXPECT_EQ(test::digest(a.dlogits), test::digest(b.dlogits)) << "the gradient reads M and S only";
+    }
+    std::printf("[sign clamp] %s: v2 gives %zu logprobs > 0 and %zu entropies < 0 on the probe rows\n", dot,
+                v2_positive, v2_negative_entropy);
+    EXPECT_GT(v2_positive, 0u) << "negative control: v2's logprob above 0 somewhere";
+    EXPECT_GT(v2_negative_entropy, 0u) << "negative control: v2's entropy below 0 somewhere";
+  }
+}
+
 // All-equal rows: every term is exp(±0) = 1 and integer partial sums below 2^24
 // are exact, so S = V exactly and logprob = −log(V) with the log's one rounding.
 TEST_P(LogprobTest, AllEqualLogitsGiveMinusLogV) {

@@ -287,20 +287,27 @@ TEST_P(HfCrossCheck, AccuracyNoWorseThanHfBf16Eager) {
   }
 }
 
-// Issue 19's criterion for a contract generation: its error against a reference is
-// at most twice its predecessor's, in the worst token and on average.
-bool within_twice(const ErrStats& newer, const ErrStats& older) {
-  return newer.max_abs <= 2 * older.max_abs && newer.mean_abs <= 2 * older.mean_abs;
+// A contract generation's criterion: its error against a reference is at most
+// `factor` times its predecessor's, in the worst token and on average (issue 19:
+// v2 within twice v1; issue 56: v3 no worse than v2).
+bool within(const ErrStats& newer, const ErrStats& older, double factor) {
+  return newer.max_abs <= factor * older.max_abs && newer.mean_abs <= factor * older.mean_abs;
 }
 
-const std::vector<std::pair<std::string, std::string>> kGenerations = {{"bf16-sm90tc-v1", "bf16-sm90tc-v2"},
-                                                                       {"bf16-fmaseq-v1", "bf16-fmaseq-v2"}};
+struct Generation {
+  std::string older, newer;
+  double factor;
+};
+const std::vector<Generation> kGenerations = {{"bf16-sm90tc-v1", "bf16-sm90tc-v2", 2.0},
+                                              {"bf16-fmaseq-v1", "bf16-fmaseq-v2", 2.0},
+                                              {"bf16-sm90tc-v2", "bf16-sm90tc-v3", 1.0},
+                                              {"bf16-fmaseq-v2", "bf16-fmaseq-v3", 1.0}};
 
-TEST_P(HfCrossCheck, AccuracyV2WithinTwiceV1) {
+TEST_P(HfCrossCheck, AccuracyEachGenerationWithinItsBound) {
   const HfCase& c = hf_case(GetParam());
   const TruthRun& tr = truth_run(GetParam());
   const RowsD hf32 = c.rows("logprob_fp32");
-  for (const auto& [older, newer] : kGenerations) {
+  for (const auto& [older, newer, factor] : kGenerations) {
     const RowsD& lp1 = contract_logprob(GetParam(), older);
     const RowsD& lp2 = contract_logprob(GetParam(), newer);
     size_t moved_tokens = 0, tokens = 0;
@@ -313,17 +320,17 @@ TEST_P(HfCrossCheck, AccuracyV2WithinTwiceV1) {
       std::printf("[hf] %-28s %-15s vs %-7s: max %.4g mean %.4g; %s max %.4g mean %.4g; ratio max %.3f mean %.3f\n",
                   GetParam().c_str(), newer.c_str(), ref_name, e2.max_abs, e2.mean_abs, older.c_str(), e1.max_abs,
                   e1.mean_abs, e2.max_abs / e1.max_abs, e2.mean_abs / e1.mean_abs);
-      EXPECT_TRUE(within_twice(e2, e1)) << newer << " vs " << ref_name;
+      EXPECT_TRUE(within(e2, e1, factor)) << newer << " vs " << ref_name;
     }
-    // Negative controls: v1's error tripled token by token, and v2 with one token
-    // moved away from HF by twice v1's worst error.
+    // Negative controls: the older one's error tripled token by token, and the newer
+    // one with one token moved away from HF by twice the older one's worst error.
     const ErrStats e1 = err_stats(lp1, hf32);
     RowsD tripled = lp1, moved = lp2;
     for (size_t s = 0; s < tripled.size(); ++s)
       for (size_t t = 0; t < tripled[s].size(); ++t) tripled[s][t] = hf32[s][t] + 3 * (lp1[s][t] - hf32[s][t]);
     moved[0][0] = hf32[0][0] - 2 * e1.max_abs - 1e-6;
-    EXPECT_FALSE(within_twice(err_stats(tripled, hf32), e1)) << "tripled " << older;
-    EXPECT_FALSE(within_twice(err_stats(moved, hf32), e1)) << "moved " << newer;
+    EXPECT_FALSE(within(err_stats(tripled, hf32), e1, factor)) << "tripled " << older;
+    EXPECT_FALSE(within(err_stats(moved, hf32), e1, factor)) << "moved " << newer;
   }
 }
 
