@@ -165,11 +165,13 @@ std::string case_line(const Case& c) {
 // keeping its tensors; every other skipped case skips before it runs).
 bool control_showed_nothing(const Case& c) { return c.verdict == Verdict::kSkipped && !c.tensors.empty(); }
 
-// What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, peak 2.5 GiB device
-// memory)", "(1.23 s on 2 ranks, peak 2.5 GiB device memory, 3.1 MiB moved in 42 collectives)".
+// What a case's run cost, for --verbose: "(1.23 s)", "(1.23 s, compared in 0.05 s, peak
+// 2.5 GiB device memory)", "(1.23 s on 2 ranks, peak 2.5 GiB device memory, 3.1 MiB moved
+// in 42 collectives)".
 std::string cost_text(const Case& c) {
   std::string s = "(" + duration_text(c.seconds);
   if (c.ranks) s += " on " + std::to_string(*c.ranks) + (*c.ranks == 1 ? " rank" : " ranks");
+  if (c.compare_seconds) s += ", compared in " + duration_text(*c.compare_seconds);
   if (c.peak_device_bytes) s += ", peak " + bytes_text(*c.peak_device_bytes) + " device memory";
   if (!c.communication.empty()) s += ", " + communication_text(c.communication);
   return s + ")";

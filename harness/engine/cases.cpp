@@ -154,6 +154,28 @@ struct CaseEngine::Canonical {
   }
 };
 
+namespace {
+
+// What compare() says of two F32 tensors with equal bits, from their digest.
+TensorMetrics identical_metrics(const NamedTensor& ref, const TensorDigest& d) {
+  TensorMetrics m;
+  m.dtype = cmp_type_name(CmpType::F32);
+  m.shape = ref.shape;
+  m.elements = ref.f32_values.size();
+  m.nan_a = m.nan_b = d.nans;
+  m.inf_a = m.inf_b = d.infs;
+  return m;
+}
+
+}  // namespace
+
+TensorMetrics compare_left_on_gpu(const NamedTensor& ref, const NamedTensor& got) {
+  if (ref.type != CmpType::F32 || !got.digest) throw std::logic_error("compare_left_on_gpu: F32 with a digest only");
+  if (ref.digest == got.digest) return identical_metrics(ref, *got.digest);
+  const std::vector<float> values = got.fetch();
+  return harness::compare(std::span<const float>(ref.f32_values), std::span<const float>(values), ref.shape);
+}
+
 TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
   TensorRecord rec;
   rec.name = ref.name;
@@ -170,13 +192,15 @@ TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got) {
     rec.status = TensorStatus::kDtypeMismatch;
   } else if (got->shape != ref.shape) {
     rec.status = TensorStatus::kShapeMismatch;
+  } else if (got->fetch) {
+    rec.metrics = compare_left_on_gpu(ref, *got);
   } else {
     rec.metrics = ref.type == CmpType::F32 ? harness::compare(std::span<const float>(ref.f32_values),
                                                               std::span<const float>(got->f32_values), ref.shape)
                                            : harness::compare(std::span<const bf16>(ref.bf16_values),
                                                               std::span<const bf16>(got->bf16_values), ref.shape);
-    rec.metrics->is_logprob = rec.is_logprob;
   }
+  if (rec.metrics) rec.metrics->is_logprob = rec.is_logprob;
   return rec;
 }
 
@@ -191,8 +215,10 @@ NamedTensor f32_tensor(std::string name, std::vector<float> v, std::vector<uint6
   return t;
 }
 
-// The named tensors of one run (see cases.h), in report order.
-std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, program::ForwardResult&& fwd, program::BackwardResult* bwd) {
+// The named tensors of one run (see cases.h), in report order; a gradient the GPU
+// kept (gpu_grads) by its digest and fetch.
+std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, program::ForwardResult&& fwd, program::BackwardResult* bwd,
+                                    std::map<std::string, GpuTensor>&& gpu_grads = {}) {
   std::vector<NamedTensor> out;
   auto per_sequence = [&](const std::string& prefix, std::vector<std::vector<float>>& rows) {
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -216,9 +242,16 @@ std::vector<NamedTensor> to_tensors(const ModelConfig& cfg, program::ForwardResu
   if (!bwd) return out;
   captured("", bwd->captures);  // resid_grad.<i>: not ops of the forward
   for (const WeightSpec& spec : weight_specs(cfg)) {
+    std::vector<uint64_t> shape(spec.shape.begin(), spec.shape.end());
+    if (auto kept = gpu_grads.find(spec.name); kept != gpu_grads.end()) {
+      NamedTensor t = f32_tensor("grads." + spec.name, {}, std::move(shape));
+      t.digest = kept->second.digest;
+      t.fetch = std::move(kept->second.fetch);
+      out.push_back(std::move(t));
+      continue;
+    }
     auto it = bwd->grads.find(spec.name);
     if (it == bwd->grads.end()) continue;  // lm_head when tied; a replay's layers not replayed
-    std::vector<uint64_t> shape(spec.shape.begin(), spec.shape.end());
     out.push_back(f32_tensor("grads." + spec.name, std::move(it->second), std::move(shape)));
   }
   return out;
@@ -420,9 +453,11 @@ program::ForwardOptions CaseEngine::case_options() const {
   return opt;
 }
 
-std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) {
+std::vector<NamedTensor> CaseEngine::run(const CaseSpec& c) { return run_outputs(c, false); }
+
+std::vector<NamedTensor> CaseEngine::run_outputs(const CaseSpec& c, bool grads_stay_on_gpu) {
   refuse_if_untestable(c);
-  return within_memory(work_, [&] { return run_case(c, case_options()); });
+  return within_memory(work_, [&] { return run_case(c, case_options(), {}, grads_stay_on_gpu); });
 }
 
 std::vector<NamedTensor> CaseEngine::run_substituted(const CaseSpec& c,
@@ -450,7 +485,7 @@ void CaseEngine::refuse_if_untestable(const CaseSpec& c) const {
 }
 
 std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::ForwardOptions& opt,
-                                              const program::BackwardOptions& bo) {
+                                              const program::BackwardOptions& bo, bool grads_stay_on_gpu) {
   const ModelConfig& cfg = c.model.config;
   const auto& seqs = c.model.tokens;
   Loaded& l = loaded(c.model);
@@ -458,12 +493,15 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::
   const bool grads = plan_.grads && c.path.kind == program::Path::Kind::Extend;
   program::ForwardResult fwd;
   std::optional<program::BackwardResult> bwd;
+  std::map<std::string, GpuTensor> gpu_grads;
   switch (c.implementation) {
     case Implementation::kCuda: {
-      GpuCaseResult r = l.gpu.run({l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs, bo});
+      GpuCaseResult r = l.gpu.run(
+          {l.gpu_source(c.contract), c.layout, seqs, c.path, opt, grads, c.model.coefs, bo, grads_stay_on_gpu});
       last_peak_device_bytes_ = r.peak_device_bytes;
       fwd = std::move(r.forward);
       bwd = std::move(r.backward);
+      gpu_grads = std::move(r.gpu_grads);
       break;
     }
     case Implementation::kNccl: {
@@ -494,7 +532,7 @@ std::vector<NamedTensor> CaseEngine::run_case(const CaseSpec& c, const program::
     case Implementation::kFloat64:  // no contract, so no case of the engine (the plan parser keeps it to `run`)
       throw std::logic_error("the float64 truth model runs through run_single_case, not the case engine");
   }
-  return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr);
+  return to_tensors(cfg, std::move(fwd), bwd ? &*bwd : nullptr, std::move(gpu_grads));
 }
 
 int CaseEngine::follow_rank_zero() {
@@ -559,6 +597,12 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   });
   std::move(compared, c->tensors.end(), std::back_inserter(c->layer_captures));
   c->tensors.erase(compared, c->tensors.end());
+  // cuda cases leave their gradients on the GPU and send their digests: these are
+  // the canonical's, taken once for all its cases.
+  const auto& impls = plan_.implementations;
+  if (std::find(impls.begin(), impls.end(), Implementation::kCuda) != impls.end())
+    for (NamedTensor& t : c->tensors)
+      if (t.name.rfind("grads.", 0) == 0) t.digest = tensor_digest(std::span<const float>(t.f32_values));
   for (const auto* list : {&c->tensors, &c->layer_captures})
     for (const NamedTensor& t : *list) c->by_name.emplace(t.name, &t);
   canonical_ = std::move(c);
@@ -703,7 +747,7 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
         if (spec.implementation == Implementation::kCuda) l.gpu.prepare(l.gpu_source(spec.contract), spec.layout);
         if (spec.implementation == Implementation::kNccl) l.gpu.release();
       },
-      [&] { return run(spec); });
+      [&] { return run_outputs(spec, true); });
   out.peak_device_bytes = last_peak_device_bytes_;
   out.ranks = last_ranks_;
   out.communication = std::move(last_communication_);
@@ -713,7 +757,9 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   std::vector<const NamedTensor*> expected;
   for (const NamedTensor& r : ref.tensors)
     if (grads || r.name.rfind("grads.", 0) != 0) expected.push_back(&r);
+  const auto start = std::chrono::steady_clock::now();
   compare_outputs(expected, *outputs, out);
+  out.compare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   skip_control_that_did_not_differ(spec.layout, out);
   return out;
 }

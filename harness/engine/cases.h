@@ -28,6 +28,7 @@
 #include "harness/engine/work.h"
 #include "harness/report/report.h"
 #include "host/model.h"
+#include "reference/common/tensor_digest.h"
 
 namespace bp::harness {
 
@@ -57,6 +58,12 @@ struct NamedTensor {
   CmpType type = CmpType::F32;
   std::vector<float> f32_values;  // when F32
   std::vector<bf16> bf16_values;  // when BF16
+  // The values' digest (reference/common/tensor_digest.h), where one was taken: a
+  // canonical's gradients when cuda cases compare with them, or a tensor left on the
+  // GPU that computed it. Such an F32 tensor has no values here but `fetch`, which
+  // brings them when the digests differ (docs/cli.md, gradients compared where they live).
+  std::optional<TensorDigest> digest;
+  std::function<std::vector<float>()> fetch;
 };
 
 // One model of the plan, resolved: its name as the plan gives it, its config, and
@@ -96,6 +103,11 @@ std::optional<std::vector<NamedTensor>> case_outputs(Case& out, const std::funct
 // A): its status (dtype or shape mismatch) or its metrics. A run against the
 // canonical result, and bisect's two sides, compare their tensors by it.
 TensorRecord compare_tensors(const NamedTensor& ref, const NamedTensor* got);
+// An F32 tensor left on the GPU (got: digest and fetch) against the canonical's
+// (values, and its digest where taken): equal digests give compare()'s metrics of
+// equal tensors without moving a value; otherwise got's values are fetched and
+// compared. Digests of unequal tensors agree only where two 64-bit sums collide.
+TensorMetrics compare_left_on_gpu(const NamedTensor& ref, const NamedTensor& got);
 
 // Sort key of a dump tensor name in execution order: ops.* in the model graph's op
 // order (graph::op_position; names it does not know sort after them), then
@@ -180,7 +192,9 @@ class CaseEngine {
   void refuse_if_untestable(const CaseSpec& c) const;
   void refuse_if_canonical_untestable(const CaseSpec& c) const;  // CannotTest naming the canonical
   std::vector<NamedTensor> run_case(const CaseSpec& c, const program::ForwardOptions& opt,
-                                    const program::BackwardOptions& bo = {});
+                                    const program::BackwardOptions& bo = {}, bool grads_stay_on_gpu = false);
+  // run(c), where a cuda case's gradients may stay on the GPU (GpuCaseInput::grads_stay_on_gpu).
+  std::vector<NamedTensor> run_outputs(const CaseSpec& c, bool grads_stay_on_gpu);
   Case compare_case(const CaseSpec& c);
   Case verify_case(const CaseSpec& c);
   std::vector<NamedTensor> replay_layers(const CaseSpec& c, const Canonical& canonical);

@@ -2,6 +2,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cctype>
+#include <map>
+#include <memory>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -10,6 +12,7 @@
 #include "gpu/virtual_ranks.h"
 #include "gpu/cuda_model.h"
 #include "optimized/cuda/attention.h"
+#include "optimized/cuda/tensor_digest.h"
 
 namespace bp::harness {
 
@@ -25,10 +28,29 @@ struct GpuRunner::Kept {
 
 namespace {
 
+// Each gradient digested where it lies, and kept there (shared by its fetch) until
+// the comparison lets it go.
+std::map<std::string, GpuTensor> left_on_gpu(std::map<std::string, cuda::DeviceBuffer<float>>&& grads,
+                                             cudaStream_t stream) {
+  std::map<std::string, GpuTensor> out;
+  for (auto& [name, buf] : grads) {
+    auto kept = std::make_shared<cuda::DeviceBuffer<float>>(std::move(buf));
+    out[name] = {cuda::tensor_digest(kept->get(), kept->size(), stream), [kept] { return kept->download(); }};
+  }
+  return out;
+}
+
 GpuCaseResult run_model(const gpu::Model& model, const GpuCaseInput& in) {
   GpuCaseResult r;
   r.forward = model.forward(in.seqs, in.path, in.options);
-  if (in.grads) r.backward = model.backward(in.seqs, in.coefs, in.options.temperature, in.backward_options);
+  if (!in.grads) return r;
+  if (!in.grads_stay_on_gpu) {
+    r.backward = model.backward(in.seqs, in.coefs, in.options.temperature, in.backward_options);
+    return r;
+  }
+  auto resident = model.backward_resident(in.seqs, in.coefs, in.options.temperature, in.backward_options);
+  r.backward = std::move(resident.result);
+  r.gpu_grads = left_on_gpu(std::move(resident.grads), model.backend().stream());
   return r;
 }
 

@@ -15,6 +15,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,9 +29,18 @@
 
 namespace bp::harness {
 
+// A gradient left in device memory: its digest, taken there, and its values on demand.
+struct GpuTensor {
+  TensorDigest digest;
+  std::function<std::vector<float>()> fetch;
+};
+
 struct GpuCaseResult {
   program::ForwardResult forward;
   std::optional<program::BackwardResult> backward;  // when asked for
+  // With GpuCaseInput::grads_stay_on_gpu, the gradients the unsharded GPU model
+  // left on the device (backward's grads then holds none of them).
+  std::map<std::string, GpuTensor> gpu_grads;
   // The pool's high watermark over the case. It starts at the memory in use, so
   // the weights count in every case: the kept model's (resident when the case
   // starts) or the virtual ranks' shards (uploaded inside the case); then KV
@@ -59,6 +70,10 @@ struct GpuCaseInput {
   bool grads;  // also the backward (L = Σ c_t·logprob_t)
   const ref::LossCoefficients& coefs;
   program::BackwardOptions backward_options = {};  // the unsharded GPU model's (a canonical run's captures)
+  // The unsharded GPU model's gradients stay on the device, digested there, for a
+  // comparison that fetches only those whose digests differ (virtual ranks bring
+  // theirs to the host whatever this says).
+  bool grads_stay_on_gpu = false;
 };
 
 // What `bitparity list` says of the cuda implementation in this build.

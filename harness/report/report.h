@@ -170,6 +170,9 @@ struct Case {
   // loading the weights, from disk or onto the device, nor the comparison with the
   // reference); 0 where a command times no run (diff, bisect).
   double seconds = 0;
+  // Wall time of the comparison with the canonical result (sweep: the tensors'
+  // metrics, digests and fetches included; --verbose prints it); nullopt where none ran.
+  std::optional<double> compare_seconds;
   // The device memory the run peaked at, the model's weights included in every case
   // (also when they stay resident between cases: harness/engine/cuda_implementation.h);
   // on several ranks the largest of theirs; nullopt for an implementation with no

@@ -4,10 +4,12 @@
 // failed (CaseFailed); any other exception still ends the sweep. Implementations
 // throw these from inside CaseEngine::compare; here the test throws them. Which
 // layers a --verify-layers spec names (plan.h, verify_layer_list). And a tokens file's
-// text, once read, is what the tokens are planned from (run records that text).
+// text, once read, is what the tokens are planned from (run records that text). A
+// gradient left on the GPU is compared by its digest, fetched only where it differs.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 
@@ -104,6 +106,69 @@ std::vector<int64_t> layers_of(const std::string& spec, int64_t num_layers,
 }
 
 // --verify-layers: the forms, the defaults by canonical and model size, the refusals.
+// The canonical's values (with their digest) and a tensor as the GPU leaves it: its
+// digest, and a fetch that counts its calls.
+struct LeftOnGpu {
+  NamedTensor ref, got;
+  int fetches = 0;
+  LeftOnGpu(std::vector<float> canonical, std::vector<float> on_gpu) {
+    ref.name = got.name = "grads.w";
+    ref.shape = got.shape = {2, canonical.size() / 2};
+    ref.f32_values = std::move(canonical);
+    ref.digest = tensor_digest(std::span<const float>(ref.f32_values));
+    got.digest = tensor_digest(std::span<const float>(on_gpu));
+    got.fetch = [this, on_gpu] {
+      ++fetches;
+      return on_gpu;
+    };
+  }
+};
+
+void expect_same_metrics(const TensorMetrics& a, const TensorMetrics& b) {
+  EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.shape, b.shape);
+  EXPECT_EQ(a.bit_identical, b.bit_identical);
+  EXPECT_EQ(a.elements, b.elements);
+  EXPECT_EQ(a.mismatches, b.mismatches);
+  EXPECT_EQ(a.max_abs_diff, b.max_abs_diff);
+  EXPECT_EQ(a.max_ulp_diff, b.max_ulp_diff);
+  EXPECT_EQ(a.mean_abs_diff, b.mean_abs_diff);
+  EXPECT_EQ(a.first_mismatch, b.first_mismatch);
+  EXPECT_EQ(a.nan_a, b.nan_a);
+  EXPECT_EQ(a.nan_b, b.nan_b);
+  EXPECT_EQ(a.inf_a, b.inf_a);
+  EXPECT_EQ(a.inf_b, b.inf_b);
+  EXPECT_EQ(a.ulp_histogram, b.ulp_histogram);
+}
+
+// Equal bits: compare()'s metrics of the pair (NaN and Inf counts included), and no
+// value leaves the GPU.
+TEST(LeftOnGpu, EqualDigestsGiveTheMetricsWithoutAFetch) {
+  const std::vector<float> v = {1.0f, NAN, -INFINITY, -0.0f, 3.5f, 1e-40f};
+  std::vector<float> other_nan = v;
+  other_nan[1] = -NAN;
+  LeftOnGpu t(v, other_nan);
+  const TensorRecord rec = compare_tensors(t.ref, &t.got);
+  ASSERT_TRUE(rec.metrics);
+  expect_same_metrics(*rec.metrics, compare(std::span<const float>(v), std::span<const float>(other_nan), t.ref.shape));
+  EXPECT_TRUE(rec.matches());
+  EXPECT_EQ(t.fetches, 0);
+}
+
+// Negative control: one element one ulp off is fetched and compared in full.
+TEST(LeftOnGpu, DifferentDigestsFetchAndCompareInFull) {
+  const std::vector<float> v = {1.0f, 2.0f, 3.0f, 4.0f};
+  std::vector<float> off = v;
+  off[2] = std::nextafter(3.0f, 4.0f);
+  LeftOnGpu t(v, off);
+  const TensorRecord rec = compare_tensors(t.ref, &t.got);
+  ASSERT_TRUE(rec.metrics);
+  expect_same_metrics(*rec.metrics, compare(std::span<const float>(v), std::span<const float>(off), t.ref.shape));
+  EXPECT_FALSE(rec.matches());
+  EXPECT_EQ(rec.metrics->mismatches, 1u);
+  EXPECT_EQ(t.fetches, 1);
+}
+
 TEST(VerifyLayerList, FormsDefaultsAndRefusals) {
   using V = std::vector<int64_t>;
   EXPECT_EQ(layers_of("", 3), (V{0, 1, 2}));  // under the GPU canonical: every layer of a small model
