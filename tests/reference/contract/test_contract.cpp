@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reference/common/sha256.h"
@@ -48,9 +49,20 @@ TEST(Contract, DefaultsAreTheV3Pair) {
 // The hashes are pinned: a change of any knob must be a new contract version
 // (v1 and v2 frozen, v3 released).
 TEST(Contract, KnobHashesArePinned) {
-  EXPECT_EQ(find_contract("bf16-sm90tc-v1")->canonical_knobs(),
-            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
-            "\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"tp_tree_width\":8}");
+  // Each generation's knobs enter the text in key order (SPEC.md §1.1).
+  const std::pair<const char*, const char*> texts[] = {
+      {"bf16-sm90tc-v1",
+       "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
+       "\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"tp_tree_width\":8}"},
+      {"bf16-sm90tc-v2",
+       "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
+       "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"softmax_exp\":\"exp2_poly\","
+       "\"tp_tree_width\":8}"},
+      {"bf16-sm90tc-v3",
+       "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":512,"
+       "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"sign_clamp\":true,"
+       "\"softmax_exp\":\"exp2_poly\",\"tp_tree_width\":8}"}};
+  for (const auto& [name, text] : texts) EXPECT_EQ(find_contract(name)->canonical_knobs(), text) << name;
   EXPECT_EQ(find_contract("bf16-sm90tc-v1")->knob_hash(), "43a602a29cdd98f8");
   EXPECT_EQ(find_contract("bf16-fmaseq-v1")->knob_hash(), "833bb4d7d43b7bb1");
   EXPECT_EQ(find_contract("bf16-sm90tc-v2")->knob_hash(), "4af40b8561fc78fd");
@@ -79,39 +91,35 @@ TEST(Contract, EveryKnobChangesTheHash) {
   EXPECT_TRUE(seen.insert(variant([](Knobs& k) { k.sign_clamp = true; })).second);
 }
 
-// v2's knobs are v1's but the softmax's two, and they enter the canonical text in
-// key order (SPEC.md §1.3).
-TEST(Contract, V2IsV1WithTheGpuNativeSoftmax) {
-  for (const char* name : {"bf16-sm90tc-v2", "bf16-fmaseq-v2"}) {
-    const Contract& v2 = *find_contract(name);
-    const Contract& v1 = *find_contract(v2.name.substr(0, v2.name.size() - 1) + "1");
-    Knobs k = v2.knobs;
-    k.softmax_exp = v1.knobs.softmax_exp;
-    k.log_softmax = v1.knobs.log_softmax;
-    EXPECT_EQ((Contract{"", k}.canonical_knobs()), v1.canonical_knobs()) << v2.name;
+// Each generation's knobs are its predecessor's (same dot model) but the ones it
+// changes: with those set back, the canonical texts are equal.
+template <class SetBack>
+void expect_predecessor_but(int version, SetBack set_back) {
+  for (const char* dot : {"sm90tc", "fmaseq"}) {
+    const std::string stem = std::string("bf16-") + dot + "-v";
+    const Contract& newer = *find_contract(stem + std::to_string(version));
+    const Contract& older = *find_contract(stem + std::to_string(version - 1));
+    Knobs k = newer.knobs;
+    set_back(k, older.knobs);
+    EXPECT_EQ((Contract{"", k}.canonical_knobs()), older.canonical_knobs()) << newer.name;
   }
-  EXPECT_EQ(find_contract("bf16-sm90tc-v2")->canonical_knobs(),
-            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":128,"
-            "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"softmax_exp\":\"exp2_poly\","
-            "\"tp_tree_width\":8}");
 }
 
-// v3's knobs are v2's but the gradient chunk and the sign clamp, the clamp entering
-// the canonical text in key order (SPEC.md §1.4).
+// v2's knobs are v1's but the softmax's two (SPEC.md §1.3).
+TEST(Contract, V2IsV1WithTheGpuNativeSoftmax) {
+  expect_predecessor_but(2, [](Knobs& k, const Knobs& v1) {
+    k.softmax_exp = v1.softmax_exp;
+    k.log_softmax = v1.log_softmax;
+  });
+}
+
+// v3's knobs are v2's but the gradient chunk (512) and the sign clamp (SPEC.md §1.4).
 TEST(Contract, V3IsV2WithLongerChunksAndTheSignClamp) {
-  for (const char* name : {"bf16-sm90tc-v3", "bf16-fmaseq-v3"}) {
-    const Contract& v3 = *find_contract(name);
-    const Contract& v2 = *find_contract(v3.name.substr(0, v3.name.size() - 1) + "2");
-    EXPECT_EQ(v3.knobs.grad_token_chunk, 512) << v3.name;
-    Knobs k = v3.knobs;
-    k.grad_token_chunk = v2.knobs.grad_token_chunk;
-    k.sign_clamp = v2.knobs.sign_clamp;
-    EXPECT_EQ((Contract{"", k}.canonical_knobs()), v2.canonical_knobs()) << v3.name;
-  }
-  EXPECT_EQ(find_contract("bf16-sm90tc-v3")->canonical_knobs(),
-            "{\"attn_kv_block\":64,\"attn_kv_split\":512,\"dot\":\"sm90-tc\",\"grad_token_chunk\":512,"
-            "\"log_softmax\":\"one-pass\",\"row_reduce_lanes\":256,\"row_reduce_vec\":8,\"sign_clamp\":true,"
-            "\"softmax_exp\":\"exp2_poly\",\"tp_tree_width\":8}");
+  expect_predecessor_but(3, [](Knobs& k, const Knobs& v2) {
+    EXPECT_EQ(k.grad_token_chunk, 512);
+    k.grad_token_chunk = v2.grad_token_chunk;
+    k.sign_clamp = v2.sign_clamp;
+  });
 }
 
 TEST(Contract, ValidateNamesTheBadKnob) {
