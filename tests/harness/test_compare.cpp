@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "harness/compare/compare.h"
@@ -157,6 +158,41 @@ TEST(Compare, NegativeControlOneFlippedBitIsFoundWhereItIs) {
   EXPECT_EQ(m.mean_abs_diff, m.max_abs_diff / 1000.0);
   EXPECT_EQ(hist_total(m), 1u);
   EXPECT_EQ(m.ulp_histogram[0], 1u);
+}
+
+// Tensors of 2^20 elements or more are first checked for equal bits in parallel
+// blocks: equal ones get the element loop's metrics (NaN and Inf counts included);
+// a difference in the last block, a NaN against a number, or a −0 against +0 goes to
+// the element loop, which finds it where it is.
+TEST(Compare, LargeTensorsTakeTheParallelPassWithTheSameMetrics) {
+  const size_t n = (size_t{1} << 20) + 5;
+  std::vector<float> a(n);
+  for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i % 1000) - 500.0f;
+  a[3] = f(0x7fc00000);
+  a[n - 2] = f(0xff800000);
+  std::vector<float> b = a;
+  b[3] = f(0xffc00123);  // another NaN
+  const TensorMetrics same = compare(a, b);
+  EXPECT_TRUE(same.bit_identical);
+  EXPECT_EQ(same.elements, n);
+  EXPECT_EQ(same.mismatches, 0u);
+  EXPECT_EQ(same.first_mismatch, -1);
+  EXPECT_EQ(same.mean_abs_diff, 0.0);
+  EXPECT_TRUE(same.ulp_histogram.empty());
+  EXPECT_EQ(same.nan_a, 1u);
+  EXPECT_EQ(same.nan_b, 1u);
+  EXPECT_EQ(same.inf_a, 1u);
+  EXPECT_EQ(same.inf_b, 1u);
+  for (const auto& [at, value] : {std::pair<size_t, float>{n - 1, std::nextafter(a[n - 1], 1e9f)},
+                                  {size_t{5}, f(0x7fc00000)}, {size_t{500}, -0.0f}}) {
+    std::vector<float> c = a;
+    c[at] = value;
+    const TensorMetrics m = compare(a, c);
+    EXPECT_FALSE(m.bit_identical) << at;
+    EXPECT_EQ(m.mismatches, 1u) << at;
+    EXPECT_EQ(m.first_mismatch, static_cast<int64_t>(at));
+    EXPECT_EQ(m.nan_b, at == 5 ? 2u : 1u) << at;
+  }
 }
 
 TEST(Compare, LogprobAliasAndUnalignedBytes) {
