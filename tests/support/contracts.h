@@ -1,4 +1,4 @@
-// The contracts an op suite runs under, by name (SPEC.md §1.2, §1.3).
+// The contracts an op suite runs under, by name (SPEC.md §1.2-§1.4).
 #pragma once
 #include <string>
 #include <string_view>
@@ -8,8 +8,8 @@
 
 namespace bp::test {
 
-// Every contract's name, v1 then v2: the suites of the ops whose bits v2 changes
-// (attention, logprob) and of the whole model.
+// Every contract's name, v1, v2 then v3: the suites of the ops whose bits a later
+// version changes (attention, logprob, the weight gradients) and of the whole model.
 inline std::vector<const char*> all_contract_names() {
   std::vector<const char*> names;
   for (const Contract& c : contracts()) names.push_back(c.name.c_str());
