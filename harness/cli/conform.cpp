@@ -18,13 +18,6 @@ struct ConformOptions {
   bool quiet = false;
 };
 
-// "max 0.51 / mean 0.12 ulp" of a side's distance from the float64 truth.
-std::string truth_text(const TruthError& e) {
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "max %.3g / mean %.3g ulp", e.max_ulp, e.mean_ulp);
-  return buf;
-}
-
 // An op less accurate than the contract on the same inputs: its mean distance from
 // the truth above the contract's.
 bool less_accurate(const TensorRecord& t) { return t.truth_ratio().value_or(1) > 1; }
@@ -41,15 +34,15 @@ void print_tensors(const Case& c, bool truth_only, std::FILE* out) {
     }
     if (truth_only) {
       std::fprintf(out, "from float64: %s; %" PRIu64 " of %" PRIu64 " elements not the truth rounded\n",
-                   t.truth_error_a ? truth_text(*t.truth_error_a).c_str() : "not measured", t.metrics->mismatches,
+                   truth_error_text(t.truth_error_a).c_str(), t.metrics->mismatches,
                    t.metrics->elements);
       continue;
     }
     std::fprintf(out, "%" PRIu64 " of %" PRIu64 " elements differ, max %.0f ulp", t.metrics->mismatches,
                  t.metrics->elements, t.metrics->max_ulp_diff);
     if (t.truth_error_a && t.truth_error_b)
-      std::fprintf(out, "; from float64: engine %s, contract %s%s", truth_text(*t.truth_error_a).c_str(),
-                   truth_text(*t.truth_error_b).c_str(), less_accurate(t) ? " (less accurate)" : "");
+      std::fprintf(out, "; from float64: engine %s, contract %s%s", truth_error_text(t.truth_error_a).c_str(),
+                   truth_error_text(t.truth_error_b).c_str(), less_accurate(t) ? " (less accurate)" : "");
     std::fprintf(out, "\n");
   }
 }

@@ -288,17 +288,11 @@ RatioLook ratio_look(std::optional<double> ratio) {
   return {"worse", " style=\"background:hsl(0,70%," + std::to_string(lightness) + "%)\"", text};
 }
 
-// "max 40, mean 8 ulp", or "not measured".
-std::string truth_side_text(const std::optional<TruthError>& e) {
-  if (!e) return "not measured";
-  return "max " + metric_text(e->max_ulp, "%.6g") + ", mean " + metric_text(e->mean_ulp, "%.6g") + " ulp";
-}
-
 std::string truth_cell(const TensorRecord& t) {
   const std::optional<double> ratio = t.truth_ratio();
   const RatioLook look = ratio_look(ratio);
-  const std::string title = t.name + ": engine (A) " + truth_side_text(t.truth_error_a) + "; contract (B) " +
-                            truth_side_text(t.truth_error_b) + (ratio ? "; ratio " + look.text : "");
+  const std::string title = t.name + ": engine (A) " + truth_error_text(t.truth_error_a) + "; contract (B) " +
+                            truth_error_text(t.truth_error_b) + (ratio ? "; ratio " + look.text : "");
   return "<td class=\"" + look.cls + "\"" + look.style + " title=\"" + html_escape(title) + "\">" + look.text + "</td>";
 }
 

@@ -303,6 +303,11 @@ std::string metric_text(double v, const char* printf_format) {
   return buf;
 }
 
+std::string truth_error_text(const std::optional<TruthError>& e) {
+  if (!e) return "not measured";
+  return "max " + metric_text(e->max_ulp, "%.3g") + " / mean " + metric_text(e->mean_ulp, "%.3g") + " ulp";
+}
+
 namespace {
 // `v` (< 999.5, so "%.3g" stays out of exponent notation) and its unit.
 std::string three_digits(double v, const char* unit) {

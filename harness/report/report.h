@@ -261,6 +261,10 @@ std::string nonfinite_text(const TensorRecord& t);
 // finite: metrics are distances, so a non-finite one is +inf.
 std::string metric_text(double v, const char* printf_format);
 
+// "max 0.51 / mean 0.12 ulp": one side's distance from the float64 truth, as the
+// conform command and the HTML report both write it; "not measured" when absent.
+std::string truth_error_text(const std::optional<TruthError>& e);
+
 // Of a case's tensors with both sides' truth errors (conform: the engine's and the
 // contract's distance from the float64 truth): how many, in how many the engine is the
 // farther (TensorRecord::truth_ratio > 1), and the one where it is farthest.

@@ -935,23 +935,23 @@ TEST(ReportHtml, TruthErrorsBesideTheHeatMap) {
             std::string::npos);
   // The first map's rows and columns.
   EXPECT_NE(map.find("<th>embed</th><th>q_proj</th><th>attn</th><th>logits</th>"), std::string::npos) << map;
-  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.embed: engine (A) max 1, mean 0.25 ulp; contract (B) max 1, "
+  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.embed: engine (A) max 1 / mean 0.25 ulp; contract (B) max 1 / "
                      "mean 0.25 ulp; ratio 1\">1</td>"),
             std::string::npos)
       << map;
-  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.layers.0.q_proj: engine (A) max 0.5, mean 0.125 ulp; contract "
-                     "(B) max 1, mean 0.25 ulp; ratio 0.5\">0.5</td>"),
+  EXPECT_NE(map.find("<td class=\"better\" title=\"ops.layers.0.q_proj: engine (A) max 0.5 / mean 0.125 ulp; contract "
+                     "(B) max 1 / mean 0.25 ulp; ratio 0.5\">0.5</td>"),
             std::string::npos)
       << map;
   EXPECT_NE(map.find("<td class=\"worse\" style=\"background:hsl(0,70%,65%)\" title=\"ops.layers.0.attn: engine (A) "
-                     "max 40, mean 8 ulp; contract (B) max 1, mean 0.5 ulp; ratio 16\">16</td>"),
+                     "max 40 / mean 8 ulp; contract (B) max 1 / mean 0.5 ulp; ratio 16\">16</td>"),
             std::string::npos)
       << map;
   EXPECT_NE(map.find("<td class=\"worse\" style=\"background:hsl(0,70%,45%)\" title=\"ops.layers.1.q_proj: engine (A) "
-                     "max inf, mean inf ulp; contract (B) max 0.5, mean 0.25 ulp; ratio inf\">inf</td>"),
+                     "max inf / mean inf ulp; contract (B) max 0.5 / mean 0.25 ulp; ratio inf\">inf</td>"),
             std::string::npos)
       << map;
-  EXPECT_NE(map.find("<td class=\"unmeasured\" title=\"ops.logits: engine (A) max 1, mean 0.5 ulp; contract (B) not "
+  EXPECT_NE(map.find("<td class=\"unmeasured\" title=\"ops.logits: engine (A) max 1 / mean 0.5 ulp; contract (B) not "
                      "measured\">&ndash;</td>"),
             std::string::npos)
       << map;
