@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "reference/common/parallel_blocks.h"
 #include "reference/truth/ulp.h"
 
 namespace bp::harness {
@@ -45,6 +46,7 @@ constexpr uint64_t kParallelCompareElements = uint64_t{1} << 20;
 // One element type's view: bits, NaN/Inf tests, widening to double, ordered key.
 struct F32Traits {
   using Bits = uint32_t;
+  static constexpr CmpType kType = CmpType::F32;
   static bool nan(Bits u) { return (u & 0x7fffffffu) > 0x7f800000u; }
   static bool inf(Bits u) { return (u & 0x7fffffffu) == 0x7f800000u; }
   static double value(Bits u) { return static_cast<double>(float_of(u)); }
@@ -52,6 +54,7 @@ struct F32Traits {
 };
 struct BF16Traits {
   using Bits = uint16_t;
+  static constexpr CmpType kType = CmpType::BF16;
   static bool nan(Bits u) { return (u & 0x7fffu) > 0x7f80u; }
   static bool inf(Bits u) { return (u & 0x7fffu) == 0x7f80u; }
   static double value(Bits u) { return static_cast<double>(float_of(static_cast<uint32_t>(u) << 16)); }
@@ -78,14 +81,9 @@ struct EqualCounts {
 template <class T>
 EqualCounts equal_in_parallel(const uint8_t* a, const uint8_t* b, uint64_t n) {
   using Bits = typename T::Bits;
-  constexpr uint64_t kBlock = uint64_t{1} << 18;
-  const int64_t blocks = static_cast<int64_t>((n + kBlock - 1) / kBlock);
-  std::vector<EqualCounts> part(static_cast<size_t>(blocks));
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint64_t end = std::min<uint64_t>(n, (blk + 1) * kBlock);
+  const auto part = parallel_blocks<EqualCounts>(n, uint64_t{1} << 18, [&](uint64_t begin, uint64_t end) {
     uint64_t unequal = 0, nans = 0, infs = 0;  // branch-free, so the loop vectorises
-    for (uint64_t i = blk * kBlock; i < end; ++i) {
+    for (uint64_t i = begin; i < end; ++i) {
       Bits x, y;
       std::memcpy(&x, a + i * sizeof(Bits), sizeof(Bits));
       std::memcpy(&y, b + i * sizeof(Bits), sizeof(Bits));
@@ -94,8 +92,8 @@ EqualCounts equal_in_parallel(const uint8_t* a, const uint8_t* b, uint64_t n) {
       nans += nx;
       infs += T::inf(x);
     }
-    part[static_cast<size_t>(blk)] = {unequal == 0, nans, infs};
-  }
+    return EqualCounts{unequal == 0, nans, infs};
+  });
   EqualCounts all;
   for (const EqualCounts& c : part) {
     all.equal = all.equal && c.equal;
@@ -106,19 +104,15 @@ EqualCounts equal_in_parallel(const uint8_t* a, const uint8_t* b, uint64_t n) {
 }
 
 template <class T>
-TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<uint64_t> shape, const char* dtype) {
+TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<uint64_t> shape) {
   using Bits = typename T::Bits;
+  if (n >= kParallelCompareElements)
+    if (const EqualCounts c = equal_in_parallel<T>(a, b, n); c.equal)
+      return equal_metrics(T::kType, n, std::move(shape), c.nans, c.infs);
   TensorMetrics m;
-  m.dtype = dtype;
+  m.dtype = cmp_type_name(T::kType);
   m.shape = std::move(shape);
   m.elements = n;
-  if (n >= kParallelCompareElements) {
-    if (const EqualCounts c = equal_in_parallel<T>(a, b, n); c.equal) {
-      m.nan_a = m.nan_b = c.nans;
-      m.inf_a = m.inf_b = c.infs;
-      return m;
-    }
-  }
   double sum_abs = 0;
   for (uint64_t i = 0; i < n; ++i) {
     Bits x, y;
@@ -160,10 +154,20 @@ TensorMetrics run(const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<ui
 double ulp_distance_f32(float a, float b) { return ulp_distance<F32Traits>(bits_of(a), bits_of(b)); }
 double ulp_distance_bf16(bf16 a, bf16 b) { return ulp_distance<BF16Traits>(a.bits, b.bits); }
 
+TensorMetrics equal_metrics(CmpType t, uint64_t n, std::vector<uint64_t> shape, uint64_t nans, uint64_t infs) {
+  TensorMetrics m;
+  m.dtype = cmp_type_name(t);
+  m.shape = std::move(shape);
+  m.elements = n;
+  m.nan_a = m.nan_b = nans;
+  m.inf_a = m.inf_b = infs;
+  return m;
+}
+
 TensorMetrics compare_bytes(CmpType t, const uint8_t* a, const uint8_t* b, uint64_t n, std::vector<uint64_t> shape) {
   switch (t) {
-    case CmpType::F32: return run<F32Traits>(a, b, n, std::move(shape), "F32");
-    case CmpType::BF16: return run<BF16Traits>(a, b, n, std::move(shape), "BF16");
+    case CmpType::F32: return run<F32Traits>(a, b, n, std::move(shape));
+    case CmpType::BF16: return run<BF16Traits>(a, b, n, std::move(shape));
   }
   throw std::invalid_argument("compare: unsupported element type");
 }

@@ -78,6 +78,11 @@ double ulp_distance_bf16(bf16 a, bf16 b);
 
 // Compares n elements stored little-endian at a and b (unaligned is fine); `shape`
 // is recorded as given (the span overloads default it to {size}).
+// What compare() says of two tensors of n elements whose bits are equal (NaN policy),
+// each side with `nans` NaNs and `infs` infinities: a comparison settled without the
+// element loop (the parallel pass below, or a tensor's digest) gives these metrics.
+TensorMetrics equal_metrics(CmpType t, uint64_t n, std::vector<uint64_t> shape, uint64_t nans, uint64_t infs);
+
 TensorMetrics compare_bytes(CmpType t, const uint8_t* a, const uint8_t* b, uint64_t n,
                             std::vector<uint64_t> shape = {});
 TensorMetrics compare(std::span<const float> a, std::span<const float> b, std::vector<uint64_t> shape = {});

@@ -154,24 +154,10 @@ struct CaseEngine::Canonical {
   }
 };
 
-namespace {
-
-// What compare() says of two F32 tensors with equal bits, from their digest.
-TensorMetrics identical_metrics(const NamedTensor& ref, const TensorDigest& d) {
-  TensorMetrics m;
-  m.dtype = cmp_type_name(CmpType::F32);
-  m.shape = ref.shape;
-  m.elements = ref.f32_values.size();
-  m.nan_a = m.nan_b = d.nans;
-  m.inf_a = m.inf_b = d.infs;
-  return m;
-}
-
-}  // namespace
-
 TensorMetrics compare_left_on_gpu(const NamedTensor& ref, const NamedTensor& got) {
   if (ref.type != CmpType::F32 || !got.digest) throw std::logic_error("compare_left_on_gpu: F32 with a digest only");
-  if (ref.digest == got.digest) return identical_metrics(ref, *got.digest);
+  if (ref.digest == got.digest)
+    return equal_metrics(CmpType::F32, ref.f32_values.size(), ref.shape, got.digest->nans, got.digest->infs);
   const std::vector<float> values = got.fetch();
   return harness::compare(std::span<const float>(ref.f32_values), std::span<const float>(values), ref.shape);
 }
@@ -597,12 +583,6 @@ const CaseEngine::Canonical& CaseEngine::canonical(const ModelEntry& model, cons
   });
   std::move(compared, c->tensors.end(), std::back_inserter(c->layer_captures));
   c->tensors.erase(compared, c->tensors.end());
-  // cuda cases leave their gradients on the GPU and send their digests: these are
-  // the canonical's, taken once for all its cases.
-  const auto& impls = plan_.implementations;
-  if (std::find(impls.begin(), impls.end(), Implementation::kCuda) != impls.end())
-    for (NamedTensor& t : c->tensors)
-      if (t.name.rfind("grads.", 0) == 0) t.digest = tensor_digest(std::span<const float>(t.f32_values));
   for (const auto* list : {&c->tensors, &c->layer_captures})
     for (const NamedTensor& t : *list) c->by_name.emplace(t.name, &t);
   canonical_ = std::move(c);
@@ -753,6 +733,11 @@ Case CaseEngine::compare_case(const CaseSpec& spec) {
   out.communication = std::move(last_communication_);
   if (!outputs) return out;  // skipped or failed: nothing to compare
   const Canonical& ref = canonical(spec.model, spec.contract);
+  // Gradients left on the GPU are compared by digest: the canonical's, taken at the
+  // first such case and kept for the rest.
+  if (std::any_of(outputs->begin(), outputs->end(), [](const NamedTensor& t) { return bool(t.fetch); }))
+    for (NamedTensor& t : canonical_->tensors)
+      if (t.name.rfind("grads.", 0) == 0 && !t.digest) t.digest = tensor_digest(std::span<const float>(t.f32_values));
   const bool grads = plan_.grads && spec.path.kind == program::Path::Kind::Extend;
   std::vector<const NamedTensor*> expected;
   for (const NamedTensor& r : ref.tensors)

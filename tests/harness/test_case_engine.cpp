@@ -29,7 +29,7 @@ TEST(CaseOutputs, ARunGivesItsOutputsAndItsTimeWithoutThePreparation) {
       c, [] { busy(std::chrono::milliseconds(200)); },
       [] {
         busy(std::chrono::milliseconds(5));
-        return Outputs{NamedTensor{"logprobs.0", {3}, CmpType::F32, {1, 2, 3}, {}}};
+        return Outputs{NamedTensor{"logprobs.0", {3}, CmpType::F32, {1, 2, 3}, {}, {}, {}}};
       });
   ASSERT_TRUE(got.has_value());
   ASSERT_EQ(got->size(), 1u);
